@@ -1,0 +1,48 @@
+SHELL := /bin/bash
+# The two commands of the README: `make run` (set up, build, run the main job) and `make test`.
+# Everything else here is a step of those two or a developer convenience.
+JOBS ?= $(shell nproc)
+FP4SERVE := build/release/fp4serve
+
+.PHONY: deps build run test test-release test-asan fuzz fixtures clean
+
+deps:
+	./scripts/install-deps.sh
+
+build: deps
+	cmake --preset release
+	cmake --build --preset release -j $(JOBS)
+
+# Main job (for now): inspect the checked-in sharded NVFP4 fixture.
+run: build
+	$(FP4SERVE) inspect tests/data/sharded-nvfp4
+
+test-release: build
+	ctest --preset release -j $(JOBS)
+
+# The checkpoint reader's malformed corpus under AddressSanitizer + UBSan.
+test-asan: deps
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test
+	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core"
+
+# 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
+fuzz: deps
+	cmake --preset fuzz
+	cmake --build --preset fuzz -j $(JOBS) --target fuzz_safetensors_header
+	rm -rf build/fuzz/corpus && mkdir -p build/fuzz/corpus
+	cp tests/data/malformed/*.safetensors tests/data/valid/*.safetensors build/fuzz/corpus/
+	build/fuzz/tests/fuzz/fuzz_safetensors_header build/fuzz/corpus -max_total_time=60 -max_len=4096 \
+	  -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|==.*ERROR)" ; \
+	  test $${PIPESTATUS[0]} -eq 0
+
+test: test-release test-asan fuzz
+
+# Regenerate the small fixtures that tools/ makes without heavy dependencies (numpy, ml_dtypes, safetensors).
+fixtures:
+	python3 tools/gen_format_tables.py
+	python3 tools/gen_malformed_corpus.py
+	python3 tools/gen_sharded_fixture.py
+
+clean:
+	rm -rf build

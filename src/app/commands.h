@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// Each CLI subcommand lives in its own cmd_<name>.cpp and registers itself on the root CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace fp4serve::app {
+
+/// `fp4serve inspect PATH [--json]`: tensor table, per-dtype totals and the detected producer (headers only).
+void register_inspect(CLI::App& root);
+
+}  // namespace fp4serve::app
