@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite) and its forward step over a batch of
+// sequences of different lengths: every linear runs once over all tokens of the batch (M = total tokens),
+// attention runs per sequence over its KV-cache slot.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/rope.h"
+#include "model/kv_cache.h"
+#include "model/linear_group.h"
+#include "model/model_config.h"
+#include "model/weight_source.h"
+
+namespace fp4serve::model {
+
+/// One sequence's share of a forward step: `tokens` at positions start_pos … start_pos + size − 1 of the
+/// sequence held in KV-cache `slot` (positions before start_pos must already be cached).
+struct SequenceChunk {
+  int slot = -1;
+  int64_t start_pos = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  ///< return logits for every token (perplexity), else for the last token only
+};
+
+/// A feed-forward block: dense MLP here; MoE blocks implement the same interface.
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  /// out[m, hidden] = FFN(h[m, hidden]).
+  virtual void forward(const float* h, int64_t m, float* out) const = 0;
+};
+
+class Decoder {
+ public:
+  /// Builds every layer from `weights`. Throws what the weight source throws, naming the tensor or module.
+  Decoder(ModelConfig config, const WeightSource& weights);
+
+  const ModelConfig& config() const { return config_; }
+
+  /// A KV cache sized for this model.
+  KvCache make_cache(int64_t max_seq_len, int max_slots) const;
+
+  /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
+  /// [rows, vocab] fp32 where rows = Σ (all_logits ? chunk size : 1), in chunk order. Throws UsageError when a
+  /// chunk is empty, exceeds the cache length, or names a slot twice.
+  std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const;
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm;
+    std::vector<float> post_attention_norm;
+    std::vector<float> q_norm;  // Qwen3 only, [head_dim]
+    std::vector<float> k_norm;
+    LinearGroup qkv;
+    LinearGroup o_proj;
+    std::unique_ptr<FeedForward> ffn;
+  };
+
+  ModelConfig config_;
+  core::TensorView embed_tokens_;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  LinearGroup lm_head_;
+  kernels::RopeCache rope_;
+};
+
+/// Reads a [n] BF16/F16/F32 tensor as fp32. Throws FormatError when the shape is not [n].
+std::vector<float> load_vector(const WeightSource& weights, const std::string& name, int64_t n);
+
+}  // namespace fp4serve::model

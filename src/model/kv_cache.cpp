@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::model {
+
+KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots)
+    : layers_(num_layers), row_(num_kv_heads * head_dim), max_seq_len_(max_seq_len) {
+  if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0 || max_seq_len <= 0 || max_slots <= 0) {
+    throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {}, seq {}, slots {})",
+                                 num_layers, num_kv_heads, head_dim, max_seq_len, max_slots));
+  }
+  slots_.resize(static_cast<size_t>(max_slots));
+}
+
+int KvCache::acquire() {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.in_use) continue;
+    if (s.keys.empty()) {
+      s.keys.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
+      s.values.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
+    }
+    s.in_use = true;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void KvCache::release(int slot) {
+  if (slot < 0 || slot >= max_slots() || !slots_[static_cast<size_t>(slot)].in_use) {
+    throw UsageError(fmt::format("KvCache: slot {} is not in use", slot));
+  }
+  slots_[static_cast<size_t>(slot)].in_use = false;
+}
+
+int KvCache::free_slots() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += s.in_use ? 0 : 1;
+  return n;
+}
+
+float* KvCache::key(int slot, int64_t layer, int64_t position) {
+  return slots_[static_cast<size_t>(slot)].keys.data() + (layer * max_seq_len_ + position) * row_;
+}
+
+float* KvCache::value(int slot, int64_t layer, int64_t position) {
+  return slots_[static_cast<size_t>(slot)].values.data() + (layer * max_seq_len_ + position) * row_;
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-sequence key/value cache. A slot holds one sequence's keys and values for every layer, fp32,
+// laid out [layer][position][kv_heads · head_dim] so attention reads each position's row contiguously.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fp4serve::model {
+
+class KvCache {
+ public:
+  /// `max_slots` sequences of up to `max_seq_len` positions each. Memory is allocated when a slot is first
+  /// acquired and kept for reuse. Throws UsageError on non-positive sizes.
+  KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots);
+
+  /// A free slot, or −1 when all are in use.
+  int acquire();
+  /// Returns a slot to the pool; its contents become garbage.
+  void release(int slot);
+  int free_slots() const;
+  int max_slots() const { return static_cast<int>(slots_.size()); }
+  int64_t max_seq_len() const { return max_seq_len_; }
+  /// Floats between consecutive positions (kv_heads · head_dim).
+  int64_t row_stride() const { return row_; }
+  /// Bytes one slot occupies once allocated.
+  int64_t bytes_per_slot() const { return 2 * layers_ * max_seq_len_ * row_ * static_cast<int64_t>(sizeof(float)); }
+
+  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired).
+  float* key(int slot, int64_t layer, int64_t position);
+  float* value(int slot, int64_t layer, int64_t position);
+
+ private:
+  struct Slot {
+    bool in_use = false;
+    std::vector<float> keys;
+    std::vector<float> values;
+  };
+  int64_t layers_;
+  int64_t row_;
+  int64_t max_seq_len_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace fp4serve::model

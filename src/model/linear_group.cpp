@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/linear_group.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::model {
+
+LinearGroup::LinearGroup(std::vector<LinearPart> parts) : parts_(std::move(parts)) {
+  if (parts_.empty()) throw UsageError("LinearGroup: no parts");
+  in_features_ = parts_.front().weight.in_features;
+  for (const auto& p : parts_) {
+    if (p.weight.in_features != in_features_) {
+      throw UsageError(fmt::format("LinearGroup: parts disagree on in_features ({} vs {})", p.weight.in_features,
+                                   in_features_));
+    }
+    out_features_ += p.weight.out_features;
+  }
+}
+
+void LinearGroup::forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const {
+  if (parts_.size() == 1) {
+    kernels::linear(parts_[0].weight, x, m, y, parts_[0].activation_quant);
+    return;
+  }
+  int64_t offset = 0;
+  for (const auto& p : parts_) {
+    const int64_t n = p.weight.out_features;
+    scratch.resize(static_cast<size_t>(m * n));
+    kernels::linear(p.weight, x, m, scratch.data(), p.activation_quant);
+    for (int64_t r = 0; r < m; ++r) {
+      std::memcpy(y + r * out_features_ + offset, scratch.data() + r * n, static_cast<size_t>(n) * sizeof(float));
+    }
+    offset += n;
+  }
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+// Linear modules whose outputs are concatenated along N, e.g. q|k|v or gate|up. The plan decides whether the
+// shards run fused (one prepared weight) or unfused (one per shard, SCHEMES.md rule 4); the model only sees
+// the concatenated output either way.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/linear.h"
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::model {
+
+struct LinearPart {
+  prepare::PreparedLinear weight;
+  kernels::ActivationQuant activation_quant = kernels::ActivationQuant::None;
+};
+
+class LinearGroup {
+ public:
+  LinearGroup() = default;
+  /// Parts in output order; all share in_features. Throws UsageError when they do not.
+  explicit LinearGroup(std::vector<LinearPart> parts);
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  const std::vector<LinearPart>& parts() const { return parts_; }
+  bool empty() const { return parts_.empty(); }
+
+  /// y[m, out_features] = concat over parts of x[m, K] · W_partᵀ (+ bias_part). `scratch` is reused between
+  /// calls to avoid allocations when there is more than one part.
+  void forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const;
+
+ private:
+  std::vector<LinearPart> parts_;
+  int64_t in_features_ = 0;
+  int64_t out_features_ = 0;
+};
+
+}  // namespace fp4serve::model

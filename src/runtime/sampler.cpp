@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "runtime/sampler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::runtime {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0.0f)) throw UsageError(fmt::format("temperature must be ≥ 0, got {}", temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) throw UsageError(fmt::format("top_p must be in (0, 1], got {}", top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) throw UsageError(fmt::format("min_p must be in [0, 1], got {}", min_p));
+  if (!(repetition_penalty > 0.0f)) {
+    throw UsageError(fmt::format("repetition_penalty must be > 0, got {}", repetition_penalty));
+  }
+  if (!(std::fabs(presence_penalty) <= 2.0f)) {
+    throw UsageError(fmt::format("presence_penalty must be in [-2, 2], got {}", presence_penalty));
+  }
+  if (!(std::fabs(frequency_penalty) <= 2.0f)) {
+    throw UsageError(fmt::format("frequency_penalty must be in [-2, 2], got {}", frequency_penalty));
+  }
+}
+
+SamplingParams sampling_defaults(const nlohmann::json& g) {
+  SamplingParams p;
+  if (!g.is_object()) return p;
+  auto number = [&](const char* key, float fallback) {
+    return g.contains(key) && g[key].is_number() ? g[key].get<float>() : fallback;
+  };
+  const bool do_sample = g.contains("do_sample") && g["do_sample"].is_boolean() && g["do_sample"].get<bool>();
+  p.temperature = do_sample ? number("temperature", 1.0f) : 0.0f;
+  p.top_k = g.contains("top_k") && g["top_k"].is_number_integer() ? g["top_k"].get<int>() : 0;
+  p.top_p = number("top_p", 1.0f);
+  p.min_p = number("min_p", 0.0f);
+  p.repetition_penalty = number("repetition_penalty", 1.0f);
+  return p;
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
+  params_.validate();
+  rng_.seed(params_.seed ? *params_.seed : std::random_device{}());
+}
+
+void Sampler::observe_prompt(std::span<const int32_t> tokens) { seen_.insert(tokens.begin(), tokens.end()); }
+
+void Sampler::observe(int32_t token) {
+  seen_.insert(token);
+  output_counts_[token] += 1;
+}
+
+int32_t Sampler::sample(std::span<float> logits) {
+  const auto vocab = static_cast<int32_t>(logits.size());
+  if (params_.repetition_penalty != 1.0f) {
+    for (int32_t t : seen_) {
+      if (t < 0 || t >= vocab) continue;
+      float& v = logits[static_cast<size_t>(t)];
+      v = v > 0 ? v / params_.repetition_penalty : v * params_.repetition_penalty;
+    }
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [t, count] : output_counts_) {
+      if (t < 0 || t >= vocab) continue;
+      logits[static_cast<size_t>(t)] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+    }
+  }
+  if (params_.temperature == 0.0f) {
+    // First maximum wins, so ties resolve to the lowest id (as torch.argmax).
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  candidates_.clear();
+  candidates_.reserve(logits.size());
+  for (int32_t i = 0; i < vocab; ++i) candidates_.emplace_back(logits[static_cast<size_t>(i)] / params_.temperature, i);
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  size_t keep = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  candidates_.resize(keep);
+  // Softmax over the survivors (max-subtracted, double accumulation).
+  const float max_logit = candidates_.front().first;
+  double total = 0.0;
+  for (auto& c : candidates_) {
+    c.first = std::exp(c.first - max_logit);
+    total += c.first;
+  }
+  for (auto& c : candidates_) c.first = static_cast<float>(c.first / total);
+  if (params_.top_p < 1.0f) {
+    double cumulative = 0.0;
+    size_t n = 0;
+    while (n < candidates_.size()) {
+      cumulative += candidates_[n].first;
+      ++n;
+      if (cumulative >= params_.top_p) break;
+    }
+    candidates_.resize(n);
+  }
+  if (params_.min_p > 0.0f) {
+    const float threshold = params_.min_p * candidates_.front().first;
+    const auto end = std::find_if(candidates_.begin(), candidates_.end(), [&](const auto& c) { return c.first < threshold; });
+    candidates_.erase(end, candidates_.end());
+  }
+  double mass = 0.0;
+  for (const auto& c : candidates_) mass += c.first;
+  std::uniform_real_distribution<double> uniform(0.0, mass);
+  double r = uniform(rng_);
+  for (const auto& c : candidates_) {
+    r -= c.first;
+    if (r <= 0.0) return c.second;
+  }
+  return candidates_.back().second;
+}
+
+}  // namespace fp4serve::runtime

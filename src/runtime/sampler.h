@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// Token sampling from fp32 logits: penalties, temperature, top-k, top-p, min-p, seeded RNG. Semantics follow
+// the engines users compare with: repetition_penalty as transformers (divide positive logits, multiply negative
+// ones, over prompt + output tokens), presence/frequency penalties as OpenAI/vLLM (over output tokens only).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace fp4serve::runtime {
+
+struct SamplingParams {
+  float temperature = 1.0f;         ///< 0 → greedy (argmax, lowest id on ties)
+  int top_k = 0;                    ///< ≤ 0 → off
+  float top_p = 1.0f;               ///< 1 → off
+  float min_p = 0.0f;               ///< 0 → off: drop tokens with p < min_p · p_max
+  float repetition_penalty = 1.0f;  ///< 1 → off
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;     ///< none → a random seed
+
+  /// Throws UsageError naming the field when a value is out of range (temperature < 0, top_p ∉ (0, 1],
+  /// min_p ∉ [0, 1], repetition_penalty ≤ 0, penalties ∉ [−2, 2]).
+  void validate() const;
+};
+
+/// Fields of generation_config.json that set sampling defaults (do_sample, temperature, top_k, top_p, min_p,
+/// repetition_penalty); `do_sample: false` (or absent with no temperature) means greedy, as transformers does.
+/// The caller overrides whatever the user set explicitly.
+SamplingParams sampling_defaults(const nlohmann::json& generation_config);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  /// Records the prompt (for repetition_penalty).
+  void observe_prompt(std::span<const int32_t> tokens);
+  /// Records a generated token (for all penalties).
+  void observe(int32_t token);
+
+  /// Picks the next token from `logits` [vocab] (modified in place).
+  int32_t sample(std::span<float> logits);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_set<int32_t> seen_;               // prompt + output
+  std::unordered_map<int32_t, int> output_counts_;  // output only
+  std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+}  // namespace fp4serve::runtime
