@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// `fp4serve perplexity`: sliding-window perplexity of a text file, and KL divergence against a base model.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.h"
+#include "app/model_options.h"
+#include "fp4serve/error.h"
+#include "runtime/perplexity.h"
+#include "runtime/text_setup.h"
+
+namespace fp4serve::app {
+namespace {
+
+struct PerplexityCliOptions {
+  ModelOptions model;
+  std::string file;
+  std::string kld_base;
+  int64_t context = 512;
+  int64_t stride = 256;
+  int64_t max_tokens = 0;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open for reading", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void run_perplexity(const PerplexityCliOptions& opts) {
+  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
+  std::optional<model::LoadedModel> base;
+  if (!opts.kld_base.empty()) base.emplace(model::load_model(opts.kld_base, opts.model.load));
+  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);
+  if (opts.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(static_cast<size_t>(opts.max_tokens));
+  runtime::PerplexityOptions po{opts.context, opts.stride};
+  const auto result = runtime::perplexity(*loaded.decoder, base ? base->decoder.get() : nullptr, tokens, po,
+                                          [](int64_t done, int64_t total) {
+                                            fmt::print(stderr, "\rperplexity: window {}/{}", done, total);
+                                            if (done == total) fmt::print(stderr, "\n");
+                                          });
+  fmt::print("model: {}\nfile: {} ({} tokens, context {}, stride {})\nperplexity: {:.4f} over {} scored tokens\n",
+             opts.model.model_dir, opts.file, tokens.size(), opts.context, opts.stride, result.perplexity,
+             result.tokens_scored);
+  if (base) {
+    fmt::print("base: {} perplexity {:.4f}\nmean KLD vs base: {:.6f}\ntop-1 agreement vs base: {:.2f}%\n", opts.kld_base,
+               result.base_perplexity, result.mean_kld, 100.0 * result.top1_agreement);
+  }
+}
+
+}  // namespace
+
+void register_perplexity(CLI::App& root) {
+  auto opts = std::make_shared<PerplexityCliOptions>();
+  CLI::App* cmd = root.add_subcommand("perplexity", "Sliding-window perplexity of a text file (and KLD vs a base model)");
+  add_model_options(*cmd, opts->model);
+  cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--ctx", opts->context, "window length in tokens")->capture_default_str();
+  cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();
+  cmd->add_option("--kld-base", opts->kld_base, "base model folder: report mean KL divergence and top-1 agreement");
+  cmd->add_option("--max-tokens", opts->max_tokens, "score only the first N tokens of the file (0 = all)");
+  cmd->callback([opts] { run_perplexity(*opts); });
+}
+
+}  // namespace fp4serve::app

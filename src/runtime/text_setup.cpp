@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "runtime/text_setup.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::runtime {
+namespace {
+
+using nlohmann::json;
+
+std::string token_string(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object() && value.contains("content") && value["content"].is_string()) return value["content"];
+  return {};
+}
+
+void add_ids(const json& value, std::vector<int32_t>& out) {
+  auto add = [&](int32_t id) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  if (value.is_number_integer()) add(value.get<int32_t>());
+  if (value.is_array()) {
+    for (const auto& v : value) {
+      if (v.is_number_integer()) add(v.get<int32_t>());
+    }
+  }
+}
+
+}  // namespace
+
+Tokenizer load_tokenizer(const checkpoint::Checkpoint& ckpt) {
+  const auto path = ckpt.tokenizer_json();
+  if (!path) throw FormatError(fmt::format("{}: no tokenizer.json (needed to turn text into tokens)", ckpt.root().string()));
+  return Tokenizer::from_files(*path, ckpt.tokenizer_config());
+}
+
+json template_context(const Tokenizer& tokenizer, const checkpoint::Checkpoint& ckpt) {
+  json ctx = json::object();
+  const json& tc = ckpt.tokenizer_config();
+  if (tc.is_object()) {
+    for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
+      if (tc.contains(key)) ctx[key] = token_string(tc[key]);
+    }
+  }
+  if (!ctx.contains("bos_token") && tokenizer.bos_id()) ctx["bos_token"] = tokenizer.id_to_token(*tokenizer.bos_id());
+  if (!ctx.contains("eos_token") && tokenizer.eos_id()) ctx["eos_token"] = tokenizer.id_to_token(*tokenizer.eos_id());
+  return ctx;
+}
+
+std::vector<int32_t> eos_token_ids(const model::ModelConfig& config, const checkpoint::Checkpoint& ckpt,
+                                   const Tokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  const json& g = ckpt.generation_config();
+  if (g.is_object() && g.contains("eos_token_id")) add_ids(g["eos_token_id"], ids);
+  if (ids.empty()) {
+    for (int32_t id : config.eos_token_ids) add_ids(id, ids);
+  }
+  if (tokenizer.eos_id()) add_ids(*tokenizer.eos_id(), ids);
+  return ids;
+}
+
+}  // namespace fp4serve::runtime

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// Glue between a checkpoint folder and the text side: its tokenizer, the variables its chat template expects,
+// and the token ids that end generation.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "model/model_config.h"
+#include "runtime/tokenizer.h"
+
+namespace fp4serve::runtime {
+
+/// The tokenizer of `ckpt` (tokenizer.json + tokenizer_config.json). Throws FormatError naming the folder when
+/// it has no tokenizer.json.
+Tokenizer load_tokenizer(const checkpoint::Checkpoint& ckpt);
+
+/// Template variables that HF passes to chat templates: bos_token and eos_token as strings (from
+/// tokenizer_config.json, where they may be strings or {"content": …} objects).
+nlohmann::json template_context(const Tokenizer& tokenizer, const checkpoint::Checkpoint& ckpt);
+
+/// Ids that end generation: generation_config.json `eos_token_id` (int or list), else config.json's, plus the
+/// tokenizer's eos token; de-duplicated, in that order.
+std::vector<int32_t> eos_token_ids(const model::ModelConfig& config, const checkpoint::Checkpoint& ckpt,
+                                   const Tokenizer& tokenizer);
+
+}  // namespace fp4serve::runtime
