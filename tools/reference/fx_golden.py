@@ -125,3 +125,48 @@ def w4a4_emulation(model, module_name, seed, rows=5):
         y = y + mod.bias.float()
     igs = getattr(mod, "input_global_scale", None)
     return x, x_fq, y, (float(igs.reshape(-1)[0]) if igs is not None else None)
+
+
+# checkpoint name -> runtime (linearized) module name, per architecture
+MOE_RUNTIME_RENAMES = {
+    "mixtral": [(".block_sparse_moe.", ".mlp.")],
+    "granitemoe": [(".block_sparse_moe.router.layer.", ".block_sparse_moe.router.")],
+}
+
+
+def load_moe_fp32(src_dir, folder, model_key):
+    """Logits model for a quantized MoE folder (transformers 5.x cannot load
+    llm-compressor's per-expert MoE output: its fused expert params stay MISSING).
+
+    Done by hand with the libraries' own pieces, mirroring what transformers'
+    compressed-tensors integration does for dense models: load the bf16 source,
+    linearize experts with llm-compressor's linearize_moe (per-expert nn.Linear,
+    the module layout that was quantized), apply_quantization_config +
+    ModelCompressor.compress_model (compressed parameter layout), load the
+    saved tensors strictly, ModelCompressor.decompress_model, then .float().
+    """
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.bfloat16)
+    linearize_moe(model)
+    qc = QuantizationConfig.model_validate(
+        json.load(open(os.path.join(folder, "config.json")))["quantization_config"])
+    apply_quantization_config(model, qc)
+    mc = ModelCompressor(quantization_config=qc)
+    mc.compress_model(model)
+    sd = load_file(os.path.join(folder, "model.safetensors"))
+    ren = MOE_RUNTIME_RENAMES.get(model_key, [])
+    sd2 = {}
+    for k, v in sd.items():
+        for a, b in ren:
+            k = k.replace(a, b)
+        sd2[k] = v
+    r = model.load_state_dict(sd2, strict=False)
+    if r.missing_keys or r.unexpected_keys:
+        raise RuntimeError(f"MoE load mismatch: missing={r.missing_keys[:8]} "
+                           f"unexpected={r.unexpected_keys[:8]}")
+    mc.decompress_model(model)
+    return model.float().eval()

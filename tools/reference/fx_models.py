@@ -1,5 +1,9 @@
 """Tiny random transformers models for the reference fixtures.
 
+All fixtures use untied lm_head/embeddings: tied random tiny models degenerate
+(the RMS-normed residual is dominated by the last token's own embedding, so greedy
+decoding repeats the last prompt token).
+
 Every model is built from a config written here, initialised with a fixed seed by
 `init_weights` (not by transformers' own init), cast to bf16 and saved with
 `save_pretrained`. Dimensions are chosen so that every quantized Linear has
@@ -35,28 +39,25 @@ MODELS = {
         cls="LlamaForCausalLM", cfg="LlamaConfig", moe=False,
         kwargs=dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    tie_word_embeddings=True, rope_theta=10000.0, **_COMMON),
-        embed_std=0.3,
+                    tie_word_embeddings=False, rope_theta=10000.0, **_COMMON),
     ),
     "qwen2": dict(
         cls="Qwen2ForCausalLM", cfg="Qwen2Config", moe=False,
         kwargs=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2,
-                    tie_word_embeddings=True, rope_theta=1000000.0, **_COMMON),
-        embed_std=0.3,
+                    tie_word_embeddings=False, rope_theta=1000000.0, **_COMMON),
     ),
     "qwen3": dict(
         cls="Qwen3ForCausalLM", cfg="Qwen3Config", moe=False,
         kwargs=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    tie_word_embeddings=True, rope_theta=1000000.0, **_COMMON),
-        embed_std=0.3,
+                    tie_word_embeddings=False, rope_theta=1000000.0, **_COMMON),
     ),
     "granite": dict(
         cls="GraniteForCausalLM", cfg="GraniteConfig", moe=False,
         kwargs=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2,
-                    tie_word_embeddings=True, rope_theta=10000.0,
+                    tie_word_embeddings=False, rope_theta=10000.0,
                     embedding_multiplier=4.0, residual_multiplier=0.5,
                     attention_multiplier=0.0625, logits_scaling=2.0, **_COMMON),
         embed_std=0.3,
@@ -75,15 +76,14 @@ MODELS = {
                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                     head_dim=32, num_experts=4, num_experts_per_tok=2,
                     decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-                    tie_word_embeddings=True, rope_theta=1000000.0, **_COMMON),
-        embed_std=0.3,
+                    tie_word_embeddings=False, rope_theta=1000000.0, **_COMMON),
     ),
     "granitemoe": dict(
         cls="GraniteMoeForCausalLM", cfg="GraniteMoeConfig", moe=True,
         kwargs=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=2, num_key_value_heads=1,
                     num_local_experts=4, num_experts_per_tok=2,
-                    tie_word_embeddings=True, rope_theta=10000.0,
+                    tie_word_embeddings=False, rope_theta=10000.0,
                     embedding_multiplier=4.0, residual_multiplier=0.5,
                     attention_multiplier=0.0625, logits_scaling=2.0, **_COMMON),
         embed_std=0.3,
@@ -95,7 +95,8 @@ MODELS = {
                     num_local_experts=4, num_experts_per_tok=2,
                     layer_types=["sliding_attention", "full_attention"],
                     sliding_window=128, tie_word_embeddings=False,
-                    rope_theta=150000.0, swiglu_limit=7.0, **_COMMON),
+                    rope_theta=150000.0, swiglu_limit=7.0,
+                    **dict(_COMMON, max_position_embeddings=131072)),
     ),
 }
 
@@ -109,7 +110,7 @@ def build_config(name):
     return cfg
 
 
-def init_weights(model, seed, embed_std=1.0, x_at_w=False):
+def init_weights(model, seed, embed_std=1.0, x_at_w=False, gain=0.5):
     """Deterministic init, realistic enough that 4-bit quantization keeps logits.
 
     * norm weights: 1 + 0.1 N(0,1)
@@ -118,7 +119,8 @@ def init_weights(model, seed, embed_std=1.0, x_at_w=False):
     * 2-D/3-D projection weights: N(0, (0.5/sqrt(fan_in))^2), fan_in = input dim
       (0.031 for K=256), so each layer adds a prompt-dependent but minority
       share to the residual stream and 4-bit weight noise keeps the top-1 token;
-      MoE routers N(0, (2/sqrt(K))^2) so routing is decisive.
+      MoE routers and lm_head N(0, (2/sqrt(K))^2) so routing is decisive and
+      greedy top-1/top-2 margins are not tiny.
     Parameters are visited in sorted-name order with one torch.Generator.
     """
     g = torch.Generator().manual_seed(seed)
@@ -135,8 +137,10 @@ def init_weights(model, seed, embed_std=1.0, x_at_w=False):
                 v = embed_std * torch.randn(shape, generator=g)
             else:
                 fan_in = _fan_in(p, x_at_w)
-                std = 0.5 / math.sqrt(fan_in)
+                std = gain / math.sqrt(fan_in)
                 if _is_router(name):
+                    std = 2.0 / math.sqrt(fan_in)
+                if name.startswith("lm_head"):
                     std = 2.0 / math.sqrt(fan_in)
                 v = std * torch.randn(shape, generator=g)
             p.copy_(v.to(p.dtype))
@@ -162,7 +166,8 @@ def build_model(name, seed):
     cfg = build_config(name)
     torch.manual_seed(seed)
     model = getattr(transformers, spec["cls"])(cfg)
-    init_weights(model, seed, spec.get("embed_std", 1.0), x_at_w=(name == "gptoss"))
+    init_weights(model, seed, spec.get("embed_std", 1.0), x_at_w=(name == "gptoss"),
+                 gain=spec.get("gain", 0.5))
     if cfg.tie_word_embeddings:
         model.tie_weights()
     model = model.to(torch.bfloat16)
