@@ -82,6 +82,15 @@ NOTES = """
   `export_hf_checkpoint`, on CPU) from the same bf16 source as `llama-bf16`.
 * GPT-OSS native MXFP4 is written by `tools/reference/fx_gptoss.py` (layout of
   FORMATS.md §5; codes and scales computed by compressed-tensors).
+* `tools/reference/check_fixtures.py` re-derives every `dequant.*` golden from the raw
+  safetensors bytes with a float64 numpy implementation of docs FORMATS.md and with a
+  fresh run of the reference code. Result at generation time: 272 tensors, 258
+  bit-exact, 14 (the ModelOpt folders) equal except that ModelOpt decodes FP4 code
+  0x8 as +0.0 where FORMATS.md §0.1 (and compressed-tensors) give -0.0.
+* ModelOpt vs compressed-tensors op order: converting ModelOpt's `weight_scale_2` to
+  CT's `weight_global_scale = 1/weight_scale_2` and dequantizing the CT way (s / gs)
+  gives different bf16 values from ModelOpt's own s * weight_scale_2 for 8736
+  elements of llama-modelopt-nvfp4 (whole model); see MANIFEST `recipe`.
 * All models use untied `lm_head` (tied tiny random models only repeat the last token).
 """
 
