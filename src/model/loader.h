@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// From a checkpoint folder to a runnable model: open the checkpoint, parse its quantization config, plan a
+// scheme per layer for the device, validate every tensor against the schemes' contracts, then prepare the
+// weights (with a progress bar on stderr) and build the decoder.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "model/decoder.h"
+#include "model/model_config.h"
+
+namespace fp4serve::model {
+
+struct LoadOptions {
+  std::string device = "cpu";             ///< cpu | cuda | sm80 … sm120 (a GPU name plans only; CPU kernels run)
+  std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
+  int threads = 0;                        ///< CPU threads, 0 = all cores
+  bool progress = true;                   ///< loading progress bar on stderr
+};
+
+struct LoadedModel {
+  checkpoint::Checkpoint checkpoint;
+  ModelConfig config;
+  std::unique_ptr<Decoder> decoder;
+  std::vector<std::string> warnings;  ///< plan warnings, already printed once to stderr
+  double load_seconds = 0.0;
+};
+
+/// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
+/// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
+/// (missing, mis-shaped or unconsumed tensors), bad scales.
+LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
+
+}  // namespace fp4serve::model
