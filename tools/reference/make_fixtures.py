@@ -320,9 +320,9 @@ def make_one(fx):
                           "dtype": "float32", "shape": list(y.shape)}
 
     from safetensors.torch import save_file
-    meta = {"fixture": fx}
-    if w4a4_module:
-        meta["w4a4.module"] = w4a4_module
+    # one metadata key only: safetensors writes its metadata map in hash order
+    meta = {"fixture": json.dumps({"fixture": fx, "w4a4.module": w4a4_module},
+                                  sort_keys=True)}
     save_file({k: v.contiguous() for k, v in golden.items()},
               os.path.join(out, "golden.safetensors"), metadata=meta)
 

@@ -22,7 +22,7 @@ and `golden.safetensors`. All folders share the same tokenizer (`tokenizer.json`
 
 | name | dtype | shape | what |
 |---|---|---|---|
-| `prompt0`, `prompt1` | I64 | `[T]` (T = 14, 15) | prompt token ids |
+| `prompt0`, `prompt1` | I64 | `[T]` (T = 14 and 16) | prompt token ids |
 | `logits.promptN` | F32 | `[T, 512]` | transformers forward (fp32 on the reference-dequantized weights, activation fake-quant included for W4A4/FP8 schemes), all positions |
 | `greedy.promptN` | I64 | `[8]` | 8 greedy tokens after the prompt (argmax, full recompute, no EOS stop) |
 | `greedy_margin.promptN` | F32 | `[8]` | top-1 minus top-2 logit at each greedy step (how fragile the step is) |
