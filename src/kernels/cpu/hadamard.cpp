@@ -32,19 +32,11 @@ void rotate_blocks(float* x, int64_t rows, int64_t dim, const float* matrix, int
   }
   if (rows == 0) return;
   if (x == nullptr || matrix == nullptr) throw UsageError("rotate_blocks: null pointer");
-#pragma omp parallel
+#pragma omp parallel if (rows > 1)
   {
     std::vector<float> acc(static_cast<size_t>(block));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t base = 0; base < dim; base += block) {
-        float* xb = x + r * dim + base;
-        // Row-vector times matrix as a sum of scaled matrix rows: contiguous reads of M.
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t i = 0; i < block; ++i) cpu::axpy(xb[i], matrix + i * block, block, acc.data());
-        std::copy(acc.begin(), acc.end(), xb);
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r) cpu::rotate_blocks(x + r * dim, dim, matrix, block, acc.data());
   }
 }
 

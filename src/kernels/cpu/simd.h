@@ -46,6 +46,9 @@ void relu_squared(const float* x, int64_t n, float* out);
 /// multiply by `scale`. n is a multiple of block; block a power of two ≥ 2.
 void fwht(float* x, int64_t n, int64_t block, float scale);
 
+/// x_blk ← x_blk · M for each `block`-wide slice of x[0..n); matrix [block, block] row-major; scratch [block].
+void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch);
+
 /// One query row of causal attention for the `group` query heads that share one KV head.
 /// q: [group, d] (the group's heads, contiguous); keys/values of cache row j start at k + j·stride and
 /// v + j·stride (already offset to this KV head); the row attends to cache rows [lo, hi].
