@@ -228,6 +228,10 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   const int64_t panels = (w.tiles() + kPanelTiles - 1) / kPanelTiles;
   const int64_t k_blocks = (k_total + kKc - 1) / kKc;
   const bool streaming = m <= kMR;
+  // Large m: up to 8 panels per work item, but at least two items per thread for balance.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t group_panels = std::max<int64_t>(1, std::min<int64_t>(8, panels / (2 * threads)));
+  const int64_t panel_groups = (panels + group_panels - 1) / group_panels;
   // Large m accumulates raw sums in y across k blocks; the epilogue runs once at the end.
 #pragma omp parallel
   {
@@ -237,7 +241,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
     float* acc = Scratch(acc_buf, acc_cap, kMR * kNR);
     if (streaming) {
       // Each chunk of decoded weights is used by all m rows while it is in L1; acc stays across chunks.
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 2)
       for (int64_t p = 0; p < panels; ++p) {
         std::memset(acc, 0, sizeof(float) * kMR * kNR);
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
@@ -253,31 +257,36 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         }
       }
     } else {
-      // GotoBLAS order: for each k block every panel is decoded once and swept over all m rows, whose x block
-      // (m × kKc) stays in L2; partial sums live in y.
-      for (int64_t kb = 0; kb < k_blocks; ++kb) {
-        const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; ++p) {
-          DecodePanel(w, p, k0, kc, panel);
-          const int64_t cols = std::min(kNR, n_total - p * kNR);
-          for (int64_t m0 = 0; m0 < m; m0 += kMR) {
-            const int64_t mm = std::min(kMR, m - m0);
-            for (int64_t i = 0; i < mm; ++i) {
-              float* yi = y + (m0 + i) * n_total + p * kNR;
-              if (kb == 0) {
-                std::memset(acc + i * kNR, 0, sizeof(float) * kNR);
-              } else {
-                std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
+      // GotoBLAS order inside a group of panels owned by one thread: for each k block every panel of the group
+      // is decoded once and swept over all m rows, whose x block (m × kKc) stays in L2 across the group;
+      // partial sums live in y. Groups (not single k blocks) are the unit of work, so there is no barrier
+      // per k block, which matters when the cores are shared with other processes.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t g = 0; g < panel_groups; ++g) {
+        const int64_t p_end = std::min(panels, (g + 1) * group_panels);
+        for (int64_t kb = 0; kb < k_blocks; ++kb) {
+          const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
+          for (int64_t p = g * group_panels; p < p_end; ++p) {
+            DecodePanel(w, p, k0, kc, panel);
+            const int64_t cols = std::min(kNR, n_total - p * kNR);
+            for (int64_t m0 = 0; m0 < m; m0 += kMR) {
+              const int64_t mm = std::min(kMR, m - m0);
+              for (int64_t i = 0; i < mm; ++i) {
+                float* yi = y + (m0 + i) * n_total + p * kNR;
+                if (kb == 0) {
+                  std::memset(acc + i * kNR, 0, sizeof(float) * kNR);
+                } else {
+                  std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
+                }
               }
-            }
-            MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc);
-            for (int64_t i = 0; i < mm; ++i) {
-              float* yi = y + (m0 + i) * n_total + p * kNR;
-              if (kb + 1 < k_blocks) {
-                std::memcpy(yi, acc + i * kNR, sizeof(float) * static_cast<size_t>(cols));
-              } else {
-                for (int64_t j = 0; j < cols; ++j) yi[j] = apply_epilogue(w, p * kNR + j, acc[i * kNR + j]);
+              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc);
+              for (int64_t i = 0; i < mm; ++i) {
+                float* yi = y + (m0 + i) * n_total + p * kNR;
+                if (kb + 1 < k_blocks) {
+                  std::memcpy(yi, acc + i * kNR, sizeof(float) * static_cast<size_t>(cols));
+                } else {
+                  for (int64_t j = 0; j < cols; ++j) yi[j] = apply_epilogue(w, p * kNR + j, acc[i * kNR + j]);
+                }
               }
             }
           }
