@@ -8,6 +8,7 @@
 #include <cblas.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -27,7 +28,12 @@ using prepare::PreparedLinear;
 
 enum class Format { Nvfp4, Mxfp4, Int4, Bf16 };
 constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16"};
-constexpr size_t kColdBytes = size_t{1} << 30;  // > the 480 MiB LLC this VM reports
+// Weights rotate through copies totalling this much: > the 480 MiB LLC this VM reports. Profiling runs
+// (callgrind) may shrink it with FP4SERVE_BENCH_COLD_MB and skip the roofs with FP4SERVE_BENCH_NO_ROOFS=1.
+size_t cold_bytes() {
+  const char* mb = std::getenv("FP4SERVE_BENCH_COLD_MB");
+  return mb != nullptr ? static_cast<size_t>(std::atol(mb)) << 20 : size_t{1} << 30;
+}
 
 double g_read_bw = 0;   // bytes/s
 double g_fma_peak = 0;  // FLOP/s
@@ -120,7 +126,7 @@ const std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
     g_cold.k = k;
     g_cold.copies.push_back(make_weights(f, n, k));
     const size_t per = prepare::weight_bytes(g_cold.copies[0]);
-    const size_t count = std::max<size_t>(2, (kColdBytes + per - 1) / per);
+    const size_t count = std::max<size_t>(2, (cold_bytes() + per - 1) / per);
     for (size_t i = 1; i < count; ++i) g_cold.copies.push_back(clone(g_cold.copies[0]));
   }
   return g_cold.copies;
@@ -200,8 +206,9 @@ int main(int argc, char** argv) {
   using namespace fp4serve;
   const int threads = core::num_threads();
   openblas_set_num_threads(threads);
-  bench::g_read_bw = bench::measure_read_bandwidth(size_t{1} << 30, 5);
-  bench::g_fma_peak = bench::measure_fma_peak(5);
+  const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
+  bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
+  bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;
   std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming sum), fp32 FMA peak %.1f GFLOP/s\n",
               kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, bench::g_fma_peak / 1e9);
   benchmark::AddCustomContext("read_GB/s", std::to_string(bench::g_read_bw / 1e9));
