@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "fp4serve/error.h"
@@ -36,7 +37,8 @@ void LoadProgress::add(uint64_t tensors, uint64_t bytes) {
 
 void LoadProgress::draw() {
   if (!enabled_) return;
-  const int percent = total_bytes_ == 0 ? 100 : static_cast<int>(100.0 * static_cast<double>(bytes_) / static_cast<double>(total_bytes_));
+  int percent = total_bytes_ == 0 ? 100 : static_cast<int>(100.0 * static_cast<double>(bytes_) / static_cast<double>(total_bytes_));
+  percent = std::min(percent, 100);  // shared tensors (a tied embedding) may be read twice
   if (percent == last_percent_) return;
   last_percent_ = percent;
   constexpr int kWidth = 30;
