@@ -288,7 +288,8 @@ TEST_P(QuantizeParity, ReproducesLlmCompressorBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizeParity,
                          ::testing::Values(ParityCase{"llama", "nvfp4a16"}, ParityCase{"llama", "mxfp4a16"},
-                                           ParityCase{"llama", "w4a16"}, ParityCase{"qwen3moe", "nvfp4a16"},
+                                           ParityCase{"llama", "w4a16"}, ParityCase{"llama", "mxfp4"},
+                                           ParityCase{"qwen3moe", "nvfp4a16"},
                                            ParityCase{"qwen3moe", "mxfp4a16"}, ParityCase{"mixtral", "nvfp4a16"},
                                            ParityCase{"mixtral", "mxfp4a16"}),
                          [](const auto& p) { return std::string(p.param.model) + "_" + p.param.scheme; });
@@ -315,6 +316,43 @@ TEST(QuantizeCheckpoint, ShardedOutputHoldsTheSameTensors) {
   EXPECT_THROW(quantize_checkpoint(source, plan, single, checkpoint::kDefaultMaxShardBytes), UsageError);  // not empty
   fs::remove_all(single);
   fs::remove_all(sharded);
+}
+
+TEST(QuantizeCheckpoint, W4A4WithCalibratedAmaxMatchesLlmCompressorLayout) {
+  // Calibration itself needs the runtime (not in this build); given activation amaxes, the W4A4 output must be
+  // llm-compressor's llama-nvfp4: same weight tensors and config, plus one input_global_scale per layer shared
+  // by each fused group (the joint max of its members' amaxes).
+  const fs::path source_dir = kData / "ref" / "llama-bf16";
+  const fs::path fixture_dir = kData / "ref" / "llama-nvfp4";
+  if (!fs::exists(source_dir) || !fs::exists(fixture_dir)) GTEST_SKIP() << "reference fixtures not present";
+  const auto source = checkpoint::Checkpoint::open(source_dir);
+  QuantizeOptions opts;
+  opts.scheme = QuantScheme::Nvfp4;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(0.5f, 20.0f);
+  for (const auto& name : source.tensor_names()) {
+    if (name.ends_with("_proj.weight")) opts.input_amax[name.substr(0, name.size() - 7)] = dist(rng);
+  }
+  const QuantizePlan plan = plan_quantization(source, opts);
+  const fs::path out = fresh_dir("w4a4");
+  quantize_checkpoint(source, plan, out, checkpoint::kDefaultMaxShardBytes);
+  const auto ours = checkpoint::Checkpoint::open(out);
+  const auto ref = checkpoint::Checkpoint::open(fixture_dir);
+  ASSERT_EQ(ours.tensor_names().size(), ref.tensor_names().size());
+  for (const std::string& name : ours.tensor_names()) {
+    const core::TensorView a = ours.tensor(name), b = ref.tensor(name);
+    ASSERT_EQ(a.shape, b.shape) << name;
+    if (name.ends_with(".input_global_scale")) continue;  // depends on the calibration text
+    EXPECT_TRUE(std::equal(a.bytes.begin(), a.bytes.end(), b.bytes.begin(), b.bytes.end())) << name;
+  }
+  EXPECT_EQ(ours.config()["quantization_config"], ref.config()["quantization_config"]);
+  const auto igs = [&](const std::string& m) { return ours.tensor(m + ".input_global_scale").load<float>(0); };
+  const std::string a = "model.layers.1.self_attn.";
+  const float joint = std::max({opts.input_amax[a + "q_proj"], opts.input_amax[a + "k_proj"], opts.input_amax[a + "v_proj"]});
+  EXPECT_EQ(igs(a + "q_proj"), nvfp4_global_scale(joint, DType::BF16));
+  EXPECT_EQ(igs(a + "v_proj"), igs(a + "q_proj"));
+  EXPECT_EQ(igs(a + "o_proj"), nvfp4_global_scale(opts.input_amax[a + "o_proj"], DType::BF16));
+  fs::remove_all(out);
 }
 
 TEST(QuantizeCheckpoint, PlanOptionsAndRefusals) {
