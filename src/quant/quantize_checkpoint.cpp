@@ -8,7 +8,10 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
-#include <regex>
+#include <memory>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "fp4serve/error.h"
 #include "quant/dequant.h"
@@ -66,26 +69,37 @@ bool natural_less(std::string_view a, std::string_view b) {
   return a.size() - i < b.size() - j;
 }
 
-// An ignore entry: exact module name, or `re:` + a regex anchored at the start only (Python re.match).
+// An ignore entry: exact module name, or `re:` + a regex anchored at the start only (Python re.match), compiled
+// with PCRE2 (PCRE2_ANCHORED gives re.match semantics; the syntax is close to Python's for such patterns).
 struct IgnorePattern {
   std::string text;
-  std::optional<std::regex> regex;
+  std::shared_ptr<pcre2_code> regex;  // null for an exact name
   bool matches(const std::string& module) const {
     if (!regex) return module == text;
-    return std::regex_search(module, *regex, std::regex_constants::match_continuous);
+    const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(regex.get(), nullptr), &pcre2_match_data_free);
+    return pcre2_match(regex.get(), reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(), 0, 0, md.get(),
+                       nullptr) >= 0;
   }
 };
 
 std::vector<IgnorePattern> compile_ignore(const std::vector<std::string>& patterns) {
   std::vector<IgnorePattern> out;
   for (const std::string& p : patterns) {
-    IgnorePattern ip{p, std::nullopt};
+    IgnorePattern ip{p, nullptr};
     if (p.starts_with("re:")) {
-      try {
-        ip.regex.emplace(p.substr(3), std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        throw UsageError(fmt::format("ignore pattern \"{}\" is not a valid regex: {}", p, e.what()));
+      int code = 0;
+      PCRE2_SIZE offset = 0;
+      const std::string body = p.substr(3);
+      pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(body.data()), body.size(),
+                                     PCRE2_ANCHORED | PCRE2_UTF, &code, &offset, nullptr);
+      if (re == nullptr) {
+        std::array<PCRE2_UCHAR, 256> msg{};
+        pcre2_get_error_message(code, msg.data(), msg.size());
+        throw UsageError(fmt::format("ignore pattern \"{}\" is not a valid regex: {} at offset {}", p,
+                                     reinterpret_cast<const char*>(msg.data()), offset));
       }
+      ip.regex.reset(re, &pcre2_code_free);
     }
     out.push_back(std::move(ip));
   }
