@@ -9,4 +9,9 @@ namespace fp4serve::app {
 /// `fp4serve inspect PATH [--json]`: tensor table, per-dtype totals and the detected producer (headers only).
 void register_inspect(CLI::App& root);
 
+/// `fp4serve explain -m DIR [--device D] [--activation-quant auto|weight-only|emulate] [--json] [--check-scales]`:
+/// the per-layer scheme plan (table grouped by identical decisions, notices, byte totals). Exits 1 when a layer
+/// has no scheme on the device.
+void register_explain(CLI::App& root);
+
 }  // namespace fp4serve::app
