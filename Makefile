@@ -45,6 +45,7 @@ fixtures:
 	python3 tools/gen_format_tables.py
 	python3 tools/gen_malformed_corpus.py
 	python3 tools/gen_sharded_fixture.py
+	python3 tools/gen_config_fixtures.py
 
 clean:
 	rm -rf build

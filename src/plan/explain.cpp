@@ -36,10 +36,12 @@ std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
     const std::string pattern = name_pattern(mp.run_name);
     const std::string variant(variant_name(mp.variant));
     const std::string scheme = scheme_label(mp.scheme);
-    const Key key{pattern, variant, scheme, mp.reason_text};
+    // Reasons name modules ("ignored by 'model.layers.3.mlp.gate'"); collapse their indices too.
+    const std::string reason = name_pattern(mp.reason_text);
+    const Key key{pattern, variant, scheme, reason};
     auto [it, inserted] = index.emplace(key, rows.size());
     if (inserted) {
-      rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", mp.reason_text,
+      rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", reason,
                       std::string(reason_code(mp.reason))});
       runs.emplace_back();
     }
