@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The SIMD GEMM over prepared weights, compiled once per Highway target (foreach_target.h re-includes this
-// file). Structure: weights are decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
+// file). NVFP4/MXFP4 with m ≤ kGemvMaxRows go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
+// decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
 // the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
 // rows of x. Targets without 256-bit vectors run the scalar reference instead.
 #undef HWY_TARGET_INCLUDE
@@ -62,28 +63,22 @@ HWY_INLINE hn::Vec<D8> Fp4Scales(const uint8_t* p) {
   }
 }
 
-// Stores int8 lanes [4 columns][8 rows] as fp32 · scale (· + offset for int4) into 4 panel rows.
-template <bool kSigned>
-HWY_INLINE void Emit4(hn::Vec<hn::FixedTag<uint8_t, 32>> v, hn::Vec<D8> scale, hn::Vec<D8> offset, float* out,
-                      bool use_offset) {
-  const D8 df;
-  const hn::FixedTag<int32_t, 8> di32;
-  const hn::FixedTag<uint8_t, 16> du16x;
-  const hn::FixedTag<uint8_t, 8> du8x;
-  const auto lower = hn::LowerHalf(du16x, v);
-  const auto upper = hn::UpperHalf(du16x, v);
-  const hn::Vec<hn::FixedTag<uint8_t, 8>> quarters[4] = {hn::LowerHalf(du8x, lower), hn::UpperHalf(du8x, lower),
-                                                        hn::LowerHalf(du8x, upper), hn::UpperHalf(du8x, upper)};
-  for (int q = 0; q < 4; ++q) {
-    hn::Vec<hn::FixedTag<int32_t, 8>> i32;
-    if constexpr (kSigned) {
-      i32 = hn::PromoteTo(di32, hn::BitCast(hn::FixedTag<int8_t, 8>(), quarters[q]));
-    } else {
-      i32 = hn::BitCast(di32, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), quarters[q]));
-    }
-    const auto f = hn::ConvertTo(df, i32);
-    hn::Store(use_offset ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + q * kNR);
-  }
+// Column j (0..7) of the 8 rows in a row-word block (prepared_linear.h), as int32 lanes.
+// Int4: the unsigned nibble. FP4: E2M1 · 2 from the int8 table, where `even`/`odd` hold the table value of the
+// low/high nibble of every byte (byte b of lane r = columns 2b, 2b + 1 of row r); a shift pair sign-extends it.
+using DI8 = hn::FixedTag<int32_t, 8>;
+using DU8 = hn::FixedTag<uint32_t, 8>;
+
+template <int kJ>
+HWY_INLINE hn::Vec<DI8> Int4Column(hn::Vec<DU8> words) {
+  const auto nibble = hn::And(hn::ShiftRight<4 * kJ>(words), hn::Set(DU8(), 0xFu));
+  return hn::BitCast(DI8(), nibble);
+}
+
+template <int kJ>
+HWY_INLINE hn::Vec<DI8> Fp4Column(hn::Vec<DI8> even, hn::Vec<DI8> odd) {
+  const auto bytes = kJ % 2 == 0 ? even : odd;
+  return hn::ShiftRight<24>(hn::ShiftLeft<24 - 8 * (kJ / 2)>(bytes));
 }
 
 template <WeightLayout kLayout>
@@ -111,15 +106,32 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       }
     }
     const auto v = hn::Load(du8, codes + 32 * c);
-    const auto lo = hn::And(v, mask);
-    const auto hi = hn::And(hn::ShiftRight<4>(v), mask);
     float* out = panel + 8 * c * kNR;
+    const auto emit = [&](int j, hn::Vec<DI8> q) HWY_ATTR {
+      const auto f = hn::ConvertTo(df, q);
+      hn::Store(kLayout == WeightLayout::Int4 ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + j * kNR);
+    };
     if constexpr (kLayout == WeightLayout::Int4) {
-      Emit4<false>(lo, scale, offset, out, true);
-      Emit4<false>(hi, scale, offset, out + 4 * kNR, true);
+      const auto words = hn::BitCast(DU8(), v);
+      emit(0, Int4Column<0>(words));
+      emit(1, Int4Column<1>(words));
+      emit(2, Int4Column<2>(words));
+      emit(3, Int4Column<3>(words));
+      emit(4, Int4Column<4>(words));
+      emit(5, Int4Column<5>(words));
+      emit(6, Int4Column<6>(words));
+      emit(7, Int4Column<7>(words));
     } else {
-      Emit4<true>(hn::TableLookupBytes(lut, lo), scale, offset, out, false);
-      Emit4<true>(hn::TableLookupBytes(lut, hi), scale, offset, out + 4 * kNR, false);
+      const auto even = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(v, mask)));
+      const auto odd = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
+      emit(0, Fp4Column<0>(even, odd));
+      emit(1, Fp4Column<1>(even, odd));
+      emit(2, Fp4Column<2>(even, odd));
+      emit(3, Fp4Column<3>(even, odd));
+      emit(4, Fp4Column<4>(even, odd));
+      emit(5, Fp4Column<5>(even, odd));
+      emit(6, Fp4Column<6>(even, odd));
+      emit(7, Fp4Column<7>(even, odd));
     }
   }
 }
@@ -309,6 +321,7 @@ HWY_EXPORT(GemmImpl);
 HWY_EXPORT(TargetId);
 
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (m <= kGemvMaxRows && gemv_dispatch(w, x, m, y)) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
 }
 
