@@ -35,10 +35,15 @@ using prepare::WeightLayout;
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
 
+// kMaxM: the largest m served here. Measured with bench_gemm_fp4 (one thread, L2-resident 576x1536, CPU
+// time per call vs the panel GEMM): AVX2 wins up to m = 4 (NVFP4 121 vs 146 us) and loses at m = 5 (174 vs
+// 161 us; 16 ymm registers cannot hold 5 rows of accumulators); AVX-512 still wins at m = 8 (158 vs 176 us).
 #if HWY_TARGET == HWY_AVX2
 constexpr int64_t kRows = 8;    // output rows per vector: one tile
+constexpr int64_t kMaxM = 4;
 #else
 constexpr int64_t kRows = 16;   // two tiles
+constexpr int64_t kMaxM = 8;
 #endif
 using DF = hn::FixedTag<float, kRows>;
 using DI = hn::FixedTag<int32_t, kRows>;
@@ -48,22 +53,25 @@ using VF = hn::Vec<DF>;
 template <WeightLayout kLayout>
 HWY_INLINE VF Scales(const uint8_t* a, const uint8_t* b, float unit) {
   const DF df;
-  const hn::FixedTag<uint32_t, kRows> du32;
-  const hn::FixedTag<uint8_t, 8> d8;
+  const DI di;
 #if HWY_TARGET == HWY_AVX2
   (void)b;
-  const auto bytes = hn::PromoteTo(du32, hn::LoadU(d8, a));
+  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), hn::LoadU(hn::FixedTag<uint8_t, 8>(), a)));
 #else
-  const auto bytes = hn::PromoteTo(du32, hn::Combine(hn::FixedTag<uint8_t, 16>(), hn::LoadU(d8, b), hn::LoadU(d8, a)));
+  // movq + movhps: the two tiles' 8 bytes in one 128-bit register.
+  const __m128i pair = _mm_castpd_si128(
+      _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
+  const auto bytes = hn::Vec<DI>{_mm512_cvtepu8_epi32(pair)};
 #endif
   if constexpr (kLayout == WeightLayout::Nvfp4) {
-    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
-    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(bytes, hn::Set(du32, 0x80u))),
-                             hn::ShiftLeft<20>(hn::And(bytes, hn::Set(du32, 0x7Fu))));
+    // Byte at the top, arithmetic shift by 4, clear bits 30..27: (sign << 31) | (magnitude << 20), which is
+    // the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<24>(bytes)), hn::Set(di, static_cast<int32_t>(0x87FFFFFFu)));
     return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p120f * unit));
   } else {
     // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
-    const auto bits = hn::Max(hn::ShiftLeft<23>(bytes), hn::Set(du32, 0x00400000u));
+    const hn::FixedTag<uint32_t, kRows> du32;
+    const auto bits = hn::Max(hn::ShiftLeft<23>(hn::BitCast(du32, bytes)), hn::Set(du32, 0x00400000u));
     return hn::Mul(hn::BitCast(df, bits), hn::Set(df, unit));
   }
 }
@@ -184,12 +192,22 @@ void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
     case 1: return GemvLayer<kLayout, 1>(w, x, y);
     case 2: return GemvLayer<kLayout, 2>(w, x, y);
     case 3: return GemvLayer<kLayout, 3>(w, x, y);
+#if HWY_TARGET == HWY_AVX2
     default: return GemvLayer<kLayout, 4>(w, x, y);
+#else
+    case 4: return GemvLayer<kLayout, 4>(w, x, y);
+    case 5: return GemvLayer<kLayout, 5>(w, x, y);
+    case 6: return GemvLayer<kLayout, 6>(w, x, y);
+    case 7: return GemvLayer<kLayout, 7>(w, x, y);
+    default: return GemvLayer<kLayout, 8>(w, x, y);
+#endif
   }
 }
 
+int64_t GemvMaxRows() { return kMaxM; }
+
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  if (m < 1 || m > kGemvMaxRows) return false;
+  if (m < 1 || m > kMaxM) return false;
   switch (w.layout) {
     case WeightLayout::Nvfp4: GemvRows<WeightLayout::Nvfp4>(w, x, m, y); return true;
     case WeightLayout::Mxfp4: GemvRows<WeightLayout::Mxfp4>(w, x, m, y); return true;
@@ -201,6 +219,8 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 }
 
 #else
+
+int64_t GemvMaxRows() { return 0; }
 
 bool GemvImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
@@ -214,6 +234,9 @@ HWY_AFTER_NAMESPACE();
 namespace fp4serve::kernels {
 
 HWY_EXPORT(GemvImpl);
+HWY_EXPORT(GemvMaxRows);
+
+int64_t gemv_max_rows() { return HWY_DYNAMIC_DISPATCH(GemvMaxRows)(); }
 
 bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   return HWY_DYNAMIC_DISPATCH(GemvImpl)(w, x, m, y);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The SIMD GEMM over prepared weights, compiled once per Highway target (foreach_target.h re-includes this
-// file). NVFP4/MXFP4 with m ≤ kGemvMaxRows go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
+// file). NVFP4/MXFP4 with m ≤ gemv_max_rows() (4 on AVX2, 8 on AVX-512) go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
 // decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
 // the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
 // rows of x. Targets without 256-bit vectors run the scalar reference instead.
@@ -321,7 +321,7 @@ HWY_EXPORT(GemmImpl);
 HWY_EXPORT(TargetId);
 
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
-  if (m <= kGemvMaxRows && gemv_dispatch(w, x, m, y)) return;
+  if (gemv_dispatch(w, x, m, y)) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
 }
 
