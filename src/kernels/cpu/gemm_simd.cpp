@@ -91,6 +91,8 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::FixedTag<int8_t, 32>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
+  (void)lut;  // unused where the AVX-512 permute decodes FP4
+  (void)mask;
   int64_t group = -1;
   hn::Vec<D8> scale = hn::Zero(df), offset = hn::Zero(df);
   for (int64_t c = 0; c < kc / 8; ++c) {
@@ -122,6 +124,23 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       emit(6, Int4Column<6>(words));
       emit(7, Int4Column<7>(words));
     } else {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+      // AVX-512VL: vpermt2ps indexes the 16 (doubled) E2M1 values with bits [3:0] of each lane directly.
+      const __m256 pos = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f);
+      const __m256 neg = _mm256_setr_ps(-0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f);
+      const __m256i words = v.raw;
+      const auto store = [&](int j, __m256 f) HWY_ATTR {
+        hn::Store(hn::Mul(hn::Vec<D8>{f}, scale), df, out + j * kNR);
+      };
+      store(0, _mm256_permutex2var_ps(pos, words, neg));
+      store(1, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 4), neg));
+      store(2, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 8), neg));
+      store(3, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 12), neg));
+      store(4, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 16), neg));
+      store(5, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 20), neg));
+      store(6, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 24), neg));
+      store(7, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 28), neg));
+#else
       const auto even = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(v, mask)));
       const auto odd = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
       emit(0, Fp4Column<0>(even, odd));
@@ -132,6 +151,7 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       emit(5, Fp4Column<5>(even, odd));
       emit(6, Fp4Column<6>(even, odd));
       emit(7, Fp4Column<7>(even, odd));
+#endif
     }
   }
 }
