@@ -21,9 +21,10 @@ namespace {
 
 uint8_t interleaved_nibble(const PreparedLinear& w, int64_t n, int64_t k) {
   const uint8_t* block = w.codes.as<uint8_t>() + ((n / kTileRows) * (w.in_features / 8) + k / 8) * 32;
+  // Row r of the tile is the little-endian 32-bit word r of the block; column 8c + j is its nibble j.
   const int64_t j = k % 8;
-  const uint8_t byte = block[(j & 3) * kTileRows + n % kTileRows];
-  return j < 4 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+  const uint8_t byte = block[4 * (n % kTileRows) + j / 2];
+  return j % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
 }
 
 size_t group_index(const PreparedLinear& w, int64_t n, int64_t k) {
