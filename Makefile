@@ -20,11 +20,11 @@ run: build
 test-release: build
 	ctest --preset release -j $(JOBS)
 
-# The checkpoint reader's malformed corpus under AddressSanitizer + UBSan.
+# The checkpoint reader's malformed corpus, configs and the scheme plan under AddressSanitizer + UBSan.
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test
-	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core"
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test
+	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan"
 
 # 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
 fuzz: deps
