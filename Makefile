@@ -22,11 +22,10 @@ run: build
 test-release: build
 	ctest --preset release -j $(JOBS)
 
-# The checkpoint reader's malformed corpus and the tokenizer / chat-template parsers under AddressSanitizer + UBSan.
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test runtime_test
-	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|runtime"
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test
+	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan|runtime"
 
 # 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
 fuzz: deps

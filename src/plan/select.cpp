@@ -116,13 +116,16 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
         [[fallthrough]];
       case Variant::Nvfp4W4A4:
         s.reason = Reason::NoFp4MatrixUnits;
-        s.reason_text = fmt::format("W4A4 checkpoint served weight-only: this device has no FP4 matrix units ({}); "
-                                    "activation scales are validated and dropped", device.label());
+        // NVFP4 stores input global scales (validated, then dropped); MXFP4 activation scales are dynamic.
+        s.reason_text = fmt::format("W4A4 checkpoint served weight-only: this device has no FP4 matrix units ({}); {}",
+                                    device.label(), variant == Variant::Nvfp4W4A4
+                                                        ? "input global scales are validated and dropped"
+                                                        : "activations stay 16-bit (MXFP4 stores no activation scales)");
         return s;
       case Variant::Fp8W8A8:
         s.reason = Reason::NoFp8MatrixUnits;
         s.reason_text = fmt::format("FP8 W8A8 checkpoint served W8A16: this device has no FP8 matrix units ({}); "
-                                    "activation scales are validated and dropped", device.label());
+                                    "static input scales, if stored, are validated and dropped", device.label());
         return s;
       case Variant::Unquantized:
       case Variant::Nvfp4W4A16:
@@ -137,7 +140,8 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
     s.reason_text = "not quantized";
   } else if (mode == ActivationQuant::WeightOnly && acts) {
     s.reason = Reason::UserWeightOnly;
-    s.reason_text = "--activation-quant weight-only: activation scales are validated and dropped";
+    s.reason_text = "--activation-quant weight-only: activations stay 16-bit; stored activation scales are validated "
+                    "and dropped";
   } else if (mode == ActivationQuant::Emulate && acts && id != SchemeId::W4A4Nvfp4Emulated) {
     s.reason = Reason::EmulateNotAvailable;
     s.reason_text = fmt::format("--activation-quant emulate exists for NVFP4 W4A4 only; {} follows the table",
