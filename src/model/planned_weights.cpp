@@ -62,7 +62,10 @@ void LoadProgress::finish() {
 }
 
 PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress)
-    : ckpt_(ckpt), plan_(plan), progress_(progress) {}
+    : ckpt_(ckpt), plan_(plan), progress_(progress) {
+  modules_.reserve(plan.modules.size());
+  for (const plan::ModulePlan& m : plan.modules) modules_.emplace(m.module.name, &m);
+}
 
 core::TensorView PlannedWeights::tensor(const std::string& name) const {
   const core::TensorView view = ckpt_.tensor(name);
@@ -157,8 +160,9 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
   std::vector<LinearPart> parts;
   bool fuse = modules.size() > 1;
   for (const std::string& name : modules) {
-    const plan::ModulePlan* m = plan_.find(name);
-    if (m == nullptr) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
+    const auto it = modules_.find(name);
+    if (it == modules_.end()) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
+    const plan::ModulePlan* m = it->second;
     fuse = fuse && m->run_fused;
     parts.push_back(prepare_module(*m));
   }
