@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "core/threading.h"
@@ -68,7 +70,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     ++tensors;
     bytes += use.bytes;
   }
-  LoadProgress progress(tensors, bytes, options.progress);
+  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
+  LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
   progress.finish();
