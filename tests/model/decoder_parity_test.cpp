@@ -48,12 +48,19 @@ bool is_dense(const std::string& name) {
   return false;
 }
 
+bool is_moe(const std::string& name) {
+  for (const char* prefix : {"mixtral-", "qwen3moe-", "granitemoe-", "gptoss-"}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 std::vector<ParityCase> cases() {
   std::vector<ParityCase> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(kRef, ec)) {
     const std::string name = e.path().filename().string();
-    if (!is_dense(name) || !fs::exists(e.path() / "golden.safetensors")) continue;
+    if (!(is_dense(name) || is_moe(name)) || !fs::exists(e.path() / "golden.safetensors")) continue;
     const bool source = name.find("-bf16") != std::string::npos;
     const checkpoint::SafetensorsFile golden(e.path() / "golden.safetensors");
     if (golden.find("w4a4.x") == nullptr) {
@@ -154,7 +161,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderParity, ::testing::ValuesIn(cases()),
                            return n;
                          });
 
-TEST(DecoderParityCorpus, CoversEveryDenseFixture) { EXPECT_GE(cases().size(), 20u); }
+TEST(DecoderParityCorpus, CoversEveryDenseFixture) {
+  const auto all = cases();
+  EXPECT_GE(std::count_if(all.begin(), all.end(), [](const ParityCase& c) { return is_dense(c.fixture); }), 20);
+}
+
+// Every MoE fixture × variant: mixtral, qwen3moe, granitemoe × {bf16, mxfp4a16, nvfp4a16, nvfp4 (emulate and
+// weight-only vs the nvfp4a16 golden)} and GPT-OSS native MXFP4.
+TEST(DecoderParityCorpus, CoversEveryMoeFixture) {
+  const auto all = cases();
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const ParityCase& c) { return is_moe(c.fixture); }), 16);
+}
 
 }  // namespace
 }  // namespace fp4serve::model
