@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "model/loader.h"
@@ -132,7 +134,9 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
       max_diff = std::max(max_diff, std::fabs(r - static_cast<double>(got[i])));
     }
     EXPECT_LE(max_diff, c.tolerance * max_ref) << "max|Δ| = " << max_diff << ", max|logit| = " << max_ref;
-    RecordProperty(prompt + "_max_rel_diff", std::to_string(max_diff / max_ref));
+    std::ostringstream rel;
+    rel << std::scientific << std::setprecision(2) << max_diff / max_ref;
+    RecordProperty(prompt + "_max_rel_diff", rel.str());
 
     // Greedy continuation with the KV cache (transformers recomputed the whole prefix each step).
     const std::vector<int32_t> want_greedy = ids_of(golden, "greedy." + prompt);
