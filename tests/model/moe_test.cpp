@@ -263,6 +263,49 @@ TEST(MoeBlock, W13SizingFollowsGating) {
   EXPECT_THROW(MoeBlock("g", gated, dense_group(router, e, h), std::move(three)), FormatError);
 }
 
+// Qwen2-MoE: routed experts (softmax → top-k, no renormalization) plus sigmoid(gate(h)) · shared_expert(h).
+TEST(MoeBlock, SharedExpertWithSigmoidGateMatchesFloat64Reference) {
+  const int64_t e = 4, k = 2, h = 16, inter = 8, si = 24, m = 7;
+  const std::vector<float> router = random_vector(e * h, 21, 0.5f);
+  const std::vector<float> w13 = random_vector(e * 2 * inter * h, 22, 0.3f), down = random_vector(e * h * inter, 23, 0.3f);
+  const std::vector<float> s13 = random_vector(2 * si * h, 24, 0.3f), sdown = random_vector(h * si, 25, 0.3f);
+  const std::vector<float> sgate = random_vector(h, 26, 0.5f);
+  const std::vector<float> x = random_vector(m * h, 27);
+  std::vector<ExpertWeights> experts;
+  for (int64_t i = 0; i < e; ++i) {
+    experts.push_back({dense_group({w13.begin() + i * 2 * inter * h, w13.begin() + (i + 1) * 2 * inter * h}, 2 * inter, h),
+                       dense_group({down.begin() + i * h * inter, down.begin() + (i + 1) * h * inter}, h, inter)});
+  }
+  MoeSettings s;
+  s.router = {RouterKind::SoftmaxTopK, e, k, false, 1.0f};
+  MoeBlock block("qwen2moe", s, dense_group(router, e, h), std::move(experts),
+                 SharedExpertWeights{dense_group(s13, 2 * si, h), dense_group(sdown, h, si), dense_group(sgate, 1, h)});
+  std::vector<float> got(m * h);
+  block.forward(x.data(), m, got.data(), nullptr);
+  auto swiglu_mlp = [&](const std::vector<float>& wa, const std::vector<float>& wd, int64_t width, const float* xt) {
+    const std::vector<double> z = matvec(wa, xt, 2 * width, h);
+    std::vector<float> a(width);
+    for (int64_t i = 0; i < width; ++i) a[i] = static_cast<float>(silu(z[i]) * z[width + i]);
+    return matvec(wd, a.data(), h, width);
+  };
+  for (int64_t t = 0; t < m; ++t) {
+    const float* xt = x.data() + t * h;
+    const std::vector<double> l = matvec(router, xt, e, h);
+    const std::vector<float> lf(l.begin(), l.end());
+    const Routed r = reference_route(RouterKind::SoftmaxTopK, lf.data(), e, k, false, 1.0);
+    std::vector<double> want(h, 0.0);
+    for (int j = 0; j < k; ++j) {
+      const int ex = r.experts[j];
+      const std::vector<double> y = swiglu_mlp({w13.begin() + ex * 2 * inter * h, w13.begin() + (ex + 1) * 2 * inter * h},
+                                               {down.begin() + ex * h * inter, down.begin() + (ex + 1) * h * inter}, inter, xt);
+      for (int64_t i = 0; i < h; ++i) want[i] += r.weights[j] * y[i];
+    }
+    const double g = 1 / (1 + std::exp(-matvec(sgate, xt, 1, h)[0]));
+    const std::vector<double> shared = swiglu_mlp(s13, sdown, si, xt);
+    for (int64_t i = 0; i < h; ++i) EXPECT_NEAR(got[t * h + i], want[i] + g * shared[i], 1e-4) << t << ", " << i;
+  }
+}
+
 TEST(SliceExpert, DeinterleavesAndTransposes) {
   // [E=3, R=6, C=4] with value = 100·e + 10·r + c.
   std::vector<float> v;
