@@ -22,16 +22,18 @@ constexpr std::array<ArchitectureSpec, 10> kSpecs{{
     {.name = "Qwen3ForCausalLM", .qk_norm = true},
     {.name = "GraniteForCausalLM"},
     {.name = "MixtralForCausalLM", .experts = ExpertLayout::PerExpert, .experts_key = "num_local_experts",
-     .router = "block_sparse_moe.gate"},
+     .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.gate"},
     {.name = "Qwen2MoeForCausalLM", .experts = ExpertLayout::PerExpert, .qkv_bias_always = true,
-     .shared_expert = true, .experts_key = "num_experts", .router = "mlp.gate"},
+     .shared_expert = true, .experts_key = "num_experts", .experts_key_alias = "num_local_experts",
+     .moe_prefix = "mlp", .router = "mlp.gate"},
     {.name = "Qwen3MoeForCausalLM", .experts = ExpertLayout::PerExpert, .qk_norm = true,
-     .experts_key = "num_experts", .router = "mlp.gate"},
+     .experts_key = "num_experts", .experts_key_alias = "num_local_experts", .moe_prefix = "mlp",
+     .router = "mlp.gate"},
     {.name = "GraniteMoeForCausalLM", .experts = ExpertLayout::Fused3d, .gate_up = GateUpLayout::ConcatenatedHalves,
-     .experts_key = "num_local_experts", .router = "block_sparse_moe.router.layer"},
+     .experts_key = "num_local_experts", .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.router.layer"},
     {.name = "GptOssForCausalLM", .experts = ExpertLayout::Fused3d, .gate_up = GateUpLayout::InterleavedRows,
      .attention_sinks = true, .attention_bias_default = true, .experts_key = "num_local_experts",
-     .router = "mlp.router"},
+     .moe_prefix = "mlp", .router = "mlp.router"},
 }};
 
 int64_t read_int(const json& config, const char* key, std::string_view arch, std::optional<int64_t> fallback) {
@@ -135,7 +137,8 @@ ModelDims read_model_dims(const json& config) {
   d.attention_bias = read_bool(config, "attention_bias", spec.attention_bias_default);
   d.mlp_bias = read_bool(config, "mlp_bias", false);
   if (spec.experts != ExpertLayout::None) {
-    const std::string key(spec.experts_key);
+    std::string key(spec.experts_key);
+    if (!spec.experts_key_alias.empty() && !config.contains(key)) key = std::string(spec.experts_key_alias);
     d.num_experts = read_int(config, key.c_str(), a, std::nullopt);
     require_positive(d.num_experts, key.c_str(), a);
     d.num_experts_per_tok = read_int(config, "num_experts_per_tok", a, int64_t{0});
@@ -165,6 +168,7 @@ struct Builder {
   const ArchitectureSpec& spec;
   const ModelDims& d;
   ModelLayout& out;
+  ExpertNaming naming = ExpertNaming::Native;
 
   size_t add(std::string name, ModuleRole role, int64_t layer, int64_t n, int64_t k, std::string fusion = {},
              bool bias = false, std::string_view cls = "Linear") {
@@ -210,15 +214,17 @@ struct Builder {
   }
 
   void per_expert(const std::string& p, int64_t layer) {
-    const bool mixtral = spec.name == "MixtralForCausalLM";
-    const std::string base = p + (mixtral ? ".block_sparse_moe.experts." : ".mlp.experts.");
+    const bool mixtral = spec.name == "MixtralForCausalLM" && naming == ExpertNaming::Native;
+    const std::string base = p + "." + std::string(spec.moe_prefix) + ".experts.";
     const int64_t i = d.moe_intermediate_size;
+    // Linearized GPT-OSS experts keep their biases as Linear biases.
+    const bool bias = spec.gate_up == GateUpLayout::InterleavedRows;
     for (int64_t e = 0; e < d.num_experts; ++e) {
       const std::string x = base + std::to_string(e);
       const std::string w13 = x + (mixtral ? ".w13" : ".gate_up_proj");
-      out.modules[add(x + (mixtral ? ".w1" : ".gate_proj"), ModuleRole::ExpertGate, layer, i, d.hidden_size, w13)].expert = e;
-      out.modules[add(x + (mixtral ? ".w3" : ".up_proj"), ModuleRole::ExpertUp, layer, i, d.hidden_size, w13)].expert = e;
-      out.modules[add(x + (mixtral ? ".w2" : ".down_proj"), ModuleRole::ExpertDown, layer, d.hidden_size, i)].expert = e;
+      out.modules[add(x + (mixtral ? ".w1" : ".gate_proj"), ModuleRole::ExpertGate, layer, i, d.hidden_size, w13, bias)].expert = e;
+      out.modules[add(x + (mixtral ? ".w3" : ".up_proj"), ModuleRole::ExpertUp, layer, i, d.hidden_size, w13, bias)].expert = e;
+      out.modules[add(x + (mixtral ? ".w2" : ".down_proj"), ModuleRole::ExpertDown, layer, d.hidden_size, i, {}, bias)].expert = e;
     }
   }
 
@@ -245,9 +251,10 @@ struct Builder {
 
   void moe(const std::string& p, int64_t layer) {
     const bool gpt_oss = spec.gate_up == GateUpLayout::InterleavedRows;
-    add(p + "." + std::string(spec.router), ModuleRole::Router, layer, d.num_experts, d.hidden_size, {}, gpt_oss,
-        gpt_oss ? "GptOssTopKRouter" : "Linear");
-    if (spec.experts == ExpertLayout::PerExpert) {
+    const size_t router = add(p + "." + std::string(spec.router), ModuleRole::Router, layer, d.num_experts,
+                              d.hidden_size, {}, gpt_oss, gpt_oss ? "GptOssTopKRouter" : "Linear");
+    if (spec.gate_up == GateUpLayout::ConcatenatedHalves) out.modules[router].runtime_name = p + ".block_sparse_moe.router";
+    if (spec.experts == ExpertLayout::PerExpert || naming == ExpertNaming::Linearized) {
       per_expert(p, layer);
     } else {
       fused_experts(p, layer);
@@ -262,12 +269,34 @@ struct Builder {
 
 }  // namespace
 
-ModelLayout describe_model(const json& config) {
+std::string_view expert_naming_name(ExpertNaming naming) {
+  switch (naming) {
+    case ExpertNaming::Native: return "native";
+    case ExpertNaming::Linearized: return "linearized per-expert (LLM Compressor)";
+  }
+  return "?";
+}
+
+ExpertNaming detect_expert_naming(const ModelDims& dims, const std::function<bool(std::string_view)>& has_tensor_prefix) {
+  const ArchitectureSpec& spec = architecture_spec(dims.architecture);
+  if (spec.experts == ExpertLayout::None) return ExpertNaming::Native;
+  const bool native_is_linearized = spec.experts == ExpertLayout::PerExpert && spec.name != "MixtralForCausalLM";
+  if (native_is_linearized) return ExpertNaming::Native;
+  for (int64_t layer = 0; layer < dims.num_hidden_layers; ++layer) {
+    if (!dims.is_moe_layer(layer)) continue;
+    const std::string prefix = fmt::format("model.layers.{}.{}.experts.0.gate_proj.", layer, spec.moe_prefix);
+    return has_tensor_prefix(prefix) ? ExpertNaming::Linearized : ExpertNaming::Native;
+  }
+  return ExpertNaming::Native;
+}
+
+ModelLayout describe_model(const json& config, ExpertNaming naming) {
   ModelLayout out;
   out.dims = read_model_dims(config);
   out.spec = &architecture_spec(out.dims.architecture);
+  out.expert_naming = naming;
   const ModelDims& d = out.dims;
-  Builder b{*out.spec, d, out};
+  Builder b{*out.spec, d, out, naming};
   b.add("model.embed_tokens", ModuleRole::Embedding, -1, d.vocab_size, d.hidden_size, {}, false, "Embedding");
   for (int64_t layer = 0; layer < d.num_hidden_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer);

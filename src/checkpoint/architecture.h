@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -56,6 +57,12 @@ enum class ExpertLayout : uint8_t { None, PerExpert, Fused3d };
 /// one tensor whose first half of rows is gate (GraniteMoe `chunk(2)`), or alternating rows gate_i, up_i
 /// (GPT-OSS).
 enum class GateUpLayout : uint8_t { SeparateModules, ConcatenatedHalves, InterleavedRows };
+/// Which module names a checkpoint gives its experts. Native: the architecture's own (table of FORMATS.md §4:
+/// Mixtral `experts.<e>.w1/w3/w2`, GraniteMoe fused 3-D `input_linear/output_linear`, GPT-OSS fused blocks).
+/// Linearized: LLM Compressor's per-expert Linear modules `<moe>.experts.<e>.{gate_proj,up_proj,down_proj}`,
+/// which it saves under those names for architectures without a rename-on-save mapping (FORMATS.md §4; the
+/// fixtures' Mixtral and GraniteMoe quantized folders). For Qwen-MoE both are the same names.
+enum class ExpertNaming : uint8_t { Native, Linearized };
 
 /// One module of a concrete model (layer and expert indices filled in).
 struct ModuleInfo {
@@ -67,6 +74,10 @@ struct ModuleInfo {
   int64_t out_features = 0;      ///< N (per expert for fused 3-D)
   int64_t in_features = 0;       ///< K
   std::string fusion_group;      ///< runtime fused module (…qkv_proj, …gate_up_proj, …w13); "" when none
+  /// The module's name in transformers' in-memory model when the checkpoint names it differently, "" otherwise:
+  /// GraniteMoe's router Linear is `…block_sparse_moe.router` in memory and `…router.layer` on disk, and LLM
+  /// Compressor writes ignore lists with the in-memory name.
+  std::string runtime_name;
   std::string_view class_name;   ///< "Linear", "Embedding", "GptOssExperts", … (matched by CT class targets)
   bool has_bias = false;
   /// Separator between the module name and a tensor suffix: '.' ("P.weight"), '_' for GPT-OSS experts
@@ -102,6 +113,9 @@ struct ArchitectureSpec {
   bool attention_bias_default = false;
   bool shared_expert = false;      ///< Qwen2-MoE
   std::string_view experts_key = {};  ///< config key of the expert count ("" for dense)
+  std::string_view experts_key_alias = {};  ///< accepted when experts_key is absent (transformers 5 Qwen-MoE
+                                            ///< configs write num_local_experts)
+  std::string_view moe_prefix = {};  ///< submodule of a decoder layer holding router and experts
   std::string_view router = {};    ///< router module template, "" for dense
 };
 
@@ -115,6 +129,7 @@ const ArchitectureSpec& architecture_spec(std::string_view architecture);
 struct ModelLayout {
   const ArchitectureSpec* spec = nullptr;
   ModelDims dims;
+  ExpertNaming expert_naming = ExpertNaming::Native;
   std::vector<ModuleInfo> modules;
   std::vector<OtherTensor> others;
 };
@@ -124,8 +139,17 @@ struct ModelLayout {
 /// UnsupportedError for an unknown architecture.
 ModelDims read_model_dims(const nlohmann::json& config);
 
-/// Every module and non-linear tensor of the model described by `config`, layer by layer. Same errors as
-/// read_model_dims.
-ModelLayout describe_model(const nlohmann::json& config);
+/// Every module and non-linear tensor of the model described by `config`, layer by layer, with the experts
+/// named as `naming` says. Same errors as read_model_dims.
+ModelLayout describe_model(const nlohmann::json& config, ExpertNaming naming = ExpertNaming::Native);
+
+/// The expert naming of a checkpoint, keyed off its tensor names as FORMATS.md §4 requires (the same config can
+/// come with either naming): Linearized when `has_tensor_prefix` finds a tensor under
+/// `model.layers.<L>.<moe_prefix>.experts.0.gate_proj.` for the first MoE layer L and the native naming differs;
+/// Native otherwise (dense models included). The contract check then holds every expert tensor to that one
+/// naming, so a checkpoint that mixes both is an error listing the strays.
+ExpertNaming detect_expert_naming(const ModelDims& dims, const std::function<bool(std::string_view prefix)>& has_tensor_prefix);
+
+std::string_view expert_naming_name(ExpertNaming naming);
 
 }  // namespace fp4serve::checkpoint

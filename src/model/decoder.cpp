@@ -12,6 +12,7 @@
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
+#include "model/moe.h"
 #include "quant/dequant.h"
 
 namespace fp4serve::model {
@@ -72,12 +73,19 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights)
       layer.q_norm = load_vector(weights, p + ".self_attn.q_norm.weight", c.head_dim);
       layer.k_norm = load_vector(weights, p + ".self_attn.k_norm.weight", c.head_dim);
     }
+    if (c.attention_sinks) layer.sinks = load_vector(weights, p + ".self_attn.sinks", c.num_heads);
+    layer.sliding_window = c.sliding_window_of(l);
     layer.qkv = weights.linear_group({p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"});
     layer.o_proj = weights.linear_group({p + ".self_attn.o_proj"});
     const int64_t qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     if (layer.qkv.out_features() != qkv_out || layer.qkv.in_features() != c.hidden_size) {
       throw FormatError(fmt::format("{}.self_attn q/k/v: [{}, {}] in total where [{}, {}] was expected from config.json",
                                     p, layer.qkv.out_features(), layer.qkv.in_features(), qkv_out, c.hidden_size));
+    }
+    if (c.is_moe_layer(l)) {
+      layer.ffn = make_moe_block(c, weights, l);
+      layers_.push_back(std::move(layer));
+      continue;
     }
     LinearGroup gate_up = weights.linear_group({p + ".mlp.gate_proj", p + ".mlp.up_proj"});
     LinearGroup down = weights.linear_group({p + ".mlp.down_proj"});
@@ -142,11 +150,11 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   if (c.embedding_multiplier != 1.0f) {
     for (float& v : x) v *= c.embedding_multiplier;
   }
-  kernels::AttentionParams attention_params{c.num_heads, c.num_kv_heads, hd, c.attention_scale, c.sliding_window,
-                                            nullptr};
-
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<size_t>(l)];
+    const kernels::AttentionParams attention_params{c.num_heads, c.num_kv_heads, hd, c.attention_scale,
+                                                    layer.sliding_window,
+                                                    layer.sinks.empty() ? nullptr : layer.sinks.data()};
     kernels::rms_norm(x.data(), layer.input_norm.data(), total, hidden, c.rms_norm_eps, h.data());
     if (observer_ != nullptr) observer_->observe(layer.qkv.modules(), h.data(), total, hidden);
     layer.qkv.forward(h.data(), total, qkv.data(), scratch);

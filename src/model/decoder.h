@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite) and its forward step over a batch of
+// The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Granite and their MoE relatives Mixtral, Qwen2/3-MoE,
+// GraniteMoe, GPT-OSS, whose feed-forward is a model/moe.h block) and its forward step over a batch of
 // sequences of different lengths: every linear runs once over all tokens of the batch (M = total tokens),
 // attention runs per sequence over its KV-cache slot.
 #pragma once
@@ -58,6 +59,8 @@ class Decoder {
     std::vector<float> post_attention_norm;
     std::vector<float> q_norm;  // Qwen3 only, [head_dim]
     std::vector<float> k_norm;
+    std::vector<float> sinks;  // GPT-OSS only, [num_heads]
+    int64_t sliding_window = 0;
     LinearGroup qkv;
     LinearGroup o_proj;
     std::unique_ptr<FeedForward> ffn;

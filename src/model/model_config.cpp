@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fp4serve/error.h"
@@ -20,7 +21,9 @@ struct ArchitectureRow {
 constexpr ArchitectureRow kArchitectures[] = {
     {"LlamaForCausalLM", Architecture::Llama},     {"MistralForCausalLM", Architecture::Mistral},
     {"Qwen2ForCausalLM", Architecture::Qwen2},     {"Qwen3ForCausalLM", Architecture::Qwen3},
-    {"GraniteForCausalLM", Architecture::Granite},
+    {"GraniteForCausalLM", Architecture::Granite}, {"MixtralForCausalLM", Architecture::Mixtral},
+    {"Qwen2MoeForCausalLM", Architecture::Qwen2Moe}, {"Qwen3MoeForCausalLM", Architecture::Qwen3Moe},
+    {"GraniteMoeForCausalLM", Architecture::GraniteMoe}, {"GptOssForCausalLM", Architecture::GptOss},
 };
 
 int64_t require_int(const json& c, const char* key) {
@@ -56,7 +59,105 @@ std::vector<int32_t> token_ids(const json& value) {
   return ids;
 }
 
+int64_t sliding_window_or_zero(const json& c) {
+  return c.contains("sliding_window") && c["sliding_window"].is_number_integer() ? c["sliding_window"].get<int64_t>() : 0;
+}
+
+// The MoE rules of each family (transformers' modeling files): expert count key, router, activation.
+void parse_moe(const json& c, ModelConfig& m) {
+  MoeConfig& moe = m.moe;
+  const bool qwen = m.architecture == Architecture::Qwen2Moe || m.architecture == Architecture::Qwen3Moe;
+  const char* experts_key = qwen && c.contains("num_experts") ? "num_experts" : "num_local_experts";
+  moe.num_experts = require_int(c, experts_key);
+  moe.top_k = require_int(c, "num_experts_per_tok");
+  if (moe.top_k > moe.num_experts) {
+    throw FormatError(fmt::format("config.json: num_experts_per_tok {} exceeds {} {}", moe.top_k, experts_key,
+                                  moe.num_experts));
+  }
+  moe.intermediate_size = c.contains("moe_intermediate_size") ? require_int(c, "moe_intermediate_size") : m.intermediate_size;
+  moe.routed_scaling_factor = static_cast<float>(number_or(c, "routed_scaling_factor", 1.0));
+  switch (m.architecture) {
+    case Architecture::Mixtral:
+      moe.renormalize = true;  // MixtralSparseMoeBlock always divides the top-k probabilities by their sum
+      break;
+    case Architecture::Qwen2Moe:
+    case Architecture::Qwen3Moe:
+      moe.renormalize = bool_or(c, "norm_topk_prob", false);
+      moe.decoder_sparse_step = c.contains("decoder_sparse_step") ? require_int(c, "decoder_sparse_step") : 1;
+      if (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array()) {
+        for (const auto& v : c["mlp_only_layers"]) {
+          if (!v.is_number_integer()) throw FormatError("config.json: 'mlp_only_layers' holds a non-integer");
+          moe.mlp_only_layers.push_back(v.get<int64_t>());
+        }
+      }
+      if (m.architecture == Architecture::Qwen2Moe) {
+        moe.shared_expert_intermediate_size = require_int(c, "shared_expert_intermediate_size");
+      }
+      break;
+    case Architecture::GraniteMoe:
+      moe.router = RouterKind::TopKSoftmax;
+      break;
+    case Architecture::GptOss:
+      moe.router = RouterKind::TopKSoftmax;
+      moe.activation = ExpertActivation::SwigluOai;
+      moe.swiglu_limit = static_cast<float>(number_or(c, "swiglu_limit", 7.0));
+      break;
+    case Architecture::Llama:
+    case Architecture::Mistral:
+    case Architecture::Qwen2:
+    case Architecture::Qwen3:
+    case Architecture::Granite:
+      break;
+  }
+}
+
+// GPT-OSS alternates sliding and full attention as `layer_types` lists them.
+void parse_layer_types(const json& c, ModelConfig& m) {
+  const int64_t window = sliding_window_or_zero(c);
+  if (!c.contains("layer_types") || !c["layer_types"].is_array()) {
+    throw FormatError(fmt::format("config.json: {} needs 'layer_types' (a list of sliding_attention/full_attention)",
+                                  m.architecture_name));
+  }
+  const json& types = c["layer_types"];
+  if (static_cast<int64_t>(types.size()) != m.num_layers) {
+    throw FormatError(fmt::format("config.json: 'layer_types' has {} entries where num_hidden_layers is {}",
+                                  types.size(), m.num_layers));
+  }
+  for (const json& t : types) {
+    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+    if (type == "sliding_attention") {
+      if (window <= 0) throw FormatError("config.json: 'layer_types' has sliding_attention but 'sliding_window' is not a positive integer");
+      m.layer_sliding_window.push_back(window);
+    } else if (type == "full_attention") {
+      m.layer_sliding_window.push_back(0);
+    } else {
+      throw FormatError(fmt::format("config.json: 'layer_types' entry '{}' is neither sliding_attention nor full_attention", type));
+    }
+  }
+}
+
 }  // namespace
+
+bool is_gated(ExpertActivation a) {
+  switch (a) {
+    case ExpertActivation::SiluGated:
+    case ExpertActivation::SwigluOai: return true;
+    case ExpertActivation::ReluSquared:
+    case ExpertActivation::Silu: return false;
+  }
+  return true;
+}
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (moe.num_experts == 0) return false;
+  if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) != moe.mlp_only_layers.end()) return false;
+  return moe.decoder_sparse_step <= 1 || (layer + 1) % moe.decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::sliding_window_of(int64_t layer) const {
+  if (layer_sliding_window.empty()) return sliding_window;
+  return layer_sliding_window.at(static_cast<size_t>(layer));
+}
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = [] {
@@ -121,13 +222,33 @@ ModelConfig parse_model_config(const json& c) {
   switch (m.architecture) {
     case Architecture::Llama:
     case Architecture::Granite:
+    case Architecture::GraniteMoe:
       m.attention_bias = bool_or(c, "attention_bias", false);
       m.o_proj_bias = m.attention_bias;
       break;
     case Architecture::Mistral:
-      m.sliding_window = c.contains("sliding_window") && c["sliding_window"].is_number_integer()
-                             ? c["sliding_window"].get<int64_t>()
-                             : 0;
+    case Architecture::Mixtral:
+      m.sliding_window = sliding_window_or_zero(c);
+      break;
+    case Architecture::GptOss:
+      m.attention_bias = bool_or(c, "attention_bias", true);
+      m.o_proj_bias = m.attention_bias;
+      m.attention_sinks = true;
+      parse_layer_types(c, m);
+      break;
+    case Architecture::Qwen2Moe:
+      m.attention_bias = true;
+      if (bool_or(c, "use_sliding_window", false)) {
+        throw UnsupportedError("config.json: Qwen2-MoE use_sliding_window=true is not supported yet");
+      }
+      break;
+    case Architecture::Qwen3Moe:
+      m.qk_norm = true;
+      m.attention_bias = bool_or(c, "attention_bias", false);
+      m.o_proj_bias = m.attention_bias;
+      if (bool_or(c, "use_sliding_window", false)) {
+        throw UnsupportedError("config.json: Qwen3-MoE use_sliding_window=true is not supported yet");
+      }
       break;
     case Architecture::Qwen2:
       m.attention_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
@@ -144,11 +265,23 @@ ModelConfig parse_model_config(const json& c) {
       }
       break;
   }
-  if (m.architecture == Architecture::Granite) {
+  if (m.architecture == Architecture::Granite || m.architecture == Architecture::GraniteMoe) {
     m.embedding_multiplier = static_cast<float>(number_or(c, "embedding_multiplier", 1.0));
     m.residual_multiplier = static_cast<float>(number_or(c, "residual_multiplier", 1.0));
     m.attention_scale = static_cast<float>(number_or(c, "attention_multiplier", 0.0));
     m.logits_scaling = static_cast<float>(number_or(c, "logits_scaling", 1.0));
+  }
+  switch (m.architecture) {
+    case Architecture::Mixtral:
+    case Architecture::Qwen2Moe:
+    case Architecture::Qwen3Moe:
+    case Architecture::GraniteMoe:
+    case Architecture::GptOss: parse_moe(c, m); break;
+    case Architecture::Llama:
+    case Architecture::Mistral:
+    case Architecture::Qwen2:
+    case Architecture::Qwen3:
+    case Architecture::Granite: break;
   }
   if (m.attention_scale == 0.0f) m.attention_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   if (c.contains("eos_token_id")) m.eos_token_ids = token_ids(c["eos_token_id"]);

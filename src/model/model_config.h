@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,43 @@ enum class Architecture {
   Qwen2,    ///< Qwen2ForCausalLM: q/k/v projections carry biases
   Qwen3,    ///< Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE
   Granite,  ///< GraniteForCausalLM: embedding/residual/attention multipliers, logits scaling
+  Mixtral,     ///< MixtralForCausalLM: every layer MoE, softmax → top-k → renormalize
+  Qwen2Moe,    ///< Qwen2MoeForCausalLM: q/k/v biases, shared expert with a sigmoid gate, sparse-step layers
+  Qwen3Moe,    ///< Qwen3MoeForCausalLM: Qwen3 attention, softmax → top-k → optional renormalize
+  GraniteMoe,  ///< GraniteMoeForCausalLM: Granite multipliers, top-k → softmax over the k
+  GptOss,      ///< GptOssForCausalLM: biased router top-k → softmax, swiglu-oai experts with biases, attention
+               ///< sinks, sliding window on the layers `layer_types` marks "sliding_attention"
+};
+
+/// How a router turns its logits [E] into k expert weights (all fp32, in transformers' order of operations).
+enum class RouterKind : uint8_t {
+  SoftmaxTopK,  ///< softmax over all E, top-k of the probabilities, optional renormalization (Mixtral, Qwen-MoE)
+  TopKSoftmax,  ///< top-k of the logits (+ router bias), softmax over the k (GraniteMoe, GPT-OSS)
+};
+
+/// The expert MLP's activation. Gated forms read gate|up halves (w13 = 2·I rows); the others one projection.
+enum class ExpertActivation : uint8_t {
+  SiluGated,    ///< silu(gate) · up
+  SwigluOai,    ///< GPT-OSS: (clamp(up) + 1) · g · sigmoid(alpha · g), g = min(gate, limit)
+  ReluSquared,  ///< non-gated: relu(x)²
+  Silu,         ///< non-gated: silu(x)
+};
+bool is_gated(ExpertActivation a);
+
+/// Mixture-of-experts settings; num_experts = 0 for dense models.
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;                     ///< num_experts_per_tok
+  int64_t intermediate_size = 0;         ///< expert width I (moe_intermediate_size, else intermediate_size)
+  RouterKind router = RouterKind::SoftmaxTopK;
+  bool renormalize = false;              ///< SoftmaxTopK: divide the k probabilities by their sum
+  float routed_scaling_factor = 1.0f;    ///< multiplies the routing weights (config `routed_scaling_factor`)
+  ExpertActivation activation = ExpertActivation::SiluGated;
+  float swiglu_alpha = 1.702f;           ///< GPT-OSS (HF GptOssExperts.alpha)
+  float swiglu_limit = 7.0f;             ///< GPT-OSS config `swiglu_limit`
+  int64_t shared_expert_intermediate_size = 0;  ///< Qwen2-MoE shared expert, 0 = none
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
 };
 
 /// The architectures this build runs, as config.json names them.
@@ -38,6 +76,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   kernels::RopeScaling rope_scaling;
   int64_t sliding_window = 0;     ///< 0 = full attention
+  /// Per-layer override of sliding_window (GPT-OSS `layer_types`): empty = every layer uses sliding_window.
+  std::vector<int64_t> layer_sliding_window;
+  bool attention_sinks = false;   ///< GPT-OSS: `self_attn.sinks` [num_heads] join each softmax
   bool tie_word_embeddings = false;
   bool attention_bias = false;    ///< q/k/v (and o when `attention_bias` says so for Llama) carry biases
   bool o_proj_bias = false;
@@ -50,11 +91,19 @@ struct ModelConfig {
   float logits_scaling = 1.0f;    ///< logits are divided by this
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
+  MoeConfig moe;
+
+  /// True when `layer` runs a sparse MoE block (Qwen-MoE: not in mlp_only_layers and (layer + 1) % step == 0;
+  /// the other MoE families: every layer; dense models: none) — the rule of checkpoint::ModelDims::is_moe_layer.
+  bool is_moe_layer(int64_t layer) const;
+  /// The attention window of `layer` (0 = full).
+  int64_t sliding_window_of(int64_t layer) const;
 };
 
 /// Parses config.json. Throws UnsupportedError listing the supported architectures for an unknown
 /// `architectures[0]` or an unsupported `hidden_act`; FormatError naming the key for a missing or mistyped field
-/// or inconsistent dimensions (heads not dividing, kv heads not dividing heads).
+/// or inconsistent dimensions (heads not dividing, kv heads not dividing heads, num_experts_per_tok not in
+/// 1 … num_experts, layer_types of the wrong length or with an unknown entry).
 ModelConfig parse_model_config(const nlohmann::json& config);
 
 }  // namespace fp4serve::model

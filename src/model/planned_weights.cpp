@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "fp4serve/error.h"
 #include "prepare/repack.h"
@@ -27,6 +28,41 @@ prepare::GlobalScaleConvention convention_of(plan::ScaleConvention c, const std:
 }
 
 }  // namespace
+
+ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinterleave, bool transpose,
+                         const std::string& name) {
+  if (t.shape.size() < 2 || expert < 0 || expert >= t.shape[0]) {
+    throw FormatError(fmt::format("{}: expert {} of a tensor shaped {} (expected [E, ...] with E > {})", name, expert,
+                                  core::shape_to_string(t.shape), expert));
+  }
+  const auto per_expert = static_cast<size_t>(t.bytes.size() / static_cast<size_t>(t.shape[0]));
+  const std::byte* src = t.bytes.data() + static_cast<size_t>(expert) * per_expert;
+  ExpertSlice out;
+  std::vector<int64_t> shape(t.shape.begin() + 1, t.shape.end());
+  out.bytes.assign(src, src + per_expert);
+  if (transpose) {  // [K, N] → [N, K] element by element
+    const int64_t k = shape[0], n = shape[1];
+    const size_t elem = per_expert / static_cast<size_t>(k * n);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c) {
+        std::memcpy(out.bytes.data() + static_cast<size_t>(r * k + c) * elem, src + static_cast<size_t>(c * n + r) * elem, elem);
+      }
+    }
+    shape = {n, k};
+  }
+  if (deinterleave) {
+    const int64_t rows = shape[0];
+    if (rows % 2 != 0) throw FormatError(fmt::format("{}: {} interleaved gate/up rows is odd", name, rows));
+    const size_t row_bytes = per_expert / static_cast<size_t>(rows);
+    const std::vector<std::byte> in = out.bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t dst = r % 2 == 0 ? r / 2 : rows / 2 + r / 2;
+      std::memcpy(out.bytes.data() + static_cast<size_t>(dst) * row_bytes, in.data() + static_cast<size_t>(r) * row_bytes, row_bytes);
+    }
+  }
+  out.view = core::TensorView{t.dtype, shape, std::span<const std::byte>(out.bytes)};
+  return out;
+}
 
 LoadProgress::LoadProgress(uint64_t total_tensors, uint64_t total_bytes, bool enabled)
     : total_tensors_(total_tensors), total_bytes_(total_bytes), enabled_(enabled) {}
@@ -154,6 +190,67 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   }
   progress_.add(tensors, bytes);
   return part;
+}
+
+std::vector<checkpoint::ModuleInfo> PlannedWeights::modules(int64_t layer, checkpoint::ModuleRole role) const {
+  std::vector<checkpoint::ModuleInfo> out;
+  for (const plan::ModulePlan& m : plan_.modules) {
+    if (m.module.layer == layer && m.module.role == role) out.push_back(m.module);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
+  return out;
+}
+
+LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expert, bool deinterleave) const {
+  const plan::ModulePlan* m = plan_.find(module);
+  if (m == nullptr) throw FormatError(fmt::format("{}: module is not in the layer plan", module));
+  const std::string name = fmt::format("{} expert {}", module, expert);
+  if (!m->scheme) throw UnsupportedError(fmt::format("{}: no scheme runs this layer on {}: {}", name, plan_.device.label(), m->reason_text));
+  auto slice = [&](TensorRole role, bool transpose) {
+    const plan::TensorUse* use = m->tensor(role);
+    if (use == nullptr) throw FormatError(fmt::format("{}: the plan lists no {} tensor", name, plan::tensor_role_name(role)));
+    return slice_expert(ckpt_.tensor(use->name), expert, deinterleave, transpose, name);
+  };
+  LinearPart part;
+  switch (*m->scheme) {
+    case SchemeId::W4A16Mxfp4: {
+      // GPT-OSS blocks [E, N, K/32, 16]: one expert's [N, K/32, 16] bytes are the CT-style packed [N, K/2].
+      ExpertSlice blocks = slice(TensorRole::WeightPacked, false);
+      blocks.view.shape = {blocks.view.shape[0], m->module.in_features / 2};
+      const ExpertSlice scales = slice(TensorRole::WeightScale, false);
+      part.weight = prepare::prepare_mxfp4(blocks.view, scales.view, name);
+      break;
+    }
+    case SchemeId::Unquantized: {
+      const ExpertSlice w = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
+                                         m->module.dense_weight_in_out, name);
+      part.weight = prepare::prepare_dense(w.view, name);
+      break;
+    }
+    case SchemeId::W4A16Nvfp4:
+    case SchemeId::W4A4Nvfp4Emulated:
+    case SchemeId::W4A16Int4:
+    case SchemeId::W8A16Fp8:
+    case SchemeId::W4A4Nvfp4:
+    case SchemeId::W4A4Mxfp4:
+    case SchemeId::W8A8Fp8:
+      throw UnsupportedError(fmt::format("{}: scheme {} has no fused 3-D expert slicing (only GPT-OSS MXFP4 blocks and "
+                                         "unquantized 3-D experts)", name, plan::scheme_name(*m->scheme)));
+  }
+  if (m->tensor(TensorRole::Bias) != nullptr) {
+    const ExpertSlice bias = slice(TensorRole::Bias, false);
+    prepare::attach_bias(part.weight, bias.view, name);
+  }
+  uint64_t tensors = 0, bytes = 0;
+  for (const plan::TensorUse& use : m->tensors) {
+    if (use.dropped || use.shared) continue;
+    if (expert == m->module.experts - 1) ++tensors;
+    bytes += use.bytes / static_cast<uint64_t>(std::max<int64_t>(m->module.experts, 1));
+  }
+  progress_.add(tensors, bytes);
+  std::vector<LinearPart> parts;
+  parts.push_back(std::move(part));
+  return LinearGroup(std::move(parts), {module});
 }
 
 LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules) const {

@@ -31,6 +31,19 @@ class LoadProgress {
   int last_percent_ = -1;
 };
 
+/// One expert of a fused 3-D tensor, as owned bytes and a view over them.
+struct ExpertSlice {
+  std::vector<std::byte> bytes;
+  core::TensorView view;  ///< points into `bytes`: moving the slice keeps it valid, copying does not
+};
+
+/// Expert `expert` of `t` [E, R, ...] as [R, ...]. With `transpose` (a dense [E, K, N] weight, GPT-OSS's
+/// in×out orientation) the slice becomes [N, K] first; with `deinterleave` its rows are reordered row 2i → i and
+/// 2i+1 → R/2 + i (gate/up interleaved → gate | up halves, FORMATS.md §5). Throws FormatError naming `name` when
+/// `t` has fewer than 2 dimensions, `expert` is outside 0 … E−1, or deinterleaved rows are odd in number.
+ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinterleave, bool transpose,
+                         const std::string& name);
+
 class PlannedWeights final : public WeightSource {
  public:
   PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress);
@@ -40,6 +53,12 @@ class PlannedWeights final : public WeightSource {
   /// Throws UnsupportedError naming the module when its scheme has no CPU kernel (a native W4A4 or W8A8 scheme
   /// planned for a GPU given with --device), FormatError when a module is not in the plan.
   LinearGroup linear_group(const std::vector<std::string>& modules) const override;
+  std::vector<checkpoint::ModuleInfo> modules(int64_t layer, checkpoint::ModuleRole role) const override;
+  /// Slices the planned 3-D tensors (weight or blocks/scales, bias) of `module` at `expert`; dense weights stored
+  /// [E, K, N] (GPT-OSS unquantized) are transposed to [N, K]. Throws FormatError when `expert` is outside
+  /// 0 … E−1 or `deinterleave` meets an odd N, UnsupportedError for schemes other than W4A16_MXFP4 and
+  /// unquantized (the plan admits no other quantized 3-D experts).
+  LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const override;
 
  private:
   LinearPart prepare_module(const plan::ModulePlan& module) const;

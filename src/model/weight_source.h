@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/architecture.h"
 #include "core/tensor_view.h"
 #include "model/linear_group.h"
 
@@ -20,6 +21,15 @@ class WeightSource {
   /// The linear modules `modules` (module paths without ".weight", in output order) prepared for execution,
   /// fused into one part when the plan runs them fused. Throws FormatError/UnsupportedError naming the module.
   virtual LinearGroup linear_group(const std::vector<std::string>& modules) const = 0;
+  /// The modules of decoder layer `layer` with role `role` as the architecture describes them for this
+  /// checkpoint (checkpoint naming; experts in index order). Empty when the layer has none.
+  virtual std::vector<checkpoint::ModuleInfo> modules(int64_t layer, checkpoint::ModuleRole role) const = 0;
+  /// Expert `expert` of the fused 3-D experts module `module` (GraniteMoe `input_linear` [E, N, K], GPT-OSS
+  /// `gate_up_proj_blocks` [E, N, K/32, 16] + `_scales` + `_bias` [E, N]) prepared as one Linear [N, K]. With
+  /// `deinterleave`, row 2i (gate_i) becomes row i and row 2i+1 (up_i) row N/2 + i, bias likewise (GPT-OSS,
+  /// FORMATS.md §5), so the output is gate | up halves. Throws FormatError naming the module and expert when
+  /// the expert index or a shape is out of range, UnsupportedError for a scheme without a 3-D slicing rule.
+  virtual LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const = 0;
 };
 
 }  // namespace fp4serve::model

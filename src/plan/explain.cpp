@@ -83,7 +83,10 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
   const auto& d = plan.dims;
   out += fmt::format("checkpoint: {}\n", source);
   out += fmt::format("model: {}, {} layers, hidden {}", d.architecture, d.num_hidden_layers, d.hidden_size);
-  if (d.num_experts > 0) out += fmt::format(", {} experts", d.num_experts);
+  if (d.num_experts > 0) {
+    out += fmt::format(", {} experts (top {}), expert names: {}", d.num_experts, d.num_experts_per_tok,
+                       checkpoint::expert_naming_name(plan.expert_naming));
+  }
   out += fmt::format("; producer: {}", quant::producer_name(plan.producer.producer));
   if (!plan.producer.formats.empty()) out += fmt::format(" ({})", fmt::join(plan.producer.formats, ", "));
   out += fmt::format("\ndevice: {} — {}{}; activation-quant: {}\n\n", plan.device.label(), plan.device.name,

@@ -165,7 +165,12 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
   plan.activation_quant = options.activation_quant;
   const quant::QuantConfig qc = quant::parse_quant_config(config, hf_quant_config);
   plan.producer = qc.producer;
-  const checkpoint::ModelLayout layout = checkpoint::describe_model(config);
+  const checkpoint::ExpertNaming naming =
+      checkpoint::detect_expert_naming(checkpoint::read_model_dims(config), [&](std::string_view prefix) {
+        return std::any_of(headers.begin(), headers.end(), [&](const auto& h) { return h.first.starts_with(prefix); });
+      });
+  const checkpoint::ModelLayout layout = checkpoint::describe_model(config, naming);
+  plan.expert_naming = naming;
   plan.dims = layout.dims;
   std::vector<std::string> problems;
 
@@ -176,6 +181,12 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
     mp.module = m;
     const std::array<std::string_view, 1> classes{m.class_name};
     mp.quant = quant::resolve_layer_quant(qc, {m.name, classes});
+    if (!m.runtime_name.empty()) {  // an ignore/exclude entry may use the in-memory name
+      quant::LayerQuant by_runtime = quant::resolve_layer_quant(qc, {m.runtime_name, classes});
+      if (by_runtime.origin == quant::MatchOrigin::Ignored || by_runtime.origin == quant::MatchOrigin::Excluded) {
+        mp.quant = std::move(by_runtime);
+      }
+    }
     mp.variant = classify_layer(mp.quant, m);
     mp.run_name = m.name;
     const bool online = std::any_of(mp.quant.transforms.begin(), mp.quant.transforms.end(),

@@ -87,6 +87,7 @@ struct LayerPlan {
   ActivationQuant activation_quant = ActivationQuant::Auto;
   quant::ProducerInfo producer;
   checkpoint::ModelDims dims;
+  checkpoint::ExpertNaming expert_naming = checkpoint::ExpertNaming::Native;  ///< from the tensor names (MoE)
   std::vector<ModulePlan> modules;
   std::vector<TensorUse> others;   ///< non-linear tensors: norms, attention sinks, KV-cache scales, rotary buffers
   std::vector<Notice> notices;

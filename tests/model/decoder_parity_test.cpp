@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "model/loader.h"
@@ -48,12 +50,19 @@ bool is_dense(const std::string& name) {
   return false;
 }
 
+bool is_moe(const std::string& name) {
+  for (const char* prefix : {"mixtral-", "qwen3moe-", "granitemoe-", "gptoss-"}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 std::vector<ParityCase> cases() {
   std::vector<ParityCase> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(kRef, ec)) {
     const std::string name = e.path().filename().string();
-    if (!is_dense(name) || !fs::exists(e.path() / "golden.safetensors")) continue;
+    if (!(is_dense(name) || is_moe(name)) || !fs::exists(e.path() / "golden.safetensors")) continue;
     const bool source = name.find("-bf16") != std::string::npos;
     const checkpoint::SafetensorsFile golden(e.path() / "golden.safetensors");
     if (golden.find("w4a4.x") == nullptr) {
@@ -125,7 +134,9 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
       max_diff = std::max(max_diff, std::fabs(r - static_cast<double>(got[i])));
     }
     EXPECT_LE(max_diff, c.tolerance * max_ref) << "max|Δ| = " << max_diff << ", max|logit| = " << max_ref;
-    RecordProperty(prompt + "_max_rel_diff", std::to_string(max_diff / max_ref));
+    std::ostringstream rel;
+    rel << std::scientific << std::setprecision(2) << max_diff / max_ref;
+    RecordProperty(prompt + "_max_rel_diff", rel.str());
 
     // Greedy continuation with the KV cache (transformers recomputed the whole prefix each step).
     const std::vector<int32_t> want_greedy = ids_of(golden, "greedy." + prompt);
@@ -154,7 +165,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderParity, ::testing::ValuesIn(cases()),
                            return n;
                          });
 
-TEST(DecoderParityCorpus, CoversEveryDenseFixture) { EXPECT_GE(cases().size(), 20u); }
+TEST(DecoderParityCorpus, CoversEveryDenseFixture) {
+  const auto all = cases();
+  EXPECT_GE(std::count_if(all.begin(), all.end(), [](const ParityCase& c) { return is_dense(c.fixture); }), 20);
+}
+
+// Every MoE fixture × variant: mixtral, qwen3moe, granitemoe × {bf16, mxfp4a16, nvfp4a16, nvfp4 (emulate and
+// weight-only vs the nvfp4a16 golden)} and GPT-OSS native MXFP4.
+TEST(DecoderParityCorpus, CoversEveryMoeFixture) {
+  const auto all = cases();
+  EXPECT_EQ(std::count_if(all.begin(), all.end(), [](const ParityCase& c) { return is_moe(c.fixture); }), 16);
+}
 
 }  // namespace
 }  // namespace fp4serve::model

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+// The sparse mixture-of-experts feed-forward block (Mixtral, Qwen2/3-MoE, GraniteMoe, GPT-OSS) on CPU.
+// Whatever the checkpoint layout (split per expert, fused 3-D with gate|up halves, GPT-OSS interleaved rows),
+// each expert is prepared into one layout: a LinearGroup w13 = gate | up halves ([2I, H], or [I, H] for
+// non-gated experts) and a LinearGroup down [H, I], each keeping its own scheme and per-shard global scales.
+// A step routes every token, groups the tokens by expert, runs each expert's GEMMs with M = its routed tokens,
+// and adds the weighted outputs in expert order (transformers' index_add_ order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/linear_group.h"
+#include "model/model_config.h"
+#include "model/router.h"
+#include "model/weight_source.h"
+
+namespace fp4serve::model {
+
+/// One expert in the prepared layout.
+struct ExpertWeights {
+  LinearGroup w13;   ///< [2I, H] gate rows then up rows (gated), or [I, H] (non-gated)
+  LinearGroup down;  ///< [H, I]
+};
+
+/// Qwen2-MoE's always-on shared expert: a SwiGLU MLP scaled by sigmoid(gate(h)) with gate [1, H].
+struct SharedExpertWeights {
+  LinearGroup w13;
+  LinearGroup down;
+  LinearGroup gate;
+};
+
+struct MoeSettings {
+  RouterSettings router;
+  ExpertActivation activation = ExpertActivation::SiluGated;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+};
+
+class MoeBlock final : public FeedForward {
+ public:
+  /// `router`: [E, H] (with bias for GPT-OSS); `experts`: E entries. `name` (e.g. "model.layers.3 MoE") prefixes
+  /// errors. Throws FormatError when the expert count differs from settings.router.num_experts or an expert's
+  /// sizes disagree with the router's H or with the other experts (w13 rows = 2·I gated, I non-gated).
+  MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
+           std::optional<SharedExpertWeights> shared = std::nullopt);
+
+  /// out[m, H] = Σ_k weight_k · expert_k(h) (+ sigmoid(gate(h)) · shared(h)). h, out: [m, H] fp32.
+  void forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const override;
+
+  int64_t num_experts() const { return static_cast<int64_t>(experts_.size()); }
+  int64_t intermediate_size() const { return intermediate_; }
+  int64_t hidden_size() const { return hidden_; }
+
+ private:
+  std::string name_;
+  MoeSettings settings_;
+  LinearGroup router_;
+  std::vector<ExpertWeights> experts_;
+  std::optional<SharedExpertWeights> shared_;
+  int64_t hidden_ = 0;
+  int64_t intermediate_ = 0;
+};
+
+/// y[m, I] = the expert activation of w13 output x[m, W] (W = 2I gated, I otherwise).
+void expert_activation(const MoeSettings& settings, const float* x, int64_t m, int64_t inter, float* y);
+
+/// Builds decoder layer `layer`'s MoE block from the modules the plan lists for it (router, per-expert or fused
+/// 3-D experts, shared expert), with the routing and activation rules of `config`. Throws FormatError naming the
+/// layer when the checkpoint's expert count or sizes disagree with config.json, and what `weights` throws.
+std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer);
+
+}  // namespace fp4serve::model
