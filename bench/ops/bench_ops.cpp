@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// Throughput of the CPU model ops at Llama-3-8B / GPT-OSS shapes. Run single-threaded for per-op cost
+// (OMP_NUM_THREADS=1) or with the cores to be used. The FWHT-16 row on a 4096-vector is the number that
+// the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV, KERNELS-AND-TARGETS.md §9).
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/hadamard.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// args: block size; one 4096-wide row (a decode activation).
+void BM_FwhtRow4096(benchmark::State& state) {
+  const int64_t block = state.range(0);
+  std::vector<float> x = random_vec(4096, 1);
+  for (auto _ : state) {
+    fwht_blocks(x.data(), 1, 4096, block);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.SetBytesProcessed(state.iterations() * 4096 * 4);
+}
+BENCHMARK(BM_FwhtRow4096)->Arg(16)->Arg(32)->Arg(128)->Arg(4096);
+
+void BM_RotateBlocksRow4096(benchmark::State& state) {
+  const int64_t block = state.range(0);
+  std::vector<float> x = random_vec(4096, 1), m = random_vec(block * block, 2);
+  for (auto _ : state) {
+    rotate_blocks(x.data(), 1, 4096, m.data(), block);
+    benchmark::DoNotOptimize(x.data());
+  }
+}
+BENCHMARK(BM_RotateBlocksRow4096)->Arg(16)->Arg(128);
+
+void BM_RmsNorm(benchmark::State& state) {
+  const int64_t rows = state.range(0), dim = 4096;
+  std::vector<float> x = random_vec(rows * dim, 1), w = random_vec(dim, 2), out(rows * dim);
+  for (auto _ : state) {
+    rms_norm(x.data(), w.data(), rows, dim, 1e-5f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * rows * dim * 8);
+}
+BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(512);
+
+void BM_SiluAndMul(benchmark::State& state) {
+  const int64_t m = state.range(0), inter = 14336;
+  std::vector<float> x = random_vec(m * 2 * inter, 1), out(m * inter);
+  for (auto _ : state) {
+    silu_and_mul(x.data(), m, inter, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * m * inter);
+}
+BENCHMARK(BM_SiluAndMul)->Arg(1)->Arg(64);
+
+void BM_SwigluOai(benchmark::State& state) {
+  const int64_t m = 1, inter = 2880;
+  std::vector<float> x = random_vec(m * 2 * inter, 1), out(m * inter);
+  for (auto _ : state) {
+    swiglu_oai_and_mul(x.data(), m, inter, 1.702f, 7.0f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * m * inter);
+}
+BENCHMARK(BM_SwigluOai);
+
+void BM_Rope(benchmark::State& state) {
+  const int64_t tokens = state.range(0), heads = 32, head_dim = 128;
+  RopeScaling s;
+  const RopeCache cache(head_dim, 500000.0, s, 4096);
+  std::vector<float> x = random_vec(tokens * heads * head_dim, 1);
+  std::vector<int64_t> pos(tokens);
+  for (int64_t i = 0; i < tokens; ++i) pos[i] = 100 + i;
+  for (auto _ : state) {
+    apply_rope(x.data(), tokens, heads, head_dim, pos.data(), cache, RopeLayout::NeoX);
+    benchmark::DoNotOptimize(x.data());
+  }
+}
+BENCHMARK(BM_Rope)->Arg(1)->Arg(512);
+
+// Llama-3-8B attention: 32 query heads, 8 KV heads, head_dim 128. args: t, context length before the call.
+void BM_Attention(benchmark::State& state) {
+  const int64_t t = state.range(0), start = state.range(1), H = 32, KVH = 8, D = 128;
+  const int64_t rows = start + t;
+  std::vector<float> q = random_vec(t * H * D, 1), k = random_vec(rows * KVH * D, 2), v = random_vec(rows * KVH * D, 3);
+  std::vector<float> out(t * H * D);
+  const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  for (auto _ : state) {
+    attention(q.data(), t, start, k.data(), v.data(), KVH * D, p, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  // KV bytes read once per call (decode is bound by this).
+  state.SetBytesProcessed(state.iterations() * rows * KVH * D * 4 * 2);
+}
+BENCHMARK(BM_Attention)->Args({1, 4095})->Args({1, 32767})->Args({512, 0})->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace fp4serve::kernels

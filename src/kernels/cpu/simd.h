@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Internal: the Highway-vectorized inner loops of the CPU ops (cpu/simd_ops.cpp), each dispatched at run time
+// to the best instruction set the CPU supports (AVX-512, AVX2, SSE4, SSSE3, or Highway's portable scalar
+// target). The public op headers in src/kernels/ validate arguments and call these; nothing here checks them.
+// Every function accumulates in fp32 in a lane-parallel order, so results differ from a sequential loop only by
+// rounding (the tests bound the difference against float64 references).
+#pragma once
+
+#include <cstdint>
+
+namespace fp4serve::kernels::cpu {
+
+/// Σ x[i]², fp32 lane-parallel accumulation. x: [n].
+float sum_squares(const float* x, int64_t n);
+
+/// out[i] = weight[i] · (x[i] · r); the order of the two products follows HF LlamaRMSNorm. All [n].
+void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out);
+
+/// Σ a[i]·b[i]. a, b: [n].
+float dot(const float* a, const float* b, int64_t n);
+
+/// y[i] += alpha · x[i]. x, y: [n].
+void axpy(float alpha, const float* x, int64_t n, float* y);
+
+/// x[i] = exp(x[i] − shift) in place; returns Σ of the new values. Requires x[i] − shift ≤ 0 or small
+/// (Highway Exp is valid on [−FLT_MAX, 104]).
+float exp_shifted_sum(float* x, int64_t n, float shift);
+
+/// out[i] = silu(gate[i]) · up[i], silu(g) = g / (1 + e^−g). All [n].
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+/// out[i] = silu(x[i]).
+void silu(const float* x, int64_t n, float* out);
+
+/// out[i] = gelu_tanh(gate[i]) · up[i] with gelu_tanh(g) = ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))).
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
+
+/// GPT-OSS "swiglu-oai" (FORMATS.md §5): g = min(gate, limit), u = clamp(up, −limit, limit),
+/// out = (u + 1) · g · sigmoid(alpha · g).
+void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out);
+
+/// out[i] = max(x[i], 0)².
+void relu_squared(const float* x, int64_t n, float* out);
+
+/// Unnormalized Walsh–Hadamard butterflies, Sylvester order, on each `block`-sized block of x[0..n), then a
+/// multiply by `scale`. n is a multiple of block; block a power of two ≥ 2.
+void fwht(float* x, int64_t n, int64_t block, float scale);
+
+/// x_blk ← x_blk · M for each `block`-wide slice of x[0..n); matrix [block, block] row-major; scratch [block].
+void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch);
+
+/// One query row of causal attention for the `group` query heads that share one KV head.
+/// q: [group, d] (the group's heads, contiguous); keys/values of cache row j start at k + j·stride and
+/// v + j·stride (already offset to this KV head); the row attends to cache rows [lo, hi].
+/// sinks: [group] extra logits in the softmax denominator, or nullptr. scores: scratch of group·(hi−lo+1).
+/// out: [group, d], overwritten.
+void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
+                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out);
+
+}  // namespace fp4serve::kernels::cpu

@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: Apache-2.0
+// Highway implementations of the inner loops declared in cpu/simd.h. Highway's foreach_target.h re-includes
+// this file once per instruction set compiled in (HWY_TARGET_INCLUDE); each pass defines the functions in its
+// own namespace (N_AVX2, N_SSE4, …) and the HWY_ONCE section at the bottom exports one dispatcher per
+// function, which picks the best target the running CPU supports on first call.
+// Every loop processes whole vectors and finishes the remainder with the same formula in scalar code, so any
+// length works (odd head dims, odd intermediate sizes).
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/simd_ops.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "hwy/cache_control.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+// Two accumulators hide the FMA latency for head dims of 64–128 without spilling on 16-register AVX2.
+inline float dot_inline(DF d, const float* a, const float* b, int64_t n) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc0 = hn::Zero(d);
+  auto acc1 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(d, a + i + lanes), hn::LoadU(d, b + i + lanes), acc1);
+  }
+  for (; i + lanes <= n; i += lanes) acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
+  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void axpy_inline(DF d, float alpha, const float* x, int64_t n, float* y) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+inline float max_inline(DF d, const float* x, int64_t n) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  float m = -INFINITY;
+  int64_t i = 0;
+  if (n >= lanes) {
+    auto vm = hn::LoadU(d, x);
+    for (i = lanes; i + lanes <= n; i += lanes) vm = hn::Max(vm, hn::LoadU(d, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(d, vm));
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+inline float exp_shifted_sum_inline(DF d, float* x, int64_t n, float shift) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, shift);
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs));
+    hn::StoreU(e, d, x + i);
+    acc = hn::Add(acc, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+float SumSquaresImpl(const float* x, int64_t n) { return dot_inline(DF(), x, x, n); }
+
+void ScaleByWeightImpl(const float* x, const float* weight, float r, int64_t n, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vr = hn::Set(d, r);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, weight + i), hn::Mul(hn::LoadU(d, x + i), vr)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = weight[i] * (x[i] * r);
+}
+
+float DotImpl(const float* a, const float* b, int64_t n) { return dot_inline(DF(), a, b, n); }
+
+void AxpyImpl(float alpha, const float* x, int64_t n, float* y) { axpy_inline(DF(), alpha, x, n, y); }
+
+float ExpShiftedSumImpl(float* x, int64_t n, float shift) { return exp_shifted_sum_inline(DF(), x, n, shift); }
+
+// sigmoid(a·g) as 1 / (1 + e^(−a·g)); e^(−a·g) overflows to +inf for a·g < −88, giving the correct limit 0.
+template <class V>
+inline V sigmoid_vec(DF d, V ag) {
+  const auto one = hn::Set(d, 1.0f);
+  // Highway Exp is valid up to +104 only; clamp the argument where e^x is already +inf in fp32.
+  const auto arg = hn::Min(hn::Neg(ag), hn::Set(d, 88.5f));
+  return hn::Div(one, hn::Add(one, hn::Exp(d, arg)));
+}
+
+inline float sigmoid_scalar(float ag) { return 1.0f / (1.0f + std::exp(-ag)); }
+
+void SiluMulImpl(const float* gate, const float* up, int64_t n, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto g = hn::LoadU(d, gate + i);
+    hn::StoreU(hn::Mul(hn::Mul(g, sigmoid_vec(d, g)), hn::LoadU(d, up + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = gate[i] * sigmoid_scalar(gate[i]) * up[i];
+}
+
+void SiluImpl(const float* x, int64_t n, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto g = hn::LoadU(d, x + i);
+    hn::StoreU(hn::Mul(g, sigmoid_vec(d, g)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = x[i] * sigmoid_scalar(x[i]);
+}
+
+// √(2/π) and the cubic coefficient of the tanh approximation (Hendrycks & Gimpel 2016; HF "gelu_pytorch_tanh").
+constexpr float kGeluC = 0.7978845608028654f;
+constexpr float kGeluA = 0.044715f;
+
+void GeluTanhMulImpl(const float* gate, const float* up, int64_t n, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto half = hn::Set(d, 0.5f);
+  const auto one = hn::Set(d, 1.0f);
+  const auto c = hn::Set(d, kGeluC);
+  const auto a = hn::Set(d, kGeluA);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto inner = hn::Mul(c, hn::MulAdd(hn::Mul(a, g), hn::Mul(g, g), g));
+    const auto gelu = hn::Mul(hn::Mul(half, g), hn::Add(one, hn::Tanh(d, inner)));
+    hn::StoreU(hn::Mul(gelu, hn::LoadU(d, up + i)), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(kGeluC * (g + kGeluA * g * g * g))) * up[i];
+  }
+}
+
+void SwigluOaiMulImpl(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  const auto hi = hn::Set(d, limit);
+  const auto lo = hn::Set(d, -limit);
+  const auto one = hn::Set(d, 1.0f);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto g = hn::Min(hn::LoadU(d, gate + i), hi);
+    const auto u = hn::Min(hn::Max(hn::LoadU(d, up + i), lo), hi);
+    const auto glu = hn::Mul(g, sigmoid_vec(d, hn::Mul(va, g)));
+    hn::StoreU(hn::Mul(hn::Add(u, one), glu), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g * sigmoid_scalar(alpha * g));
+  }
+}
+
+void ReluSquaredImpl(const float* x, int64_t n, float* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto r = hn::Max(hn::LoadU(d, x + i), hn::Zero(d));
+    hn::StoreU(hn::Mul(r, r), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float r = std::max(x[i], 0.0f);
+    out[i] = r * r;
+  }
+}
+
+void fwht_scalar(float* x, int64_t n, int64_t block, float scale) {
+  for (int64_t base = 0; base < n; base += block) {
+    float* b = x + base;
+    for (int64_t h = 1; h < block; h *= 2) {
+      for (int64_t i = 0; i < block; i += 2 * h) {
+        for (int64_t j = i; j < i + h; ++j) {
+          const float u = b[j];
+          const float w = b[j + h];
+          b[j] = u + w;
+          b[j + h] = u - w;
+        }
+      }
+    }
+    for (int64_t j = 0; j < block; ++j) b[j] *= scale;
+  }
+}
+
+// Butterfly strides below the vector width pair lanes i and i^h inside one register: the new lane is
+// perm(x) + sign·x with perm swapping i and i^h and sign = +1 where bit h of i is clear, −1 where set.
+// Strides of a vector or more are plain add/sub between registers. The stages commute, so the in-register
+// ones (with the final scale) run first in one pass and the cross-register ones after.
+void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t kMaxLanes = 64;
+  if (lanes < 2 || lanes > kMaxLanes || block < lanes) {
+    fwht_scalar(x, n, block, scale);
+    return;
+  }
+  using VF = hn::Vec<DF>;
+  using IF = decltype(hn::SetTableIndices(d, static_cast<const int32_t*>(nullptr)));
+  int32_t idx[kMaxLanes];
+  float sign[kMaxLanes];
+  int stages = 0;
+  IF perms[6];  // lanes ≤ 64 → at most 6 in-register stages
+  VF signs[6];
+  for (int64_t h = 1; h < lanes; h *= 2, ++stages) {
+    for (int64_t i = 0; i < lanes; ++i) {
+      idx[i] = static_cast<int32_t>(i ^ h);
+      sign[i] = (i & h) ? -1.0f : 1.0f;
+    }
+    perms[stages] = hn::SetTableIndices(d, idx);
+    signs[stages] = hn::LoadU(d, sign);
+  }
+  const auto vscale = hn::Set(d, scale);
+  for (int64_t i = 0; i < n; i += lanes) {
+    auto v = hn::LoadU(d, x + i);
+    for (int s = 0; s < stages; ++s) v = hn::MulAdd(signs[s], v, hn::TableLookupLanes(v, perms[s]));
+    hn::StoreU(hn::Mul(v, vscale), d, x + i);
+  }
+  for (int64_t base = 0; base < n; base += block) {
+    float* b = x + base;
+    for (int64_t h = lanes; h < block; h *= 2) {
+      for (int64_t i = 0; i < block; i += 2 * h) {
+        for (int64_t j = i; j < i + h; j += lanes) {
+          const auto u = hn::LoadU(d, b + j);
+          const auto w = hn::LoadU(d, b + j + h);
+          hn::StoreU(hn::Add(u, w), d, b + j);
+          hn::StoreU(hn::Sub(u, w), d, b + j + h);
+        }
+      }
+    }
+  }
+}
+
+// Row-vector times matrix as a sum of scaled matrix rows (contiguous reads of M), one block at a time.
+void RotateBlocksImpl(float* x, int64_t n, const float* matrix, int64_t block, float* acc) {
+  const DF d;
+  for (int64_t base = 0; base < n; base += block) {
+    float* xb = x + base;
+    std::fill(acc, acc + block, 0.0f);
+    for (int64_t i = 0; i < block; ++i) axpy_inline(d, xb[i], matrix + i * block, block, acc);
+    std::copy(acc, acc + block, xb);
+  }
+}
+
+// Cache rows of one KV head are `stride` floats apart (usually a full [KVH, D] row, 1–8 KiB), so each row sits
+// in a different 4 KiB page where the hardware streamer does not follow; without software prefetch decode ran
+// latency-bound at ~2–3 GB/s. Fetch the row this many iterations ahead, every 64-byte line of it.
+constexpr int64_t kPrefetchRows = 6;
+
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t e = 0; e < d; e += 16) hwy::Prefetch(row + e);
+}
+
+// Scores for every (head, key) first so each key row is read once for the whole group (decode is bound by
+// reading the KV cache), then one softmax per head, then the value sum, again one pass over the value rows.
+void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
+                     int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out) {
+  const DF df;
+  const int64_t len = hi - lo + 1;
+  for (int64_t j = 0; j < len; ++j) {
+    const float* kj = k + (lo + j) * stride;
+    if (j + kPrefetchRows < len) prefetch_row(kj + kPrefetchRows * stride, d);
+    for (int64_t g = 0; g < group; ++g) scores[g * len + j] = dot_inline(df, q + g * d, kj, d) * scale;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * len;
+    float m = max_inline(df, s, len);
+    // The sink joins the max and the denominator only (GPT-OSS: an extra logit whose probability is dropped).
+    if (sinks != nullptr) m = std::max(m, sinks[g]);
+    float sum = exp_shifted_sum_inline(df, s, len, m);
+    if (sinks != nullptr) sum += std::exp(sinks[g] - m);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+  }
+  std::fill(out, out + group * d, 0.0f);
+  for (int64_t j = 0; j < len; ++j) {
+    const float* vj = v + (lo + j) * stride;
+    if (j + kPrefetchRows < len) prefetch_row(vj + kPrefetchRows * stride, d);
+    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj, d, out + g * d);
+  }
+}
+
+}  // namespace fp4serve::kernels::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::kernels::cpu {
+
+HWY_EXPORT(SumSquaresImpl);
+HWY_EXPORT(ScaleByWeightImpl);
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(ExpShiftedSumImpl);
+HWY_EXPORT(SiluMulImpl);
+HWY_EXPORT(SiluImpl);
+HWY_EXPORT(GeluTanhMulImpl);
+HWY_EXPORT(SwigluOaiMulImpl);
+HWY_EXPORT(ReluSquaredImpl);
+HWY_EXPORT(FwhtImpl);
+HWY_EXPORT(AttendGroupImpl);
+HWY_EXPORT(RotateBlocksImpl);
+
+float sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
+void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(ScaleByWeightImpl)(x, weight, r, n, out);
+}
+float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
+void axpy(float alpha, const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, n, y); }
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftedSumImpl)(x, n, shift);
+}
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n, out);
+}
+void silu(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(SiluImpl)(x, n, out); }
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(GeluTanhMulImpl)(gate, up, n, out);
+}
+void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
+  HWY_DYNAMIC_DISPATCH(SwigluOaiMulImpl)(gate, up, n, alpha, limit, out);
+}
+void relu_squared(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(ReluSquaredImpl)(x, n, out); }
+void fwht(float* x, int64_t n, int64_t block, float scale) { HWY_DYNAMIC_DISPATCH(FwhtImpl)(x, n, block, scale); }
+void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch) {
+  HWY_DYNAMIC_DISPATCH(RotateBlocksImpl)(x, n, matrix, block, scratch);
+}
+void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
+                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, stride, lo, hi, scale, sinks, scores, out);
+}
+
+}  // namespace fp4serve::kernels::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: Apache-2.0
+// Row softmax and top-k selection on CPU (cpu/softmax.cpp), used by MoE routers and samplers.
+#pragma once
+
+#include <cstdint>
+
+namespace fp4serve::kernels {
+
+/// In-place softmax of each row, max-subtracted (exp(x − max) / Σ exp(x − max)) in fp32.
+/// x: [rows, n] f32; n ≥ 1. A row whose entries are all −inf becomes NaN (as torch.softmax does).
+/// Throws UsageError on a null pointer or bad size.
+void softmax_rows(float* x, int64_t rows, int64_t n);
+
+/// The k largest of values[0..n), in descending order, into indices[0..k) and top_values[0..k)
+/// (top_values may be nullptr). Ties go to the lower index first; NaN ranks below every number, −inf
+/// included. (torch.topk leaves the order of ties unspecified; this rule makes routing reproducible.)
+/// values: [n]; 0 ≤ k ≤ n. Throws UsageError when k is out of range or a pointer is null.
+void top_k(const float* values, int64_t n, int64_t k, int32_t* indices, float* top_values);
+
+}  // namespace fp4serve::kernels

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Activations against float64 formulas written here (HF ACT2FN definitions, GPT-OSS GptOssExperts).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fp4serve/error.h"
+#include "kernel_ops/ops_test_util.h"
+#include "kernels/activation.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using testing::for_each_simd_target;
+using testing::poisoned;
+using testing::random_nonzero;
+
+double silu_ref(double g) { return g / (1 + std::exp(-g)); }
+double gelu_tanh_ref(double g) {
+  return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+double swiglu_oai_ref(double g, double u, double alpha, double limit) {
+  g = std::min(g, limit);
+  u = std::clamp(u, -limit, limit);
+  return (u + 1) * g / (1 + std::exp(-alpha * g));
+}
+
+// Inputs span ±12 so the GPT-OSS clamps at ±7 and the saturated sigmoid/tanh tails are exercised.
+void check_gated(const char* name, const std::function<void(const float*, int64_t, int64_t, float*)>& op,
+                 const std::function<double(double, double)>& ref) {
+  for (int64_t inter : {1, 7, 37, 1001}) {
+    const int64_t m = 3;
+    const std::vector<float> x = random_nonzero(m * 2 * inter, 100 + inter, 0.01f, 12.0f);
+    for_each_simd_target([&] {
+      std::vector<float> out = poisoned(m * inter);
+      op(x.data(), m, inter, out.data());
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t i = 0; i < inter; ++i) {
+          const double g = x[r * 2 * inter + i], u = x[r * 2 * inter + inter + i];
+          const double want = ref(g, u);
+          // fp32 evaluation with Highway Exp (1 ulp) / Tanh (4 ulp): relative 2e-6 of the result, plus an
+          // absolute term for the cancellation in 1 + tanh near −1, scaled by |g·u|.
+          const double tol = 2e-6 * std::abs(want) + 2e-6 * std::abs(g * u) + 1e-30;
+          ASSERT_NEAR(out[r * inter + i], want, tol) << name << " inter " << inter << " row " << r << " i " << i;
+        }
+      }
+    });
+  }
+}
+
+TEST(Activation, SiluAndMulMatchesFloat64) {
+  check_gated("silu_and_mul", silu_and_mul, [](double g, double u) { return silu_ref(g) * u; });
+}
+
+TEST(Activation, GeluTanhAndMulMatchesFloat64) {
+  check_gated("gelu_tanh_and_mul", gelu_tanh_and_mul, [](double g, double u) { return gelu_tanh_ref(g) * u; });
+}
+
+TEST(Activation, SwigluOaiAndMulMatchesFloat64) {
+  check_gated(
+      "swiglu_oai_and_mul",
+      [](const float* x, int64_t m, int64_t inter, float* out) { swiglu_oai_and_mul(x, m, inter, 1.702f, 7.0f, out); },
+      [](double g, double u) { return swiglu_oai_ref(g, u, 1.702, 7.0); });
+}
+
+TEST(Activation, SwigluOaiHandCheckedClamps) {
+  // gate 8 → 7 (upper clamp), up −9 → −7: (−7 + 1) · 7 · sigmoid(1.702 · 7) = −42 · 0.99999334 = −41.99972.
+  // gate −9 is not clamped below: (2 + 1) · (−9) · sigmoid(−15.318) = −27 · 2.2288e−7 = −6.0178e−6.
+  const float x[4] = {8.0f, -9.0f, -9.0f, 2.0f};  // rows: (gate 8 | up −9), (gate −9 | up 2)
+  float out[2];
+  swiglu_oai_and_mul(x, 2, 1, 1.702f, 7.0f, out);
+  EXPECT_NEAR(out[0], -41.99972, 1e-4);
+  EXPECT_NEAR(out[1], -27 / (1 + std::exp(15.318)), 1e-9);
+  EXPECT_LT(out[1], 0.0f);
+}
+
+TEST(Activation, UnaryOpsMatchFloat64) {
+  for (int64_t n : {1, 5, 17, 1027}) {
+    const std::vector<float> x = random_nonzero(n, 7 + n, 0.01f, 20.0f);
+    for_each_simd_target([&] {
+      std::vector<float> a = poisoned(n), b = poisoned(n);
+      silu(x.data(), n, a.data());
+      relu_squared(x.data(), n, b.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = silu_ref(x[i]);
+        ASSERT_NEAR(a[i], want, 2e-6 * std::abs(want) + 1e-30) << "silu " << i;
+        const double r = std::max(0.0, double(x[i]));
+        ASSERT_NEAR(b[i], r * r, 1e-6 * r * r) << "relu_squared " << i;
+      }
+    });
+  }
+  float one = 1.0f, y = 0;
+  silu(&one, 1, &y);
+  EXPECT_NEAR(y, 0.7310585786f, 1e-7f);  // 1 / (1 + e^−1)
+}
+
+TEST(Activation, RejectsBadArguments) {
+  float x[4] = {1, 2, 3, 4}, out[2];
+  EXPECT_THROW(silu_and_mul(x, -1, 2, out), UsageError);
+  EXPECT_THROW(silu_and_mul(nullptr, 1, 2, out), UsageError);
+  EXPECT_THROW(swiglu_oai_and_mul(x, 1, 2, 1.702f, 0.0f, out), UsageError);
+  EXPECT_THROW(silu(x, -3, out), UsageError);
+  EXPECT_NO_THROW(silu_and_mul(nullptr, 0, 5, nullptr));
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// attention() against a float64 causal attention written here: GQA ratios 1, 3, 4; decode (t = 1 at
+// start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; sliding window; GPT-OSS sinks.
+// Cache rows past start_pos + t and the padding of each cache row hold NaN, so reading anything outside the
+// causal window shows up as a NaN output.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fp4serve/error.h"
+#include "kernel_ops/ops_test_util.h"
+#include "kernels/attention.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using testing::for_each_simd_target;
+using testing::poisoned;
+using testing::random_nonzero;
+
+struct Case {
+  int64_t heads, kv_heads, head_dim, t, start_pos, window;
+  bool sinks;
+};
+
+std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                  int64_t stride, const Case& c, float scale, const std::vector<float>& sinks) {
+  const int64_t H = c.heads, D = c.head_dim, G = c.heads / c.kv_heads;
+  std::vector<double> out(c.t * H * D, 0.0);
+  for (int64_t i = 0; i < c.t; ++i) {
+    const int64_t qpos = c.start_pos + i;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / G;
+      std::vector<double> logit;
+      std::vector<int64_t> pos;
+      for (int64_t p = 0; p <= qpos; ++p) {
+        if (c.window > 0 && qpos - p >= c.window) continue;  // keep the last W positions, self included
+        double s = 0;
+        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[p * stride + kvh * D + e];
+        logit.push_back(s * scale);
+        pos.push_back(p);
+      }
+      double m = *std::max_element(logit.begin(), logit.end());
+      if (c.sinks) m = std::max(m, double(sinks[h]));
+      double denom = c.sinks ? std::exp(double(sinks[h]) - m) : 0.0;
+      for (double l : logit) denom += std::exp(l - m);
+      for (size_t j = 0; j < pos.size(); ++j) {
+        const double w = std::exp(logit[j] - m) / denom;
+        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[pos[j] * stride + kvh * D + e];
+      }
+    }
+  }
+  return out;
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " t " << c.t
+                                    << " start " << c.start_pos << " window " << c.window << " sinks " << c.sinks);
+  const int64_t H = c.heads, KVH = c.kv_heads, D = c.head_dim;
+  const int64_t stride = KVH * D + 5;  // padded rows
+  const int64_t filled = c.start_pos + c.t;
+  const int64_t cache_rows = filled + 4;  // rows beyond the sequence must never be read
+  const uint32_t seed = uint32_t(H * 131 + D * 7 + c.t * 3 + c.start_pos);
+  // Keys scaled up so the softmax is peaked and the max-shift matters.
+  std::vector<float> q = random_nonzero(c.t * H * D, seed, 0.05f, 1.5f);
+  std::vector<float> k = poisoned(cache_rows * stride), v = poisoned(cache_rows * stride);
+  const std::vector<float> kr = random_nonzero(filled * KVH * D, seed + 1, 0.05f, 1.5f);
+  const std::vector<float> vr = random_nonzero(filled * KVH * D, seed + 2);
+  for (int64_t p = 0; p < filled; ++p) {
+    std::copy_n(kr.begin() + p * KVH * D, KVH * D, k.begin() + p * stride);
+    std::copy_n(vr.begin() + p * KVH * D, KVH * D, v.begin() + p * stride);
+  }
+  const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
+  const float scale = 1.0f / std::sqrt(float(D));
+  const std::vector<double> ref = attention_ref(q, k, v, stride, c, scale, sinks);
+  AttentionParams params{H, KVH, D, scale, c.window, c.sinks ? sinks.data() : nullptr};
+  for_each_simd_target([&] {
+    std::vector<float> out = poisoned(c.t * H * D);
+    attention(q.data(), c.t, c.start_pos, k.data(), v.data(), stride, params, out.data());
+    for (size_t i = 0; i < out.size(); ++i) {
+      // |v| ≤ 1 and the weights sum to ≤ 1: fp32 scores/exp/accumulation give ~1e-6 absolute error.
+      ASSERT_NEAR(out[i], ref[i], 3e-6) << "element " << i << " (row " << i / (H * D) << ", head "
+                                        << (i / D) % H << ")";
+    }
+  });
+}
+
+TEST(Attention, DecodeAtPosition37AllGqaRatios) {
+  for (auto [H, KVH] : {std::pair{3, 3}, std::pair{6, 2}, std::pair{8, 2}}) run_case({H, KVH, 24, 1, 37, 0, false});
+}
+
+TEST(Attention, PrefillNineteenAllGqaRatios) {
+  for (auto [H, KVH] : {std::pair{3, 3}, std::pair{6, 2}, std::pair{8, 2}}) run_case({H, KVH, 13, 19, 0, 0, false});
+}
+
+TEST(Attention, ChunkedPrefillAfterCachedPrefix) { run_case({6, 2, 64, 19, 23, 0, false}); }
+
+TEST(Attention, SlidingWindow) {
+  run_case({8, 2, 20, 19, 0, 7, false});   // window shorter than the prefill
+  run_case({6, 2, 20, 1, 37, 7, false});   // decode: only the last 7 positions
+  run_case({3, 3, 20, 5, 10, 64, false});  // window longer than the sequence = full causal
+}
+
+TEST(Attention, SinksInDenominatorOnly) {
+  run_case({8, 2, 64, 1, 37, 0, true});
+  run_case({6, 2, 17, 19, 0, 5, true});  // GPT-OSS sliding layers combine both
+}
+
+TEST(Attention, LongDecode) { run_case({8, 2, 64, 1, 3000, 0, true}); }
+
+TEST(Attention, SinkOnlyRowShrinksOutput) {
+  // One key with logit 0 and a sink of ln 3: weight 1/(1 + 3) = 0.25 on v.
+  const float q[2] = {0.0f, 0.0f}, k[2] = {0.3f, -0.2f}, v[2] = {2.0f, -4.0f}, sink = std::log(3.0f);
+  float out[2];
+  attention(q, 1, 0, k, v, 2, AttentionParams{1, 1, 2, 1.0f, 0, &sink}, out);
+  EXPECT_NEAR(out[0], 0.5f, 1e-6f);
+  EXPECT_NEAR(out[1], -1.0f, 1e-6f);
+}
+
+TEST(Attention, RejectsBadShapes) {
+  float buf[64] = {};
+  EXPECT_THROW(attention(buf, 1, 0, buf, buf, 8, AttentionParams{6, 4, 2, 1.0f}, buf), UsageError);
+  EXPECT_THROW(attention(buf, 1, 0, buf, buf, 3, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
+  EXPECT_THROW(attention(buf, 1, -1, buf, buf, 4, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
+  EXPECT_THROW(attention(nullptr, 1, 0, buf, buf, 4, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// fwht_blocks against a dense float64 multiply by the normalized Sylvester matrix; rotate_blocks against float64.
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fp4serve/error.h"
+#include "kernel_ops/ops_test_util.h"
+#include "kernels/hadamard.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using testing::for_each_simd_target;
+using testing::random_nonzero;
+
+// Sylvester H_b[i][j] = (−1)^popcount(i & j) (the Kronecker-power construction), divided by √b.
+std::vector<double> dense_fwht_ref(const std::vector<float>& x, int64_t rows, int64_t dim, int64_t b) {
+  std::vector<double> out(x.size());
+  const double norm = 1.0 / std::sqrt(double(b));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t base = 0; base < dim; base += b) {
+      for (int64_t j = 0; j < b; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < b; ++i) {
+          const double h = (std::popcount(uint64_t(i & j)) & 1) ? -1.0 : 1.0;
+          acc += double(x[r * dim + base + i]) * h;
+        }
+        out[r * dim + base + j] = acc * norm;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Hadamard, FwhtMatchesDenseSylvesterEveryPowerOfTwoEveryTarget) {
+  for (int64_t b = 2; b <= 4096; b *= 2) {
+    const int64_t blocks = b <= 256 ? 3 : 1;
+    const int64_t rows = 2, dim = blocks * b;
+    const std::vector<float> x = random_nonzero(rows * dim, uint32_t(b));
+    const std::vector<double> ref = dense_fwht_ref(x, rows, dim, b);
+    for_each_simd_target([&] {
+      std::vector<float> y = x;
+      fwht_blocks(y.data(), rows, dim, b);
+      // Outputs have RMS ≈ input RMS (orthonormal); fp32 error grows with the log2(b) butterfly stages.
+      const double tol = 2e-7 * (std::log2(double(b)) + 1) * 4;
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], tol) << "block " << b << " element " << i;
+    });
+  }
+}
+
+TEST(Hadamard, FwhtIsItsOwnInverse) {
+  const int64_t rows = 3, dim = 16 * 5;
+  const std::vector<float> x = random_nonzero(rows * dim, 4);
+  std::vector<float> y = x;
+  fwht_blocks(y.data(), rows, dim, 16);
+  fwht_blocks(y.data(), rows, dim, 16);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], x[i], 1e-6);
+}
+
+TEST(Hadamard, RotateBlocksMatchesFloat64) {
+  for (int64_t b : {1, 3, 48, 128}) {
+    const int64_t rows = 5, dim = b * 3;
+    const std::vector<float> x = random_nonzero(rows * dim, 10 + b);
+    const std::vector<float> m = random_nonzero(b * b, 20 + b);
+    for_each_simd_target([&] {
+      std::vector<float> y = x;
+      rotate_blocks(y.data(), rows, dim, m.data(), b);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t base = 0; base < dim; base += b) {
+          for (int64_t j = 0; j < b; ++j) {
+            double acc = 0, mag = 0;
+            for (int64_t i = 0; i < b; ++i) {
+              acc += double(x[r * dim + base + i]) * m[i * b + j];
+              mag += std::abs(double(x[r * dim + base + i]) * m[i * b + j]);
+            }
+            ASSERT_NEAR(y[r * dim + base + j], acc, 1e-6 * mag + 1e-7) << "block " << b << " r " << r << " j " << j;
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(Hadamard, RejectsBadBlocks) {
+  std::vector<float> x(96, 1.0f);
+  EXPECT_THROW(fwht_blocks(x.data(), 1, 96, 24), UsageError);   // not a power of two
+  EXPECT_THROW(fwht_blocks(x.data(), 1, 96, 64), UsageError);   // does not divide dim
+  EXPECT_THROW(fwht_blocks(x.data(), 1, 96, 1), UsageError);
+  EXPECT_THROW(fwht_blocks(x.data(), 1, 65536 * 2, 65536), UsageError);
+  EXPECT_THROW(rotate_blocks(x.data(), 1, 96, x.data(), 7), UsageError);
+  EXPECT_THROW(rotate_blocks(x.data(), 1, 96, nullptr, 8), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels
