@@ -12,7 +12,6 @@
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
-#include "prepare/repack.h"
 #include "quant/dequant.h"
 
 namespace fp4serve::model {
@@ -89,13 +88,11 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights)
     layers_.push_back(std::move(layer));
   }
   final_norm_ = load_vector(weights, "model.norm.weight", c.hidden_size);
-  if (weights.has_tensor("lm_head.weight") || weights.has_tensor("lm_head.weight_packed") || !c.tie_word_embeddings) {
-    lm_head_ = weights.linear_group({"lm_head"});
-  } else {
-    std::vector<LinearPart> parts;
-    parts.push_back({prepare::prepare_dense(embed_tokens_, "model.embed_tokens (tied lm_head)"),
-                     kernels::ActivationQuant::None});
-    lm_head_ = LinearGroup(std::move(parts));
+  // The plan resolves lm_head: its own (possibly quantized) weight, or the embedding when tied.
+  lm_head_ = weights.linear_group({"lm_head"});
+  if (lm_head_.out_features() != c.vocab_size || lm_head_.in_features() != c.hidden_size) {
+    throw FormatError(fmt::format("lm_head: [{}, {}] where [{}, {}] (vocab_size, hidden_size) was expected",
+                                  lm_head_.out_features(), lm_head_.in_features(), c.vocab_size, c.hidden_size));
   }
 }
 

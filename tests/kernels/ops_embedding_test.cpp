@@ -9,7 +9,7 @@
 
 #include "core/tensor_view.h"
 #include "fp4serve/error.h"
-#include "kernel_ops/ops_test_util.h"
+#include "kernels/ops_test_util.h"
 #include "kernels/embedding.h"
 
 namespace fp4serve::kernels {

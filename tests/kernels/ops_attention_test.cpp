@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "fp4serve/error.h"
-#include "kernel_ops/ops_test_util.h"
+#include "kernels/ops_test_util.h"
 #include "kernels/attention.h"
 
 namespace fp4serve::kernels {

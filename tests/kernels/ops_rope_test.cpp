@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp4serve/error.h"
-#include "kernel_ops/ops_test_util.h"
+#include "kernels/ops_test_util.h"
 #include "kernels/rope.h"
 
 namespace fp4serve::kernels {

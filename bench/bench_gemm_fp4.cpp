@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+// Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
+// shapes of docs (KERNELS-AND-TARGETS.md §9). Weights rotate through copies totalling > LLC so M = 1 reads
+// them from DRAM. Counters: weight GB/s, GFLOP/s, and the ratios to the read bandwidth and FMA peak measured
+// at start-up in this binary (bw_ratio on M = 1 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
+// dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor_view.h"
+#include "core/threading.h"
+#include "kernels/linear.h"
+#include "prepare/repack.h"
+#include "roofline.h"
+
+namespace fp4serve::bench {
+namespace {
+
+using prepare::PreparedLinear;
+
+enum class Format { Nvfp4, Mxfp4, Int4, Bf16 };
+constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16"};
+// Weights rotate through copies totalling this much: > the 480 MiB LLC this VM reports. Profiling runs
+// (callgrind) may shrink it with FP4SERVE_BENCH_COLD_MB and skip the roofs with FP4SERVE_BENCH_NO_ROOFS=1.
+size_t cold_bytes() {
+  const char* mb = std::getenv("FP4SERVE_BENCH_COLD_MB");
+  return mb != nullptr ? static_cast<size_t>(std::atol(mb)) << 20 : size_t{1} << 30;
+}
+
+double g_read_bw = 0;   // bytes/s
+double g_fma_peak = 0;  // FLOP/s
+
+core::TensorView view(core::DType dtype, std::vector<int64_t> shape, const std::vector<uint8_t>& bytes) {
+  return core::TensorView{dtype, std::move(shape), std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())};
+}
+
+std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n, uint8_t lo, uint8_t hi) {
+  std::vector<uint8_t> v(n);
+  std::uniform_int_distribution<int> d(lo, hi);
+  for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
+PreparedLinear make_weights(Format f, int64_t n, int64_t k) {
+  std::mt19937 rng(static_cast<unsigned>(n * 31 + k));
+  switch (f) {
+    case Format::Nvfp4: {
+      const auto codes = random_bytes(rng, static_cast<size_t>(n * k / 2), 0, 255);
+      const auto scales = random_bytes(rng, static_cast<size_t>(n * k / 16), 0x20, 0x5F);
+      return prepare::prepare_nvfp4(view(core::DType::U8, {n, k / 2}, codes), view(core::DType::F8_E4M3, {n, k / 16}, scales),
+                                    1000.f, prepare::GlobalScaleConvention::Divisor, "bench");
+    }
+    case Format::Mxfp4: {
+      const auto codes = random_bytes(rng, static_cast<size_t>(n * k / 2), 0, 255);
+      const auto scales = random_bytes(rng, static_cast<size_t>(n * k / 32), 118, 126);
+      return prepare::prepare_mxfp4(view(core::DType::U8, {n, k / 2}, codes), view(core::DType::U8, {n, k / 32}, scales), "bench");
+    }
+    case Format::Int4: {
+      const int64_t groups = (k + 127) / 128;
+      const auto words = random_bytes(rng, static_cast<size_t>(n * k / 2), 0, 255);
+      std::vector<uint8_t> scales(static_cast<size_t>(n * groups * 2));
+      for (size_t i = 0; i < scales.size(); i += 2) {
+        scales[i] = 0;
+        scales[i + 1] = 0x3C;  // bf16 0.0078125
+      }
+      return prepare::prepare_int4(view(core::DType::I32, {n, k / 8}, words), view(core::DType::BF16, {n, groups}, scales),
+                                   nullptr, nullptr, k, 128, "bench");
+    }
+    case Format::Bf16: {
+      std::vector<uint8_t> bits(static_cast<size_t>(n * k * 2));
+      for (size_t i = 0; i < bits.size(); i += 2) {
+        bits[i] = static_cast<uint8_t>(rng());
+        bits[i + 1] = static_cast<uint8_t>(0x3C + rng() % 2) | static_cast<uint8_t>(rng() & 0x80);
+      }
+      return prepare::prepare_dense(view(core::DType::BF16, {n, k}, bits), "bench");
+    }
+  }
+  return {};
+}
+
+void copy_buffer(prepare::AlignedBuffer& dst, const prepare::AlignedBuffer& src) {
+  dst = prepare::AlignedBuffer(src.size());
+  if (src.size() > 0) std::memcpy(dst.data(), src.data(), src.size());
+}
+
+PreparedLinear clone(const PreparedLinear& w) {
+  PreparedLinear c;
+  c.layout = w.layout;
+  c.out_features = w.out_features;
+  c.in_features = w.in_features;
+  c.bias = w.bias;
+  c.input_global_scale = w.input_global_scale;
+  c.padded_rows = w.padded_rows;
+  c.group_size = w.group_size;
+  copy_buffer(c.codes, w.codes);
+  copy_buffer(c.scales, w.scales);
+  copy_buffer(c.offsets, w.offsets);
+  c.global_scale = w.global_scale;
+  c.convention = w.convention;
+  c.k_perm = w.k_perm;
+  c.dense_storage = w.dense_storage;
+  return c;
+}
+
+// Copies of one layer, cached for consecutive benchmarks of the same (format, shape).
+struct ColdSet {
+  Format format{};
+  int64_t n = 0, k = 0;
+  std::vector<PreparedLinear> copies;
+};
+ColdSet g_cold;
+
+const std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
+  if (g_cold.copies.empty() || g_cold.format != f || g_cold.n != n || g_cold.k != k) {
+    g_cold.copies.clear();
+    g_cold.format = f;
+    g_cold.n = n;
+    g_cold.k = k;
+    g_cold.copies.push_back(make_weights(f, n, k));
+    const size_t per = prepare::weight_bytes(g_cold.copies[0]);
+    const size_t count = std::max<size_t>(2, (cold_bytes() + per - 1) / per);
+    for (size_t i = 1; i < count; ++i) g_cold.copies.push_back(clone(g_cold.copies[0]));
+  }
+  return g_cold.copies;
+}
+
+std::vector<float> random_x(int64_t m, int64_t k) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64_t n, int64_t k) {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  state.counters["weight_GB/s"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (m == 1) state.counters["bw_ratio"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
+  if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k) {
+  const int64_t m = state.range(0);
+  const auto& copies = cold_copies(f, n, k);
+  const auto x = random_x(m, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  size_t i = 0;
+  for (auto _ : state) {
+    kernels::linear(copies[i], x.data(), m, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    i = (i + 1) % copies.size();
+  }
+  set_counters(state, static_cast<double>(prepare::weight_bytes(copies[0])), m, n, k);
+  state.SetLabel(kernels::gemm_target_name());
+}
+
+// dequantize (scalar, one thread) + sgemm, then sgemm alone on weights dequantized once.
+void BM_DequantSgemm(benchmark::State& state, Format f, int64_t n, int64_t k, bool include_dequant) {
+  const int64_t m = state.range(0);
+  const PreparedLinear w = make_weights(f, n, k);
+  const auto x = random_x(m, k);
+  std::vector<float> wf(static_cast<size_t>(n * k)), y(static_cast<size_t>(m * n));
+  kernels::dequantize(w, wf.data());
+  for (auto _ : state) {
+    if (include_dequant) kernels::dequantize(w, wf.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f,
+                x.data(), static_cast<int>(k), wf.data(), static_cast<int>(k), 0.f, y.data(), static_cast<int>(n));
+    benchmark::DoNotOptimize(y.data());
+  }
+  set_counters(state, static_cast<double>(prepare::weight_bytes(w)), m, n, k);
+}
+
+void register_all() {
+  const std::pair<int64_t, int64_t> shapes[] = {{576, 1536}, {1536, 576}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
+  for (Format f : {Format::Nvfp4, Format::Mxfp4, Format::Int4, Format::Bf16}) {
+    for (auto [n, k] : shapes) {
+      const std::string name = std::string("linear/") + kFormatNames[static_cast<int>(f)] + "/" + std::to_string(n) + "x" + std::to_string(k);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Linear, f, n, k)
+          ->ArgName("M")->Arg(1)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (auto [n, k] : shapes) {
+    const std::string suffix = std::string("nvfp4/") + std::to_string(n) + "x" + std::to_string(k);
+    benchmark::RegisterBenchmark(("dequant+sgemm/" + suffix).c_str(), BM_DequantSgemm, Format::Nvfp4, n, k, true)
+        ->ArgName("M")->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("sgemm_only/" + suffix).c_str(), BM_DequantSgemm, Format::Nvfp4, n, k, false)
+        ->ArgName("M")->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+}  // namespace fp4serve::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  using namespace fp4serve;
+  const int threads = core::num_threads();
+  openblas_set_num_threads(threads);
+  const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
+  bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
+  bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;
+  std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming sum), fp32 FMA peak %.1f GFLOP/s\n",
+              kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, bench::g_fma_peak / 1e9);
+  benchmark::AddCustomContext("read_GB/s", std::to_string(bench::g_read_bw / 1e9));
+  benchmark::AddCustomContext("fma_peak_GFLOP/s", std::to_string(bench::g_fma_peak / 1e9));
+  bench::register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

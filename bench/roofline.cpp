@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// Compiled per Highway target like the GEMM, so the roofs use the same vector width the kernels get.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "roofline.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "roofline.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::bench {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Four independent accumulators hide the add latency; the result is returned so the loads stay.
+float SumStream(const float* HWY_RESTRICT p, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t step = 4 * hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (size_t i = 0; i + step <= n; i += step) {
+    a0 = hn::Add(a0, hn::Load(d, p + i));
+    a1 = hn::Add(a1, hn::Load(d, p + i + hn::Lanes(d)));
+    a2 = hn::Add(a2, hn::Load(d, p + i + 2 * hn::Lanes(d)));
+    a3 = hn::Add(a3, hn::Load(d, p + i + 3 * hn::Lanes(d)));
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+}
+
+// 12 independent FMA chains (2 FMA ports × 4-cycle latency needs ≥ 8). Returns flops done.
+double FmaChains(size_t iters, float seed) {
+  const hn::ScalableTag<float> d;
+  constexpr int kChains = 12;
+  hn::Vec<decltype(d)> acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(d, seed + static_cast<float>(i));
+  const auto a = hn::Set(d, 0.999999f), b = hn::Set(d, 1e-7f);
+  for (size_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], a, b);
+  }
+  auto s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = hn::Add(s, acc[i]);
+  volatile float sink = hn::GetLane(s);
+  (void)sink;
+  return 2.0 * kChains * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iters);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::bench
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::bench {
+HWY_EXPORT(SumStream);
+HWY_EXPORT(FmaChains);
+
+double measure_read_bandwidth(size_t bytes, int repeats) {
+  const size_t n = bytes / sizeof(float);
+  auto buf = hwy::AllocateAligned<float>(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) buf[i] = 1.f;  // first touch by the threads that read it
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const size_t threads = static_cast<size_t>(omp_get_num_threads());
+      const size_t t = static_cast<size_t>(omp_get_thread_num());
+      const size_t chunk = (n / threads) & ~size_t{255};
+      total += HWY_DYNAMIC_DISPATCH(SumStream)(buf.get() + t * chunk, chunk);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile float sink = total;
+    (void)sink;
+    best = std::max(best, static_cast<double>(bytes) / s);
+  }
+  return best;
+}
+
+double measure_fma_peak(int repeats) {
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double flops = 0;
+#pragma omp parallel reduction(+ : flops)
+    flops += HWY_DYNAMIC_DISPATCH(FmaChains)(20'000'000, static_cast<float>(omp_get_thread_num()));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops / s);
+  }
+  return best;
+}
+
+}  // namespace fp4serve::bench
+#endif

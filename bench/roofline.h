@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// Machine roofs measured in the benchmark binary itself, with the same SIMD target and thread count as the
+// kernels: read bandwidth and fp32 FMA peak.
+#pragma once
+
+#include <cstddef>
+
+namespace fp4serve::bench {
+
+/// Bytes/s of a streaming SIMD sum over `bytes` (choose > LLC), all engine threads, best of `repeats`.
+double measure_read_bandwidth(size_t bytes, int repeats);
+
+/// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`.
+double measure_fma_peak(int repeats);
+
+}  // namespace fp4serve::bench

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// linear(): argument checks, activation preprocessing (W4A4 emulation, int4 activation order), dispatch.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "fp4serve/error.h"
+#include "kernels/cpu/gemm_shared.h"
+#include "kernels/linear.h"
+
+namespace fp4serve::kernels {
+
+void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, ActivationQuant aq) {
+  if (m < 0) throw UsageError(fmt::format("linear: m = {} is negative", m));
+  if (m == 0) return;
+  if (x == nullptr || y == nullptr) throw UsageError("linear: x and y must not be null");
+  const int64_t k = w.in_features;
+  const bool emulate = aq == ActivationQuant::EmulateNvfp4;
+  if (emulate && w.layout != prepare::WeightLayout::Nvfp4) {
+    throw UsageError(fmt::format("linear: W4A4 emulation needs an Nvfp4 layer, this one is {}",
+                                 prepare::layout_name(w.layout)));
+  }
+  if (emulate && w.input_global_scale <= 0.f) {
+    throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");
+  }
+  if (!emulate && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
+
+  std::vector<float> xp(static_cast<size_t>(m * k));
+  if (w.k_perm.empty()) {
+    std::memcpy(xp.data(), x, xp.size() * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < m; ++i) {
+      const float* src = x + i * k;
+      float* dst = xp.data() + i * k;
+      for (int64_t j = 0; j < k; ++j) dst[j] = src[w.k_perm[static_cast<size_t>(j)]];
+    }
+  }
+  if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
+  gemm_dispatch(w, xp.data(), m, y);
+}
+
+}  // namespace fp4serve::kernels

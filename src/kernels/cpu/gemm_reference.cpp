@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// Scalar reference of the prepared-weight GEMM: element decode straight from the kernel layouts (the layout
+// comment in prepared_linear.h), fp32 dot products, the same epilogue as the SIMD kernels.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fp4serve/error.h"
+#include "kernels/cpu/gemm_shared.h"
+#include "kernels/linear.h"
+#include "quant/formats.h"
+
+namespace fp4serve::kernels {
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+namespace {
+
+uint8_t interleaved_nibble(const PreparedLinear& w, int64_t n, int64_t k) {
+  const uint8_t* block = w.codes.as<uint8_t>() + ((n / kTileRows) * (w.in_features / 8) + k / 8) * 32;
+  const int64_t j = k % 8;
+  const uint8_t byte = block[(j & 3) * kTileRows + n % kTileRows];
+  return j < 4 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+}
+
+size_t group_index(const PreparedLinear& w, int64_t n, int64_t k) {
+  return static_cast<size_t>(((n / kTileRows) * w.groups() + k / w.group_size) * kTileRows + n % kTileRows);
+}
+
+}  // namespace
+
+float decode_weight(const PreparedLinear& w, int64_t n, int64_t k) {
+  switch (w.layout) {
+    case WeightLayout::Nvfp4:
+      return quant::e2m1_to_float(interleaved_nibble(w, n, k)) *
+             quant::e4m3_to_float(w.scales.as<uint8_t>()[group_index(w, n, k)]);
+    case WeightLayout::Mxfp4:
+      return quant::e2m1_to_float(interleaved_nibble(w, n, k)) *
+             quant::e8m0_to_float(w.scales.as<uint8_t>()[group_index(w, n, k)]);
+    case WeightLayout::Int4: {
+      const size_t g = group_index(w, n, k);
+      return static_cast<float>(interleaved_nibble(w, n, k)) * w.scales.as<float>()[g] + w.offsets.as<float>()[g];
+    }
+    case WeightLayout::Fp8: {
+      const size_t at = static_cast<size_t>(((n / kTileRows) * w.in_features + k) * kTileRows + n % kTileRows);
+      // Scales hold s·2^120 (repack_dense.cpp); undo the fold exactly.
+      return quant::e4m3_to_float(w.codes.as<uint8_t>()[at]) *
+             std::ldexp(w.scales.as<float>()[group_index(w, n, k)], -120);
+    }
+    case WeightLayout::Dense: {
+      const size_t at = static_cast<size_t>(((n / kTileRows) * w.in_features + k) * kTileRows + n % kTileRows);
+      return w.dense_storage == prepare::DenseStorage::Bf16 ? quant::bf16_to_float(w.codes.as<uint16_t>()[at])
+                                                            : w.codes.as<float>()[at];
+    }
+  }
+  return 0.f;
+}
+
+float apply_epilogue(const PreparedLinear& w, int64_t n, float acc) {
+  if (!w.global_scale.empty()) {
+    const float g = w.global_scale[static_cast<size_t>(n)];
+    acc = w.convention == prepare::GlobalScaleConvention::Divisor ? acc / g : acc * g;
+  }
+  return w.bias.empty() ? acc : acc + w.bias[static_cast<size_t>(n)];
+}
+
+void dequantize(const PreparedLinear& w, float* out) {
+  const int64_t k_total = w.in_features;
+  for (int64_t n = 0; n < w.out_features; ++n) {
+    for (int64_t j = 0; j < k_total; ++j) {
+      const int64_t col = w.k_perm.empty() ? j : w.k_perm[static_cast<size_t>(j)];
+      float v;
+      if (w.layout == WeightLayout::Nvfp4) {
+        // The producers' op order (FORMATS.md §2.1, §3.2): scale ∘ global first, then times the code.
+        const float s = quant::e4m3_to_float(w.scales.as<uint8_t>()[group_index(w, n, j)]);
+        const float g = w.global_scale[static_cast<size_t>(n)];
+        const float per_block = w.convention == prepare::GlobalScaleConvention::Divisor ? s / g : s * g;
+        v = quant::e2m1_to_float(interleaved_nibble(w, n, j)) * per_block;
+      } else {
+        v = decode_weight(w, n, j);
+      }
+      out[n * k_total + col] = v;
+    }
+  }
+}
+
+void reference_gemm(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  const int64_t k_total = w.in_features;
+  std::vector<float> row(static_cast<size_t>(k_total));
+  for (int64_t n = 0; n < w.out_features; ++n) {
+    for (int64_t k = 0; k < k_total; ++k) row[static_cast<size_t>(k)] = decode_weight(w, n, k);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * k_total;
+      float acc = 0.f;
+      for (int64_t k = 0; k < k_total; ++k) acc += xi[k] * row[static_cast<size_t>(k)];
+      y[i * w.out_features + n] = apply_epilogue(w, n, acc);
+    }
+  }
+}
+
+void linear_reference(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (w.k_perm.empty()) return reference_gemm(w, x, m, y);
+  const int64_t k_total = w.in_features;
+  std::vector<float> xp(static_cast<size_t>(m * k_total));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k_total; ++j) xp[static_cast<size_t>(i * k_total + j)] = x[i * k_total + w.k_perm[static_cast<size_t>(j)]];
+  }
+  reference_gemm(w, xp.data(), m, y);
+}
+
+void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float igs) {
+  if (k % 16 != 0) throw UsageError("W4A4 emulation needs K to be a multiple of 16, got " + std::to_string(k));
+  if (!std::isfinite(igs) || igs <= 0.f) {
+    throw UsageError("W4A4 emulation needs a finite input_global_scale > 0, got " + std::to_string(igs));
+  }
+  for (int64_t i = 0; i < m * k; i += 16) {
+    float amax = 0.f;
+    for (int j = 0; j < 16; ++j) amax = std::fmax(amax, std::fabs(x[i + j]));
+    // compressed-tensors: scale = E4M3(clamp(igs·amax/6, ±448)), a zero scale becomes 0.125.
+    float s = quant::e4m3_to_float(quant::float_to_e4m3(std::fmin(igs * amax / 6.f, 448.f)));
+    if (s == 0.f) s = 0.125f;
+    const float step = s / igs;
+    for (int j = 0; j < 16; ++j) {
+      const float q = quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(x[i + j] / step, 6.f), -6.f)));
+      x[i + j] = q * s / igs;
+    }
+  }
+}
+
+}  // namespace fp4serve::kernels

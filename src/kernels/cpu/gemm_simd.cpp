@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+// The SIMD GEMM over prepared weights, compiled once per Highway target (foreach_target.h re-includes this
+// file). Structure: weights are decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
+// the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
+// rows of x. Targets without 256-bit vectors run the scalar reference instead.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/gemm_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/gemm_shared.h"
+#include "kernels/linear.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+int64_t TargetId() { return HWY_TARGET; }
+
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SSE4
+
+void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) { reference_gemm(w, x, m, y); }
+
+#else
+
+using DF = hn::CappedTag<float, 16>;             // AVX2: 8 lanes, AVX-512: 16
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+constexpr int64_t kNR = 2 * kLanes;              // panel width (output rows): two vectors per column
+constexpr int64_t kPanelTiles = kNR / kTileRows;
+constexpr int64_t kMR = kLanes == 16 ? 12 : 6;   // x rows per micro-kernel call: fills the register file
+constexpr int64_t kKc = 256;                     // columns decoded per panel chunk (panel ≤ 32 KiB, in L1)
+
+// ---- decoders: tile `tile`, columns [k0, k0 + kc) → panel[kk · kNR + r] (panel already offset to the tile) --
+
+using D8 = hn::FixedTag<float, 8>;
+
+// 8 E4M3 (NVFP4) or E8M0 (MXFP4) scale bytes → fp32 · 0.5 (the code LUT holds E2M1 · 2).
+template <WeightLayout kLayout>
+HWY_INLINE hn::Vec<D8> Fp4Scales(const uint8_t* p) {
+  const D8 df;
+  const hn::FixedTag<uint32_t, 8> du32;
+  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::FixedTag<uint8_t, 8>(), p));
+  if constexpr (kLayout == WeightLayout::Nvfp4) {
+    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
+                             hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p119f));
+  } else {
+    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
+    const auto bits = hn::Max(hn::ShiftLeft<23>(b), hn::Set(du32, 0x00400000u));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0.5f));
+  }
+}
+
+// Stores int8 lanes [4 columns][8 rows] as fp32 · scale (· + offset for int4) into 4 panel rows.
+template <bool kSigned>
+HWY_INLINE void Emit4(hn::Vec<hn::FixedTag<uint8_t, 32>> v, hn::Vec<D8> scale, hn::Vec<D8> offset, float* out,
+                      bool use_offset) {
+  const D8 df;
+  const hn::FixedTag<int32_t, 8> di32;
+  const hn::FixedTag<uint8_t, 16> du16x;
+  const hn::FixedTag<uint8_t, 8> du8x;
+  const auto lower = hn::LowerHalf(du16x, v);
+  const auto upper = hn::UpperHalf(du16x, v);
+  const hn::Vec<hn::FixedTag<uint8_t, 8>> quarters[4] = {hn::LowerHalf(du8x, lower), hn::UpperHalf(du8x, lower),
+                                                        hn::LowerHalf(du8x, upper), hn::UpperHalf(du8x, upper)};
+  for (int q = 0; q < 4; ++q) {
+    hn::Vec<hn::FixedTag<int32_t, 8>> i32;
+    if constexpr (kSigned) {
+      i32 = hn::PromoteTo(di32, hn::BitCast(hn::FixedTag<int8_t, 8>(), quarters[q]));
+    } else {
+      i32 = hn::BitCast(di32, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), quarters[q]));
+    }
+    const auto f = hn::ConvertTo(df, i32);
+    hn::Store(use_offset ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + q * kNR);
+  }
+}
+
+template <WeightLayout kLayout>
+void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  const hn::FixedTag<uint8_t, 32> du8;
+  const D8 df;
+  const int64_t octets = w.in_features / 8;
+  const int64_t groups = w.groups();
+  const uint8_t* codes = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
+  alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::FixedTag<int8_t, 32>(), kLut));
+  const auto mask = hn::Set(du8, uint8_t{0x0F});
+  int64_t group = -1;
+  hn::Vec<D8> scale = hn::Zero(df), offset = hn::Zero(df);
+  for (int64_t c = 0; c < kc / 8; ++c) {
+    const int64_t k = k0 + 8 * c;
+    if (k / w.group_size != group) {
+      group = k / w.group_size;
+      const int64_t at = (tile * groups + group) * kTileRows;
+      if constexpr (kLayout == WeightLayout::Int4) {
+        scale = hn::Load(df, w.scales.as<float>() + at);
+        offset = hn::Load(df, w.offsets.as<float>() + at);
+      } else {
+        scale = Fp4Scales<kLayout>(w.scales.as<uint8_t>() + at);
+      }
+    }
+    const auto v = hn::Load(du8, codes + 32 * c);
+    const auto lo = hn::And(v, mask);
+    const auto hi = hn::And(hn::ShiftRight<4>(v), mask);
+    float* out = panel + 8 * c * kNR;
+    if constexpr (kLayout == WeightLayout::Int4) {
+      Emit4<false>(lo, scale, offset, out, true);
+      Emit4<false>(hi, scale, offset, out + 4 * kNR, true);
+    } else {
+      Emit4<true>(hn::TableLookupBytes(lut, lo), scale, offset, out, false);
+      Emit4<true>(hn::TableLookupBytes(lut, hi), scale, offset, out + 4 * kNR, false);
+    }
+  }
+}
+
+void DecodeFp8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  const D8 df;
+  const hn::FixedTag<int32_t, 8> di32;
+  const int64_t groups = w.groups();
+  const uint8_t* codes = w.codes.as<uint8_t>() + (tile * w.in_features + k0) * kTileRows;
+  const auto keep = hn::Set(di32, static_cast<int32_t>(0x87F00000u));
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const int64_t k = k0 + kk;
+    const auto scale = hn::Load(df, w.scales.as<float>() + (tile * groups + k / w.group_size) * kTileRows);
+    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
+    const auto b = hn::PromoteTo(di32, hn::LoadU(hn::FixedTag<int8_t, 8>(), reinterpret_cast<const int8_t*>(codes + kk * kTileRows)));
+    const auto f = hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), keep));
+    hn::Store(hn::Mul(f, scale), df, panel + kk * kNR);
+  }
+}
+
+void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  const D8 df;
+  if (w.dense_storage == prepare::DenseStorage::Bf16) {
+    const hn::FixedTag<uint32_t, 8> du32;
+    const uint16_t* src = w.codes.as<uint16_t>() + (tile * w.in_features + k0) * kTileRows;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const auto b = hn::PromoteTo(du32, hn::Load(hn::FixedTag<uint16_t, 8>(), src + kk * kTileRows));
+      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(b)), df, panel + kk * kNR);
+    }
+  } else {
+    const float* src = w.codes.as<float>() + (tile * w.in_features + k0) * kTileRows;
+    for (int64_t kk = 0; kk < kc; ++kk) hn::Store(hn::Load(df, src + kk * kTileRows), df, panel + kk * kNR);
+  }
+}
+
+// Decodes columns [k0, k0 + kc) of panel p (kPanelTiles tiles) into panel; tiles past the end become zeros.
+void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, float* panel) {
+  for (int64_t s = 0; s < kPanelTiles; ++s) {
+    const int64_t tile = p * kPanelTiles + s;
+    float* out = panel + s * kTileRows;
+    if (tile >= w.tiles()) {
+      for (int64_t kk = 0; kk < kc; ++kk) std::memset(out + kk * kNR, 0, kTileRows * sizeof(float));
+      continue;
+    }
+    switch (w.layout) {
+      case WeightLayout::Nvfp4: DecodeNibbles<WeightLayout::Nvfp4>(w, tile, k0, kc, out); break;
+      case WeightLayout::Mxfp4: DecodeNibbles<WeightLayout::Mxfp4>(w, tile, k0, kc, out); break;
+      case WeightLayout::Int4: DecodeNibbles<WeightLayout::Int4>(w, tile, k0, kc, out); break;
+      case WeightLayout::Fp8: DecodeFp8(w, tile, k0, kc, out); break;
+      case WeightLayout::Dense: DecodeDense(w, tile, k0, kc, out); break;
+    }
+  }
+}
+
+// ---- micro-kernel: acc[i][0..kNR) += Σ_kk x[i · ldx + kk] · panel[kk][0..kNR), i < kM ----------------------
+
+template <int kM>
+HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
+                        float* HWY_RESTRICT acc) {
+  const DF d;
+  hn::Vec<DF> a0[kM], a1[kM];
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    a0[i] = hn::Load(d, acc + i * kNR);
+    a1[i] = hn::Load(d, acc + i * kNR + kLanes);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const auto b0 = hn::Load(d, panel + k * kNR);
+    const auto b1 = hn::Load(d, panel + k * kNR + kLanes);
+#pragma GCC unroll 16
+    for (int i = 0; i < kM; ++i) {
+      const auto xi = hn::Set(d, x[i * ldx + k]);
+      a0[i] = hn::MulAdd(xi, b0, a0[i]);
+      a1[i] = hn::MulAdd(xi, b1, a1[i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    hn::Store(a0[i], d, acc + i * kNR);
+    hn::Store(a1[i], d, acc + i * kNR + kLanes);
+  }
+}
+
+template <int kM = kMR>
+void MicroDispatch(int m, const float* x, int64_t ldx, const float* panel, int64_t kc, float* acc) {
+  if constexpr (kM > 0) {
+    if (m == kM) return Micro<kM>(x, ldx, panel, kc, acc);
+    return MicroDispatch<kM - 1>(m, x, ldx, panel, kc, acc);
+  }
+}
+
+// ---- driver -------------------------------------------------------------------------------------------------
+
+// Per-thread scratch, kept between calls (OpenMP threads persist).
+float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need) {
+  if (cap < need) {
+    buf = hwy::AllocateAligned<float>(need);
+    cap = need;
+  }
+  return buf.get();
+}
+
+void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  const int64_t k_total = w.in_features;
+  const int64_t n_total = w.out_features;
+  const int64_t panels = (w.tiles() + kPanelTiles - 1) / kPanelTiles;
+  const int64_t k_blocks = (k_total + kKc - 1) / kKc;
+  const bool streaming = m <= kMR;
+  // Large m: up to 8 panels per work item, but at least two items per thread for balance.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t group_panels = std::max<int64_t>(1, std::min<int64_t>(8, panels / (2 * threads)));
+  const int64_t panel_groups = (panels + group_panels - 1) / group_panels;
+  // Large m accumulates raw sums in y across k blocks; the epilogue runs once at the end.
+#pragma omp parallel
+  {
+    static thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buf, acc_buf;
+    static thread_local size_t panel_cap = 0, acc_cap = 0;
+    float* panel = Scratch(panel_buf, panel_cap, kKc * kNR);
+    float* acc = Scratch(acc_buf, acc_cap, kMR * kNR);
+    if (streaming) {
+      // Each chunk of decoded weights is used by all m rows while it is in L1; acc stays across chunks.
+#pragma omp for schedule(dynamic, 2)
+      for (int64_t p = 0; p < panels; ++p) {
+        std::memset(acc, 0, sizeof(float) * kMR * kNR);
+        for (int64_t kb = 0; kb < k_blocks; ++kb) {
+          const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
+          DecodePanel(w, p, k0, kc, panel);
+          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kc, acc);
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < kNR && p * kNR + j < n_total; ++j) {
+            const int64_t n = p * kNR + j;
+            y[i * n_total + n] = apply_epilogue(w, n, acc[i * kNR + j]);
+          }
+        }
+      }
+    } else {
+      // GotoBLAS order inside a group of panels owned by one thread: for each k block every panel of the group
+      // is decoded once and swept over all m rows, whose x block (m × kKc) stays in L2 across the group;
+      // partial sums live in y. Groups (not single k blocks) are the unit of work, so there is no barrier
+      // per k block, which matters when the cores are shared with other processes.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t g = 0; g < panel_groups; ++g) {
+        const int64_t p_end = std::min(panels, (g + 1) * group_panels);
+        for (int64_t kb = 0; kb < k_blocks; ++kb) {
+          const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
+          for (int64_t p = g * group_panels; p < p_end; ++p) {
+            DecodePanel(w, p, k0, kc, panel);
+            const int64_t cols = std::min(kNR, n_total - p * kNR);
+            for (int64_t m0 = 0; m0 < m; m0 += kMR) {
+              const int64_t mm = std::min(kMR, m - m0);
+              for (int64_t i = 0; i < mm; ++i) {
+                float* yi = y + (m0 + i) * n_total + p * kNR;
+                if (kb == 0) {
+                  std::memset(acc + i * kNR, 0, sizeof(float) * kNR);
+                } else {
+                  std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
+                }
+              }
+              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc);
+              for (int64_t i = 0; i < mm; ++i) {
+                float* yi = y + (m0 + i) * n_total + p * kNR;
+                if (kb + 1 < k_blocks) {
+                  std::memcpy(yi, acc + i * kNR, sizeof(float) * static_cast<size_t>(cols));
+                } else {
+                  for (int64_t j = 0; j < cols; ++j) yi[j] = apply_epilogue(w, p * kNR + j, acc[i * kNR + j]);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+HWY_EXPORT(GemmImpl);
+HWY_EXPORT(TargetId);
+
+void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
+}
+
+std::vector<int64_t> gemm_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+const char* gemm_target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetId)()); }
+
+}  // namespace fp4serve::kernels
+#endif

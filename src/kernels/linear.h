@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// y = x·Wᵀ (+ bias) for every prepared weight layout (NVFP4, MXFP4, int4, FP8, dense) on the CPU.
+// The SIMD code is compiled for several targets (Highway: AVX-512, AVX2, and a portable fallback that runs
+// the scalar reference) and chosen at run time; threads come from core::set_num_threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::kernels {
+
+enum class ActivationQuant : uint8_t {
+  None,          ///< activations stay fp32
+  EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
+};
+
+/// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
+/// x: [m, K] fp32 row-major (K = w.in_features); y: [m, N] fp32 row-major (N = w.out_features); m ≥ 0.
+/// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
+/// Divisor convention, multiplied for Multiplier). m ≤ 6 (AVX2) / 12 (AVX-512) runs the streaming decode path
+/// (weights decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and
+/// runs a register-blocked fp32 micro-kernel over it.
+/// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
+/// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
+/// on x_q·s_a/igs; igs = w.input_global_scale.
+/// Throws UsageError when x or y is null with m > 0, m < 0, or EmulateNvfp4 is asked for a layer that is not
+/// NVFP4 or has no input_global_scale.
+void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
+            ActivationQuant aq = ActivationQuant::None);
+
+/// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.
+/// NVFP4: q·(s / gs) with the division in fp32 (Divisor; compressed-tensors' op order) or q·(s·ws2)
+/// (Multiplier; ModelOpt's), so bf16(out) equals the producers' bf16 references bit for bit. MXFP4:
+/// q·2^(b−127). Int4: (q − z)·scale. FP8: e4m3·scale. Dense: the stored value. A test and benchmark helper.
+void dequantize(const prepare::PreparedLinear& w, float* out);
+
+/// The plain scalar reference for linear() (no SIMD, one thread, ActivationQuant::None): the fallback
+/// target's implementation and a test oracle.
+void linear_reference(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationQuant::EmulateNvfp4.
+/// K must be a multiple of 16 and igs finite > 0 (throws UsageError).
+void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_global_scale);
+
+/// Highway targets (HWY_AVX3, HWY_AVX2, HWY_EMU128, ...) compiled into the GEMM and supported by this CPU,
+/// best first; tests iterate over them with hwy::SetSupportedTargetsForTest.
+std::vector<int64_t> gemm_targets();
+
+/// Name of the target linear() dispatches to now, e.g. "AVX3".
+const char* gemm_target_name();
+
+}  // namespace fp4serve::kernels

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/loader.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "core/threading.h"
+#include "fp4serve/error.h"
+#include "model/planned_weights.h"
+#include "plan/device_caps.h"
+#include "plan/layer_plan.h"
+
+namespace fp4serve::model {
+namespace {
+
+plan::ActivationQuant parse_activation_quant(const std::string& text) {
+  if (text == "auto") return plan::ActivationQuant::Auto;
+  if (text == "weight-only") return plan::ActivationQuant::WeightOnly;
+  if (text == "emulate") return plan::ActivationQuant::Emulate;
+  throw UsageError(fmt::format("--activation-quant '{}': expected auto, weight-only or emulate", text));
+}
+
+// The plan refuses nothing by itself; a model runs only when every layer has a scheme.
+void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir) {
+  if (p.complete()) return;
+  std::string lines;
+  size_t missing = 0;
+  for (const plan::ModulePlan& m : p.modules) {
+    if (m.scheme) continue;
+    if (++missing <= 5) lines += fmt::format("\n  {}: {}", m.module.name, m.reason_text);
+  }
+  if (missing > 5) lines += fmt::format("\n  … and {} more", missing - 5);
+  throw UnsupportedError(fmt::format("{}: {} layer(s) have no execution scheme on {}:{}", dir.string(), missing,
+                                     p.device.label(), lines));
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (options.threads > 0) core::set_num_threads(options.threads);
+  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
+  loaded.config = parse_model_config(loaded.checkpoint.config());
+
+  plan::PlanOptions plan_options;
+  plan_options.device = plan::resolve_device(options.device);
+  plan_options.activation_quant = parse_activation_quant(options.activation_quant);
+  const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
+  require_complete(layer_plan, dir);
+  plan::check_scale_values(layer_plan, loaded.checkpoint);
+  for (const plan::Notice& notice : layer_plan.notices) {
+    if (notice.severity != plan::Severity::Warning) continue;
+    loaded.warnings.push_back(fmt::format("{} ({} layers)", notice.text, notice.layers));
+    fmt::print(stderr, "fp4serve: warning: {}\n", loaded.warnings.back());
+  }
+
+  uint64_t tensors = 0, bytes = 0;
+  for (const plan::ModulePlan& m : layer_plan.modules) {
+    for (const plan::TensorUse& use : m.tensors) {
+      if (use.dropped || use.shared) continue;
+      ++tensors;
+      bytes += use.bytes;
+    }
+  }
+  for (const plan::TensorUse& use : layer_plan.others) {
+    if (use.dropped) continue;
+    ++tensors;
+    bytes += use.bytes;
+  }
+  LoadProgress progress(tensors, bytes, options.progress);
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
+  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
+  progress.finish();
+  loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return loaded;
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/planned_weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "fp4serve/error.h"
+#include "prepare/repack.h"
+
+namespace fp4serve::model {
+namespace {
+
+using plan::SchemeId;
+using plan::TensorRole;
+
+prepare::GlobalScaleConvention convention_of(plan::ScaleConvention c, const std::string& module) {
+  switch (c) {
+    case plan::ScaleConvention::Divisor: return prepare::GlobalScaleConvention::Divisor;
+    case plan::ScaleConvention::Multiplier: return prepare::GlobalScaleConvention::Multiplier;
+    case plan::ScaleConvention::None: break;
+  }
+  throw FormatError(fmt::format("{}: the plan gives no global-scale convention for an NVFP4 layer", module));
+}
+
+}  // namespace
+
+LoadProgress::LoadProgress(uint64_t total_tensors, uint64_t total_bytes, bool enabled)
+    : total_tensors_(total_tensors), total_bytes_(total_bytes), enabled_(enabled) {}
+
+void LoadProgress::add(uint64_t tensors, uint64_t bytes) {
+  tensors_ += tensors;
+  bytes_ += bytes;
+  draw();
+}
+
+void LoadProgress::draw() {
+  if (!enabled_) return;
+  int percent = total_bytes_ == 0 ? 100 : static_cast<int>(100.0 * static_cast<double>(bytes_) / static_cast<double>(total_bytes_));
+  percent = std::min(percent, 100);  // shared tensors (a tied embedding) may be read twice
+  if (percent == last_percent_) return;
+  last_percent_ = percent;
+  constexpr int kWidth = 30;
+  const int filled = percent * kWidth / 100;
+  std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%  %llu/%llu tensors  %.1f/%.1f MiB", filled,
+               "==============================", kWidth - filled, "", percent,
+               static_cast<unsigned long long>(tensors_), static_cast<unsigned long long>(total_tensors_),
+               static_cast<double>(bytes_) / 1048576.0, static_cast<double>(total_bytes_) / 1048576.0);
+  std::fflush(stderr);
+}
+
+void LoadProgress::finish() {
+  if (!enabled_) return;
+  tensors_ = total_tensors_;
+  bytes_ = total_bytes_;
+  last_percent_ = -1;
+  draw();
+  std::fprintf(stderr, "\n");
+}
+
+PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress)
+    : ckpt_(ckpt), plan_(plan), progress_(progress) {}
+
+core::TensorView PlannedWeights::tensor(const std::string& name) const {
+  const core::TensorView view = ckpt_.tensor(name);
+  progress_.add(1, view.bytes.size());
+  return view;
+}
+
+bool PlannedWeights::has_tensor(const std::string& name) const { return ckpt_.contains(name); }
+
+LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
+  const std::string& name = m.module.name;
+  if (!m.scheme) throw UnsupportedError(fmt::format("{}: no scheme runs this layer on {}: {}", name, plan_.device.label(), m.reason_text));
+  auto view = [&](TensorRole role) {
+    const plan::TensorUse* use = m.tensor(role);
+    if (use == nullptr) {
+      throw FormatError(fmt::format("{}: the plan lists no {} tensor for scheme {}", name, plan::tensor_role_name(role),
+                                    plan::scheme_name(*m.scheme)));
+    }
+    return ckpt_.tensor(use->name);
+  };
+  auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
+  LinearPart part;
+  switch (*m.scheme) {
+    case SchemeId::W4A16Nvfp4:
+    case SchemeId::W4A4Nvfp4Emulated: {
+      const TensorRole packed_role = m.tensor(TensorRole::WeightPacked) ? TensorRole::WeightPacked : TensorRole::Weight;
+      const auto convention = convention_of(m.global_scale, name);
+      part.weight = prepare::prepare_nvfp4(view(packed_role), view(TensorRole::WeightScale),
+                                           scalar(TensorRole::WeightGlobalScale), convention, name);
+      if (*m.scheme == SchemeId::W4A4Nvfp4Emulated) {
+        prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
+        part.activation_quant = kernels::ActivationQuant::EmulateNvfp4;
+      }
+      break;
+    }
+    case SchemeId::W4A16Mxfp4:
+      part.weight = prepare::prepare_mxfp4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale), name);
+      break;
+    case SchemeId::W4A16Int4: {
+      const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
+      const plan::TensorUse* gidx = m.tensor(TensorRole::WeightGIdx);
+      const core::TensorView zp_view = zp ? ckpt_.tensor(zp->name) : core::TensorView{};
+      const core::TensorView gidx_view = gidx ? ckpt_.tensor(gidx->name) : core::TensorView{};
+      const int64_t group = m.quant.weights && m.quant.weights->group_size ? *m.quant.weights->group_size : -1;
+      part.weight = prepare::prepare_int4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale),
+                                          zp ? &zp_view : nullptr, gidx ? &gidx_view : nullptr,
+                                          m.module.in_features, group, name);
+      break;
+    }
+    case SchemeId::W8A16Fp8: {
+      std::array<int64_t, 2> block{0, 0};
+      if (m.quant.weights && m.quant.weights->block) block = *m.quant.weights->block;
+      part.weight = prepare::prepare_fp8(view(TensorRole::Weight), view(TensorRole::WeightScale), block, name);
+      break;
+    }
+    case SchemeId::Unquantized:
+      part.weight = prepare::prepare_dense(ckpt_.tensor(m.module.dense_weight), name);
+      break;
+    case SchemeId::W4A4Nvfp4:
+    case SchemeId::W4A4Mxfp4:
+    case SchemeId::W8A8Fp8:
+      throw UnsupportedError(fmt::format(
+          "{}: scheme {} was planned for {} and needs that GPU's FP4/FP8 matrix units; this build runs it on the CPU "
+          "only as weight-only or emulation (use --device cpu, or --activation-quant weight-only|emulate)",
+          name, plan::scheme_name(*m.scheme), plan_.device.label()));
+  }
+  if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias)) prepare::attach_bias(part.weight, ckpt_.tensor(bias->name), name);
+  uint64_t tensors = 0, bytes = 0;
+  for (const plan::TensorUse& use : m.tensors) {
+    if (use.dropped || use.shared) continue;
+    ++tensors;
+    bytes += use.bytes;
+  }
+  progress_.add(tensors, bytes);
+  return part;
+}
+
+LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules) const {
+  std::vector<LinearPart> parts;
+  bool fuse = modules.size() > 1;
+  for (const std::string& name : modules) {
+    const plan::ModulePlan* m = plan_.find(name);
+    if (m == nullptr) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
+    fuse = fuse && m->run_fused;
+    parts.push_back(prepare_module(*m));
+  }
+  for (const LinearPart& p : parts) {
+    fuse = fuse && p.activation_quant == parts.front().activation_quant && p.weight.layout == parts.front().weight.layout &&
+           p.weight.input_global_scale == parts.front().weight.input_global_scale;
+  }
+  if (fuse) {
+    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight.
+    const auto activation_quant = parts.front().activation_quant;
+    std::vector<prepare::PreparedLinear> weights;
+    for (LinearPart& p : parts) weights.push_back(std::move(p.weight));
+    std::vector<LinearPart> fused;
+    fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant});
+    return LinearGroup(std::move(fused));
+  }
+  return LinearGroup(std::move(parts));
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// The WeightSource that follows a LayerPlan: each module is prepared with the repack of its chosen scheme, the
+// checkpoint's global-scale convention (CT divisor, ModelOpt multiplier) and its bias; modules that the plan
+// runs fused are concatenated into one prepared weight (each shard keeps its own global scale). A downgraded
+// W4A4 checkpoint's input scales were validated by the plan and are not read here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "model/weight_source.h"
+#include "plan/layer_plan.h"
+
+namespace fp4serve::model {
+
+/// Counts prepared tensors and bytes for the loading progress bar on stderr.
+class LoadProgress {
+ public:
+  LoadProgress(uint64_t total_tensors, uint64_t total_bytes, bool enabled);
+  void add(uint64_t tensors, uint64_t bytes);
+  void finish();
+
+ private:
+  void draw();
+  uint64_t total_tensors_, total_bytes_;
+  uint64_t tensors_ = 0, bytes_ = 0;
+  bool enabled_;
+  int last_percent_ = -1;
+};
+
+class PlannedWeights final : public WeightSource {
+ public:
+  PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress);
+
+  core::TensorView tensor(const std::string& name) const override;
+  bool has_tensor(const std::string& name) const override;
+  /// Throws UnsupportedError naming the module when its scheme has no CPU kernel (a native W4A4 or W8A8 scheme
+  /// planned for a GPU given with --device), FormatError when a module is not in the plan.
+  LinearGroup linear_group(const std::vector<std::string>& modules) const override;
+
+ private:
+  LinearPart prepare_module(const plan::ModulePlan& module) const;
+
+  const checkpoint::Checkpoint& ckpt_;
+  const plan::LayerPlan& plan_;
+  LoadProgress& progress_;
+};
+
+}  // namespace fp4serve::model

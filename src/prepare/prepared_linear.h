@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// A Linear layer's weights in the layout the CPU GEMM kernels read (src/kernels/linear.h). Built once at
+// load by the functions in repack.h from checkpoint tensors; kernels never see checkpoint layouts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace fp4serve::prepare {
+
+enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Dense };
+
+/// How a checkpoint's NVFP4 per-tensor scale is applied (shared FORMATS.md §2.1, §3.2, Gotcha 1).
+enum class GlobalScaleConvention : uint8_t {
+  Divisor,     ///< compressed-tensors `weight_global_scale` / `input_global_scale`: w = q·(s / gs)
+  Multiplier,  ///< ModelOpt `weight_scale_2` / `input_scale`: w = q·(s · ws2)
+};
+
+/// Storage of Dense weights: bf16 checkpoints stay bf16 (half the bytes per token); f16 and f32 become f32.
+enum class DenseStorage : uint8_t { Bf16, F32 };
+
+/// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so one
+/// SIMD load brings the same column of 8 rows (one fp32 AVX2 vector per column).
+inline constexpr int64_t kTileRows = 8;
+
+/// 64-byte aligned, zero-initialised, owned bytes.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  /// Throws std::bad_alloc when the allocation fails.
+  explicit AlignedBuffer(size_t bytes);
+  size_t size() const { return size_; }
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  template <typename T>
+  T* as() { return reinterpret_cast<T*>(data_.get()); }
+  template <typename T>
+  const T* as() const { return reinterpret_cast<const T*>(data_.get()); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte[], Free> data_;
+  size_t size_ = 0;
+};
+
+/// One Linear layer y = x·Wᵀ (+ bias), W = [out_features N, in_features K], in kernel layout.
+///
+/// Kernel layouts (T = padded_rows / kTileRows tiles; row r of tile t is output row 8t + r; padded rows are
+/// zero and never written to the output):
+/// - Nvfp4 / Mxfp4: `codes` = [T][K/8][32] bytes. The 32 bytes of (tile t, column octet c) hold columns
+///   8c..8c+7 of the tile's 8 rows: byte 8j + r has column 8c+j of row r in its LOW nibble and column 8c+4+j
+///   in its HIGH nibble (j = 0..3). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
+///   `scales` = [T][K/g][8] bytes, the checkpoint's block-scale bytes unchanged (E4M3 for g = 16, E8M0 for
+///   g = 32): 0.5 resp. 0.25 bits/weight. NVFP4 adds `global_scale` [padded_rows] (+ `convention`), applied
+///   to each output element in the epilogue, so fused rows keep their own global scale at no cost.
+/// - Int4: `codes` as FP4 but each nibble is the stored int4 value q + 8 (columns permuted by `k_perm` when
+///   the checkpoint has an activation-order g_idx). `scales` and `offsets` = [T][K/g][8] fp32 with
+///   w = nibble·scale + offset, offset = −(8 + zero_point)·scale (exact in fp32).
+/// - Fp8: `codes` = [T][K][8] E4M3 bytes; `scales` = [T][ceil(K/g)][8] fp32 (tensor and channel scales use
+///   g = K; block scales g = block width).
+/// - Dense: `codes` = [T][K][8] bf16 bits or fp32 values (`dense_storage`).
+struct PreparedLinear {
+  WeightLayout layout = WeightLayout::Dense;
+  int64_t out_features = 0;  ///< N
+  int64_t in_features = 0;   ///< K
+  std::vector<float> bias;   ///< [N] fp32, empty when the layer has none
+  /// W4A4 checkpoints only, compressed-tensors (divisor) convention; 0 = absent.
+  float input_global_scale = 0.f;
+
+  int64_t padded_rows = 0;  ///< N rounded up to a multiple of kTileRows
+  int64_t group_size = 0;   ///< columns per scale group along K (0 for Dense)
+  AlignedBuffer codes;
+  AlignedBuffer scales;
+  AlignedBuffer offsets;
+  std::vector<float> global_scale;  ///< Nvfp4: [padded_rows], as stored in the checkpoint (padding: 1)
+  GlobalScaleConvention convention = GlobalScaleConvention::Divisor;
+  std::vector<int32_t> k_perm;  ///< Int4 activation order: prepared column j reads input column k_perm[j]; empty = identity
+  DenseStorage dense_storage = DenseStorage::F32;
+
+  PreparedLinear() = default;
+  PreparedLinear(PreparedLinear&&) noexcept = default;
+  PreparedLinear& operator=(PreparedLinear&&) noexcept = default;
+  PreparedLinear(const PreparedLinear&) = delete;
+  PreparedLinear& operator=(const PreparedLinear&) = delete;
+
+  int64_t tiles() const { return padded_rows / kTileRows; }
+  /// Number of scale groups along K: ceil(K / group_size) (0 for Dense).
+  int64_t groups() const { return group_size > 0 ? (in_features + group_size - 1) / group_size : 0; }
+};
+
+/// Bytes the weights occupy in kernel layout (codes + scales + offsets + global scales).
+size_t weight_bytes(const PreparedLinear& w);
+
+/// "Nvfp4", "Mxfp4", ... for messages.
+const char* layout_name(WeightLayout layout);
+
+}  // namespace fp4serve::prepare

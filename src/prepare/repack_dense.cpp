@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// FP8 E4M3 and unquantized checkpoint tensors → row-interleaved kernel layouts (prepared_linear.h).
+#include <cmath>
+#include <cstring>
+
+#include "prepare/repack.h"
+#include "prepare/repack_util.h"
+#include "quant/formats.h"
+
+namespace fp4serve::prepare {
+namespace {
+
+using detail::fail;
+
+int64_t check_matrix(const core::TensorView& t, std::initializer_list<core::DType> dtypes, std::string_view name,
+                     std::string_view role) {
+  detail::check_dtype(t, dtypes, name, role);
+  if (t.shape.size() != 2 || t.shape[0] == 0 || t.shape[1] == 0) {
+    fail(name, role, fmt::format("has shape {}, expected [N, K] with N, K > 0", core::shape_to_string(t.shape)));
+  }
+  return t.shape[0];
+}
+
+}  // namespace
+
+PreparedLinear prepare_fp8(const core::TensorView& weight, const core::TensorView& weight_scale,
+                           std::array<int64_t, 2> block, std::string_view name) {
+  const int64_t n = check_matrix(weight, {core::DType::F8_E4M3}, name, "weight");
+  const int64_t k = weight.shape[1];
+  detail::check_dtype(weight_scale, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "weight_scale");
+  const auto& ss = weight_scale.shape;
+  enum class Kind { Tensor, Channel, Block } kind = Kind::Tensor;
+  int64_t bh = n, bw = k;  // a block scale covers rows [bh·i, …) and columns [bw·j, …)
+  if (block[0] != 0 || block[1] != 0) {
+    if (block[0] <= 0 || block[1] <= 0) {
+      fail(name, "block structure", fmt::format("is [{}, {}], expected two positive sizes", block[0], block[1]));
+    }
+    kind = Kind::Block;
+    bh = block[0];
+    bw = block[1];
+    detail::check_shape(weight_scale, {(n + bh - 1) / bh, (k + bw - 1) / bw}, name, "weight_scale");
+  } else if (ss.empty() || (ss.size() == 1 && ss[0] == 1)) {
+    kind = Kind::Tensor;
+  } else if ((ss.size() == 1 && ss[0] == n) || (ss.size() == 2 && ss[0] == n && ss[1] == 1)) {
+    kind = Kind::Channel;
+  } else {
+    fail(name, "weight_scale",
+         fmt::format("has shape {}, expected [] or [1] (tensor), [{}] or [{}, 1] (channel), or a block structure",
+                     core::shape_to_string(ss), n, n));
+  }
+  const int64_t groups = (k + bw - 1) / bw;
+  const int64_t scale_cols = (k + bw - 1) / bw;
+  PreparedLinear w;
+  detail::init_tiles(w, WeightLayout::Fp8, n, k, bw, static_cast<size_t>(k) * kTileRows,
+                     static_cast<size_t>(groups) * kTileRows * sizeof(float), 0);
+  const auto* src = reinterpret_cast<const uint8_t*>(weight.bytes.data());
+  auto* codes = w.codes.as<uint8_t>();
+  auto* scales = w.scales.as<float>();
+  // The kernel decodes an E4M3 byte as the fp32 whose bits are (sign << 31) | (magnitude << 20), which is
+  // the value · 2^−120 for normals and subnormals alike; the 2^120 is folded into the stored scale.
+  const float fold = std::ldexp(1.f, 120);
+  for (int64_t row = 0; row < n; ++row) {
+    const int64_t t = row / kTileRows, r = row % kTileRows;
+    for (int64_t col = 0; col < k; ++col) codes[(t * k + col) * kTileRows + r] = src[row * k + col];
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t si = kind == Kind::Tensor ? 0 : kind == Kind::Channel ? row : (row / bh) * scale_cols + g;
+      const float s = detail::load_float(weight_scale, static_cast<size_t>(si));
+      if (std::isfinite(s) && std::fabs(s) > std::ldexp(1.f, 7)) {
+        throw UnsupportedError(fmt::format("{}: weight_scale value {} exceeds 2^7, which the FP8 kernel cannot fold "
+                                           "into fp32",
+                                           name, s));
+      }
+      scales[(t * groups + g) * kTileRows + r] = s * fold;
+    }
+  }
+  return w;
+}
+
+PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view name) {
+  const int64_t n = check_matrix(weight, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "weight");
+  const int64_t k = weight.shape[1];
+  const bool bf16 = weight.dtype == core::DType::BF16;
+  PreparedLinear w;
+  detail::init_tiles(w, WeightLayout::Dense, n, k, 0, static_cast<size_t>(k) * kTileRows * (bf16 ? 2 : 4), 0, 0);
+  w.dense_storage = bf16 ? DenseStorage::Bf16 : DenseStorage::F32;
+  for (int64_t row = 0; row < n; ++row) {
+    const int64_t t = row / kTileRows, r = row % kTileRows;
+    for (int64_t col = 0; col < k; ++col) {
+      const auto src = static_cast<size_t>(row * k + col);
+      const auto dst = static_cast<size_t>((t * k + col) * kTileRows + r);
+      if (bf16) {
+        w.codes.as<uint16_t>()[dst] = weight.load<uint16_t>(src);
+      } else {
+        w.codes.as<float>()[dst] = detail::load_float(weight, src);
+      }
+    }
+  }
+  return w;
+}
+
+}  // namespace fp4serve::prepare

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// Bias, activation global scale, and row concatenation of prepared layers (fused q/k/v, gate/up).
+#include <cmath>
+#include <cstring>
+
+#include "prepare/repack.h"
+#include "prepare/repack_util.h"
+
+namespace fp4serve::prepare {
+
+void attach_bias(PreparedLinear& w, const core::TensorView& bias, std::string_view name) {
+  detail::check_dtype(bias, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "bias");
+  detail::check_shape(bias, {w.out_features}, name, "bias");
+  w.bias.resize(static_cast<size_t>(w.out_features));
+  for (size_t i = 0; i < w.bias.size(); ++i) w.bias[i] = detail::load_float(bias, i);
+}
+
+void set_input_global_scale(PreparedLinear& w, float value, GlobalScaleConvention convention) {
+  if (!std::isfinite(value) || value <= 0.f) {
+    throw FormatError(fmt::format("{} is {}, expected a finite value > 0",
+                                  convention == GlobalScaleConvention::Divisor ? "input_global_scale" : "input_scale",
+                                  value));
+  }
+  w.input_global_scale = convention == GlobalScaleConvention::Divisor ? value : 1.f / value;
+}
+
+PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
+  if (parts.empty()) throw UsageError("concat_rows: no parts");
+  if (parts.size() == 1) return std::move(parts[0]);
+  const PreparedLinear& first = parts[0];
+  bool any_bias = false;
+  int64_t n = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PreparedLinear& p = parts[i];
+    if (p.layout != first.layout || p.in_features != first.in_features || p.group_size != first.group_size ||
+        p.dense_storage != first.dense_storage || p.convention != first.convention || p.k_perm != first.k_perm) {
+      throw UsageError(fmt::format(
+          "concat_rows: part {} ({}, K = {}, group {}) does not match part 0 ({}, K = {}, group {}) in layout, K, "
+          "group size, storage, global-scale convention or activation order",
+          i, layout_name(p.layout), p.in_features, p.group_size, layout_name(first.layout), first.in_features,
+          first.group_size));
+    }
+    if (p.input_global_scale != first.input_global_scale) {
+      throw FormatError(fmt::format("concat_rows: part {} has input_global_scale {} but part 0 has {}; fused layers "
+                                    "quantize one activation and must share it",
+                                    i, p.input_global_scale, first.input_global_scale));
+    }
+    if (i + 1 < parts.size() && p.out_features % kTileRows != 0) {
+      throw UnsupportedError(fmt::format("concat_rows: part {} has {} rows, not a multiple of {}", i, p.out_features,
+                                         kTileRows));
+    }
+    any_bias = any_bias || !p.bias.empty();
+    n += p.out_features;
+  }
+  PreparedLinear out;
+  const auto per_tile = [&](const AlignedBuffer& b, const PreparedLinear& p) { return b.size() / static_cast<size_t>(p.tiles()); };
+  const size_t code_tile = per_tile(first.codes, first);
+  const size_t scale_tile = per_tile(first.scales, first);
+  const size_t offset_tile = per_tile(first.offsets, first);
+  detail::init_tiles(out, first.layout, n, first.in_features, first.group_size, code_tile, scale_tile, offset_tile);
+  out.dense_storage = first.dense_storage;
+  out.convention = first.convention;
+  out.k_perm = first.k_perm;
+  out.input_global_scale = first.input_global_scale;
+  if (!first.global_scale.empty()) out.global_scale.assign(static_cast<size_t>(out.padded_rows), 1.f);
+  if (any_bias) out.bias.assign(static_cast<size_t>(n), 0.f);
+  int64_t row0 = 0;
+  for (const PreparedLinear& p : parts) {
+    const auto t0 = static_cast<size_t>(row0 / kTileRows);
+    const auto tiles = static_cast<size_t>(p.tiles());
+    std::memcpy(out.codes.data() + t0 * code_tile, p.codes.data(), tiles * code_tile);
+    if (scale_tile > 0) std::memcpy(out.scales.data() + t0 * scale_tile, p.scales.data(), tiles * scale_tile);
+    if (offset_tile > 0) std::memcpy(out.offsets.data() + t0 * offset_tile, p.offsets.data(), tiles * offset_tile);
+    for (int64_t r = 0; r < p.out_features; ++r) {
+      const auto dst = static_cast<size_t>(row0 + r);
+      if (!p.global_scale.empty()) out.global_scale[dst] = p.global_scale[static_cast<size_t>(r)];
+      if (!p.bias.empty()) out.bias[dst] = p.bias[static_cast<size_t>(r)];
+    }
+    row0 += p.out_features;
+  }
+  return out;
+}
+
+}  // namespace fp4serve::prepare

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// Validation and element-reading helpers shared by the repack translation units (not a public API).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor_view.h"
+#include "fp4serve/error.h"
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::prepare::detail {
+
+/// Throws FormatError "<name>: <role> <message>".
+[[noreturn]] void fail(std::string_view name, std::string_view role, const std::string& message);
+
+/// dtype ∈ allowed, byte count = ceil(numel · bits / 8); throws FormatError naming `name` and `role`.
+void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> allowed, std::string_view name,
+                 std::string_view role);
+
+/// Exact shape match; throws FormatError with expected and found shapes.
+void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
+                 std::string_view role);
+
+/// Element i of a BF16/F16/F32 tensor, converted exactly to fp32.
+float load_float(const core::TensorView& t, size_t i);
+
+/// padded rows and zeroed buffers for a layout with `code_bytes` and `scale_bytes` per tile.
+void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, int64_t group_size,
+                size_t code_bytes_per_tile, size_t scale_bytes_per_tile, size_t offset_bytes_per_tile);
+
+/// Writes 8 nibbles (columns 8c..8c+7 of row r, low 4 bits of each entry) into the interleaved FP4/int4
+/// tile block `block` (32 bytes of tile t, octet c) — see the layout comment in prepared_linear.h.
+inline void put_octet(uint8_t* block, int64_t r, const uint8_t nib[8]) {
+  for (int j = 0; j < 4; ++j) {
+    block[j * kTileRows + r] = static_cast<uint8_t>((nib[j] & 0x0F) | ((nib[j + 4] & 0x0F) << 4));
+  }
+}
+
+/// Inverse of put_octet for one column j (0..7) of row r.
+inline uint8_t get_nibble(const uint8_t* block, int64_t r, int64_t j) {
+  const uint8_t byte = block[(j & 3) * kTileRows + r];
+  return j < 4 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+}
+
+}  // namespace fp4serve::prepare::detail

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// linear() for every layout, on every compiled SIMD target, against float64 references computed in the tests
+// from the checkpoint tensors (tests/prepare/checkpoint_tensors.h). Outputs are poisoned with NaN first.
+//
+// Error bound (all layouts): every prepared weight decodes to its exact value in fp32 (E2M1·E4M3, E2M1·2^e,
+// (q−z)·bf16, E4M3·bf16 and bf16/f16 products all fit in 24 bits), so the only error is fp32 accumulation
+// over K plus the global-scale and bias roundings: |y − y64| ≤ (K + 4)·2^−24·(Σ|x·w| + |bias|). Small K keeps
+// the bound far below the effect of one wrong weight (≈ Σ|x·w| / K).
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "core/threading.h"
+#include "fp4serve/error.h"
+#include "kernels/linear.h"
+#include "prepare/checkpoint_tensors.h"
+#include "prepare/repack.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using prepare::GlobalScaleConvention;
+using prepare::PreparedLinear;
+using testing::Layer;
+using testing::OwnedTensor;
+
+constexpr int64_t kMs[] = {1, 3, 7, 33};
+
+// Runs `body` once per compiled SIMD target supported by this CPU.
+void for_each_target(const std::function<void()>& body) {
+  const auto targets = gemm_targets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    hwy::SetSupportedTargetsForTest(t);
+    SCOPED_TRACE(hwy::TargetName(t));
+    ASSERT_STREQ(gemm_target_name(), hwy::TargetName(t));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+// Checks y (from linear with x) against Σ x·w in float64 with the bound in the file comment.
+void check_against_float64(const Layer& l, const std::vector<float>& bias, const std::vector<float>& x, int64_t m,
+                           const std::vector<float>& y) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < l.n; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < l.k; ++k) {
+        const double p = static_cast<double>(x[static_cast<size_t>(i * l.k + k)]) * l.w[static_cast<size_t>(n * l.k + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (!bias.empty()) {
+        ref += bias[static_cast<size_t>(n)];
+        mag += std::fabs(bias[static_cast<size_t>(n)]);
+      }
+      const double got = y[static_cast<size_t>(i * l.n + n)];
+      ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
+      ASSERT_LE(std::fabs(got - ref), static_cast<double>(l.k + 4) * 0x1p-24 * mag + 1e-30)
+          << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
+    }
+  }
+}
+
+// Runs linear (all targets, every m) and linear_reference on `w` and checks both.
+void check_layer(PreparedLinear& w, const Layer& l, std::mt19937& rng, bool with_bias = true) {
+  std::vector<float> bias;
+  if (with_bias) {
+    std::vector<uint16_t> bits(static_cast<size_t>(l.n));
+    std::normal_distribution<float> dist(0.f, 0.5f);
+    for (auto& b : bits) b = testing::bf16_rne(dist(rng));
+    const OwnedTensor t = OwnedTensor::from(core::DType::BF16, {l.n}, bits);
+    prepare::attach_bias(w, t.view(), "test.bias");
+    for (uint16_t b : bits) bias.push_back(testing::bf16_value(b));
+  }
+  for (int64_t m : kMs) {
+    const auto x = random_x(rng, m, l.k);
+    std::vector<float> y(static_cast<size_t>(m * l.n));
+    for_each_target([&] {
+      std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+      linear(w, x.data(), m, y.data());
+      check_against_float64(l, bias, x, m, y);
+    });
+    std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+    linear_reference(w, x.data(), m, y.data());
+    SCOPED_TRACE("linear_reference");
+    check_against_float64(l, bias, x, m, y);
+  }
+}
+
+TEST(LinearNvfp4, AllTargetsMatchFloat64) {
+  std::mt19937 rng(101);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 16}, {13, 48}, {37, 544}}) {
+    for (bool divisor : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " divisor " << divisor);
+      const Layer l = testing::make_nvfp4(rng, n, k, divisor);
+      PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                                divisor ? GlobalScaleConvention::Divisor : GlobalScaleConvention::Multiplier, "t");
+      check_layer(w, l, rng, n != 1);
+    }
+  }
+}
+
+TEST(LinearMxfp4, AllTargetsMatchFloat64) {
+  std::mt19937 rng(102);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 32}, {13, 96}, {37, 544}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k);
+    const Layer l = testing::make_mxfp4(rng, n, k);
+    PreparedLinear w = prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+    check_layer(w, l, rng);
+  }
+}
+
+TEST(LinearInt4, AllTargetsMatchFloat64) {
+  std::mt19937 rng(103);
+  struct Case { int64_t n, k, group; bool asym, actorder; };
+  for (const Case c : {Case{1, 32, 32, false, false}, Case{13, 64, 32, true, false}, Case{37, 512, 128, true, true},
+                       Case{11, 40, -1, false, false}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
+                                      << " actorder " << c.actorder);
+    const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
+    const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
+    PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), c.asym ? &zp : nullptr,
+                                             c.actorder ? &gi : nullptr, c.k, c.group, "t");
+    check_layer(w, l, rng);
+  }
+}
+
+TEST(LinearFp8, AllTargetsMatchFloat64) {
+  std::mt19937 rng(104);
+  struct Case { int64_t n, k; int kind; int64_t bh, bw; };
+  for (const Case c : {Case{1, 1, 0, 0, 0}, Case{13, 37, 1, 0, 0}, Case{37, 300, 2, 16, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " kind " << c.kind);
+    const Layer l = testing::make_fp8(rng, c.n, c.k, c.kind, c.bh, c.bw);
+    PreparedLinear w = prepare::prepare_fp8(l.weight.view(), l.scale.view(), {c.bh, c.bw}, "t");
+    check_layer(w, l, rng);
+  }
+}
+
+TEST(LinearDense, AllTargetsMatchFloat64) {
+  std::mt19937 rng(105);
+  for (core::DType d : {core::DType::BF16, core::DType::F16, core::DType::F32}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {13, 29}, {37, 300}}) {
+      SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " dtype " << core::dtype_name(d));
+      const Layer l = testing::make_dense(rng, n, k, d);
+      PreparedLinear w = prepare::prepare_dense(l.weight.view(), "t");
+      check_layer(w, l, rng);
+    }
+  }
+}
+
+TEST(LinearThreads, OneAndTwoThreadsGiveIdenticalResults) {
+  std::mt19937 rng(106);
+  const Layer l = testing::make_nvfp4(rng, 45, 256, true);
+  const PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale, GlobalScaleConvention::Divisor, "t");
+  for (int64_t m : kMs) {
+    const auto x = random_x(rng, m, l.k);
+    std::vector<float> y1(static_cast<size_t>(m * l.n)), y2(y1.size());
+    core::set_num_threads(1);
+    linear(w, x.data(), m, y1.data());
+    core::set_num_threads(2);
+    EXPECT_EQ(core::num_threads(), 2);
+    linear(w, x.data(), m, y2.data());
+    core::set_num_threads(0);
+    EXPECT_EQ(y1, y2) << "m " << m;  // each output is summed by one thread in a fixed order
+  }
+}
+
+TEST(LinearErrors, BadArgumentsThrowUsageError) {
+  std::mt19937 rng(107);
+  const Layer l = testing::make_mxfp4(rng, 4, 32);
+  const PreparedLinear w = prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+  std::vector<float> x(32, 1.f), y(4);
+  EXPECT_THROW(linear(w, x.data(), -1, y.data()), UsageError);
+  EXPECT_THROW(linear(w, nullptr, 1, y.data()), UsageError);
+  EXPECT_NO_THROW(linear(w, nullptr, 0, nullptr));
+  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationQuant::EmulateNvfp4), UsageError);
+  EXPECT_THROW(core::set_num_threads(-2), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels
