@@ -9,6 +9,8 @@
 #include <ctime>
 #include <random>
 
+#include <sys/socket.h>
+
 #include "fp4serve/error.h"
 #include "runtime/generator.h"
 
@@ -17,6 +19,7 @@ namespace {
 
 using nlohmann::json;
 constexpr auto kPoll = std::chrono::milliseconds(200);
+constexpr int kListenBacklog = 512;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -89,6 +92,7 @@ struct HttpServer::Impl {
   Metrics& metrics;
   httplib::Server http;
   std::atomic<bool> bound{false};
+  int listen_fd = -1;
 
   Impl(HttpConfig c, ServeLimits l, const TextCodec& tc, Scheduler& s, Metrics& m)
       : config(std::move(c)), limits(std::move(l)), codec(tc), scheduler(s), metrics(m) {}
@@ -103,6 +107,13 @@ struct HttpServer::Impl {
 
 void HttpServer::Impl::install() {
   const int threads = std::max(config.threads, 4);
+  // The library listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed in Debian's shared build); a burst
+  // of concurrent clients then overflows the accept queue and some connections fail. Keep the socket so that
+  // bind() can listen again with a deeper queue.
+  http.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(config.max_body_bytes);
   http.set_read_timeout(config.io_timeout_seconds);
@@ -119,7 +130,7 @@ void HttpServer::Impl::install() {
   });
   // httplib answers malformed requests itself (413 for an oversized body, 404 for unknown routes, 400 for a bad
   // request line); give those an OpenAI error object too, and make an oversized body a 400 as OpenAI does.
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 413) {
       send_error(res, ApiError(400, fmt::format("the request body exceeds {} bytes", config.max_body_bytes)));
@@ -129,7 +140,7 @@ void HttpServer::Impl::install() {
       send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
     }
     return httplib::Server::HandlerResponse::Handled;
-  });
+  }));
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
@@ -228,8 +239,8 @@ void HttpServer::Impl::respond_stream(const ApiRequest& api, std::shared_ptr<Req
         std::string piece = s.text.push(update.tokens);
         bool finished = update.finished;
         std::string reason = finish_reason_name(update.reason);
-        if (s.text.stopped() && !finished) {
-          s.channel->cancel(FinishReason::kStop);
+        if (s.text.stopped()) {
+          if (!finished) s.channel->cancel(FinishReason::kStop);
           finished = true;
           reason = "stop";
         }
@@ -291,6 +302,7 @@ int HttpServer::bind() {
     throw IoError(fmt::format("cannot listen on {}:{} (address in use or not local?)", impl_->config.host,
                               impl_->config.port));
   }
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
   impl_->bound = true;
   return port;
 }

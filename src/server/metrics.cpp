@@ -91,6 +91,11 @@ void Metrics::set_scheduler_state(int running, int waiting, int slots_used, int 
   cached_tokens_ = cached_tokens;
 }
 
+void Metrics::set_waiting(int waiting) {
+  std::lock_guard lock(mutex_);
+  waiting_ = waiting;
+}
+
 int Metrics::running() const {
   std::lock_guard lock(mutex_);
   return running_;

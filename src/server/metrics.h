@@ -45,6 +45,8 @@ class Metrics {
   /// Scheduler state after each step: sequences in the running batch, waiting in the queue, KV-cache slots
   /// in use out of the total, and positions held in them.
   void set_scheduler_state(int running, int waiting, int slots_used, int slots_total, int64_t cached_tokens);
+  /// The queue length as soon as it changes on submit (the scheduler may be inside a long step).
+  void set_waiting(int waiting);
 
   std::string render() const;
 

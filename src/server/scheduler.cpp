@@ -58,6 +58,7 @@ std::shared_ptr<RequestChannel> Scheduler::submit(SequenceRequest request) {
     std::lock_guard lock(mutex_);
     if (stopping_ || static_cast<int>(queue_.size()) >= config_.max_queue) return nullptr;
     queue_.push_back(channel);
+    metrics_.set_waiting(static_cast<int>(queue_.size()));
   }
   cv_.notify_all();
   return channel;
@@ -92,6 +93,7 @@ void Scheduler::admit() {
       }
       channel = std::move(queue_.front());
       queue_.pop_front();
+      metrics_.set_waiting(static_cast<int>(queue_.size()));
     }
     if (slot < 0) {
       channel->finish(channel->cancel_reason());
