@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   CLI::App root{"fp4serve: load FP4-quantized LLM checkpoints (compressed-tensors, ModelOpt) and run them"};
   root.require_subcommand(1);
   fp4serve::app::register_inspect(root);
+  fp4serve::app::register_quantize(root);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -24,13 +24,15 @@ class DenseMlp final : public FeedForward {
  public:
   DenseMlp(LinearGroup gate_up, LinearGroup down) : gate_up_(std::move(gate_up)), down_(std::move(down)) {}
 
-  void forward(const float* h, int64_t m, float* out) const override {
+  void forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const override {
     const int64_t inter = gate_up_.out_features() / 2;
     std::vector<float> gate_up(static_cast<size_t>(m * 2 * inter));
     std::vector<float> act(static_cast<size_t>(m * inter));
     std::vector<float> scratch;
+    if (observer != nullptr) observer->observe(gate_up_.modules(), h, m, gate_up_.in_features());
     gate_up_.forward(h, m, gate_up.data(), scratch);
     kernels::silu_and_mul(gate_up.data(), m, inter, act.data());
+    if (observer != nullptr) observer->observe(down_.modules(), act.data(), m, inter);
     down_.forward(act.data(), m, out, scratch);
   }
 
@@ -146,6 +148,7 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<size_t>(l)];
     kernels::rms_norm(x.data(), layer.input_norm.data(), total, hidden, c.rms_norm_eps, h.data());
+    if (observer_ != nullptr) observer_->observe(layer.qkv.modules(), h.data(), total, hidden);
     layer.qkv.forward(h.data(), total, qkv.data(), scratch);
     for (int64_t r = 0; r < total; ++r) {
       const float* row = qkv.data() + r * qkv_width;
@@ -174,11 +177,12 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
                          attn.data() + row0 * q_width);
       row0 += t;
     }
+    if (observer_ != nullptr) observer_->observe(layer.o_proj.modules(), attn.data(), total, q_width);
     layer.o_proj.forward(attn.data(), total, delta.data(), scratch);
     for (size_t i = 0; i < x.size(); ++i) x[i] += c.residual_multiplier * delta[i];
 
     kernels::rms_norm(x.data(), layer.post_attention_norm.data(), total, hidden, c.rms_norm_eps, h.data());
-    layer.ffn->forward(h.data(), total, delta.data());
+    layer.ffn->forward(h.data(), total, delta.data(), observer_);
     for (size_t i = 0; i < x.size(); ++i) x[i] += c.residual_multiplier * delta[i];
   }
 

@@ -30,8 +30,8 @@ struct SequenceChunk {
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  /// out[m, hidden] = FFN(h[m, hidden]).
-  virtual void forward(const float* h, int64_t m, float* out) const = 0;
+  /// out[m, hidden] = FFN(h[m, hidden]); `observer` (may be null) sees the input of each linear group.
+  virtual void forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const = 0;
 };
 
 class Decoder {
@@ -48,6 +48,9 @@ class Decoder {
   /// [rows, vocab] fp32 where rows = Σ (all_logits ? chunk size : 1), in chunk order. Throws UsageError when a
   /// chunk is empty, exceeds the cache length, or names a slot twice.
   std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const;
+
+  /// Installs (or, with nullptr, removes) an observer of every linear group's input; not thread-safe.
+  void set_observer(ActivationObserver* observer) { observer_ = observer; }
 
  private:
   struct Layer {
@@ -66,6 +69,7 @@ class Decoder {
   std::vector<float> final_norm_;
   LinearGroup lm_head_;
   kernels::RopeCache rope_;
+  ActivationObserver* observer_ = nullptr;
 };
 
 /// Reads a [n] BF16/F16/F32 tensor as fp32. Throws FormatError when the shape is not [n].

@@ -9,7 +9,8 @@
 
 namespace fp4serve::model {
 
-LinearGroup::LinearGroup(std::vector<LinearPart> parts) : parts_(std::move(parts)) {
+LinearGroup::LinearGroup(std::vector<LinearPart> parts, std::vector<std::string> modules)
+    : parts_(std::move(parts)), modules_(std::move(modules)) {
   if (parts_.empty()) throw UsageError("LinearGroup: no parts");
   in_features_ = parts_.front().weight.in_features;
   for (const auto& p : parts_) {

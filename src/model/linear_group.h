@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/linear.h"
@@ -17,11 +18,23 @@ struct LinearPart {
   kernels::ActivationQuant activation_quant = kernels::ActivationQuant::None;
 };
 
+/// Sees the input of every linear group during a forward pass: calibration (`quantize --scheme nvfp4` observes
+/// activation amax for `input_global_scale`) and debugging use it; inference passes none.
+class ActivationObserver {
+ public:
+  virtual ~ActivationObserver() = default;
+  /// x is [m, k] fp32, the input shared by every module in `modules`.
+  virtual void observe(const std::vector<std::string>& modules, const float* x, int64_t m, int64_t k) = 0;
+};
+
 class LinearGroup {
  public:
   LinearGroup() = default;
-  /// Parts in output order; all share in_features. Throws UsageError when they do not.
-  explicit LinearGroup(std::vector<LinearPart> parts);
+  /// Parts in output order; all share in_features. `modules` are the checkpoint module names the group runs
+  /// (reported to an ActivationObserver). Throws UsageError when the parts disagree on in_features.
+  explicit LinearGroup(std::vector<LinearPart> parts, std::vector<std::string> modules = {});
+
+  const std::vector<std::string>& modules() const { return modules_; }
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -34,6 +47,7 @@ class LinearGroup {
 
  private:
   std::vector<LinearPart> parts_;
+  std::vector<std::string> modules_;
   int64_t in_features_ = 0;
   int64_t out_features_ = 0;
 };

@@ -158,9 +158,9 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
     for (LinearPart& p : parts) weights.push_back(std::move(p.weight));
     std::vector<LinearPart> fused;
     fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant});
-    return LinearGroup(std::move(fused));
+    return LinearGroup(std::move(fused), modules);
   }
-  return LinearGroup(std::move(parts));
+  return LinearGroup(std::move(parts), modules);
 }
 
 }  // namespace fp4serve::model

@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// W4A4 calibration for `fp4serve quantize --scheme nvfp4`: the one step of quantization that needs to run the
+// model. Kept apart from the weight math so the model runtime can be wired in here without touching quant/.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+
+namespace fp4serve::app {
+
+/// Runs the first `max_tokens` tokens of the text file `calibration_text` through the unquantized model in
+/// `source` and returns, for every linear module named in `modules`, the largest |input activation| seen
+/// (static min-max over all calibration tokens, as llm-compressor's `static_minmax` observer keeps it).
+/// These amaxes become `input_global_scale` = 448·6/amax, jointly over fused groups (quant::plan_quantization).
+/// Throws UnsupportedError until the model runtime is linked into this build; UsageError when the text file is
+/// unreadable or empty.
+std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
+                                                const std::vector<std::string>& modules,
+                                                const std::filesystem::path& calibration_text, int64_t max_tokens);
+
+}  // namespace fp4serve::app

@@ -1,0 +1,775 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lexer and recursive-descent parser for the chat-template Jinja subset. The whitespace rules and operator
+// precedence follow jinja2 3.1 (lexer.py tokeniter, parser.py parse_* methods).
+#include <algorithm>
+#include <set>
+
+#include "fp4serve/error.h"
+#include "runtime/chat_template_ast.h"
+#include "runtime/chat_template_names.h"
+#include "runtime/tokenizer_unicode.h"
+
+namespace fp4serve::runtime::jinja {
+
+namespace {
+
+struct Token {
+  enum class Type { Text, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, String, Int, Float, Op, End };
+  Type type;
+  std::string text;
+  int line;
+  Value literal;
+};
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+[[noreturn]] void syntax_error(int line, const std::string& what) {
+  throw FormatError("chat template line " + std::to_string(line) + ": " + what);
+}
+
+// Python string-literal unescaping, as jinja2 applies "unicode-escape" to literal contents.
+std::string unescape(std::string_view s, int line) {
+  std::string out;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (s[k] != '\\' || k + 1 == s.size()) {
+      out += s[k];
+      continue;
+    }
+    const char c = s[++k];
+    auto hex = [&](size_t digits) {
+      const std::string h(s.substr(k + 1, std::min(digits, s.size() - k - 1)));
+      if (h.size() != digits || h.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+        syntax_error(line, "bad escape \\" + std::string(1, c) + h);
+      }
+      k += digits;
+      const auto cp = static_cast<char32_t>(std::stoul(h, nullptr, 16));
+      if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) syntax_error(line, "escape outside Unicode: " + h);
+      unicode::append_utf8(out, cp);
+    };
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case '\\': out += '\\'; break;
+      case '\'': out += '\''; break;
+      case '"': out += '"'; break;
+      case '0': out += '\0'; break;
+      case 'a': out += '\a'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'v': out += '\v'; break;
+      case '\n': break;  // line continuation
+      case 'x': hex(2); break;
+      case 'u': hex(4); break;
+      case 'U': hex(8); break;
+      default: out += '\\'; out += c;  // unknown escapes stay as written, as in Python
+    }
+  }
+  return out;
+}
+
+class Lexer {
+ public:
+  explicit Lexer(std::string_view raw) {
+    // jinja2 normalizes newlines and, with keep_trailing_newline off, drops one final newline.
+    for (size_t k = 0; k < raw.size(); ++k) {
+      if (raw[k] == '\r') {
+        src_ += '\n';
+        if (k + 1 < raw.size() && raw[k + 1] == '\n') ++k;
+      } else {
+        src_ += raw[k];
+      }
+    }
+    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
+  }
+
+  std::vector<Token> run() {
+    bool line_starting = true;
+    while (pos_ < src_.size()) {
+      const size_t tag = find_tag(pos_);
+      std::string text = src_.substr(pos_, tag - pos_);
+      if (tag == src_.size()) {
+        emit_text(text);
+        break;
+      }
+      const char kind = src_[tag + 1];  // '{', '%' or '#'
+      const char sign = tag + 2 < src_.size() && (src_[tag + 2] == '-' || src_[tag + 2] == '+') ? src_[tag + 2] : 0;
+      if (sign == '-') {
+        while (!text.empty() && is_space(text.back())) text.pop_back();
+      } else if (sign != '+' && kind != '{') {  // lstrip_blocks: block and comment tags only
+        const size_t nl = text.rfind('\n');
+        const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
+        if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
+            std::all_of(text.begin() + static_cast<std::ptrdiff_t>(l_pos), text.end(), is_space)) {
+          text.resize(l_pos);
+        }
+      }
+      emit_text(text);
+      count_lines(pos_, tag);
+      pos_ = tag + 2 + (sign ? 1 : 0);
+      if (kind == '#') {
+        const size_t end = src_.find("#}", pos_);
+        if (end == std::string::npos) syntax_error(line_, "unterminated comment");
+        const char end_sign = end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : 0;
+        count_lines(pos_, end);
+        pos_ = end + 2;
+        line_starting = finish_tag(end_sign, true);
+        continue;
+      }
+      tokens_.push_back({kind == '{' ? Token::Type::VarBegin : Token::Type::BlockBegin, "", line_, {}});
+      line_starting = lex_tag(kind == '{');
+    }
+    tokens_.push_back({Token::Type::End, "", line_, {}});
+    return std::move(tokens_);
+  }
+
+ private:
+  size_t find_tag(size_t from) const {
+    for (size_t k = from; k + 1 < src_.size(); ++k) {
+      if (src_[k] == '{' && (src_[k + 1] == '{' || src_[k + 1] == '%' || src_[k + 1] == '#')) return k;
+    }
+    return src_.size();
+  }
+  void emit_text(const std::string& text) {
+    if (!text.empty()) tokens_.push_back({Token::Type::Text, text, line_, {}});
+  }
+  void count_lines(size_t from, size_t to) { line_ += static_cast<int>(std::count(src_.begin() + static_cast<std::ptrdiff_t>(from), src_.begin() + static_cast<std::ptrdiff_t>(to), '\n')); }
+
+  // After a tag's closing delimiter: '-' eats all whitespace, block/comment ends eat one newline
+  // (trim_blocks) unless '+'. Returns whether the consumed text ended a line (jinja2's line_starting).
+  bool finish_tag(char end_sign, bool block) {
+    const size_t start = pos_;
+    if (end_sign == '-') {
+      while (pos_ < src_.size() && is_space(src_[pos_])) ++pos_;
+    } else if (block && end_sign != '+' && pos_ < src_.size() && src_[pos_] == '\n') {
+      ++pos_;
+    }
+    count_lines(start, pos_);
+    return pos_ > start ? src_[pos_ - 1] == '\n' : false;
+  }
+
+  bool lex_tag(bool variable) {
+    const std::string close = variable ? "}}" : "%}";
+    while (true) {
+      while (pos_ < src_.size() && is_space(src_[pos_])) {
+        if (src_[pos_] == '\n') ++line_;
+        ++pos_;
+      }
+      if (pos_ >= src_.size()) syntax_error(line_, std::string("unterminated ") + (variable ? "{{" : "{%"));
+      for (const char sign : {'-', '+', '\0'}) {
+        if (variable && sign == '+') continue;
+        const std::string end = sign ? std::string(1, sign) + close : close;
+        if (src_.compare(pos_, end.size(), end) == 0) {
+          pos_ += end.size();
+          tokens_.push_back({variable ? Token::Type::VarEnd : Token::Type::BlockEnd, "", line_, {}});
+          return finish_tag(sign, !variable);
+        }
+      }
+      lex_one();
+    }
+  }
+
+  void lex_one() {
+    const char c = src_[pos_];
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t e = pos_;
+      while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+      tokens_.push_back({Token::Type::Name, src_.substr(pos_, e - pos_), line_, {}});
+      pos_ = e;
+      return;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t e = pos_;
+      auto digits = [&] {
+        while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+      };
+      digits();
+      bool is_float = false;
+      if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+        is_float = true;
+        ++e;
+        digits();
+      }
+      if (e < src_.size() && (src_[e] == 'e' || src_[e] == 'E')) {
+        size_t x = e + 1;
+        if (x < src_.size() && (src_[x] == '+' || src_[x] == '-')) ++x;
+        if (x < src_.size() && std::isdigit(static_cast<unsigned char>(src_[x]))) {
+          is_float = true;
+          e = x;
+          digits();
+        }
+      }
+      std::string num = src_.substr(pos_, e - pos_);
+      num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
+      try {
+        tokens_.push_back(is_float ? Token{Token::Type::Float, num, line_, Value::floating(std::stod(num))}
+                                   : Token{Token::Type::Int, num, line_, Value::integer(std::stoll(num))});
+      } catch (const std::exception&) {
+        syntax_error(line_, "number out of range: " + num);
+      }
+      pos_ = e;
+      return;
+    }
+    if (c == '\'' || c == '"') {
+      size_t e = pos_ + 1;
+      while (e < src_.size() && src_[e] != c) e += src_[e] == '\\' ? 2 : 1;
+      if (e >= src_.size()) syntax_error(line_, "unterminated string literal");
+      const int line = line_;
+      count_lines(pos_, e);
+      tokens_.push_back({Token::Type::String, "", line, Value::string(unescape(src_.substr(pos_ + 1, e - pos_ - 1), line))});
+      pos_ = e + 1;
+      return;
+    }
+    static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
+                                       "=", "(", ")", "[", "]", "{", "}", ",", ".", ":", "|"};
+    for (const char* op : kOps) {
+      if (src_.compare(pos_, std::char_traits<char>::length(op), op) == 0) {
+        tokens_.push_back({Token::Type::Op, op, line_, {}});
+        pos_ += std::char_traits<char>::length(op);
+        return;
+      }
+    }
+    syntax_error(line_, std::string("unexpected character '") + c + "'");
+  }
+
+  std::string src_;
+  size_t pos_ = 0;
+  int line_ = 1;
+  std::vector<Token> tokens_;
+};
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+
+  Body parse_all() {
+    std::string stop;
+    Body body = parse_body({}, stop);
+    if (peek().type != Token::Type::End) syntax_error(peek().line, "unexpected {% " + stop + " %}");
+    return body;
+  }
+
+ private:
+  const Token& peek(size_t ahead = 0) const { return t_[std::min(k_ + ahead, t_.size() - 1)]; }
+  const Token& next() { return t_[std::min(k_++, t_.size() - 1)]; }
+  bool is_op(const char* op, size_t ahead = 0) const {
+    return peek(ahead).type == Token::Type::Op && peek(ahead).text == op;
+  }
+  bool is_name(const char* name, size_t ahead = 0) const {
+    return peek(ahead).type == Token::Type::Name && peek(ahead).text == name;
+  }
+  void expect_op(const char* op) {
+    if (!is_op(op)) syntax_error(peek().line, std::string("expected '") + op + "', found '" + describe(peek()) + "'");
+    ++k_;
+  }
+  void expect_block_end() {
+    if (peek().type != Token::Type::BlockEnd) syntax_error(peek().line, "expected '%}', found '" + describe(peek()) + "'");
+    ++k_;
+  }
+  std::string expect_name() {
+    if (peek().type != Token::Type::Name) syntax_error(peek().line, "expected a name, found '" + describe(peek()) + "'");
+    return next().text;
+  }
+  static std::string describe(const Token& t) {
+    switch (t.type) {
+      case Token::Type::Text: return "text";
+      case Token::Type::VarBegin: return "{{";
+      case Token::Type::VarEnd: return "}}";
+      case Token::Type::BlockBegin: return "{%";
+      case Token::Type::BlockEnd: return "%}";
+      case Token::Type::Name: case Token::Type::Int: case Token::Type::Float: case Token::Type::Op: return t.text;
+      case Token::Type::String: return "string literal";
+      case Token::Type::End: return "end of template";
+    }
+    return "?";
+  }
+
+  // Parses nodes until a block tag whose keyword is in `stops` (left unconsumed, its name in `stop`).
+  Body parse_body(const std::set<std::string>& stops, std::string& stop) {
+    Body body;
+    while (true) {
+      const Token& tok = peek();
+      if (tok.type == Token::Type::End) {
+        if (!stops.empty()) syntax_error(tok.line, "missing {% " + *stops.rbegin() + " %}");
+        return body;
+      }
+      if (tok.type == Token::Type::Text) {
+        auto n = std::make_unique<Node>();
+        n->kind = Node::Kind::Text;
+        n->text = next().text;
+        body.push_back(std::move(n));
+      } else if (tok.type == Token::Type::VarBegin) {
+        ++k_;
+        auto n = std::make_unique<Node>();
+        n->kind = Node::Kind::Output;
+        n->line = tok.line;
+        n->expr = parse_expression(true);
+        if (peek().type != Token::Type::VarEnd) syntax_error(peek().line, "expected '}}', found '" + describe(peek()) + "'");
+        ++k_;
+        body.push_back(std::move(n));
+      } else if (tok.type == Token::Type::BlockBegin) {
+        const Token& kw = peek(1);
+        if (kw.type != Token::Type::Name) syntax_error(kw.line, "expected a statement after '{%'");
+        if (stops.count(kw.text)) {
+          stop = kw.text;
+          return body;
+        }
+        k_ += 2;
+        body.push_back(parse_statement(kw.text, kw.line));
+      } else {
+        syntax_error(tok.line, "unexpected '" + describe(tok) + "'");
+      }
+    }
+  }
+
+  void consume_tag(const char* keyword) {  // at {% keyword ... the caller checked keyword
+    k_ += 2;
+    (void)keyword;
+  }
+
+  std::unique_ptr<Node> parse_statement(const std::string& kw, int line) {
+    auto n = std::make_unique<Node>();
+    n->line = line;
+    std::string stop;
+    if (kw == "if") {
+      n->kind = Node::Kind::If;
+      n->conditions.push_back(parse_expression(true));
+      expect_block_end();
+      while (true) {
+        n->bodies.push_back(parse_body({"elif", "else", "endif"}, stop));
+        consume_tag(stop.c_str());
+        if (stop == "elif") {
+          n->conditions.push_back(parse_expression(true));
+          expect_block_end();
+        } else if (stop == "else") {
+          expect_block_end();
+          n->else_body = parse_body({"endif"}, stop);
+          consume_tag("endif");
+          expect_block_end();
+          return n;
+        } else {
+          expect_block_end();
+          return n;
+        }
+      }
+    }
+    if (kw == "for") {
+      n->kind = Node::Kind::For;
+      n->targets.push_back(expect_name());
+      while (is_op(",")) {
+        ++k_;
+        n->targets.push_back(expect_name());
+      }
+      if (!is_name("in")) syntax_error(peek().line, "expected 'in' in for loop");
+      ++k_;
+      n->expr = parse_expression(false);
+      if (is_name("if")) {
+        ++k_;
+        n->filter = parse_expression(false);
+      }
+      if (is_name("recursive")) throw UnsupportedError("chat template line " + std::to_string(line) + ": recursive for loops are not supported");
+      expect_block_end();
+      n->body = parse_body({"else", "endfor"}, stop);
+      consume_tag(stop.c_str());
+      expect_block_end();
+      if (stop == "else") {
+        n->else_body = parse_body({"endfor"}, stop);
+        consume_tag("endfor");
+        expect_block_end();
+      }
+      return n;
+    }
+    if (kw == "set") {
+      n->targets.push_back(expect_name());
+      if (is_op(".")) {
+        ++k_;
+        n->attr = expect_name();
+      }
+      while (is_op(",") && n->attr.empty()) {
+        ++k_;
+        n->targets.push_back(expect_name());
+      }
+      if (peek().type == Token::Type::BlockEnd && n->targets.size() == 1 && n->attr.empty()) {
+        ++k_;
+        n->kind = Node::Kind::SetBlock;
+        n->body = parse_body({"endset"}, stop);
+        consume_tag("endset");
+        expect_block_end();
+        return n;
+      }
+      n->kind = Node::Kind::Set;
+      expect_op("=");
+      n->expr = parse_expression(true);
+      if (is_op(",")) {  // set a, b = x, y: a tuple on the right
+        auto tuple = std::make_unique<Expr>();
+        tuple->kind = Expr::Kind::ListLit;
+        tuple->args.push_back(std::move(n->expr));
+        while (is_op(",")) {
+          ++k_;
+          tuple->args.push_back(parse_expression(true));
+        }
+        n->expr = std::move(tuple);
+      }
+      expect_block_end();
+      return n;
+    }
+    if (kw == "break" || kw == "continue") {
+      n->kind = kw == "break" ? Node::Kind::Break : Node::Kind::Continue;
+      expect_block_end();
+      return n;
+    }
+    if (kw == "generation") {  // transformers' AssistantTracker block: marks assistant text, renders as is
+      n->kind = Node::Kind::Block;
+      expect_block_end();
+      n->body = parse_body({"endgeneration"}, stop);
+      consume_tag("endgeneration");
+      expect_block_end();
+      return n;
+    }
+    static const std::set<std::string> kKnownUnsupported = {
+        "macro", "call", "filter", "include", "import", "from", "extends", "block", "with", "raw", "autoescape", "do"};
+    if (kKnownUnsupported.count(kw)) {
+      throw UnsupportedError("chat template line " + std::to_string(line) + ": {% " + kw +
+                             " %} is not supported by fp4serve's Jinja subset (supported statements: if/elif/else, "
+                             "for/else, set, set-block, break, continue, generation)");
+    }
+    syntax_error(line, "unknown statement {% " + kw + " %}");
+  }
+
+  // ------------------------------------------------------------------------------------------ expressions
+
+  static std::unique_ptr<Expr> make(Expr::Kind kind, int line) {
+    auto e = std::make_unique<Expr>();
+    e->kind = kind;
+    e->line = line;
+    return e;
+  }
+
+  std::unique_ptr<Expr> parse_expression(bool with_conditional) {
+    auto e = parse_or();
+    while (with_conditional && is_name("if")) {
+      const int line = next().line;
+      auto cond = make(Expr::Kind::Conditional, line);
+      auto test = parse_or();
+      std::unique_ptr<Expr> otherwise;
+      if (is_name("else")) {
+        ++k_;
+        otherwise = parse_expression(true);
+      }
+      cond->args.push_back(std::move(test));
+      cond->args.push_back(std::move(e));
+      cond->args.push_back(std::move(otherwise));
+      e = std::move(cond);
+    }
+    return e;
+  }
+
+  std::unique_ptr<Expr> binary(const std::string& op, std::unique_ptr<Expr> l, std::unique_ptr<Expr> r, int line) {
+    auto e = make(Expr::Kind::Binary, line);
+    e->name = op;
+    e->args.push_back(std::move(l));
+    e->args.push_back(std::move(r));
+    return e;
+  }
+
+  std::unique_ptr<Expr> parse_or() {
+    auto e = parse_and();
+    while (is_name("or")) e = binary("or", std::move(e), (++k_, parse_and()), peek().line);
+    return e;
+  }
+  std::unique_ptr<Expr> parse_and() {
+    auto e = parse_not();
+    while (is_name("and")) e = binary("and", std::move(e), (++k_, parse_not()), peek().line);
+    return e;
+  }
+  std::unique_ptr<Expr> parse_not() {
+    if (is_name("not")) {
+      auto e = make(Expr::Kind::Not, next().line);
+      e->args.push_back(parse_not());
+      return e;
+    }
+    return parse_compare();
+  }
+  std::unique_ptr<Expr> parse_compare() {
+    auto first = parse_math1();
+    std::unique_ptr<Expr> cmp;
+    while (true) {
+      std::string op;
+      if (peek().type == Token::Type::Op &&
+          (peek().text == "==" || peek().text == "!=" || peek().text == "<" || peek().text == ">" ||
+           peek().text == "<=" || peek().text == ">=")) {
+        op = next().text;
+      } else if (is_name("in")) {
+        ++k_;
+        op = "in";
+      } else if (is_name("not") && is_name("in", 1)) {
+        k_ += 2;
+        op = "not in";
+      } else {
+        break;
+      }
+      if (!cmp) {
+        cmp = make(Expr::Kind::Compare, peek().line);
+        cmp->args.push_back(std::move(first));
+      }
+      cmp->ops.push_back(op);
+      cmp->args.push_back(parse_math1());
+    }
+    return cmp ? std::move(cmp) : std::move(first);
+  }
+  std::unique_ptr<Expr> parse_math1() {
+    auto e = parse_concat();
+    while (is_op("+") || is_op("-")) {
+      const std::string op = next().text;
+      e = binary(op, std::move(e), parse_concat(), peek().line);
+    }
+    return e;
+  }
+  std::unique_ptr<Expr> parse_concat() {
+    auto e = parse_math2();
+    while (is_op("~")) e = binary("~", std::move(e), (++k_, parse_math2()), peek().line);
+    return e;
+  }
+  std::unique_ptr<Expr> parse_math2() {
+    auto e = parse_pow();
+    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      const std::string op = next().text;
+      e = binary(op, std::move(e), parse_pow(), peek().line);
+    }
+    return e;
+  }
+  std::unique_ptr<Expr> parse_pow() {
+    auto e = parse_unary(true);
+    while (is_op("**")) e = binary("**", std::move(e), (++k_, parse_unary(true)), peek().line);
+    return e;
+  }
+  std::unique_ptr<Expr> parse_unary(bool with_filter) {
+    std::unique_ptr<Expr> e;
+    if (is_op("-")) {
+      e = make(Expr::Kind::Negate, next().line);
+      e->args.push_back(parse_unary(false));
+    } else if (is_op("+")) {
+      ++k_;
+      e = parse_unary(false);
+    } else {
+      e = parse_primary();
+    }
+    e = parse_postfix(std::move(e));
+    return with_filter ? parse_filters(std::move(e)) : std::move(e);
+  }
+
+  std::unique_ptr<Expr> parse_primary() {
+    const Token& tok = peek();
+    switch (tok.type) {
+      case Token::Type::Name: {
+        ++k_;
+        auto e = make(Expr::Kind::Literal, tok.line);
+        if (tok.text == "true" || tok.text == "True") {
+          e->value = Value::boolean(true);
+        } else if (tok.text == "false" || tok.text == "False") {
+          e->value = Value::boolean(false);
+        } else if (tok.text == "none" || tok.text == "None") {
+          e->value = Value::none();
+        } else {
+          e->kind = Expr::Kind::Name;
+          e->name = tok.text;
+        }
+        return e;
+      }
+      case Token::Type::String: {
+        auto e = make(Expr::Kind::Literal, tok.line);
+        std::string s;
+        while (peek().type == Token::Type::String) s += next().literal.s;  // adjacent literals concatenate
+        e->value = Value::string(std::move(s));
+        return e;
+      }
+      case Token::Type::Int:
+      case Token::Type::Float: {
+        auto e = make(Expr::Kind::Literal, tok.line);
+        e->value = next().literal;
+        return e;
+      }
+      case Token::Type::Op:
+        if (tok.text == "(") {
+          ++k_;
+          if (is_op(")")) {
+            ++k_;
+            return make(Expr::Kind::ListLit, tok.line);
+          }
+          auto first = parse_expression(true);
+          if (!is_op(",")) {
+            expect_op(")");
+            return first;
+          }
+          auto tuple = make(Expr::Kind::ListLit, tok.line);
+          tuple->args.push_back(std::move(first));
+          while (is_op(",")) {
+            ++k_;
+            if (is_op(")")) break;
+            tuple->args.push_back(parse_expression(true));
+          }
+          expect_op(")");
+          return tuple;
+        }
+        if (tok.text == "[") {
+          ++k_;
+          auto list = make(Expr::Kind::ListLit, tok.line);
+          while (!is_op("]")) {
+            list->args.push_back(parse_expression(true));
+            if (!is_op(",")) break;
+            ++k_;
+          }
+          expect_op("]");
+          return list;
+        }
+        if (tok.text == "{") {
+          ++k_;
+          auto dict = make(Expr::Kind::DictLit, tok.line);
+          while (!is_op("}")) {
+            dict->args.push_back(parse_expression(true));
+            expect_op(":");
+            dict->args.push_back(parse_expression(true));
+            if (!is_op(",")) break;
+            ++k_;
+          }
+          expect_op("}");
+          return dict;
+        }
+        break;
+      case Token::Type::Text: case Token::Type::VarBegin: case Token::Type::VarEnd: case Token::Type::BlockBegin:
+      case Token::Type::BlockEnd: case Token::Type::End:
+        break;
+    }
+    syntax_error(tok.line, "unexpected '" + describe(tok) + "' in expression");
+  }
+
+  void parse_call_args(Expr& e) {
+    expect_op("(");
+    while (!is_op(")")) {
+      if (peek().type == Token::Type::Name && is_op("=", 1)) {
+        std::string key = next().text;
+        ++k_;
+        e.kwargs.emplace_back(std::move(key), parse_expression(true));
+      } else {
+        e.args.push_back(parse_expression(true));
+      }
+      if (!is_op(",")) break;
+      ++k_;
+    }
+    expect_op(")");
+  }
+
+  std::unique_ptr<Expr> parse_postfix(std::unique_ptr<Expr> e) {
+    while (true) {
+      if (is_op(".")) {
+        const int line = next().line;
+        if (peek().type == Token::Type::Int) {  // foo.0 is foo[0]
+          auto item = make(Expr::Kind::GetItem, line);
+          item->args.push_back(std::move(e));
+          auto idx = make(Expr::Kind::Literal, line);
+          idx->value = next().literal;
+          item->args.push_back(std::move(idx));
+          e = std::move(item);
+          continue;
+        }
+        auto attr = make(Expr::Kind::GetAttr, line);
+        attr->name = expect_name();
+        attr->args.push_back(std::move(e));
+        e = std::move(attr);
+      } else if (is_op("[")) {
+        const int line = next().line;
+        std::unique_ptr<Expr> parts[3];
+        int colons = 0;
+        while (!is_op("]")) {
+          if (is_op(":")) {
+            if (++colons > 2) syntax_error(line, "too many ':' in subscript");
+            ++k_;
+            continue;
+          }
+          parts[colons] = parse_expression(true);
+        }
+        ++k_;
+        auto sub = make(colons ? Expr::Kind::Slice : Expr::Kind::GetItem, line);
+        sub->args.push_back(std::move(e));
+        if (!colons && !parts[0]) syntax_error(line, "empty subscript");
+        for (int p = 0; p < (colons ? 3 : 1); ++p) sub->args.push_back(std::move(parts[p]));
+        e = std::move(sub);
+      } else if (is_op("(")) {
+        const int line = peek().line;
+        auto call = make(Expr::Kind::Call, line);
+        if (e->kind == Expr::Kind::Name) {
+          call->name = e->name;
+          if (!kFunctions.count(call->name)) unsupported(line, "function " + call->name + "()", kFunctions);
+        } else if (e->kind == Expr::Kind::GetAttr) {
+          call->name = e->name;
+          call->is_method = true;
+          if (!kMethods.count(call->name)) unsupported(line, "method ." + call->name + "()", kMethods);
+          call->args.push_back(std::move(e->args[0]));
+        } else {
+          throw UnsupportedError("chat template line " + std::to_string(line) + ": calling an expression result");
+        }
+        parse_call_args(*call);
+        e = std::move(call);
+      } else {
+        return e;
+      }
+    }
+  }
+
+  std::unique_ptr<Expr> parse_filters(std::unique_ptr<Expr> e) {
+    while (true) {
+      if (is_op("|")) {
+        const int line = next().line;
+        auto f = make(Expr::Kind::Filter, line);
+        f->name = expect_name();
+        if (!kFilters.count(f->name)) unsupported(line, "filter '" + f->name + "'", kFilters);
+        f->args.push_back(std::move(e));
+        if (is_op("(")) parse_call_args(*f);
+        e = std::move(f);
+      } else if (is_name("is")) {
+        const int line = next().line;
+        auto t = make(Expr::Kind::Test, line);
+        if (is_name("not")) {
+          ++k_;
+          t->negated = true;
+        }
+        // `is none` / `is true`: the test names are also literals, so take the token's text.
+        if (peek().type != Token::Type::Name) syntax_error(line, "expected a test name after 'is'");
+        t->name = next().text;
+        if (!kTests.count(t->name)) unsupported(line, "test 'is " + t->name + "'", kTests);
+        t->args.push_back(std::move(e));
+        if (is_op("(")) {
+          parse_call_args(*t);
+        } else if ((peek().type == Token::Type::String || peek().type == Token::Type::Int ||
+                    peek().type == Token::Type::Float || peek().type == Token::Type::Name) &&
+                   !is_name("else") && !is_name("or") && !is_name("and") && !is_name("if") && !is_name("in") &&
+                   !is_name("not")) {
+          t->args.push_back(parse_postfix(parse_primary()));
+        }
+        e = std::move(t);
+      } else {
+        return e;
+      }
+    }
+  }
+
+  [[noreturn]] static void unsupported(int line, const std::string& what, const std::set<std::string>& known) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    throw UnsupportedError("chat template line " + std::to_string(line) + ": " + what +
+                           " is not supported by fp4serve's Jinja subset (supported: " + list + ")");
+  }
+
+  std::vector<Token> t_;
+  size_t k_ = 0;
+};
+
+}  // namespace
+
+Body parse_template(std::string_view source) {
+  Lexer lexer(source);
+  Parser parser(lexer.run());
+  return parser.parse_all();
+}
+
+}  // namespace fp4serve::runtime::jinja
