@@ -23,8 +23,8 @@ test-release: build
 # The checkpoint reader's malformed corpus under AddressSanitizer + UBSan.
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test
-	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core"
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test server_test server_e2e_test
+	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|server"
 
 # 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
 fuzz: deps

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   root.require_subcommand(1);
   fp4serve::app::register_inspect(root);
   fp4serve::app::register_quantize(root);
+  fp4serve::app::register_serve(root);
+  fp4serve::app::register_bench(root);
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -382,3 +382,36 @@ TEST(HttpServer, SixteenConcurrentStreamsMatchSequential) {
 
 }  // namespace
 }  // namespace fp4serve::server
+
+namespace fp4serve::server {
+namespace {
+
+TEST(BenchServe, CountsExactTokensAgainstFakeServer) {
+  testing::FakeModel model(4, 256);
+  model.before_forward = [] { std::this_thread::sleep_for(std::chrono::microseconds(300)); };
+  testing::ByteCodec codec;
+  testing::RunningServer server(model, codec, {});
+  BenchConfig cfg;
+  cfg.base_url = "http://127.0.0.1:" + std::to_string(server.port());
+  cfg.num_prompts = 8;
+  cfg.max_concurrency = 4;
+  cfg.input_len = 10;
+  cfg.output_len = 6;
+  cfg.seed = 3;
+  cfg.timeout_seconds = 20;
+  const BenchReport r = run_bench_serve(cfg);
+  EXPECT_EQ(r.completed, 8) << (r.errors.empty() ? "" : r.errors[0]);
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_EQ(r.total_input, 80);
+  EXPECT_EQ(r.total_output, 48);
+  EXPECT_GT(r.mean_ttft_ms, 0.0);
+  EXPECT_GT(r.duration_s, 0.0);
+  EXPECT_GT(model.max_chunks.load(), 1);  // concurrency 4 reached the batch
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("Successful requests:                     8"), std::string::npos) << text;
+  EXPECT_NE(text.find("P99 ITL (ms):"), std::string::npos);
+  EXPECT_EQ(report_json(r)["total_output_tokens"], 48);
+}
+
+}  // namespace
+}  // namespace fp4serve::server
