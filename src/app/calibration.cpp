@@ -3,22 +3,82 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
 #include "fp4serve/error.h"
+#include "model/loader.h"
+#include "runtime/text_setup.h"
 
 namespace fp4serve::app {
+namespace {
+
+// Keeps max |x| of the input of every linear module (static min-max: one amax over all calibration tokens).
+class AmaxObserver final : public model::ActivationObserver {
+ public:
+  void observe(const std::vector<std::string>& modules, const float* x, int64_t m, int64_t k) override {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < m * k; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (const std::string& name : modules) {
+      float& slot = amax_[name];
+      slot = std::max(slot, amax);
+    }
+  }
+  const std::map<std::string, float>& amax() const { return amax_; }
+
+ private:
+  std::map<std::string, float> amax_;
+};
+
+// Calibration samples are independent sequences of this many tokens, as llm-compressor feeds its dataset.
+constexpr int64_t kSampleTokens = 512;
+
+}  // namespace
 
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens) {
-  (void)modules;
-  (void)calibration_text;
-  (void)max_tokens;
-  // Observing activations needs the tokenizer and the forward pass (src/model, src/runtime), which this build
-  // does not link yet. Refusing is the honest answer: a W4A4 checkpoint without calibrated input scales would
-  // load and run but produce wrong activations.
-  throw UnsupportedError(fmt::format("{}: --scheme nvfp4 (W4A4) needs activation calibration, and W4A4 calibration "
-                                     "needs the model runtime: not available in this build (use nvfp4a16, "
-                                     "mxfp4a16, mxfp4 or w4a16)", source.root().string()));
+  std::ifstream in(calibration_text, std::ios::binary);
+  if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) throw UsageError(fmt::format("--calibration {}: the file is empty", calibration_text.string()));
+
+  model::LoadOptions options;
+  options.progress = false;
+  const model::LoadedModel loaded = model::load_model(source.root(), options);
+  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  std::vector<int32_t> tokens = tokenizer.encode(text.str(), true);
+  if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+  if (tokens.size() < 2) {
+    throw UsageError(fmt::format("--calibration {}: {} token(s) are too few to calibrate on", calibration_text.string(),
+                                 tokens.size()));
+  }
+
+  AmaxObserver observer;
+  loaded.decoder->set_observer(&observer);
+  model::KvCache cache = loaded.decoder->make_cache(kSampleTokens, 1);
+  for (size_t begin = 0; begin < tokens.size(); begin += kSampleTokens) {
+    const size_t count = std::min<size_t>(kSampleTokens, tokens.size() - begin);
+    const int slot = cache.acquire();
+    const model::SequenceChunk chunk{slot, 0, std::span(tokens).subspan(begin, count), false};
+    loaded.decoder->forward(std::span(&chunk, 1), cache);
+    cache.release(slot);
+  }
+  loaded.decoder->set_observer(nullptr);
+
+  std::map<std::string, float> out;
+  for (const std::string& name : modules) {
+    const auto it = observer.amax().find(name);
+    if (it == observer.amax().end()) {
+      throw FormatError(fmt::format("calibration: module '{}' was never run by the model, so its input was not observed",
+                                    name));
+    }
+    out[name] = it->second;
+  }
+  return out;
 }
 
 }  // namespace fp4serve::app

@@ -13,6 +13,15 @@ void register_inspect(CLI::App& root);
 /// [--calibration FILE] [--calibration-tokens N]`: writes a compressed-tensors checkpoint (quant/quantize_checkpoint.h).
 void register_quantize(CLI::App& root);
 
+/// `fp4serve generate -m DIR -p TEXT …`: stream a completion to stdout; load time and tokens/s on stderr.
+void register_generate(CLI::App& root);
+
+/// `fp4serve chat -m DIR`: interactive chat over the model's chat template (/reset, /exit).
+void register_chat(CLI::App& root);
+
+/// `fp4serve perplexity -m DIR -f FILE [--ctx N] [--stride N] [--kld-base DIR]`.
+void register_perplexity(CLI::App& root);
+
 /// `fp4serve serve -m DIR [--host H] [--port P] [--max-num-seqs N] [--max-model-len L] [--api-key KEY] …`:
 /// OpenAI-compatible server with continuous batching (src/server); stops cleanly on SIGINT/SIGTERM.
 void register_serve(CLI::App& root);

@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   root.require_subcommand(1);
   fp4serve::app::register_inspect(root);
   fp4serve::app::register_quantize(root);
+  fp4serve::app::register_generate(root);
+  fp4serve::app::register_chat(root);
+  fp4serve::app::register_perplexity(root);
   fp4serve::app::register_serve(root);
   fp4serve::app::register_bench(root);
   try {
