@@ -118,7 +118,7 @@ void HttpServer::Impl::install() {
   http.set_payload_max_length(config.max_body_bytes);
   http.set_read_timeout(config.io_timeout_seconds);
   http.set_write_timeout(config.io_timeout_seconds);
-  http.set_keep_alive_timeout(5);
+  http.set_keep_alive_timeout(2);  // also bounds how long shutdown waits for idle connections
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;

@@ -4,6 +4,7 @@
 // single-request loop, produces for the same prompts — batching must not change results.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "model/loader.h"
@@ -18,6 +19,25 @@ namespace fp4serve::server {
 namespace {
 
 using nlohmann::json;
+
+// Records the widest step so the test proves requests really shared forwards.
+class CountingStepModel final : public StepModel {
+ public:
+  explicit CountingStepModel(StepModel& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int64_t max_seq_len() const override { return inner_.max_seq_len(); }
+  int max_slots() const override { return inner_.max_slots(); }
+  int acquire_slot() override { return inner_.acquire_slot(); }
+  void release_slot(int slot) override { inner_.release_slot(slot); }
+  std::vector<float> forward(std::span<const StepChunk> chunks) override {
+    max_chunks = std::max(max_chunks.load(), chunks.size());
+    return inner_.forward(chunks);
+  }
+  std::atomic<size_t> max_chunks{0};
+
+ private:
+  StepModel& inner_;
+};
 
 TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
   const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
@@ -50,10 +70,12 @@ TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
       req.max_new_tokens = kMaxTokens;
       req.eos_token_ids = eos;
       expected.push_back(runtime::generate(*loaded.decoder, cache, tokenizer, req, [](std::string_view) { return true; }).tokens);
+      ASSERT_FALSE(expected.back().empty()) << q;  // an empty reference would make the comparison vacuous
     }
   }
 
-  DecoderStepModel step_model(*loaded.decoder, kContext, 16);
+  DecoderStepModel decoder_model(*loaded.decoder, kContext, 16);
+  CountingStepModel step_model(decoder_model);
   testing::ServerSetup setup;
   setup.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 64, .max_queue = 32};
   setup.context_length = kContext;
@@ -79,6 +101,7 @@ TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
     }
     EXPECT_EQ(ids, expected[i]) << "client " << i;
   }
+  EXPECT_GT(step_model.max_chunks.load(), 1u) << "no forward step batched several sequences";
 }
 
 }  // namespace
