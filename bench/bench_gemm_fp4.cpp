@@ -2,10 +2,12 @@
 // Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
 // shapes of docs (KERNELS-AND-TARGETS.md §9). Weights rotate through copies totalling > LLC so M = 1 reads
 // them from DRAM. Counters: weight GB/s, GFLOP/s, and the ratios to the read bandwidth and FMA peak measured
-// at start-up in this binary (bw_ratio on M = 1 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
-// dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights.
+// at start-up in this binary (bw_ratio on M ≤ 8 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
+// dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights. For NVFP4/MXFP4, M ≤ 4
+// (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <hwy/targets.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -144,7 +146,7 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   state.counters["weight_GB/s"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  if (m == 1) state.counters["bw_ratio"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
+  if (m <= 8) state.counters["bw_ratio"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -186,7 +188,7 @@ void register_all() {
     for (auto [n, k] : shapes) {
       const std::string name = std::string("linear/") + kFormatNames[static_cast<int>(f)] + "/" + std::to_string(n) + "x" + std::to_string(k);
       benchmark::RegisterBenchmark(name.c_str(), BM_Linear, f, n, k)
-          ->ArgName("M")->Arg(1)->Arg(4)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
   }
   for (auto [n, k] : shapes) {
@@ -204,6 +206,21 @@ void register_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using namespace fp4serve;
+  // FP4SERVE_BENCH_TARGET=AVX2 (or AVX3, EMU128) pins the Highway target of the kernels and the roofs, e.g. to
+  // measure the AVX2 kernels on an AVX-512 machine.
+  if (const char* want = std::getenv("FP4SERVE_BENCH_TARGET")) {
+    bool found = false;
+    for (int64_t t : kernels::gemm_targets()) {
+      if (std::strcmp(hwy::TargetName(t), want) == 0) {
+        hwy::SetSupportedTargetsForTest(t);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "FP4SERVE_BENCH_TARGET=%s is not a compiled target supported by this CPU\n", want);
+      return 2;
+    }
+  }
   const int threads = core::num_threads();
   openblas_set_num_threads(threads);
   const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;

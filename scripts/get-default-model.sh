@@ -144,7 +144,9 @@ elif [[ -x "$FP4SERVE" ]]; then
     else
         log "quantizing with ${FP4SERVE#"$ROOT"/}"
         rm -rf "$NVFP4" "$NVFP4.tmp"
-        "$FP4SERVE" quantize -m "$SRC" -o "$NVFP4.tmp" --scheme nvfp4
+        # W4A4 needs activation calibration: the GPL-3 text that every Debian system ships (base-files).
+        "$FP4SERVE" quantize -m "$SRC" -o "$NVFP4.tmp" --scheme nvfp4 \
+            --calibration /usr/share/common-licenses/GPL-3 --calibration-tokens 2048
         mv "$NVFP4.tmp" "$NVFP4"
         log "wrote ${NVFP4#"$ROOT"/}"
     fi

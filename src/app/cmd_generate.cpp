@@ -55,8 +55,10 @@ void run_generate(const GenerateOptions& opts) {
   const int64_t context = std::max<int64_t>(effective_max_model_len(opts.model, loaded.config),
                                             static_cast<int64_t>(request.prompt.size()) + opts.max_new_tokens);
   model::KvCache cache = loaded.decoder->make_cache(context, 1);
-  std::fputs(opts.prompt.c_str(), stdout);
-  std::fflush(stdout);
+  if (!opts.chat) {  // a completion continues the prompt; a chat reply stands on its own
+    std::fputs(opts.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
   const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);

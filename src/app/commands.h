@@ -9,6 +9,11 @@ namespace fp4serve::app {
 /// `fp4serve inspect PATH [--json]`: tensor table, per-dtype totals and the detected producer (headers only).
 void register_inspect(CLI::App& root);
 
+/// `fp4serve explain -m DIR [--device D] [--activation-quant auto|weight-only|emulate] [--json] [--check-scales]`:
+/// the per-layer scheme plan (table grouped by identical decisions, notices, byte totals). Exits 1 when a layer
+/// has no scheme on the device.
+void register_explain(CLI::App& root);
+
 /// `fp4serve quantize -m IN -o OUT --scheme nvfp4|nvfp4a16|mxfp4|mxfp4a16|w4a16 [--group-size G] [--ignore P,...]
 /// [--calibration FILE] [--calibration-tokens N]`: writes a compressed-tensors checkpoint (quant/quantize_checkpoint.h).
 void register_quantize(CLI::App& root);

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   CLI::App root{"fp4serve: load FP4-quantized LLM checkpoints (compressed-tensors, ModelOpt) and run them"};
   root.require_subcommand(1);
   fp4serve::app::register_inspect(root);
+  fp4serve::app::register_explain(root);
   fp4serve::app::register_quantize(root);
   fp4serve::app::register_generate(root);
   fp4serve::app::register_chat(root);
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   fp4serve::app::register_bench(root);
   try {
     root.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a command's own non-zero status (explain: a layer has no scheme); already reported
   } catch (const CLI::ParseError& e) {
     return root.exit(e);
   } catch (const fp4serve::Error& e) {

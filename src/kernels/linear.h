@@ -19,9 +19,11 @@ enum class ActivationQuant : uint8_t {
 /// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
 /// x: [m, K] fp32 row-major (K = w.in_features); y: [m, N] fp32 row-major (N = w.out_features); m ≥ 0.
 /// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
-/// Divisor convention, multiplied for Multiplier). m ≤ 6 (AVX2) / 12 (AVX-512) runs the streaming decode path
-/// (weights decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and
-/// runs a register-blocked fp32 micro-kernel over it.
+/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2) / 8 (AVX-512) run a fused
+/// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
+/// threads splitting N; other layouts with m ≤ 6 (AVX2) / 12 (AVX-512) run the streaming decode path (weights
+/// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
+/// register-blocked fp32 micro-kernel over it.
 /// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.

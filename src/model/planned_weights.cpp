@@ -8,6 +8,8 @@
 
 #include "fp4serve/error.h"
 #include "prepare/repack.h"
+#include "quant/dequant.h"
+#include "quant/formats.h"
 
 namespace fp4serve::model {
 namespace {
@@ -60,7 +62,10 @@ void LoadProgress::finish() {
 }
 
 PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress)
-    : ckpt_(ckpt), plan_(plan), progress_(progress) {}
+    : ckpt_(ckpt), plan_(plan), progress_(progress) {
+  modules_.reserve(plan.modules.size());
+  for (const plan::ModulePlan& m : plan.modules) modules_.emplace(m.module.name, &m);
+}
 
 core::TensorView PlannedWeights::tensor(const std::string& name) const {
   const core::TensorView view = ckpt_.tensor(name);
@@ -88,12 +93,25 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     case SchemeId::W4A4Nvfp4Emulated: {
       const TensorRole packed_role = m.tensor(TensorRole::WeightPacked) ? TensorRole::WeightPacked : TensorRole::Weight;
       const auto convention = convention_of(m.global_scale, name);
-      part.weight = prepare::prepare_nvfp4(view(packed_role), view(TensorRole::WeightScale),
-                                           scalar(TensorRole::WeightGlobalScale), convention, name);
-      if (*m.scheme == SchemeId::W4A4Nvfp4Emulated) {
-        prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
-        part.activation_quant = kernels::ActivationQuant::EmulateNvfp4;
+      if (*m.scheme == SchemeId::W4A16Nvfp4) {
+        part.weight = prepare::prepare_nvfp4(view(packed_role), view(TensorRole::WeightScale),
+                                             scalar(TensorRole::WeightGlobalScale), convention, name);
+        break;
       }
+      // The numerical reference for W4A4: the weights exactly as the producer's decompression yields them (BF16),
+      // activations quantized and dequantized as compressed-tensors does, fp32 math. Costs 16 bits per weight.
+      const quant::DequantizedWeight dq = quant::dequantize_nvfp4(
+          view(packed_role), view(TensorRole::WeightScale), scalar(TensorRole::WeightGlobalScale),
+          convention == prepare::GlobalScaleConvention::Divisor ? quant::GlobalScaleConvention::Divisor
+                                                                : quant::GlobalScaleConvention::Multiplier,
+          name);
+      std::vector<uint16_t> bf16(dq.values.size());
+      for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = quant::float_to_bf16(dq.values[i]);
+      const core::TensorView dense{core::DType::BF16, {dq.rows, dq.cols},
+                                   std::as_bytes(std::span<const uint16_t>(bf16))};
+      part.weight = prepare::prepare_dense(dense, name);
+      prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
+      part.activation_quant = kernels::ActivationQuant::EmulateNvfp4;
       break;
     }
     case SchemeId::W4A16Mxfp4:
@@ -142,8 +160,9 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
   std::vector<LinearPart> parts;
   bool fuse = modules.size() > 1;
   for (const std::string& name : modules) {
-    const plan::ModulePlan* m = plan_.find(name);
-    if (m == nullptr) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
+    const auto it = modules_.find(name);
+    if (it == modules_.end()) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
+    const plan::ModulePlan* m = it->second;
     fuse = fuse && m->run_fused;
     parts.push_back(prepare_module(*m));
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -46,6 +47,7 @@ class PlannedWeights final : public WeightSource {
   const checkpoint::Checkpoint& ckpt_;
   const plan::LayerPlan& plan_;
   LoadProgress& progress_;
+  std::unordered_map<std::string, const plan::ModulePlan*> modules_;  // by checkpoint module name
 };
 
 }  // namespace fp4serve::model

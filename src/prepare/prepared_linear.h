@@ -52,8 +52,11 @@ class AlignedBuffer {
 /// Kernel layouts (T = padded_rows / kTileRows tiles; row r of tile t is output row 8t + r; padded rows are
 /// zero and never written to the output):
 /// - Nvfp4 / Mxfp4: `codes` = [T][K/8][32] bytes. The 32 bytes of (tile t, column octet c) hold columns
-///   8c..8c+7 of the tile's 8 rows: byte 8j + r has column 8c+j of row r in its LOW nibble and column 8c+4+j
-///   in its HIGH nibble (j = 0..3). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
+///   8c..8c+7 of the tile's 8 rows as eight little-endian 32-bit words: word r (bytes 4r..4r+3) is row r,
+///   and its nibble j (bits 4j..4j+3) is column 8c+j — i.e. the row's 4 checkpoint bytes unchanged. One
+///   256-bit load thus gives one SIMD lane per row, and a shift by 4j plus a 16-entry table lookup (vpermps
+///   reads only the low 4 bits of each lane) decodes column 8c+j for all 8 rows at once (the decode-path
+///   GEMV, kernels/cpu/gemm_gemv.cpp). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
 ///   `scales` = [T][K/g][8] bytes, the checkpoint's block-scale bytes unchanged (E4M3 for g = 16, E8M0 for
 ///   g = 32): 0.5 resp. 0.25 bits/weight. NVFP4 adds `global_scale` [padded_rows] (+ `convention`), applied
 ///   to each output element in the epilogue, so fused rows keep their own global scale at no cost.

@@ -38,14 +38,14 @@ void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, in
 /// tile block `block` (32 bytes of tile t, octet c) — see the layout comment in prepared_linear.h.
 inline void put_octet(uint8_t* block, int64_t r, const uint8_t nib[8]) {
   for (int j = 0; j < 4; ++j) {
-    block[j * kTileRows + r] = static_cast<uint8_t>((nib[j] & 0x0F) | ((nib[j + 4] & 0x0F) << 4));
+    block[4 * r + j] = static_cast<uint8_t>((nib[2 * j] & 0x0F) | ((nib[2 * j + 1] & 0x0F) << 4));
   }
 }
 
 /// Inverse of put_octet for one column j (0..7) of row r.
 inline uint8_t get_nibble(const uint8_t* block, int64_t r, int64_t j) {
-  const uint8_t byte = block[(j & 3) * kTileRows + r];
-  return j < 4 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+  const uint8_t byte = block[4 * r + j / 2];
+  return j % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
 }
 
 }  // namespace fp4serve::prepare::detail

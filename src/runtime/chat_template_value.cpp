@@ -292,7 +292,12 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less(const Value& a, const Value& b) {
-  if (a.is_number() && b.is_number()) return as_double(a) < as_double(b);
+  if (a.is_number() && b.is_number()) {
+    if (a.kind != Value::Kind::Float && b.kind != Value::Kind::Float) {
+      return (a.kind == Value::Kind::Bool ? a.b : a.i) < (b.kind == Value::Kind::Bool ? b.b : b.i);
+    }
+    return as_double(a) < as_double(b);
+  }
   if (a.kind == Value::Kind::String && b.kind == Value::Kind::String) return a.s < b.s;  // UTF-8 order = code points
   if (a.kind == Value::Kind::List && b.kind == Value::Kind::List) {
     for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k) {

@@ -8,6 +8,7 @@
 #include "fp4serve/error.h"
 #include "runtime/tokenizer_added.h"
 #include "runtime/tokenizer_bpe.h"
+#include "runtime/tokenizer_json.h"
 #include "runtime/tokenizer_pipeline.h"
 #include "runtime/tokenizer_unicode.h"
 

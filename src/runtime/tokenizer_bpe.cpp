@@ -6,6 +6,7 @@
 #include <queue>
 
 #include "fp4serve/error.h"
+#include "runtime/tokenizer_json.h"
 #include "runtime/tokenizer_pipeline.h"
 #include "runtime/tokenizer_unicode.h"
 

@@ -68,9 +68,4 @@ char32_t byte_to_char(unsigned char b);
 /// The inverse of byte_to_char; -1 for code points outside the alphabet.
 int char_to_byte(char32_t c);
 
-// JSON field helpers shared with the model parser. They throw FormatError naming `where` and the field.
-const nlohmann::json& require(const nlohmann::json& j, const char* key, const std::string& where);
-std::string get_string(const nlohmann::json& j, const char* key, const std::string& where);
-bool get_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& where);
-
 }  // namespace fp4serve::runtime::detail

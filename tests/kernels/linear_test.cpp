@@ -15,6 +15,7 @@
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
+#include "kernels/cpu/gemm_shared.h"
 #include "kernels/linear.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
@@ -27,7 +28,9 @@ using prepare::PreparedLinear;
 using testing::Layer;
 using testing::OwnedTensor;
 
-constexpr int64_t kMs[] = {1, 3, 7, 33};
+// 1..4 run the fused NVFP4/MXFP4 GEMV on AVX2, 1..8 on AVX-512 (gemv_max_rows), 5..8 the streaming panel path
+// on AVX2, 9 on AVX-512, 33 the blocked panel path.
+constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 33};
 
 // Runs `body` once per compiled SIMD target supported by this CPU.
 void for_each_target(const std::function<void()>& body) {
@@ -157,6 +160,58 @@ TEST(LinearDense, AllTargetsMatchFloat64) {
       check_layer(w, l, rng);
     }
   }
+}
+
+// The fused small-m GEMV, called directly so a silent fallback to the panel GEMM cannot hide a broken fused
+// path: it must accept NVFP4/MXFP4 with m = 1..4 on AVX2 and 1..8 on AVX-512 (and nothing else) and match
+// float64.
+// Shapes: odd N (one tile, an odd number of tiles — read twice as a pair on AVX-512 — and a partial last
+// tile) and K at the smallest legal multiple (one scale group) up to several groups.
+TEST(LinearFusedGemv, SmallMMatchesFloat64OnEverySimdTarget) {
+  std::mt19937 rng(108);
+  struct Case { bool nvfp4; int64_t n, k; };
+  for (const Case c : {Case{true, 1, 16}, Case{true, 13, 16}, Case{true, 37, 48}, Case{true, 19, 400},
+                       Case{false, 1, 32}, Case{false, 13, 32}, Case{false, 37, 96}, Case{false, 23, 416}}) {
+    SCOPED_TRACE(::testing::Message() << (c.nvfp4 ? "nvfp4" : "mxfp4") << " N " << c.n << " K " << c.k);
+    const Layer l = c.nvfp4 ? testing::make_nvfp4(rng, c.n, c.k, c.n % 2 == 1) : testing::make_mxfp4(rng, c.n, c.k);
+    PreparedLinear w = c.nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                                        c.n % 2 == 1 ? GlobalScaleConvention::Divisor
+                                                                     : GlobalScaleConvention::Multiplier, "t")
+                               : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+    std::vector<uint16_t> bits(static_cast<size_t>(l.n));
+    std::normal_distribution<float> dist(0.f, 0.5f);
+    for (auto& b : bits) b = testing::bf16_rne(dist(rng));
+    const OwnedTensor bias_tensor = OwnedTensor::from(core::DType::BF16, {l.n}, bits);
+    prepare::attach_bias(w, bias_tensor.view(), "test.bias");
+    std::vector<float> bias;
+    for (uint16_t b : bits) bias.push_back(testing::bf16_value(b));
+    for (int64_t m = 0; m <= 9; ++m) {
+      const auto x = random_x(rng, m, l.k);
+      std::vector<float> y(static_cast<size_t>(m * l.n));
+      for_each_target([&] {
+        const std::string target = gemm_target_name();
+        const int64_t max_rows = target == "AVX2" ? 4 : target == "AVX3" || target == "AVX3_DL" ? 8 : 0;
+        EXPECT_EQ(gemv_max_rows(), max_rows);
+        std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+        const bool fused = gemv_dispatch(w, x.data(), m, y.data());
+        EXPECT_EQ(fused, m >= 1 && m <= max_rows) << "m " << m;
+        if (fused) check_against_float64(l, bias, x, m, y);
+      });
+    }
+  }
+}
+
+TEST(LinearFusedGemv, OtherLayoutsAreNotClaimed) {
+  std::mt19937 rng(109);
+  const Layer l = testing::make_int4(rng, 13, 64, 32, true, false);
+  const core::TensorView zp = l.zero_point.view();
+  const PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), &zp, nullptr, l.k, 32, "t");
+  const auto x = random_x(rng, 1, l.k);
+  std::vector<float> y(static_cast<size_t>(l.n), std::numeric_limits<float>::quiet_NaN());
+  for_each_target([&] {
+    EXPECT_FALSE(gemv_dispatch(w, x.data(), 1, y.data()));
+    for (float v : y) EXPECT_TRUE(std::isnan(v));  // nothing written
+  });
 }
 
 TEST(LinearThreads, OneAndTwoThreadsGiveIdenticalResults) {

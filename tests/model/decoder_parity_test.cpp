@@ -22,7 +22,24 @@ struct ParityCase {
   std::string fixture;
   std::string activation_quant;  // "auto" or "emulate"
   double tolerance;              // relative to max|reference logit|
+  std::string golden_fixture;    // whose golden.safetensors to compare with
+  bool check_greedy = true;
 };
+
+// The weight-only sibling of a W4A4 fixture: llm-compressor quantizes weights independently of calibration, so
+// e.g. llama-nvfp4 and llama-nvfp4a16 hold identical weights (checked below), and the sibling's golden is
+// transformers' weight-only forward of exactly the weights our weight-only path runs.
+std::string weight_only_sibling(const std::string& name) {
+  for (const auto& [w4a4, a16] : std::vector<std::pair<std::string, std::string>>{
+           {"-modelopt-nvfp4", "-modelopt-w4a16-nvfp4"}, {"-nvfp4", "-nvfp4a16"}, {"-mxfp4", "-mxfp4a16"}}) {
+    if (name.size() > w4a4.size() && name.compare(name.size() - w4a4.size(), w4a4.size(), w4a4) == 0) {
+      const std::string sibling = name.substr(0, name.size() - w4a4.size()) + a16;
+      if (fs::exists(kRef / sibling / "golden.safetensors")) return sibling;
+      return {};
+    }
+  }
+  return {};
+}
 
 bool is_dense(const std::string& name) {
   for (const char* prefix : {"llama-", "qwen2-", "qwen3-", "granite-"}) {
@@ -38,10 +55,21 @@ std::vector<ParityCase> cases() {
     const std::string name = e.path().filename().string();
     if (!is_dense(name) || !fs::exists(e.path() / "golden.safetensors")) continue;
     const bool source = name.find("-bf16") != std::string::npos;
-    out.push_back({name, "auto", source ? 1e-3 : 2e-2});
     const checkpoint::SafetensorsFile golden(e.path() / "golden.safetensors");
-    if (golden.find("w4a4.x") != nullptr && name.find("mxfp4") == std::string::npos) {
-      out.push_back({name, "emulate", 2e-2});
+    if (golden.find("w4a4.x") == nullptr) {
+      out.push_back({name, "auto", source ? 1e-3 : 2e-2, name, true});
+      continue;
+    }
+    // A W4A4 checkpoint: its golden includes activation fake quant. The emulation path must reproduce it (it runs
+    // the reference-dequantized weights, so only fp32 summation order differs); the weight-only downgrade is
+    // compared with the weight-only sibling's golden, or, without a sibling, held to the measured size of the
+    // activation-quantization effect (3.4–4.8% of max|logit| on these fixtures) with no greedy check.
+    if (name.find("mxfp4") == std::string::npos) out.push_back({name, "emulate", 1e-4, name, true});
+    const std::string sibling = weight_only_sibling(name);
+    if (!sibling.empty()) {
+      out.push_back({name, "auto", 2e-2, sibling, true});
+    } else {
+      out.push_back({name, "auto", 6e-2, name, false});
     }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
@@ -66,7 +94,17 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
   options.activation_quant = c.activation_quant;
   options.progress = false;
   const LoadedModel loaded = load_model(dir, options);
-  const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
+  const checkpoint::SafetensorsFile golden(kRef / c.golden_fixture / "golden.safetensors");
+  if (c.golden_fixture != c.fixture) {  // the sibling must hold the very same quantized weights
+    const auto sibling = checkpoint::Checkpoint::open(kRef / c.golden_fixture);
+    for (const std::string& t : loaded.checkpoint.tensor_names()) {
+      if (t.find("weight") == std::string::npos || t.find("input") != std::string::npos) continue;
+      ASSERT_TRUE(sibling.contains(t)) << t;
+      const auto a = loaded.checkpoint.tensor(t).bytes;
+      const auto b = sibling.tensor(t).bytes;
+      ASSERT_TRUE(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin())) << t << " differs in " << c.golden_fixture;
+    }
+  }
   const int64_t vocab = loaded.config.vocab_size;
   KvCache cache = loaded.decoder->make_cache(64, 1);
 
@@ -101,7 +139,9 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
       const std::vector<float> logits = loaded.decoder->forward(std::span(&next, 1), cache);
       token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    EXPECT_EQ(greedy, want_greedy);
+    if (c.check_greedy) {
+      EXPECT_EQ(greedy, want_greedy);
+    }
     cache.release(slot);
   }
 }
@@ -109,6 +149,7 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderParity, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<ParityCase>& param_info) {
                            std::string n = param_info.param.fixture + "_" + param_info.param.activation_quant;
+                           if (param_info.param.golden_fixture != param_info.param.fixture) n += "_vs_" + param_info.param.golden_fixture;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });

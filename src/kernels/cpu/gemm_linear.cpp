@@ -17,9 +17,9 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (x == nullptr || y == nullptr) throw UsageError("linear: x and y must not be null");
   const int64_t k = w.in_features;
   const bool emulate = aq == ActivationQuant::EmulateNvfp4;
-  if (emulate && w.layout != prepare::WeightLayout::Nvfp4) {
-    throw UsageError(fmt::format("linear: W4A4 emulation needs an Nvfp4 layer, this one is {}",
-                                 prepare::layout_name(w.layout)));
+  if (emulate && w.layout != prepare::WeightLayout::Nvfp4 && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: W4A4 emulation needs an Nvfp4 layer (or its reference-dequantized dense "
+                                 "form), this one is {}", prepare::layout_name(w.layout)));
   }
   if (emulate && w.input_global_scale <= 0.f) {
     throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");

@@ -21,9 +21,10 @@ namespace {
 
 uint8_t interleaved_nibble(const PreparedLinear& w, int64_t n, int64_t k) {
   const uint8_t* block = w.codes.as<uint8_t>() + ((n / kTileRows) * (w.in_features / 8) + k / 8) * 32;
+  // Row r of the tile is the little-endian 32-bit word r of the block; column 8c + j is its nibble j.
   const int64_t j = k % 8;
-  const uint8_t byte = block[(j & 3) * kTileRows + n % kTileRows];
-  return j < 4 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+  const uint8_t byte = block[4 * (n % kTileRows) + j / 2];
+  return j % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
 }
 
 size_t group_index(const PreparedLinear& w, int64_t n, int64_t k) {
@@ -119,13 +120,14 @@ void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float igs) {
   for (int64_t i = 0; i < m * k; i += 16) {
     float amax = 0.f;
     for (int j = 0; j < 16; ++j) amax = std::fmax(amax, std::fabs(x[i + j]));
-    // compressed-tensors: scale = E4M3(clamp(igs·amax/6, ±448)), a zero scale becomes 0.125.
-    float s = quant::e4m3_to_float(quant::float_to_e4m3(std::fmin(igs * amax / 6.f, 448.f)));
+    // compressed-tensors `calculate_qparams`: scale = E4M3(clamp(igs · (amax / 6), ±448)) in that operation order,
+    // a zero scale becomes 0.125; dequantization multiplies by the same step s / igs that quantization divided by.
+    float s = quant::e4m3_to_float(quant::float_to_e4m3(std::fmin(igs * (amax / 6.f), 448.f)));
     if (s == 0.f) s = 0.125f;
     const float step = s / igs;
     for (int j = 0; j < 16; ++j) {
       const float q = quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(x[i + j] / step, 6.f), -6.f)));
-      x[i + j] = q * s / igs;
+      x[i + j] = q * step;
     }
   }
 }

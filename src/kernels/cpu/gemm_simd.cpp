@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The SIMD GEMM over prepared weights, compiled once per Highway target (foreach_target.h re-includes this
-// file). Structure: weights are decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
+// file). NVFP4/MXFP4 with m ≤ gemv_max_rows() (4 on AVX2, 8 on AVX-512) go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
+// decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
 // the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
 // rows of x. Targets without 256-bit vectors run the scalar reference instead.
 #undef HWY_TARGET_INCLUDE
@@ -62,28 +63,22 @@ HWY_INLINE hn::Vec<D8> Fp4Scales(const uint8_t* p) {
   }
 }
 
-// Stores int8 lanes [4 columns][8 rows] as fp32 · scale (· + offset for int4) into 4 panel rows.
-template <bool kSigned>
-HWY_INLINE void Emit4(hn::Vec<hn::FixedTag<uint8_t, 32>> v, hn::Vec<D8> scale, hn::Vec<D8> offset, float* out,
-                      bool use_offset) {
-  const D8 df;
-  const hn::FixedTag<int32_t, 8> di32;
-  const hn::FixedTag<uint8_t, 16> du16x;
-  const hn::FixedTag<uint8_t, 8> du8x;
-  const auto lower = hn::LowerHalf(du16x, v);
-  const auto upper = hn::UpperHalf(du16x, v);
-  const hn::Vec<hn::FixedTag<uint8_t, 8>> quarters[4] = {hn::LowerHalf(du8x, lower), hn::UpperHalf(du8x, lower),
-                                                        hn::LowerHalf(du8x, upper), hn::UpperHalf(du8x, upper)};
-  for (int q = 0; q < 4; ++q) {
-    hn::Vec<hn::FixedTag<int32_t, 8>> i32;
-    if constexpr (kSigned) {
-      i32 = hn::PromoteTo(di32, hn::BitCast(hn::FixedTag<int8_t, 8>(), quarters[q]));
-    } else {
-      i32 = hn::BitCast(di32, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), quarters[q]));
-    }
-    const auto f = hn::ConvertTo(df, i32);
-    hn::Store(use_offset ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + q * kNR);
-  }
+// Column j (0..7) of the 8 rows in a row-word block (prepared_linear.h), as int32 lanes.
+// Int4: the unsigned nibble. FP4: E2M1 · 2 from the int8 table, where `even`/`odd` hold the table value of the
+// low/high nibble of every byte (byte b of lane r = columns 2b, 2b + 1 of row r); a shift pair sign-extends it.
+using DI8 = hn::FixedTag<int32_t, 8>;
+using DU8 = hn::FixedTag<uint32_t, 8>;
+
+template <int kJ>
+HWY_INLINE hn::Vec<DI8> Int4Column(hn::Vec<DU8> words) {
+  const auto nibble = hn::And(hn::ShiftRight<4 * kJ>(words), hn::Set(DU8(), 0xFu));
+  return hn::BitCast(DI8(), nibble);
+}
+
+template <int kJ>
+HWY_INLINE hn::Vec<DI8> Fp4Column(hn::Vec<DI8> even, hn::Vec<DI8> odd) {
+  const auto bytes = kJ % 2 == 0 ? even : odd;
+  return hn::ShiftRight<24>(hn::ShiftLeft<24 - 8 * (kJ / 2)>(bytes));
 }
 
 template <WeightLayout kLayout>
@@ -96,6 +91,8 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::FixedTag<int8_t, 32>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
+  (void)lut;  // unused where the AVX-512 permute decodes FP4
+  (void)mask;
   int64_t group = -1;
   hn::Vec<D8> scale = hn::Zero(df), offset = hn::Zero(df);
   for (int64_t c = 0; c < kc / 8; ++c) {
@@ -111,15 +108,50 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       }
     }
     const auto v = hn::Load(du8, codes + 32 * c);
-    const auto lo = hn::And(v, mask);
-    const auto hi = hn::And(hn::ShiftRight<4>(v), mask);
     float* out = panel + 8 * c * kNR;
+    const auto emit = [&](int j, hn::Vec<DI8> q) HWY_ATTR {
+      const auto f = hn::ConvertTo(df, q);
+      hn::Store(kLayout == WeightLayout::Int4 ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + j * kNR);
+    };
     if constexpr (kLayout == WeightLayout::Int4) {
-      Emit4<false>(lo, scale, offset, out, true);
-      Emit4<false>(hi, scale, offset, out + 4 * kNR, true);
+      const auto words = hn::BitCast(DU8(), v);
+      emit(0, Int4Column<0>(words));
+      emit(1, Int4Column<1>(words));
+      emit(2, Int4Column<2>(words));
+      emit(3, Int4Column<3>(words));
+      emit(4, Int4Column<4>(words));
+      emit(5, Int4Column<5>(words));
+      emit(6, Int4Column<6>(words));
+      emit(7, Int4Column<7>(words));
     } else {
-      Emit4<true>(hn::TableLookupBytes(lut, lo), scale, offset, out, false);
-      Emit4<true>(hn::TableLookupBytes(lut, hi), scale, offset, out + 4 * kNR, false);
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+      // AVX-512VL: vpermt2ps indexes the 16 (doubled) E2M1 values with bits [3:0] of each lane directly.
+      const __m256 pos = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f);
+      const __m256 neg = _mm256_setr_ps(-0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f);
+      const __m256i words = v.raw;
+      const auto store = [&](int j, __m256 f) HWY_ATTR {
+        hn::Store(hn::Mul(hn::Vec<D8>{f}, scale), df, out + j * kNR);
+      };
+      store(0, _mm256_permutex2var_ps(pos, words, neg));
+      store(1, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 4), neg));
+      store(2, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 8), neg));
+      store(3, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 12), neg));
+      store(4, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 16), neg));
+      store(5, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 20), neg));
+      store(6, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 24), neg));
+      store(7, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 28), neg));
+#else
+      const auto even = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(v, mask)));
+      const auto odd = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
+      emit(0, Fp4Column<0>(even, odd));
+      emit(1, Fp4Column<1>(even, odd));
+      emit(2, Fp4Column<2>(even, odd));
+      emit(3, Fp4Column<3>(even, odd));
+      emit(4, Fp4Column<4>(even, odd));
+      emit(5, Fp4Column<5>(even, odd));
+      emit(6, Fp4Column<6>(even, odd));
+      emit(7, Fp4Column<7>(even, odd));
+#endif
     }
   }
 }
@@ -309,6 +341,7 @@ HWY_EXPORT(GemmImpl);
 HWY_EXPORT(TargetId);
 
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (gemv_dispatch(w, x, m, y)) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
 }
 

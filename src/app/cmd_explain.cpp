@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// `fp4serve explain`: the per-layer scheme plan of a checkpoint on a device (detected or a dry run), from the
+// config files and safetensors headers alone.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "app/commands.h"
+#include "checkpoint/checkpoint.h"
+#include "plan/explain.h"
+#include "plan/layer_plan.h"
+
+namespace fp4serve::app {
+namespace {
+
+struct ExplainOptions {
+  std::string model;
+  std::string device = "auto";
+  std::string activation_quant = "auto";
+  bool json = false;
+  bool check_scales = false;
+};
+
+// Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
+void run_explain(const ExplainOptions& opts) {
+  plan::PlanOptions options;
+  options.device = plan::resolve_device(opts.device);
+  options.activation_quant = plan::parse_activation_quant(opts.activation_quant);
+  const auto ckpt = checkpoint::Checkpoint::open(opts.model);
+  const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
+  if (opts.check_scales) plan::check_scale_values(layer_plan, ckpt);
+  if (opts.json) {
+    fmt::print("{}\n", plan::render_explain_json(layer_plan, opts.model).dump(2));
+  } else {
+    fmt::print("{}", plan::render_explain_text(layer_plan, opts.model));
+  }
+  if (!layer_plan.complete()) throw CLI::RuntimeError(1);
+}
+
+}  // namespace
+
+void register_explain(CLI::App& root) {
+  auto opts = std::make_shared<ExplainOptions>();
+  CLI::App* cmd = root.add_subcommand("explain", "Show which execution scheme each layer gets on a device, and why "
+                                                 "(reads config files and headers only)");
+  cmd->add_option("-m,--model", opts->model, "checkpoint folder or .safetensors file")->required();
+  cmd->add_option("--device", opts->device, "auto | cpu | cuda | sm80 | sm86 | sm89 | sm90 | sm100 | sm120 (dry run)")
+      ->capture_default_str();
+  cmd->add_option("--activation-quant", opts->activation_quant, "auto | weight-only | emulate")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "print JSON (rows, notices, every module with its tensors) instead of a table");
+  cmd->add_flag("--check-scales", opts->check_scales,
+                "also read the scalar global/input scales (4 bytes each) and reject zero, NaN or Inf");
+  cmd->callback([opts] { run_explain(*opts); });
+}
+
+}  // namespace fp4serve::app

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-architecture facts: which modules and non-linear tensors a model has, their shapes, fusion groups and
+// expert layout, all derived from config.json's `architectures[0]` and dimensions — never inferred from which
+// tensors exist. The scheme plan (src/plan) and, later, the model builder (src/model) both read this table.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fp4serve::checkpoint {
+
+/// Dimensions read from config.json. Shapes below use N = out_features, K = in_features.
+struct ModelDims {
+  std::string architecture;              ///< architectures[0]
+  int64_t hidden_size = 0;               ///< H
+  int64_t intermediate_size = 0;         ///< dense MLP width (Mixtral/GraniteMoe/GPT-OSS: the expert width)
+  int64_t moe_intermediate_size = 0;     ///< expert width I (= intermediate_size where the config has no own key)
+  int64_t shared_expert_intermediate_size = 0;  ///< Qwen2-MoE shared expert width, 0 when none
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;       ///< defaults to num_attention_heads
+  int64_t head_dim = 0;                  ///< defaults to hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t num_experts = 0;               ///< num_experts or num_local_experts; 0 for dense models
+  int64_t num_experts_per_tok = 0;
+  int64_t decoder_sparse_step = 1;       ///< Qwen-MoE: every step-th layer is sparse
+  std::vector<int64_t> mlp_only_layers;  ///< Qwen-MoE: layers that keep a dense MLP
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;           ///< q/k/v/o carry biases (Qwen2 families: q/k/v always)
+  bool mlp_bias = false;
+
+  /// True when layer `layer` has a sparse MoE block (Qwen-MoE rule: not in mlp_only_layers and
+  /// (layer + 1) % decoder_sparse_step == 0; other MoE families: every layer).
+  bool is_moe_layer(int64_t layer) const;
+};
+
+/// What a module does; shapes and fusion follow from the role.
+enum class ModuleRole : uint8_t {
+  Embedding, LmHead,
+  QProj, KProj, VProj, OProj,
+  GateProj, UpProj, DownProj,                   ///< dense MLP
+  ExpertGate, ExpertUp, ExpertDown,             ///< one 2-D Linear per expert
+  ExpertsGateUp, ExpertsDown,                   ///< fused 3-D experts [E, N, K]
+  SharedExpertGate, SharedExpertUp, SharedExpertDown, SharedExpertRouter,
+  Router,
+};
+std::string_view module_role_name(ModuleRole role);
+
+/// How experts are stored (FORMATS.md §4, §5).
+enum class ExpertLayout : uint8_t { None, PerExpert, Fused3d };
+/// How the gate and up projections of an expert are laid out: separate modules (fused at run time into w13),
+/// one tensor whose first half of rows is gate (GraniteMoe `chunk(2)`), or alternating rows gate_i, up_i
+/// (GPT-OSS).
+enum class GateUpLayout : uint8_t { SeparateModules, ConcatenatedHalves, InterleavedRows };
+
+/// One module of a concrete model (layer and expert indices filled in).
+struct ModuleInfo {
+  std::string name;              ///< checkpoint module name, e.g. "model.layers.0.self_attn.q_proj"
+  ModuleRole role = ModuleRole::QProj;
+  int64_t layer = -1;            ///< -1 outside the decoder layers
+  int64_t expert = -1;           ///< expert index of a per-expert Linear, else -1
+  int64_t experts = 0;           ///< E of a fused 3-D experts module, else 0
+  int64_t out_features = 0;      ///< N (per expert for fused 3-D)
+  int64_t in_features = 0;       ///< K
+  std::string fusion_group;      ///< runtime fused module (…qkv_proj, …gate_up_proj, …w13); "" when none
+  std::string_view class_name;   ///< "Linear", "Embedding", "GptOssExperts", … (matched by CT class targets)
+  bool has_bias = false;
+  /// Separator between the module name and a tensor suffix: '.' ("P.weight"), '_' for GPT-OSS experts
+  /// ("P_blocks", "P_bias").
+  char separator = '.';
+  /// Name of the unquantized weight tensor: "P.weight"; GPT-OSS experts "P" ([E, K, N], in×out);
+  /// lm_head with tied embeddings "model.embed_tokens.weight" (shared, not a tensor of its own).
+  std::string dense_weight;
+  bool dense_weight_in_out = false;  ///< the unquantized weight is stored [.., K, N] (GPT-OSS experts)
+  bool tied = false;                 ///< lm_head shares the embedding (tie_word_embeddings)
+
+  std::string tensor(std::string_view suffix) const { return name + separator + std::string(suffix); }
+};
+
+/// A tensor that is not part of a linear module: norms, attention sinks, rotary buffers.
+struct OtherTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string_view what;   ///< "rmsnorm weight", "attention sinks", …
+  bool optional = false;   ///< may be absent (old exports save rotary inv_freq)
+  bool dropped = false;    ///< read-and-ignored when present (recomputed at run time)
+};
+
+/// Static description of one supported `architectures[0]`.
+struct ArchitectureSpec {
+  std::string_view name = {};
+  ExpertLayout experts = ExpertLayout::None;
+  GateUpLayout gate_up = GateUpLayout::SeparateModules;
+  bool gated_experts = true;       ///< experts have gate and up (w13 = two projections; SCHEMES.md rule 7)
+  bool qk_norm = false;            ///< Qwen3: per-head RMSNorm on q and k
+  bool attention_sinks = false;    ///< GPT-OSS
+  bool qkv_bias_always = false;    ///< Qwen2 families: q/k/v biases regardless of config
+  bool attention_bias_default = false;
+  bool shared_expert = false;      ///< Qwen2-MoE
+  std::string_view experts_key = {};  ///< config key of the expert count ("" for dense)
+  std::string_view router = {};    ///< router module template, "" for dense
+};
+
+/// The architectures fp4serve describes, in a stable order.
+std::span<const ArchitectureSpec> supported_architectures();
+
+/// The spec of `architecture`. Throws UnsupportedError listing the supported architectures when unknown.
+const ArchitectureSpec& architecture_spec(std::string_view architecture);
+
+/// A concrete model: dimensions, every module and every non-linear tensor, in checkpoint naming.
+struct ModelLayout {
+  const ArchitectureSpec* spec = nullptr;
+  ModelDims dims;
+  std::vector<ModuleInfo> modules;
+  std::vector<OtherTensor> others;
+};
+
+/// Reads config.json. Throws FormatError when `architectures` is missing or not a list of strings, or a required
+/// dimension is missing, not an integer or not positive (the message names the key and the architecture);
+/// UnsupportedError for an unknown architecture.
+ModelDims read_model_dims(const nlohmann::json& config);
+
+/// Every module and non-linear tensor of the model described by `config`, layer by layer. Same errors as
+/// read_model_dims.
+ModelLayout describe_model(const nlohmann::json& config);
+
+}  // namespace fp4serve::checkpoint

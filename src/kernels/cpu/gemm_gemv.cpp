@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// The decode (small-m) fast path for NVFP4 and MXFP4: a fused GEMV that never materialises decoded weights.
+// Compiled once per Highway target (foreach_target.h re-includes this file).
+//
+// Why a separate kernel: at small m the panel GEMM (gemm_simd.cpp) spends ~1.5 instructions per weight
+// (callgrind, AVX2, m = 1) decoding E2M1 codes into an fp32 panel and reloading it, which caps it far below
+// the DRAM read roof. Here (0.79 NVFP4 / 0.74 MXFP4 on AVX2; ~0.27 / 0.23 in the AVX-512 loop), with the
+// row-word layout of prepared_linear.h (one 32-bit lane = 8 columns of one row), a weight column for all lanes
+// costs one shift and one table lookup, x[k] is a broadcast (folded into the FMA's memory operand on
+// AVX-512), and the block scale multiplies a per-group partial sum once per 16/32 columns instead of every
+// weight:
+//   Σ_k x[k]·q[n,k]·s[n,g(k)] = Σ_g s[n,g] · (Σ_{k∈g} x[k]·q[n,k])
+// - AVX-512 (AVX3, AVX3_DL): a 512-bit vector holds two 8-row tiles (16 rows); vpermps with the 16 E2M1
+//   values as the table reads only bits [3:0] of each index lane, so `word >> 4j` needs no mask.
+// - AVX2: 8 rows per vector; vpshufb maps each nibble to E2M1·2 as int8, a shift pair sign-extends byte j of
+//   each lane to int32, vcvtdq2ps makes it fp32 (the ×2 is folded into the scale).
+// Other targets return false and the caller runs the general GEMM. Threads split N (items of 8/16 rows); K is
+// never split, so a layer with N < 16·threads (8·threads on AVX2) leaves threads idle.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/gemm_gemv.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/gemm_shared.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+
+// kMaxM: the largest m served here. Measured with bench_gemm_fp4 (one thread, L2-resident 576x1536, CPU
+// time per call vs the panel GEMM): AVX2 wins up to m = 4 (NVFP4 121 vs 146 us) and loses at m = 5 (174 vs
+// 161 us; 16 ymm registers cannot hold 5 rows of accumulators); AVX-512 still wins at m = 8 (158 vs 176 us).
+#if HWY_TARGET == HWY_AVX2
+constexpr int64_t kRows = 8;    // output rows per vector: one tile
+constexpr int64_t kMaxM = 4;
+#else
+constexpr int64_t kRows = 16;   // two tiles
+constexpr int64_t kMaxM = 8;
+#endif
+using DF = hn::FixedTag<float, kRows>;
+using DI = hn::FixedTag<int32_t, kRows>;
+using VF = hn::Vec<DF>;
+
+// Block scales of rows [tile a | tile b] (8 bytes each) as fp32, times `unit`.
+template <WeightLayout kLayout>
+HWY_INLINE VF Scales(const uint8_t* a, const uint8_t* b, float unit) {
+  const DF df;
+  const DI di;
+#if HWY_TARGET == HWY_AVX2
+  (void)b;
+  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), hn::LoadU(hn::FixedTag<uint8_t, 8>(), a)));
+#else
+  // movq + movhps: the two tiles' 8 bytes in one 128-bit register.
+  const __m128i pair = _mm_castpd_si128(
+      _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
+  const auto bytes = hn::Vec<DI>{_mm512_cvtepu8_epi32(pair)};
+#endif
+  if constexpr (kLayout == WeightLayout::Nvfp4) {
+    // Byte at the top, arithmetic shift by 4, clear bits 30..27: (sign << 31) | (magnitude << 20), which is
+    // the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<24>(bytes)), hn::Set(di, static_cast<int32_t>(0x87FFFFFFu)));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p120f * unit));
+  } else {
+    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
+    const hn::FixedTag<uint32_t, kRows> du32;
+    const auto bits = hn::Max(hn::ShiftLeft<23>(hn::BitCast(du32, bytes)), hn::Set(du32, 0x00400000u));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, unit));
+  }
+}
+
+#if HWY_TARGET == HWY_AVX2
+
+// 32 bytes of one tile octet → the 8 columns as fp32 · 2 (8 rows each), handed to `use(j, column)`.
+template <class Use>
+HWY_INLINE void DecodeOctet(const uint8_t* p, Use&& use) {
+  const DF df;
+  const DI di;
+  const hn::FixedTag<uint8_t, 32> du8;
+  alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::FixedTag<int8_t, 32>(), kLut));
+  const auto mask = hn::Set(du8, uint8_t{0x0F});
+  const auto v = hn::Load(du8, p);
+  // Byte b of lane r holds columns 2b (low nibble) and 2b + 1 (high nibble) of row r.
+  const auto even = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(v, mask)));
+  const auto odd = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
+  use(0, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(even))));
+  use(1, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(odd))));
+  use(2, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(even))));
+  use(3, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(odd))));
+  use(4, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(even))));
+  use(5, hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(odd))));
+  use(6, hn::ConvertTo(df, hn::ShiftRight<24>(even)));
+  use(7, hn::ConvertTo(df, hn::ShiftRight<24>(odd)));
+}
+constexpr float kLutUnit = 0.5f;  // the int8 table holds E2M1 · 2
+
+#else
+
+// 32 bytes of tile a and 32 of tile b (same octet) → the 8 columns as fp32 (16 rows each).
+template <class Use>
+HWY_INLINE void DecodeOctet(const uint8_t* pa, const uint8_t* pb, Use&& use) {
+  const __m512 table = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,  //
+                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+  const __m512i v = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1);
+  use(0, VF{_mm512_permutexvar_ps(v, table)});
+  use(1, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)});
+  use(2, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), table)});
+  use(3, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), table)});
+  use(4, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), table)});
+  use(5, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), table)});
+  use(6, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), table)});
+  use(7, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), table)});
+}
+constexpr float kLutUnit = 1.f;
+
+#endif
+
+// Raw sums acc[i][r] = Σ_k x[i, k] · W[row r of tiles (ta, tb), k] (block scales applied, global scale not),
+// i < kM. Two partial sums per x row (even/odd columns) shorten the FMA dependency chains.
+template <WeightLayout kLayout, int kM>
+HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
+                          float* HWY_RESTRICT acc) {
+  const DF df;
+  const int64_t k_total = w.in_features;
+  const int64_t octets = k_total / 8;
+  const int64_t groups = w.groups();
+  constexpr int64_t kOctetsPerGroup = kLayout == WeightLayout::Nvfp4 ? 2 : 4;
+  const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
+  const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
+  const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
+  const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
+  (void)codes_b;
+  VF total[kM];
+  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
+  for (int64_t g = 0; g < groups; ++g) {
+    VF part[kM][2];
+    for (int i = 0; i < kM; ++i) part[i][0] = part[i][1] = hn::Zero(df);
+    for (int64_t o = 0; o < kOctetsPerGroup; ++o) {
+      const int64_t c = g * kOctetsPerGroup + o;
+      const float* xc = x + 8 * c;
+      auto use = [&](int j, VF col) HWY_ATTR {
+        for (int i = 0; i < kM; ++i) part[i][j & 1] = hn::MulAdd(col, hn::Set(df, xc[i * k_total + j]), part[i][j & 1]);
+      };
+#if HWY_TARGET == HWY_AVX2
+      DecodeOctet(codes_a + 32 * c, use);
+#else
+      DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, use);
+#endif
+    }
+    const VF scale = Scales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
+    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(part[i][0], part[i][1]), scale, total[i]);
+  }
+  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
+}
+
+template <WeightLayout kLayout, int kM>
+void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
+  const int64_t n_total = w.out_features;
+  constexpr int64_t kTilesPerItem = kRows / kTileRows;
+  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
+  // Dynamic chunks: the cores may be shared, and each item streams only K/2 · kRows bytes.
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t ta = it * kTilesPerItem;
+    // An odd last tile on AVX-512 is read twice; its second copy lands in rows ≥ padded_rows, never written.
+    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
+    alignas(64) float acc[kM * kRows];
+    GemvTiles<kLayout, kM>(w, ta, tb, x, acc);
+    const int64_t rows = std::min(kRows, n_total - ta * kTileRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = ta * kTileRows + r;
+        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kRows + r]);
+      }
+    }
+  }
+}
+
+template <WeightLayout kLayout>
+void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  switch (m) {
+    case 1: return GemvLayer<kLayout, 1>(w, x, y);
+    case 2: return GemvLayer<kLayout, 2>(w, x, y);
+    case 3: return GemvLayer<kLayout, 3>(w, x, y);
+#if HWY_TARGET == HWY_AVX2
+    default: return GemvLayer<kLayout, 4>(w, x, y);
+#else
+    case 4: return GemvLayer<kLayout, 4>(w, x, y);
+    case 5: return GemvLayer<kLayout, 5>(w, x, y);
+    case 6: return GemvLayer<kLayout, 6>(w, x, y);
+    case 7: return GemvLayer<kLayout, 7>(w, x, y);
+    default: return GemvLayer<kLayout, 8>(w, x, y);
+#endif
+  }
+}
+
+int64_t GemvMaxRows() { return kMaxM; }
+
+bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (m < 1 || m > kMaxM) return false;
+  switch (w.layout) {
+    case WeightLayout::Nvfp4: GemvRows<WeightLayout::Nvfp4>(w, x, m, y); return true;
+    case WeightLayout::Mxfp4: GemvRows<WeightLayout::Mxfp4>(w, x, m, y); return true;
+    case WeightLayout::Int4:
+    case WeightLayout::Fp8:
+    case WeightLayout::Dense: return false;
+  }
+  return false;
+}
+
+#else
+
+int64_t GemvMaxRows() { return 0; }
+
+bool GemvImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
+
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+HWY_EXPORT(GemvImpl);
+HWY_EXPORT(GemvMaxRows);
+
+int64_t gemv_max_rows() { return HWY_DYNAMIC_DISPATCH(GemvMaxRows)(); }
+
+bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  return HWY_DYNAMIC_DISPATCH(GemvImpl)(w, x, m, y);
+}
+
+}  // namespace fp4serve::kernels
+#endif

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/explain.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "plan/name_pattern.h"
+
+namespace fp4serve::plan {
+namespace {
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::string scheme_label(const std::optional<SchemeId>& s) { return s ? std::string(scheme_name(*s)) : "-"; }
+
+}  // namespace
+
+std::string backend_name(const DeviceCaps& d) {
+  if (d.kind == DeviceKind::Cuda) return fmt::format("cuda-sm{}", d.sm);
+  if (d.cpu.avx512f) return "cpu-avx512";
+  if (d.cpu.avx2) return "cpu-avx2";
+  if (d.cpu.neon) return "cpu-neon";
+  return "cpu-scalar";
+}
+
+std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
+  using Key = std::tuple<std::string, std::string, std::string, std::string>;
+  std::map<Key, size_t> index;
+  std::vector<ExplainRow> rows;
+  std::vector<std::set<std::string>> runs;
+  const std::string backend = backend_name(plan.device);
+  for (const ModulePlan& mp : plan.modules) {
+    const std::string pattern = name_pattern(mp.run_name);
+    const std::string variant(variant_name(mp.variant));
+    const std::string scheme = scheme_label(mp.scheme);
+    // Reasons name modules ("ignored by 'model.layers.3.mlp.gate'"); collapse their indices too.
+    const std::string reason = name_pattern(mp.reason_text);
+    const Key key{pattern, variant, scheme, reason};
+    auto [it, inserted] = index.emplace(key, rows.size());
+    if (inserted) {
+      rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", reason,
+                      std::string(reason_code(mp.reason))});
+      runs.emplace_back();
+    }
+    runs[it->second].insert(mp.run_name);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].count = runs[i].size();
+  return rows;
+}
+
+std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan) {
+  std::map<std::string, SchemeTotal> totals;
+  for (const ModulePlan& mp : plan.modules) {
+    const std::string scheme = scheme_label(mp.scheme);
+    SchemeTotal& t = totals[scheme];
+    t.scheme = scheme;
+    t.modules += 1;
+    for (const TensorUse& u : mp.tensors) {
+      if (u.shared) continue;  // a tied lm_head reads the embedding's bytes
+      t.checkpoint_bytes += u.bytes;
+      if (!u.dropped) t.resident_bytes += u.bytes;
+    }
+  }
+  std::vector<SchemeTotal> out;
+  for (auto& [name, t] : totals) out.push_back(t);
+  return out;
+}
+
+uint64_t resident_bytes(const LayerPlan& plan) {
+  uint64_t bytes = 0;
+  for (const SchemeTotal& t : scheme_totals(plan)) bytes += t.resident_bytes;
+  for (const TensorUse& u : plan.others) {
+    if (!u.dropped) bytes += u.bytes;
+  }
+  return bytes;
+}
+
+std::string render_explain_text(const LayerPlan& plan, const std::string& source) {
+  std::string out;
+  const auto& d = plan.dims;
+  out += fmt::format("checkpoint: {}\n", source);
+  out += fmt::format("model: {}, {} layers, hidden {}", d.architecture, d.num_hidden_layers, d.hidden_size);
+  if (d.num_experts > 0) out += fmt::format(", {} experts", d.num_experts);
+  out += fmt::format("; producer: {}", quant::producer_name(plan.producer.producer));
+  if (!plan.producer.formats.empty()) out += fmt::format(" ({})", fmt::join(plan.producer.formats, ", "));
+  out += fmt::format("\ndevice: {} — {}{}; activation-quant: {}\n\n", plan.device.label(), plan.device.name,
+                     plan.device.detected ? " (detected)" : "", activation_quant_name(plan.activation_quant));
+
+  const std::vector<ExplainRow> rows = explain_rows(plan);
+  size_t w_pattern = 6, w_variant = 10, w_scheme = 6, w_backend = 7;
+  for (const ExplainRow& r : rows) {
+    w_pattern = std::max(w_pattern, r.pattern.size());
+    w_variant = std::max(w_variant, r.variant.size());
+    w_scheme = std::max(w_scheme, r.scheme.size());
+    w_backend = std::max(w_backend, r.backend.size());
+  }
+  out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}\n", "layers", w_pattern, "count", "checkpoint", w_variant,
+                     "scheme", w_scheme, "backend", w_backend, "reason");
+  for (const ExplainRow& r : rows) {
+    out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}\n", r.pattern, w_pattern, r.count, r.variant, w_variant,
+                       r.scheme, w_scheme, r.backend, w_backend, r.reason);
+  }
+  if (!plan.notices.empty()) {
+    out += "\nnotices:\n";
+    for (const Notice& n : plan.notices) {
+      out += fmt::format("  {}: {} layer{}", n.severity == Severity::Warning ? "warning" : "info", n.layers,
+                         n.layers == 1 ? "" : "s");
+      if (n.scheme) out += fmt::format(" {} → {}", variant_name(n.variant), scheme_name(*n.scheme));
+      out += fmt::format(": {}\n", n.text);
+    }
+  }
+  out += "\ntotals:\n";
+  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "scheme", "layers", "checkpoint bytes", "resident bytes");
+  for (const SchemeTotal& t : scheme_totals(plan)) {
+    out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", t.scheme, t.modules, t.checkpoint_bytes, t.resident_bytes);
+  }
+  uint64_t other_bytes = 0;
+  for (const TensorUse& u : plan.others) other_bytes += u.dropped ? 0 : u.bytes;
+  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "non-linear tensors", plan.others.size(), other_bytes, other_bytes);
+  const uint64_t resident = resident_bytes(plan);
+  out += fmt::format("  estimated resident memory: {:.2f} MiB ({} bytes of weights as loaded; KV cache and activations "
+                     "not included)\n", mib(resident), resident);
+  size_t missing = 0;
+  for (const ModulePlan& mp : plan.modules) missing += mp.scheme ? 0 : 1;
+  if (missing == 0) {
+    out += "status: every layer has a scheme\n";
+  } else {
+    out += fmt::format("status: {} layer{} have no scheme on {}\n", missing, missing == 1 ? "" : "s", plan.device.label());
+  }
+  return out;
+}
+
+nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& source) {
+  using nlohmann::json;
+  json out;
+  out["checkpoint"] = source;
+  out["architecture"] = plan.dims.architecture;
+  out["producer"] = std::string(quant::producer_name(plan.producer.producer));
+  out["device"] = {{"label", plan.device.label()}, {"name", plan.device.name}, {"detected", plan.device.detected},
+                   {"sm", plan.device.sm}, {"backend", backend_name(plan.device)}};
+  out["activation_quant"] = std::string(activation_quant_name(plan.activation_quant));
+  out["rows"] = json::array();
+  for (const ExplainRow& r : explain_rows(plan)) {
+    out["rows"].push_back({{"pattern", r.pattern}, {"count", r.count}, {"variant", r.variant}, {"scheme", r.scheme},
+                           {"backend", r.backend}, {"reason", r.reason_code}, {"reason_text", r.reason}});
+  }
+  out["notices"] = json::array();
+  for (const Notice& n : plan.notices) {
+    out["notices"].push_back({{"severity", n.severity == Severity::Warning ? "warning" : "info"},
+                              {"variant", std::string(variant_name(n.variant))},
+                              {"scheme", scheme_label(n.scheme)},
+                              {"reason", n.reason ? std::string(reason_code(*n.reason)) : "fused-shards-disagree"},
+                              {"text", n.text}, {"layers", n.layers}});
+  }
+  out["modules"] = json::array();
+  for (const ModulePlan& mp : plan.modules) {
+    json m = {{"name", mp.module.name}, {"role", std::string(checkpoint::module_role_name(mp.module.role))},
+              {"run_name", mp.run_name}, {"run_fused", mp.run_fused}, {"variant", std::string(variant_name(mp.variant))},
+              {"scheme", scheme_label(mp.scheme)}, {"reason", std::string(reason_code(mp.reason))},
+              {"reason_text", mp.reason_text},
+              {"global_scale", std::string(scale_convention_name(mp.global_scale))},
+              {"has_input_global_scale", mp.has_input_global_scale}};
+    m["rejected"] = json::array();
+    for (const RejectedCandidate& r : mp.rejected) m["rejected"].push_back({{"scheme", std::string(scheme_name(r.scheme))}, {"why", r.why}});
+    m["tensors"] = json::array();
+    for (const TensorUse& t : mp.tensors) {
+      m["tensors"].push_back({{"name", t.name}, {"role", std::string(tensor_role_name(t.role))},
+                              {"dtype", std::string(core::dtype_name(t.dtype))}, {"shape", t.shape},
+                              {"bytes", t.bytes}, {"dropped", t.dropped}, {"shared", t.shared}});
+    }
+    out["modules"].push_back(std::move(m));
+  }
+  out["totals"] = json::array();
+  for (const SchemeTotal& t : scheme_totals(plan)) {
+    out["totals"].push_back({{"scheme", t.scheme}, {"layers", t.modules}, {"checkpoint_bytes", t.checkpoint_bytes},
+                             {"resident_bytes", t.resident_bytes}});
+  }
+  out["resident_bytes"] = resident_bytes(plan);
+  out["complete"] = plan.complete();
+  return out;
+}
+
+}  // namespace fp4serve::plan

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Human- and machine-readable rendering of a LayerPlan for `fp4serve explain`: one row per group of identical
+// decisions (layer pattern, count, checkpoint variant, scheme, backend, reason), the notices, and byte totals.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "plan/layer_plan.h"
+
+namespace fp4serve::plan {
+
+/// One row of the explain table: modules (or fused groups) that got the same decision.
+struct ExplainRow {
+  std::string pattern;   ///< run name with layer/expert indices as `*`, e.g. "model.layers.*.self_attn.qkv_proj"
+  size_t count = 0;      ///< number of runs (a fused group counts once)
+  std::string variant;
+  std::string scheme;    ///< "-" when no scheme
+  std::string backend;   ///< "cpu-avx2", "cuda-sm90", "-" when no scheme
+  std::string reason;    ///< reason text
+  std::string reason_code;
+};
+
+/// Bytes per scheme, from the headers.
+struct SchemeTotal {
+  std::string scheme;
+  size_t modules = 0;
+  uint64_t checkpoint_bytes = 0;  ///< every consumed tensor (dropped ones included)
+  uint64_t resident_bytes = 0;    ///< tensors kept after loading
+};
+
+/// The backend a scheme runs on for `device`: "cpu-avx512", "cpu-avx2", "cpu-scalar", "cuda-smNN".
+std::string backend_name(const DeviceCaps& device);
+
+std::vector<ExplainRow> explain_rows(const LayerPlan& plan);
+std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan);
+/// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped.
+uint64_t resident_bytes(const LayerPlan& plan);
+
+/// The explain report as text (table, notices, totals, status line). `source` names the checkpoint.
+std::string render_explain_text(const LayerPlan& plan, const std::string& source);
+/// The same as JSON, plus every module with its tensors and rejected candidates.
+nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& source);
+
+}  // namespace fp4serve::plan

@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/layer_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+#include "fp4serve/error.h"
+#include "plan/name_pattern.h"
+#include "quant/formats.h"
+
+namespace fp4serve::plan {
+namespace {
+
+using checkpoint::ModuleInfo;
+
+std::string shape_str(const std::vector<int64_t>& s) { return core::shape_to_string(s); }
+
+std::string dtypes_str(const std::vector<core::DType>& ds) {
+  std::vector<std::string_view> names;
+  for (core::DType d : ds) names.push_back(core::dtype_name(d));
+  return fmt::format("{}", fmt::join(names, " or "));
+}
+
+std::string not_quantized_text(const ModulePlan& mp) {
+  const quant::LayerQuant& q = mp.quant;
+  std::string text;
+  switch (q.origin) {
+    case quant::MatchOrigin::NotQuantized: text = "plain checkpoint (no quantization config)"; break;
+    case quant::MatchOrigin::Ignored:
+      text = fmt::format("ignored by '{}' ({})", q.source, quant::match_kind_name(q.match_kind.value_or(quant::MatchKind::Exact)));
+      break;
+    case quant::MatchOrigin::Excluded: text = fmt::format("excluded by '{}'", q.source); break;
+    case quant::MatchOrigin::NotTargeted: text = "no config group targets it"; break;
+    case quant::MatchOrigin::NotListed: text = "MIXED_PRECISION: not listed in quantized_layers"; break;
+    case quant::MatchOrigin::Group: text = fmt::format("config group '{}' quantizes nothing", q.source); break;
+  }
+  if (mp.module.tied) text += "; tied to model.embed_tokens.weight";
+  return text;
+}
+
+// The quantization-relevant identity of a shard: shards of one fused group run fused only when these agree.
+bool same_quant(const ModulePlan& a, const ModulePlan& b) {
+  return a.scheme == b.scheme && a.variant == b.variant && a.quant.weights == b.quant.weights &&
+         a.quant.input == b.quant.input && a.quant.format == b.quant.format && a.module.has_bias == b.module.has_bias;
+}
+
+std::string shard_summary(const ModulePlan& mp) {
+  const std::string_view name = mp.module.name;
+  const std::string_view leaf = name.substr(name.rfind('.') + 1);
+  std::string s = fmt::format("{} {}", leaf, mp.scheme ? scheme_name(*mp.scheme) : "none");
+  if (!mp.quant.quantized()) s += fmt::format(" ({})", not_quantized_text(mp));
+  else s += fmt::format(" ({} '{}')", mp.quant.format_name, mp.quant.source);
+  return s;
+}
+
+// Validates one contract entry against the headers, records the use, and collects problems.
+void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHeaders& headers,
+                  std::vector<TensorUse>& uses, std::unordered_set<std::string>& consumed,
+                  std::vector<std::string>& problems) {
+  const auto it = headers.find(c.name);
+  if (it == headers.end()) {
+    if (c.required) {
+      problems.push_back(fmt::format("missing {} (layer {}, {}): expected {} {} = {}", c.name, mp.module.name,
+                                     tensor_role_name(c.role), dtypes_str(c.dtypes), c.formula, shape_str(c.shapes.front())));
+    }
+    return;
+  }
+  consumed.insert(c.name);
+  const TensorHeader& h = it->second;
+  if (std::find(c.dtypes.begin(), c.dtypes.end(), h.dtype) == c.dtypes.end()) {
+    problems.push_back(fmt::format("mis-typed {} (layer {}): expected {}, found {}", c.name, mp.module.name,
+                                   dtypes_str(c.dtypes), core::dtype_name(h.dtype)));
+  }
+  if (std::find(c.shapes.begin(), c.shapes.end(), h.shape) == c.shapes.end()) {
+    std::string hint;
+    const auto& w = mp.quant.weights;
+    const int64_t k = mp.module.in_features;
+    if (c.role == TensorRole::WeightScale && w && w->group_size && h.shape.size() == 2 && h.shape[1] > 0 &&
+        k % h.shape[1] == 0 && k / h.shape[1] != *w->group_size) {
+      hint = fmt::format("; the config's group_size {} is stale: the tensor implies group_size {}", *w->group_size,
+                         k / h.shape[1]);
+    }
+    problems.push_back(fmt::format("mis-shaped {} (layer {}, N={}, K={}): expected {} = {}, found {}{}", c.name,
+                                   mp.module.name, mp.module.out_features, k, c.formula, shape_str(c.shapes.front()),
+                                   shape_str(h.shape), hint));
+  }
+  uses.push_back({c.name, c.role, h.dtype, h.shape, h.bytes, c.dropped, c.shared});
+}
+
+void add_other(const std::string& name, std::vector<std::vector<int64_t>> shapes, bool optional, bool dropped,
+               std::string_view what, const TensorHeaders& headers, LayerPlan& plan,
+               std::unordered_set<std::string>& consumed, std::vector<std::string>& problems) {
+  const auto it = headers.find(name);
+  if (it == headers.end()) {
+    if (!optional) problems.push_back(fmt::format("missing {} ({}): expected a float tensor {}", name, what, shape_str(shapes.front())));
+    return;
+  }
+  consumed.insert(name);
+  const TensorHeader& h = it->second;
+  if (h.dtype != core::DType::BF16 && h.dtype != core::DType::F16 && h.dtype != core::DType::F32) {
+    problems.push_back(fmt::format("mis-typed {} ({}): expected BF16, F16 or F32, found {}", name, what, core::dtype_name(h.dtype)));
+  }
+  if (std::find(shapes.begin(), shapes.end(), h.shape) == shapes.end()) {
+    problems.push_back(fmt::format("mis-shaped {} ({}): expected {}, found {}", name, what, shape_str(shapes.front()), shape_str(h.shape)));
+  }
+  plan.others.push_back({name, TensorRole::Weight, h.dtype, h.shape, h.bytes, dropped, false});
+}
+
+void add_notice(std::vector<Notice>& notices, Notice n) {
+  for (Notice& existing : notices) {
+    if (existing.severity == n.severity && existing.variant == n.variant && existing.scheme == n.scheme &&
+        existing.reason == n.reason && (n.reason.has_value() || existing.text == n.text)) {
+      existing.layers += n.layers;
+      return;
+    }
+  }
+  notices.push_back(std::move(n));
+}
+
+}  // namespace
+
+const TensorUse* ModulePlan::tensor(TensorRole role) const {
+  for (const TensorUse& t : tensors) {
+    if (t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+bool LayerPlan::complete() const {
+  return std::all_of(modules.begin(), modules.end(), [](const ModulePlan& m) { return m.scheme.has_value(); });
+}
+
+const ModulePlan* LayerPlan::find(std::string_view name) const {
+  for (const ModulePlan& m : modules) {
+    if (m.module.name == name) return &m;
+  }
+  return nullptr;
+}
+
+const Notice* LayerPlan::warning(Reason r) const {
+  for (const Notice& n : notices) {
+    if (n.severity == Severity::Warning && n.reason == r) return &n;
+  }
+  return nullptr;
+}
+
+TensorHeaders read_headers(const checkpoint::Checkpoint& ckpt) {
+  TensorHeaders out;
+  for (const auto& shard : ckpt.shards()) {
+    for (const auto& e : shard->header().tensors) out.emplace(e.name, TensorHeader{e.dtype, e.shape, e.end - e.begin});
+  }
+  return out;
+}
+
+LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quant_config, const TensorHeaders& headers,
+                     const PlanOptions& options) {
+  LayerPlan plan;
+  plan.device = options.device;
+  plan.activation_quant = options.activation_quant;
+  const quant::QuantConfig qc = quant::parse_quant_config(config, hf_quant_config);
+  plan.producer = qc.producer;
+  const checkpoint::ModelLayout layout = checkpoint::describe_model(config);
+  plan.dims = layout.dims;
+  std::vector<std::string> problems;
+
+  // 1. Quantization, variant (rule 1) and scheme of every module.
+  plan.modules.reserve(layout.modules.size());
+  for (const ModuleInfo& m : layout.modules) {
+    ModulePlan mp;
+    mp.module = m;
+    const std::array<std::string_view, 1> classes{m.class_name};
+    mp.quant = quant::resolve_layer_quant(qc, {m.name, classes});
+    mp.variant = classify_layer(mp.quant, m);
+    mp.run_name = m.name;
+    const bool online = std::any_of(mp.quant.transforms.begin(), mp.quant.transforms.end(),
+                                    [](const quant::TransformUse& t) { return t.online; });
+    if (online) {
+      mp.reason = Reason::OnlineTransform;
+      mp.reason_text = "online transforms (transform_config) are not executed yet; the layer has no scheme";
+    } else {
+      Selection s = select_scheme(mp.variant, options.device, options.activation_quant);
+      mp.scheme = s.scheme;
+      mp.reason = s.reason;
+      mp.reason_text = std::move(s.reason_text);
+      mp.rejected = std::move(s.rejected);
+    }
+    if (mp.reason == Reason::NotQuantized) mp.reason_text = not_quantized_text(mp);
+    mp.global_scale = global_scale_convention(mp.variant, mp.quant);
+    plan.modules.push_back(std::move(mp));
+  }
+
+  // 2. Fused groups (rule 4): run fused only when every shard agrees; otherwise each runs alone.
+  std::map<std::string, std::vector<size_t>> groups;
+  for (size_t i = 0; i < plan.modules.size(); ++i) {
+    if (!plan.modules[i].module.fusion_group.empty()) groups[plan.modules[i].module.fusion_group].push_back(i);
+  }
+  for (const auto& [group, members] : groups) {
+    const ModulePlan& first = plan.modules[members.front()];
+    const bool agree = std::all_of(members.begin(), members.end(),
+                                   [&](size_t i) { return same_quant(first, plan.modules[i]); });
+    if (agree) {
+      for (size_t i : members) {
+        plan.modules[i].run_fused = true;
+        plan.modules[i].run_name = group;
+      }
+      continue;
+    }
+    std::vector<std::string> shards;
+    for (size_t i : members) shards.push_back(shard_summary(plan.modules[i]));
+    add_notice(plan.notices, {Severity::Warning, first.variant, std::nullopt, std::nullopt,
+                              fmt::format("{}: shards disagree ({}); they run unfused, each with its own scheme",
+                                          name_pattern(group), fmt::join(shards, "; ")),
+                              members.size()});
+  }
+
+  // 3. Parameter contracts against the headers (rule 6), collecting every problem.
+  std::unordered_set<std::string> consumed;
+  for (ModulePlan& mp : plan.modules) {
+    const SchemeId contract_scheme = mp.scheme ? *mp.scheme : scheme_candidates(mp.variant, options.activation_quant).front();
+    const auto contract = parameter_contract(contract_scheme, mp.variant, mp.quant, mp.module, problems);
+    for (const TensorContract& c : contract) {
+      check_tensor(c, mp, headers, mp.tensors, consumed, problems);
+      if (c.role == TensorRole::InputGlobalScale || c.role == TensorRole::InputScale) mp.has_input_global_scale = true;
+    }
+  }
+  for (const checkpoint::OtherTensor& t : layout.others) {
+    add_other(t.name, {t.shape}, t.optional, t.dropped, t.what, headers, plan, consumed, problems);
+  }
+  if (qc.kv_cache) {  // KV-cache scales live on the attention module (CT) or on k_proj/v_proj (ModelOpt)
+    const bool modelopt = qc.producer.producer == quant::Producer::ModelOpt;
+    const bool per_head = qc.kv_cache->strategy == quant::Strategy::AttnHead;
+    std::vector<std::vector<int64_t>> shapes = per_head ? std::vector<std::vector<int64_t>>{{plan.dims.num_key_value_heads, 1, 1}}
+                                                        : std::vector<std::vector<int64_t>>{{1}, {}};
+    for (int64_t layer = 0; layer < plan.dims.num_hidden_layers; ++layer) {
+      const std::string a = fmt::format("model.layers.{}.self_attn", layer);
+      add_other(modelopt ? a + ".k_proj.k_scale" : a + ".k_scale", shapes, false, false, "KV-cache scale", headers, plan, consumed, problems);
+      add_other(modelopt ? a + ".v_proj.v_scale" : a + ".v_scale", shapes, false, false, "KV-cache scale", headers, plan, consumed, problems);
+    }
+  }
+  std::vector<std::string> unconsumed;
+  for (const auto& [name, header] : headers) {
+    if (!consumed.contains(name)) unconsumed.push_back(name);
+  }
+  std::sort(unconsumed.begin(), unconsumed.end());
+  for (const std::string& name : unconsumed) {
+    problems.push_back(fmt::format("unconsumed {} ({} {}): no module of {} declares it", name,
+                                   core::dtype_name(headers.at(name).dtype), shape_str(headers.at(name).shape),
+                                   plan.dims.architecture));
+  }
+  if (!problems.empty()) {
+    constexpr size_t kShown = 40;
+    std::string message = fmt::format("checkpoint tensors do not match the plan ({} problem{}):", problems.size(),
+                                      problems.size() == 1 ? "" : "s");
+    for (size_t i = 0; i < std::min(kShown, problems.size()); ++i) message += "\n  " + problems[i];
+    if (problems.size() > kShown) message += fmt::format("\n  … and {} more", problems.size() - kShown);
+    throw FormatError(message);
+  }
+
+  // 4. Notices: once per distinct (variant, scheme, reason), with the number of layers.
+  for (const ModulePlan& mp : plan.modules) {
+    if (reason_is_warning(mp.reason)) {
+      add_notice(plan.notices, {Severity::Warning, mp.variant, mp.scheme, mp.reason, mp.reason_text, 1});
+    } else if (mp.reason == Reason::WeightOnlyByDesign) {
+      add_notice(plan.notices, {Severity::Info, mp.variant, mp.scheme, mp.reason, mp.reason_text, 1});
+    }
+  }
+  return plan;
+}
+
+LayerPlan build_plan(const checkpoint::Checkpoint& ckpt, const PlanOptions& options) {
+  return build_plan(ckpt.config(), ckpt.hf_quant_config(), read_headers(ckpt), options);
+}
+
+void check_scale_values(const LayerPlan& plan, const checkpoint::Checkpoint& ckpt) {
+  std::vector<std::string> bad;
+  for (const ModulePlan& mp : plan.modules) {
+    for (const TensorUse& t : mp.tensors) {
+      const bool global = t.role == TensorRole::WeightGlobalScale || t.role == TensorRole::InputGlobalScale;
+      if (!global && t.role != TensorRole::InputScale) continue;
+      const core::TensorView v = ckpt.tensor(t.name);
+      if (v.numel() != 1) continue;
+      // Contracts admit only these dtypes for scalar scales; anything else was already reported.
+      float value = 0.0f;
+      if (v.dtype == core::DType::F32) {
+        value = v.load<float>(0);
+      } else if (v.dtype == core::DType::BF16) {
+        value = quant::bf16_to_float(v.load<uint16_t>(0));
+      } else if (v.dtype == core::DType::F16) {
+        value = quant::f16_to_float(v.load<uint16_t>(0));
+      } else {
+        continue;
+      }
+      const bool divisor = global && mp.global_scale == ScaleConvention::Divisor;
+      if (!std::isfinite(value) || value < 0.0f || (divisor && value == 0.0f)) {
+        bad.push_back(fmt::format("{} = {} ({} {}; must be finite{})", t.name, value,
+                                  divisor ? "divisor" : "multiplier", tensor_role_name(t.role),
+                                  divisor ? " and positive" : " and non-negative"));
+      }
+    }
+  }
+  if (!bad.empty()) {
+    throw FormatError(fmt::format("invalid global/input scales (a zero divisor would become Inf and spread through a "
+                                  "fused max):\n  {}", fmt::join(bad, "\n  ")));
+  }
+}
+
+}  // namespace fp4serve::plan

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Execution schemes (shared SCHEMES.md "Schemes"), the checkpoint variants they serve, the predicates that map a
+// LayerQuant to a variant (SCHEMES.md rule 1), and each scheme's parameter contract: the checkpoint tensors it
+// consumes with dtypes and shape formulas (rule 6).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/architecture.h"
+#include "core/dtype.h"
+#include "plan/device_caps.h"
+#include "quant/quant_config.h"
+
+namespace fp4serve::plan {
+
+enum class SchemeId : uint8_t {
+  W4A4Nvfp4,          ///< NVFP4 weights, activations quantized to NVFP4 at run time (FP4 MMA)
+  W4A16Nvfp4,         ///< NVFP4 weights, 16/32-bit activations
+  W4A4Nvfp4Emulated,  ///< NVFP4 weights, activations quantized→dequantized exactly as the reference; fp32 math
+  W4A4Mxfp4,          ///< MXFP4 weights and dynamic MXFP4 activations (FP4 MMA)
+  W4A16Mxfp4,         ///< MXFP4 weights, 16/32-bit activations
+  W4A16Int4,          ///< int4 pack-quantized weights, 16/32-bit activations
+  W8A8Fp8,            ///< FP8 weights and activations (FP8 MMA)
+  W8A16Fp8,           ///< FP8 weights, 16/32-bit activations
+  Unquantized,        ///< bf16/fp16/fp32 weights
+};
+/// "W4A4_NVFP4", … as SCHEMES.md spells them.
+std::string_view scheme_name(SchemeId id);
+
+/// The checkpoint side of a layer, decided by the predicates of classify_layer.
+enum class Variant : uint8_t {
+  Unquantized,
+  Nvfp4W4A4,   ///< NVFP4 weights + NVFP4 activations (CT nvfp4 W4A4, ModelOpt NVFP4)
+  Nvfp4W4A16,  ///< NVFP4 weights only (CT nvfp4a16, ModelOpt W4A16_NVFP4)
+  Mxfp4W4A4,   ///< MXFP4 weights + MXFP4 activations
+  Mxfp4W4A16,  ///< MXFP4 weights only (CT mxfp4a16, GPT-OSS native)
+  Int4W4A16,   ///< int4 pack-quantized, no activation quant
+  Fp8W8A8,     ///< FP8 weights + FP8 activations
+  Fp8W8A16,    ///< FP8 weights only
+};
+std::string_view variant_name(Variant v);
+
+struct SchemeTraits {
+  SchemeId id;
+  std::string_view name;
+  bool quantizes_activations;  ///< uses the checkpoint's activation scales (else they are dropped)
+  std::string_view where;      ///< devices, for messages
+};
+const SchemeTraits& scheme_traits(SchemeId id);
+
+/// True when `v` quantizes activations in the checkpoint (W4A4 / W8A8).
+bool variant_has_activation_quant(Variant v);
+
+/// Rule 1: maps a module's quantization to a variant, checking type, num_bits, strategy, group_size, symmetric,
+/// dynamic, scale_dtype and the storage format together. Throws UnsupportedError naming `module` and every field
+/// for any other combination (FP4 weights with FP8/int8/mismatched FP4 activations, MXFP8, int8, fake-quant
+/// `dense` weights, output activation quant, int widths other than 4, quantized fused 3-D experts outside
+/// GPT-OSS native MXFP4).
+Variant classify_layer(const quant::LayerQuant& quant, const checkpoint::ModuleInfo& module);
+
+/// Whether `id` can run on `device`; on false, `why_not` says what the device lacks.
+bool scheme_supported(SchemeId id, const DeviceCaps& device, std::string* why_not);
+
+// --- parameter contracts (rule 6) -----------------------------------------------------------------------------
+
+enum class TensorRole : uint8_t {
+  Weight,             ///< dense or FP8 weight, or ModelOpt packed FP4 `weight`
+  WeightPacked,       ///< CT `weight_packed`, GPT-OSS `_blocks`
+  WeightScale,        ///< per-group / channel / tensor / block scale
+  WeightGlobalScale,  ///< CT `weight_global_scale` (divisor) or ModelOpt `weight_scale_2` (multiplier)
+  WeightZeroPoint,
+  WeightShape,        ///< CT int `weight_shape` [2]
+  WeightGIdx,         ///< CT actorder=group `weight_g_idx`
+  InputGlobalScale,   ///< CT `input_global_scale` (divisor) / ModelOpt NVFP4 `input_scale` (multiplier)
+  InputScale,         ///< FP8 static activation scale
+  Bias,
+  TransformMatrix,    ///< online transform `P.<group>_<location>.weight`
+  TransformPerm,
+};
+std::string_view tensor_role_name(TensorRole r);
+
+/// How a global scale is applied: CT stores divisors (448·6/amax), ModelOpt multipliers (amax/(448·6)).
+enum class ScaleConvention : uint8_t { None, Divisor, Multiplier };
+std::string_view scale_convention_name(ScaleConvention c);
+
+/// One tensor a scheme consumes from the checkpoint.
+struct TensorContract {
+  std::string name;                          ///< full tensor name
+  TensorRole role = TensorRole::Weight;
+  std::vector<core::DType> dtypes;           ///< accepted storage dtypes
+  std::vector<std::vector<int64_t>> shapes;  ///< accepted shapes (e.g. a scalar as [1] or [])
+  std::string formula;                       ///< "[N, K/16]" with the symbols of FORMATS.md
+  bool required = true;                      ///< false: may be absent (an optional buffer)
+  bool dropped = false;                      ///< read and validated, then released (e.g. a downgrade's input scale)
+  bool shared = false;                       ///< also consumed by another module (tied lm_head)
+};
+
+/// The contract of `scheme` for `module` quantized as `quant` (classified as `variant`). Problems that the
+/// config alone shows (K not divisible by the group size) are appended to `problems`. Tensor names follow the
+/// producer (CT `weight_packed`, ModelOpt `weight` + `weight_scale_2`, GPT-OSS `_blocks`/`_scales`).
+std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant, const quant::LayerQuant& quant,
+                                               const checkpoint::ModuleInfo& module, std::vector<std::string>& problems);
+
+/// The global-scale convention of a quantized module's tensors.
+ScaleConvention global_scale_convention(Variant variant, const quant::LayerQuant& quant);
+
+}  // namespace fp4serve::plan

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// Scheme selection for one layer: candidates for the checkpoint variant → scheme_supported(device) → the first
+// that runs, with the reason and every rejected candidate. Implements the decision table of shared SCHEMES.md;
+// per-layer wiring (fused groups, warnings, contracts) is in layer_plan.h.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plan/device_caps.h"
+#include "plan/scheme.h"
+
+namespace fp4serve::plan {
+
+/// `--activation-quant` (SCHEMES.md rule 9).
+enum class ActivationQuant : uint8_t {
+  Auto,        ///< follow the decision table
+  WeightOnly,  ///< serve W4A4/W8A8 checkpoints weight-only (their activation scales are validated, then dropped)
+  Emulate,     ///< NVFP4 W4A4 layers run W4A4_NVFP4_EMULATED (the numerical reference) on any device
+};
+std::string_view activation_quant_name(ActivationQuant a);
+/// Parses "auto", "weight-only" or "emulate"; throws UsageError otherwise.
+ActivationQuant parse_activation_quant(std::string_view text);
+
+/// Why a layer runs the scheme it runs. Stable codes for tests and JSON; the text is in Selection::reason_text.
+enum class Reason : uint8_t {
+  NativeW4A4,          ///< the device has the FP4 matrix units the checkpoint's W4A4 format needs
+  NoFp4MatrixUnits,    ///< W4A4 checkpoint served weight-only: the device has no FP4 matrix units (warning)
+  NoMxfp4W4A4,         ///< MXFP4 W4A4 on sm120: FP4 units, but no MXFP4-activation kernel (warning)
+  NoFp8MatrixUnits,    ///< FP8 W8A8 checkpoint served W8A16: no FP8 matrix units (warning)
+  NativeFp8,           ///< FP8 W8A8 on FP8 matrix units
+  WeightOnlyByDesign,  ///< the checkpoint has no activation scales (NVFP4A16, MXFP4A16, int4 W4A16, FP8 weight-only)
+  UserWeightOnly,      ///< --activation-quant weight-only on a checkpoint with activation quant
+  Emulated,            ///< --activation-quant emulate on an NVFP4 W4A4 checkpoint
+  EmulateNotAvailable, ///< --activation-quant emulate on MXFP4/FP8 W4A4/W8A8: no emulated scheme, table applies
+  NotQuantized,        ///< ignored, excluded, not targeted, not listed, or a plain checkpoint
+  DeviceTooOld,        ///< no scheme: below sm80
+  OnlineTransform,     ///< no scheme: online Hadamard/rotation transforms are not executed yet
+};
+std::string_view reason_code(Reason r);
+
+/// True for the reasons that are logged as warnings (a layer runs slower or differently than its checkpoint
+/// describes).
+bool reason_is_warning(Reason r);
+
+struct RejectedCandidate {
+  SchemeId scheme;
+  std::string why;
+};
+
+struct Selection {
+  std::optional<SchemeId> scheme;  ///< nullopt: no scheme runs this layer on this device
+  Reason reason = Reason::NotQuantized;
+  std::string reason_text;
+  std::vector<RejectedCandidate> rejected;
+};
+
+/// Candidates in preference order for `variant` under `mode` (first = what the checkpoint describes).
+std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode);
+
+/// Chooses the scheme for one layer. Never throws; a layer nothing can run gets scheme = nullopt and
+/// Reason::DeviceTooOld.
+Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode);
+
+}  // namespace fp4serve::plan

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plan behaviour outside the numbered rules: devices, tied embeddings, refusals, transforms, KV scales, explain.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "fp4serve/error.h"
+#include "plan/explain.h"
+#include "plan/layer_plan.h"
+#include "plan/name_pattern.h"
+#include "plan/synthetic.h"  // tests/plan (tests/ is on the include path)
+
+namespace fp4serve::plan {
+namespace {
+
+using namespace testing;
+
+LayerPlan plan_for(const json& config, const TensorHeaders& h, const std::string& dev = "cpu",
+                   ActivationQuant mode = ActivationQuant::Auto) {
+  return build_plan(config, nullptr, h, {device(dev), mode});
+}
+
+json llama(const json& qc) { return model_config("LlamaForCausalLM", {{"quantization_config", qc}}); }
+
+TEST(Device, ParsesDryRunsAndRejectsNonsense) {
+  EXPECT_EQ(resolve_device("sm90").sm, 90);
+  EXPECT_EQ(resolve_device("sm120").kind, DeviceKind::Cuda);
+  EXPECT_FALSE(resolve_device("sm100").detected);
+  EXPECT_EQ(resolve_device("cpu").kind, DeviceKind::Cpu);
+  EXPECT_TRUE(resolve_device("cpu").detected);
+  EXPECT_THROW(resolve_device("gpu"), UsageError);
+  EXPECT_THROW(resolve_device("sm"), UsageError);
+  EXPECT_THROW(resolve_device("sm9x"), UsageError);
+  EXPECT_TRUE(resolve_device("sm89").has_fp8_mma());
+  EXPECT_FALSE(resolve_device("sm86").has_fp8_mma());
+  EXPECT_TRUE(resolve_device("sm120").has_nvfp4_mma());
+  EXPECT_FALSE(resolve_device("sm120").has_mxfp4_mma());
+  EXPECT_FALSE(resolve_device("sm90").has_nvfp4_mma());
+  EXPECT_THROW(parse_activation_quant("fp8"), UsageError);
+}
+
+TEST(Plan, BelowSm80HasNoSchemeForFp4AndSaysWhy) {
+  const LayerPlan p = plan_for(llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr)), dense_headers(all_but_head(Kind::CtNvfp4A16)), "sm75");
+  EXPECT_FALSE(p.complete());
+  const ModulePlan* m = p.find("model.layers.0.self_attn.q_proj");
+  EXPECT_FALSE(m->scheme.has_value());
+  EXPECT_EQ(m->reason, Reason::DeviceTooOld);
+  EXPECT_NE(m->reason_text.find("below sm80"), std::string::npos);
+  ASSERT_EQ(m->rejected.size(), 1u);
+  EXPECT_EQ(m->rejected[0].scheme, SchemeId::W4A16Nvfp4);
+  EXPECT_EQ(p.find("lm_head")->scheme, SchemeId::Unquantized);  // bf16 still runs
+}
+
+TEST(Plan, Fp8W8A8OnSm86IsW8A16WithWarningAndOnSm89IsNative) {
+  const json qc = ct_quant("float-quantized", ct_args(8, "float", "tensor", nullptr), ct_args(8, "float", "tensor", nullptr));
+  const LayerPlan a = plan_for(llama(qc), dense_headers(all_but_head(Kind::CtFp8Static)), "sm86");
+  const ModulePlan* m = a.find("model.layers.0.mlp.up_proj");
+  EXPECT_EQ(m->scheme, SchemeId::W8A16Fp8);
+  EXPECT_TRUE(m->tensor(TensorRole::InputScale)->dropped);
+  ASSERT_NE(a.warning(Reason::NoFp8MatrixUnits), nullptr);
+  ASSERT_EQ(m->rejected.size(), 1u);
+  EXPECT_EQ(m->rejected[0].scheme, SchemeId::W8A8Fp8);
+  const LayerPlan b = plan_for(llama(qc), dense_headers(all_but_head(Kind::CtFp8Static)), "sm89");
+  EXPECT_EQ(b.find("model.layers.0.mlp.up_proj")->scheme, SchemeId::W8A8Fp8);
+  EXPECT_EQ(b.warning(Reason::NoFp8MatrixUnits), nullptr);
+}
+
+TEST(Plan, QuantizedLmHeadWithTiedEmbeddingsUsesItsOwnTensors) {
+  const json config = model_config("LlamaForCausalLM", {{"tie_word_embeddings", true},
+      {"quantization_config", ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr, json::array())}});
+  const LayerPlan p = plan_for(config, dense_headers([](const std::string&) { return Kind::CtNvfp4A16; }, false, true));
+  const ModulePlan* head = p.find("lm_head");
+  EXPECT_EQ(head->scheme, SchemeId::W4A16Nvfp4);
+  EXPECT_TRUE(head->module.tied);
+  EXPECT_EQ(head->tensor(TensorRole::WeightPacked)->name, "lm_head.weight_packed");
+  EXPECT_EQ(p.find("model.embed_tokens")->scheme, SchemeId::Unquantized);  // Embedding is not a Linear
+}
+
+TEST(Plan, IgnoredLmHeadWithTiedEmbeddingsSharesTheEmbedding) {
+  const json config = model_config("LlamaForCausalLM", {{"tie_word_embeddings", true},
+      {"quantization_config", ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr)}});
+  const LayerPlan p = plan_for(config, dense_headers(all_but_head(Kind::CtNvfp4A16), false, true));
+  const ModulePlan* head = p.find("lm_head");
+  EXPECT_EQ(head->scheme, SchemeId::Unquantized);
+  ASSERT_EQ(head->tensors.size(), 1u);
+  EXPECT_EQ(head->tensors[0].name, "model.embed_tokens.weight");
+  EXPECT_TRUE(head->tensors[0].shared);
+  EXPECT_NE(head->reason_text.find("tied"), std::string::npos);
+  // Counted once in the resident total.
+  uint64_t expected = 0;
+  for (const ModulePlan& mp : p.modules) {
+    for (const TensorUse& t : mp.tensors) expected += (t.dropped || t.shared) ? 0 : t.bytes;
+  }
+  for (const TensorUse& t : p.others) expected += t.bytes;
+  EXPECT_EQ(resident_bytes(p), expected);
+}
+
+TEST(Plan, TiedLmHeadQuantizedByConfigButAbsentIsMissing) {
+  const json config = model_config("LlamaForCausalLM", {{"tie_word_embeddings", true},
+      {"quantization_config", ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr, json::array())}});
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16), false, true);  // no lm_head tensors
+  EXPECT_THROW(plan_for(config, h), FormatError);
+}
+
+TEST(Plan, UnknownArchitectureListsTheSupportedOnes) {
+  try {
+    plan_for(model_config("FalconForCausalLM"), {});
+    FAIL();
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("GptOssForCausalLM"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("FalconForCausalLM"), std::string::npos);
+  }
+}
+
+TEST(Plan, OnlineTransformLayersHaveNoSchemeAndTheirMatricesAreAccounted) {
+  json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
+  qc["transform_config"] = {{"config_groups", {{"v", {{"type", "hadamard"}, {"apply", {
+      {{"targets", {"re:.*down_proj$"}}, {"location", "input"}},
+      {{"targets", {"Linear"}}, {"location", "weight_input"}, {"inverse", true}, {"ignore", {"lm_head"}}}}}}}}}};
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  for (int l = 0; l < 2; ++l) put(h, fmt::format("model.layers.{}.mlp.down_proj.v_input.weight", l), core::DType::BF16, {kI, kI});
+  const LayerPlan p = plan_for(llama(qc), h);
+  const ModulePlan* down = p.find("model.layers.1.mlp.down_proj");
+  EXPECT_FALSE(down->scheme.has_value());
+  EXPECT_EQ(down->reason, Reason::OnlineTransform);
+  EXPECT_EQ(down->quant.transforms.size(), 2u);
+  EXPECT_EQ(p.find("model.layers.1.mlp.up_proj")->scheme, SchemeId::W4A16Nvfp4);  // weight_input only: offline
+  EXPECT_FALSE(p.complete());
+}
+
+TEST(Plan, KvCacheScalesAreDeclaredWhereEachProducerWritesThem) {
+  json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
+  qc["kv_cache_scheme"] = ct_args(8, "float", "tensor", nullptr);
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  EXPECT_THROW(plan_for(llama(qc), h), FormatError);  // missing k_scale / v_scale
+  for (int l = 0; l < 2; ++l) {
+    put(h, fmt::format("model.layers.{}.self_attn.k_scale", l), core::DType::BF16, {1});
+    put(h, fmt::format("model.layers.{}.self_attn.v_scale", l), core::DType::BF16, {1});
+  }
+  EXPECT_EQ(plan_for(llama(qc), h).others.size(), 5u + 4u);
+}
+
+TEST(Plan, ModelOptAlgorithmsOutsideTheSupportedSetAreRefusedByName) {
+  for (const char* algo : {"W4A16_AWQ", "W4A8_AWQ", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "W8A8_SQ_PER_CHANNEL"}) {
+    const json hf = {{"quantization", {{"quant_algo", algo}}}};
+    try {
+      build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::Dense)), {device("cpu"), ActivationQuant::Auto});
+      FAIL() << algo;
+    } catch (const UnsupportedError& e) {
+      EXPECT_NE(std::string(e.what()).find(algo), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Plan, FullyUnquantizedCheckpointIsUnquantizedEverywhere) {
+  const LayerPlan p = plan_for(model_config("LlamaForCausalLM"), dense_headers(all_but_head(Kind::Dense)), "sm75");
+  EXPECT_TRUE(p.complete());
+  for (const ModulePlan& mp : p.modules) EXPECT_EQ(mp.reason_text, "plain checkpoint (no quantization config)");
+  EXPECT_TRUE(p.notices.empty());
+}
+
+TEST(Explain, RowsGroupIdenticalDecisionsAcrossLayersAndExperts) {
+  const json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a(), {"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"});
+  const LayerPlan p = build_plan(moe_config({{"quantization_config", qc}}), nullptr, moe_headers([](const std::string& m) {
+                                   return (m == "lm_head" || m.ends_with("mlp.gate")) ? Kind::Dense : Kind::CtNvfp4A4;
+                                 }),
+                                 {device("sm100"), ActivationQuant::Auto});
+  const auto rows = explain_rows(p);
+  const auto find = [&](const std::string& pattern) -> const ExplainRow* {
+    for (const auto& r : rows) if (r.pattern == pattern) return &r;
+    return nullptr;
+  };
+  ASSERT_NE(find("model.layers.*.mlp.experts.*.gate_up_proj"), nullptr);
+  EXPECT_EQ(find("model.layers.*.mlp.experts.*.gate_up_proj")->count, 8u);  // 2 layers × 4 experts, fused
+  EXPECT_EQ(find("model.layers.*.mlp.experts.*.gate_up_proj")->scheme, "W4A4_NVFP4");
+  ASSERT_NE(find("model.layers.*.mlp.gate"), nullptr);
+  EXPECT_EQ(find("model.layers.*.mlp.gate")->count, 2u);  // one row although the ignore entries differ by layer
+  EXPECT_EQ(find("model.layers.*.self_attn.qkv_proj")->backend, "cuda-sm100");
+  const json j = render_explain_json(p, "x");
+  EXPECT_TRUE(j["complete"].get<bool>());
+  EXPECT_EQ(j["modules"].size(), p.modules.size());
+  EXPECT_EQ(name_pattern("model.layers.12.mlp.experts.3.w1"), "model.layers.*.mlp.experts.*.w1");
+}
+
+}  // namespace
+}  // namespace fp4serve::plan
