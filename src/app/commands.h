@@ -27,4 +27,12 @@ void register_chat(CLI::App& root);
 /// `fp4serve perplexity -m DIR -f FILE [--ctx N] [--stride N] [--kld-base DIR]`.
 void register_perplexity(CLI::App& root);
 
+/// `fp4serve serve -m DIR [--host H] [--port P] [--max-num-seqs N] [--max-model-len L] [--api-key KEY] …`:
+/// OpenAI-compatible server with continuous batching (src/server); stops cleanly on SIGINT/SIGTERM.
+void register_serve(CLI::App& root);
+
+/// `fp4serve bench serve --base-url URL --num-prompts N --max-concurrency C --input-len I --output-len O
+/// [--seed S] [--json]`: vllm-bench-serve-style load test of a running server (src/server/bench_client.h).
+void register_bench(CLI::App& root);
+
 }  // namespace fp4serve::app

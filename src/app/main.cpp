@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   fp4serve::app::register_generate(root);
   fp4serve::app::register_chat(root);
   fp4serve::app::register_perplexity(root);
+  fp4serve::app::register_serve(root);
+  fp4serve::app::register_bench(root);
   try {
     root.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

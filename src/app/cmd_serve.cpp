@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// `fp4serve serve`: loads a checkpoint and serves the OpenAI-compatible API with continuous batching until
+// SIGINT/SIGTERM. Wiring only; the parts live in src/server.
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/model_options.h"
+#include "fp4serve/error.h"
+#include "model/loader.h"
+#include "runtime/chat_template.h"
+#include "runtime/text_setup.h"
+#include "server/decoder_step_model.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+#include "server/tokenizer_codec.h"
+
+namespace fp4serve::app {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string served_model_name;
+  server::HttpConfig http;
+  server::SchedulerConfig scheduler;
+  int64_t kv_cache_mib = 4096;
+};
+
+void run_serve(ServeOptions opts) {
+  // SIGINT/SIGTERM are blocked in every thread (the mask is inherited) and taken by sigwait below, so shutdown
+  // runs as ordinary code: stop the scheduler (in-flight requests end with an error event), then the listener.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
+  runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  std::optional<runtime::ChatTemplate> chat_template;
+  try {
+    chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
+  } catch (const Error& e) {
+    fmt::print(stderr, "warning: no usable chat template ({}); /v1/chat/completions will answer 400\n", e.what());
+  }
+  const nlohmann::json context = runtime::template_context(tokenizer, loaded.checkpoint);
+  std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
+  const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_template), context, std::move(eos));
+
+  const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
+  const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
+                                                opts.scheduler.max_num_seqs);
+  server::DecoderStepModel step_model(*loaded.decoder, context_length, slots);
+  server::Metrics metrics;
+  server::Scheduler scheduler(step_model, opts.scheduler, metrics);
+  const std::string name = opts.served_model_name.empty() ? opts.model.model_dir : opts.served_model_name;
+  server::HttpServer http(opts.http,
+                          server::ServeLimits{name, context_length,
+                                              runtime::sampling_defaults(loaded.checkpoint.generation_config())},
+                          codec, scheduler, metrics);
+  const int port = http.bind();
+  scheduler.start();
+  fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget) | "
+                     "{} tokens per step | queue {}\n",
+             name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
+             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue);
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    fmt::print(stderr, "\n{}: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    scheduler.stop();
+    http.stop();
+  });
+  http.serve();
+  // serve() also returns if the listener fails; wake the waiter so it can finish.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& root) {
+  auto opts = std::make_shared<ServeOptions>();
+  CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  add_model_options(*cmd, opts->model);
+  cmd->add_option("--host", opts->http.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", opts->http.port, "TCP port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", opts->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--served-model-name", opts->served_model_name, "model id in the API (default: the -m path)");
+  cmd->add_option("--max-num-seqs", opts->scheduler.max_num_seqs, "sequences in the running batch")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-num-batched-tokens", opts->scheduler.max_num_batched_tokens,
+                  "tokens per forward step (decodes first, prompt chunks fill the rest)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--max-queue", opts->scheduler.max_queue, "waiting requests before 429")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 16));
+  cmd->add_option("--kv-cache-mib", opts->kv_cache_mib, "KV-cache memory budget; decides how many sequences run")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--max-body-bytes", opts->http.max_body_bytes, "larger request bodies get 400")->capture_default_str();
+  cmd->callback([opts] {
+    // Every streaming or queued request holds a handler thread; keep a few spare for /health and /metrics.
+    opts->http.threads = opts->scheduler.max_num_seqs + opts->scheduler.max_queue + 8;
+    run_serve(*opts);
+  });
+}
+
+}  // namespace fp4serve::app

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// Server metrics in the Prometheus text exposition format 0.0.4
+// (https://prometheus.io/docs/instrumenting/exposition_formats/). Names follow vLLM's where one exists
+// (time_to_first_token_seconds, inter_token_latency_seconds, num_requests_running …) with an `fp4serve_` prefix.
+// Thread-safe: handlers and the scheduler record, /metrics renders.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace fp4serve::server {
+
+/// A cumulative histogram: bucket i counts observations ≤ upper_bounds[i]; +Inf is implicit.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  /// `name`_bucket{le=…}, `name`_sum and `name`_count lines.
+  void render(std::string& out, const std::string& name) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the +Inf bucket last
+  double sum_ = 0.0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  /// One HTTP response with `status` (200, 400, 401, 429 …) on any endpoint but /metrics and /health.
+  void count_request(int status);
+  /// One finished sequence and why ("stop", "length", "abort", "error").
+  void count_finished(const std::string& reason);
+  void add_prompt_tokens(int64_t n);
+  void add_generation_tokens(int64_t n);
+  void observe_ttft(double seconds);
+  void observe_inter_token(double seconds);
+  void observe_e2e(double seconds);
+  /// Scheduler state after each step: sequences in the running batch, waiting in the queue, KV-cache slots
+  /// in use out of the total, and positions held in them.
+  void set_scheduler_state(int running, int waiting, int slots_used, int slots_total, int64_t cached_tokens);
+  /// The queue length as soon as it changes on submit (the scheduler may be inside a long step).
+  void set_waiting(int waiting);
+
+  std::string render() const;
+
+  // Read back for tests and logs.
+  int running() const;
+  int waiting() const;
+  int slots_used() const;
+  uint64_t finished(const std::string& reason) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<int, uint64_t> requests_by_status_;
+  std::map<std::string, uint64_t> finished_by_reason_;
+  uint64_t prompt_tokens_ = 0;
+  uint64_t generation_tokens_ = 0;
+  Histogram ttft_;
+  Histogram itl_;
+  Histogram e2e_;
+  int running_ = 0;
+  int waiting_ = 0;
+  int slots_used_ = 0;
+  int slots_total_ = 0;
+  int64_t cached_tokens_ = 0;
+};
+
+}  // namespace fp4serve::server

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// Continuous batching. One thread owns the model; requests wait in a bounded queue and join the running batch
+// between steps when a KV-cache slot is free. Every step runs all running sequences through one forward:
+// each decoding sequence contributes its last token, and prompts are prefilled in chunks that fill the rest of
+// a per-step token budget, so a long prompt never stalls the sequences that are streaming. A cancelled
+// sequence (client gone) is dropped and its slot freed at the next step.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "server/metrics.h"
+#include "server/request_channel.h"
+#include "server/step_model.h"
+
+namespace fp4serve::server {
+
+struct SchedulerConfig {
+  int max_num_seqs = 16;                 ///< sequences in the running batch (also bounded by the model's slots)
+  int64_t max_num_batched_tokens = 256;  ///< tokens per step: decodes first, prefill chunks fill the rest
+  int max_queue = 64;                    ///< waiting requests before submit() refuses (HTTP 429)
+};
+
+class Scheduler {
+ public:
+  /// Throws UsageError on non-positive sizes. Does not start the thread.
+  Scheduler(StepModel& model, const SchedulerConfig& config, Metrics& metrics);
+  /// Stops the thread; unfinished requests end with FinishReason::kError.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  void start();
+  /// Ends the scheduler thread after the current step and fails every unfinished request ("shutting down").
+  /// Idempotent.
+  void stop();
+
+  /// Queues `request` (prompt non-empty, prompt + max_new_tokens ≤ context: the caller validates). Returns
+  /// nullptr when the queue is full or the scheduler is stopped.
+  std::shared_ptr<RequestChannel> submit(SequenceRequest request);
+
+  int64_t context_length() const { return model_.max_seq_len(); }
+
+ private:
+  struct Sequence {
+    std::shared_ptr<RequestChannel> channel;
+    int slot = -1;
+    std::vector<int32_t> tokens;  // prompt, then generated ids
+    int64_t prompt_len = 0;
+    int64_t computed = 0;         // positions already in the KV cache
+    int64_t generated = 0;
+    std::optional<runtime::Sampler> sampler;
+    Clock::time_point last_token{};
+  };
+
+  void run();
+  void admit();
+  void drop_cancelled();
+  void step();
+  void finish(Sequence& seq, FinishReason reason, const std::string& error = {});
+  void publish_state();
+
+  StepModel& model_;
+  const SchedulerConfig config_;
+  Metrics& metrics_;
+
+  std::mutex mutex_;  // guards queue_ and stopping_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<RequestChannel>> queue_;
+  bool stopping_ = false;
+
+  // Scheduler thread only.
+  std::vector<Sequence> running_;
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace fp4serve::server

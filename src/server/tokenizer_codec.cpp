@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/tokenizer_codec.h"
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::server {
+namespace {
+
+class StreamDetokenizer final : public Detokenizer {
+ public:
+  explicit StreamDetokenizer(const runtime::Tokenizer& tokenizer) : decoder_(tokenizer, /*skip_special_tokens=*/true) {}
+  std::string push(int32_t id) override { return decoder_.push(id); }
+  std::string flush() override { return decoder_.flush(); }
+
+ private:
+  runtime::StreamDecoder decoder_;
+};
+
+}  // namespace
+
+TokenizerCodec::TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplate> chat_template,
+                               nlohmann::json template_context, std::vector<int32_t> eos_token_ids)
+    : tokenizer_(std::move(tokenizer)),
+      template_(std::move(chat_template)),
+      context_(std::move(template_context)),
+      eos_(std::move(eos_token_ids)) {}
+
+std::vector<int32_t> TokenizerCodec::encode(std::string_view text, bool add_special_tokens) const {
+  return tokenizer_.encode(text, add_special_tokens);
+}
+
+std::string TokenizerCodec::render_chat(const std::vector<ChatTurn>& messages) const {
+  if (!template_) throw UsageError("the model has no chat template (tokenizer_config.json chat_template); use /v1/completions");
+  std::vector<runtime::ChatMessage> turns;
+  turns.reserve(messages.size());
+  for (const auto& m : messages) turns.push_back({m.role, m.content});
+  return template_->render(turns, /*add_generation_prompt=*/true, context_);
+}
+
+std::unique_ptr<Detokenizer> TokenizerCodec::detokenizer() const {
+  return std::make_unique<StreamDetokenizer>(tokenizer_);
+}
+
+}  // namespace fp4serve::server

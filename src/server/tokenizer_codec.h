@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// The production TextCodec: the checkpoint's tokenizer and chat template. Both are immutable after loading, so
+// handler threads share one codec; each request gets its own StreamDecoder.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer.h"
+#include "server/text_codec.h"
+
+namespace fp4serve::server {
+
+class TokenizerCodec final : public TextCodec {
+ public:
+  /// `chat_template` absent: chat requests get 400 ("the model has no chat template"). `template_context` holds
+  /// the variables HF passes to templates (bos_token, eos_token; runtime::template_context).
+  TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplate> chat_template,
+                 nlohmann::json template_context, std::vector<int32_t> eos_token_ids);
+
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
+  std::string render_chat(const std::vector<ChatTurn>& messages) const override;
+  std::unique_ptr<Detokenizer> detokenizer() const override;
+  int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
+  std::vector<int32_t> eos_token_ids() const override { return eos_; }
+
+ private:
+  runtime::Tokenizer tokenizer_;
+  std::optional<runtime::ChatTemplate> template_;
+  nlohmann::json context_;
+  std::vector<int32_t> eos_;
+};
+
+}  // namespace fp4serve::server

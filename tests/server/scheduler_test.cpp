@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+// The continuous-batching scheduler against FakeModel: batched, chunked-prefill, queued execution must give
+// exactly the tokens of the sequential reference loop; cancellation, failures and shutdown free every slot.
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "fp4serve/error.h"
+#include "server/fakes.h"
+
+namespace fp4serve::server {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeModel;
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int len) {
+  std::uniform_int_distribution<int> d(32, 126);
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (auto& t : p) t = d(rng);
+  return p;
+}
+
+SequenceRequest greedy(std::vector<int32_t> prompt, int64_t max_new, bool ignore_eos = false) {
+  SequenceRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.max_new_tokens = max_new;
+  r.eos_token_ids = {testing::kEos};
+  r.ignore_eos = ignore_eos;
+  return r;
+}
+
+// Collects a channel's output, bounded in time so a scheduler bug fails the test instead of hanging it.
+ChannelUpdate drain(RequestChannel& ch, std::vector<int32_t>& tokens) {
+  const auto deadline = Clock::now() + 20s;
+  while (Clock::now() < deadline) {
+    auto u = ch.wait(50ms);
+    tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+    if (u.finished) return u;
+  }
+  ADD_FAILURE() << "request did not finish within 20 s";
+  return {};
+}
+
+TEST(Scheduler, BatchedChunkedQueuedMatchesSequentialGreedy) {
+  FakeModel model(/*slots=*/5, /*max_len=*/256);
+  Metrics metrics;
+  // 12 requests, 5 slots (so some queue), 16 tokens per step (so prompts of up to 70 tokens prefill in chunks
+  // while other sequences decode).
+  Scheduler sched(model, {.max_num_seqs = 8, .max_num_batched_tokens = 16, .max_queue = 64}, metrics);
+  std::mt19937 rng(1234);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> max_new;
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(random_prompt(rng, 3 + 6 * i));
+    max_new.push_back(5 + (i * 7) % 23);
+    channels.push_back(sched.submit(greedy(prompts.back(), max_new.back(), /*ignore_eos=*/i % 2 == 0)));
+    ASSERT_NE(channels.back(), nullptr);
+  }
+  sched.start();  // after queueing all, so they share steps even though FakeModel is instant
+  int64_t generated = 0;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    std::vector<int32_t> tokens;
+    const auto end = drain(*channels[i], tokens);
+    const auto expect = testing::reference_greedy(prompts[i], max_new[i], i % 2 == 0);
+    EXPECT_EQ(tokens, expect) << "request " << i;
+    EXPECT_EQ(end.reason, static_cast<int64_t>(expect.size()) == max_new[i] ? FinishReason::kLength : FinishReason::kStop)
+        << "request " << i;
+    generated += static_cast<int64_t>(tokens.size());
+  }
+  EXPECT_GT(model.max_chunks.load(), 1) << "no step batched more than one sequence";
+  EXPECT_LE(model.max_tokens.load(), 16) << "a step exceeded max_num_batched_tokens";
+  EXPECT_GT(model.mixed_steps.load(), 0) << "no step mixed decodes with a prefill chunk";
+  EXPECT_LE(model.max_used.load(), 5);
+  sched.stop();
+  EXPECT_EQ(metrics.running(), 0);
+  EXPECT_NE(metrics.render().find("fp4serve_generation_tokens_total " + std::to_string(generated) + "\n"), std::string::npos);
+}
+
+TEST(Scheduler, SlotsBoundAdmission) {
+  FakeModel model(/*slots=*/2, /*max_len=*/128);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 8, .max_num_batched_tokens = 64, .max_queue = 16}, metrics);
+  std::mt19937 rng(7);
+  std::vector<std::shared_ptr<RequestChannel>> chs;
+  for (int i = 0; i < 6; ++i) chs.push_back(sched.submit(greedy(random_prompt(rng, 9), 20, true)));
+  sched.start();
+  for (auto& ch : chs) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+    EXPECT_EQ(t.size(), 20u);
+  }
+  EXPECT_EQ(model.max_used.load(), 2);
+  EXPECT_LE(model.max_chunks.load(), 2);
+}
+
+TEST(Scheduler, QueueFullRefuses) {
+  FakeModel model(1, 64);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 1, .max_num_batched_tokens = 8, .max_queue = 2}, metrics);
+  // Not started: nothing leaves the queue.
+  std::mt19937 rng(3);
+  EXPECT_NE(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
+  EXPECT_NE(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
+  EXPECT_EQ(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
+  EXPECT_EQ(metrics.waiting(), 2);
+}
+
+TEST(Scheduler, CancelFreesSlotAtNextStep) {
+  FakeModel model(1, 512);
+  model.before_forward = [] { std::this_thread::sleep_for(1ms); };
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_queue = 8}, metrics);
+  sched.start();
+  std::mt19937 rng(5);
+  auto a = sched.submit(greedy(random_prompt(rng, 8), 400, true));
+  auto b = sched.submit(greedy(random_prompt(rng, 8), 3, true));  // waits for the only slot
+  std::vector<int32_t> ta;
+  while (ta.size() < 3) {
+    auto u = a->wait(1s);
+    ASSERT_FALSE(u.finished);
+    ta.insert(ta.end(), u.tokens.begin(), u.tokens.end());
+  }
+  a->cancel();
+  std::vector<int32_t> rest, tb;
+  EXPECT_EQ(drain(*a, rest).reason, FinishReason::kAbort);
+  EXPECT_LT(ta.size() + rest.size(), 400u);
+  EXPECT_EQ(drain(*b, tb).reason, FinishReason::kLength);  // got the freed slot
+  EXPECT_EQ(tb.size(), 3u);
+  EXPECT_EQ(metrics.finished("abort"), 1u);
+}
+
+TEST(Scheduler, CancelledWhileQueuedNeverRuns) {
+  FakeModel model(1, 64);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 1, .max_num_batched_tokens = 8, .max_queue = 4}, metrics);
+  std::mt19937 rng(9);
+  auto a = sched.submit(greedy(random_prompt(rng, 4), 2, true));
+  a->cancel();
+  sched.start();
+  std::vector<int32_t> t;
+  EXPECT_EQ(drain(*a, t).reason, FinishReason::kAbort);
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(model.steps.load(), 0);
+}
+
+TEST(Scheduler, ForwardFailureFailsThatStepOnly) {
+  FakeModel model(4, 64);
+  std::atomic<int> calls{0};
+  model.before_forward = [&] {
+    if (++calls == 3) throw std::runtime_error("injected kernel failure");
+  };
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_queue = 8}, metrics);
+  sched.start();
+  std::mt19937 rng(11);
+  auto a = sched.submit(greedy(random_prompt(rng, 5), 10, true));
+  std::vector<int32_t> t;
+  const auto end = drain(*a, t);
+  EXPECT_EQ(end.reason, FinishReason::kError);
+  EXPECT_NE(end.error.find("injected kernel failure"), std::string::npos);
+  auto b = sched.submit(greedy(random_prompt(rng, 5), 4, true));
+  std::vector<int32_t> tb;
+  EXPECT_EQ(drain(*b, tb).reason, FinishReason::kLength);
+  EXPECT_EQ(tb.size(), 4u);
+}
+
+TEST(Scheduler, StopFailsUnfinished) {
+  FakeModel model(1, 4096);
+  model.before_forward = [] { std::this_thread::sleep_for(1ms); };
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 1, .max_num_batched_tokens = 8, .max_queue = 4}, metrics);
+  sched.start();
+  std::mt19937 rng(13);
+  auto a = sched.submit(greedy(random_prompt(rng, 4), 4000, true));
+  auto b = sched.submit(greedy(random_prompt(rng, 4), 4, true));
+  a->wait(1s);
+  sched.stop();
+  std::vector<int32_t> t;
+  EXPECT_EQ(drain(*a, t).reason, FinishReason::kError);
+  EXPECT_EQ(drain(*b, t).reason, FinishReason::kError);
+  EXPECT_EQ(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
+}
+
+TEST(Scheduler, RejectsBadConfig) {
+  FakeModel model(1, 64);
+  Metrics metrics;
+  EXPECT_THROW(Scheduler(model, {.max_num_seqs = 0, .max_num_batched_tokens = 8, .max_queue = 4}, metrics), UsageError);
+  EXPECT_THROW(Scheduler(model, {.max_num_seqs = 1, .max_num_batched_tokens = 0, .max_queue = 4}, metrics), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::server

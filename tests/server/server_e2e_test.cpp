@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// The real server on 127.0.0.1 with the tiny llama-nvfp4a16 fixture (tokenizer + ChatML template): 16 concurrent
+// streaming chat clients must receive exactly the greedy tokens that runtime::generate, the sequential
+// single-request loop, produces for the same prompts — batching must not change results.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "model/loader.h"
+#include "runtime/chat_template.h"
+#include "runtime/generator.h"
+#include "runtime/text_setup.h"
+#include "server/decoder_step_model.h"
+#include "server/server_harness.h"
+#include "server/tokenizer_codec.h"
+
+namespace fp4serve::server {
+namespace {
+
+using nlohmann::json;
+
+// Records the widest step so the test proves requests really shared forwards.
+class CountingStepModel final : public StepModel {
+ public:
+  explicit CountingStepModel(StepModel& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int64_t max_seq_len() const override { return inner_.max_seq_len(); }
+  int max_slots() const override { return inner_.max_slots(); }
+  int acquire_slot() override { return inner_.acquire_slot(); }
+  void release_slot(int slot) override { inner_.release_slot(slot); }
+  std::vector<float> forward(std::span<const StepChunk> chunks) override {
+    max_chunks = std::max(max_chunks.load(), chunks.size());
+    return inner_.forward(chunks);
+  }
+  std::atomic<size_t> max_chunks{0};
+
+ private:
+  StepModel& inner_;
+};
+
+TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
+  const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
+  model::LoadOptions load;
+  load.progress = false;
+  const model::LoadedModel loaded = model::load_model(dir, load);
+  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const auto chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
+  const json context = runtime::template_context(tokenizer, loaded.checkpoint);
+  const auto eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
+  const TokenizerCodec codec(tokenizer, chat_template, context, eos);
+  constexpr int64_t kContext = 256;
+  constexpr int64_t kMaxTokens = 20;
+
+  std::vector<std::string> questions;
+  for (int i = 0; i < 16; ++i) {
+    std::string q = "Question " + std::to_string(i) + ": what comes after";
+    for (int k = 0; k <= i; ++k) q += " " + std::to_string(i * 7 + k * 3);
+    questions.push_back(q + "?");
+  }
+
+  // Sequential reference: one request at a time through the plain generation loop.
+  std::vector<std::vector<int32_t>> expected;
+  {
+    model::KvCache cache = loaded.decoder->make_cache(kContext, 1);
+    for (const auto& q : questions) {
+      runtime::GenerationRequest req;
+      req.prompt = codec.encode(codec.render_chat({{"user", q}}), false);
+      req.sampling.temperature = 0.0f;
+      req.max_new_tokens = kMaxTokens;
+      req.eos_token_ids = eos;
+      expected.push_back(runtime::generate(*loaded.decoder, cache, tokenizer, req, [](std::string_view) { return true; }).tokens);
+      ASSERT_FALSE(expected.back().empty()) << q;  // an empty reference would make the comparison vacuous
+    }
+  }
+
+  DecoderStepModel decoder_model(*loaded.decoder, kContext, 16);
+  CountingStepModel step_model(decoder_model);
+  testing::ServerSetup setup;
+  setup.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 64, .max_queue = 32};
+  setup.context_length = kContext;
+  testing::RunningServer server(step_model, codec, setup);
+  std::vector<testing::StreamResult> results(16);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < 16; ++i) {
+    clients.emplace_back([&, i] {
+      auto cli = server.client();
+      results[i] = testing::post_stream(*cli, "/v1/chat/completions",
+                                        {{"messages", json::array({{{"role", "user"}, {"content", questions[i]}}})},
+                                         {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true},
+                                         {"return_token_ids", true}});
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < 16; ++i) {
+    ASSERT_EQ(results[i].status, 200) << results[i].error;
+    ASSERT_TRUE(results[i].done);
+    std::vector<int32_t> ids;
+    for (const auto& c : results[i].chunks) {
+      for (const auto& id : c["choices"][0]["token_ids"]) ids.push_back(id.get<int32_t>());
+    }
+    EXPECT_EQ(ids, expected[i]) << "client " << i;
+  }
+  EXPECT_GT(step_model.max_chunks.load(), 1u) << "no forward step batched several sequences";
+}
+
+}  // namespace
+}  // namespace fp4serve::server

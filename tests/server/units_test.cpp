@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// The server's pure units: request parsing and mapping, response shapes, SSE framing and parsing, Prometheus
+// rendering, and the bench report statistics (against numpy.percentile values worked out by hand).
+#include <gtest/gtest.h>
+
+#include "server/bench_client.h"
+#include "server/fakes.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/sse.h"
+
+namespace fp4serve::server {
+namespace {
+
+using nlohmann::json;
+
+TEST(OpenAiApi, ParsesCompletionFields) {
+  const auto r = parse_request(Endpoint::kCompletions, R"({"model": "m", "prompt": "hi", "max_tokens": 7,
+      "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -1, "stop": "##", "stream": true,
+      "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "logprobs": null, "user": "x"})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_text, "hi");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(*r.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(*r.top_p, 0.9f);
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_EQ(r.seed, ~uint64_t{0});
+  EXPECT_EQ(r.stop, std::vector<std::string>{"##"});
+  EXPECT_TRUE(r.stream && r.include_usage && r.ignore_eos);
+}
+
+TEST(OpenAiApi, TokenIdPromptsAndChatParts) {
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, R"({"prompt": [5, 6, 7]})").prompt_ids, (std::vector<int64_t>{5, 6, 7}));
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, R"({"prompt": [[8, 9]]})").prompt_ids, (std::vector<int64_t>{8, 9}));
+  const auto chat = parse_request(Endpoint::kChatCompletions,
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                       {"role": "assistant", "content": null}], "max_completion_tokens": 3})");
+  ASSERT_EQ(chat.messages.size(), 2u);
+  EXPECT_EQ(chat.messages[0].content, "ab");
+  EXPECT_EQ(chat.messages[1].content, "");
+  EXPECT_EQ(chat.max_tokens, 3);
+}
+
+TEST(OpenAiApi, ErrorsNameTheField) {
+  try {
+    parse_request(Endpoint::kCompletions, R"({"prompt": "a", "top_p": 2})");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "top_p");
+    const json b = e.body();
+    EXPECT_EQ(b["error"]["param"], "top_p");
+    EXPECT_EQ(b["error"]["type"], "invalid_request_error");
+    EXPECT_NE(b["error"]["message"].get<std::string>().find("top_p"), std::string::npos);
+  }
+}
+
+TEST(OpenAiApi, MapsToSequenceRequestWithinContext) {
+  testing::ByteCodec codec;
+  runtime::SamplingParams defaults;
+  defaults.temperature = 0.7f;
+  defaults.top_k = 20;
+  const ServeLimits limits{"m", 16, defaults};
+  const auto now = Clock::now();
+  auto seq = to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "temperature": 0})"),
+                                 codec, limits, now);
+  EXPECT_EQ(seq.prompt, (std::vector<int32_t>{'a', 'b', 'c', 'd'}));
+  EXPECT_EQ(seq.max_new_tokens, 12);  // the rest of the context
+  EXPECT_EQ(seq.sampling.temperature, 0.0f);
+  EXPECT_EQ(seq.sampling.top_k, 20);  // default kept
+  EXPECT_EQ(seq.eos_token_ids, std::vector<int32_t>{testing::kEos});
+  EXPECT_THROW(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "max_tokens": 13})"),
+                                   codec, limits, now), ApiError);
+  EXPECT_EQ(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "max_tokens": 12})"),
+                                codec, limits, now).max_new_tokens, 12);
+  EXPECT_THROW(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "a", "model": "z"})"),
+                                   codec, limits, now), ApiError);
+}
+
+TEST(OpenAiApi, ResponseShapes) {
+  const std::vector<int32_t> ids{1, 2};
+  const json c = response_json(Endpoint::kChatCompletions, "id1", "m", 5, "hey", "stop", {3, 2}, &ids);
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"]["content"], "hey");
+  EXPECT_EQ(c["choices"][0]["token_ids"], json(ids));
+  EXPECT_EQ(c["usage"]["total_tokens"], 5);
+  const json k = chunk_json(Endpoint::kCompletions, "id2", "m", 5, "x", std::nullopt, true, nullptr);
+  EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(k["choices"][0]["text"], "x");
+  EXPECT_FALSE(k["choices"][0].contains("token_ids"));
+}
+
+TEST(Sse, FramingAndParsingInPieces) {
+  const std::string stream = sse_event(json{{"a", "line\nbreak"}}) + ": comment\n\n" + "data: x\r\ndata: y\r\n\r\n" +
+                             std::string(kSseDone);
+  EXPECT_EQ(stream.find("\n"), stream.find("\n\n"));  // the JSON newline is escaped, not raw
+  // Feed byte by byte: events must come out whole and in order.
+  SseParser parser;
+  std::vector<std::string> events;
+  for (const char ch : stream) {
+    for (auto& e : parser.push(std::string_view(&ch, 1))) events.push_back(e);
+  }
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(json::parse(events[0])["a"], "line\nbreak");
+  EXPECT_EQ(events[1], "x\ny");
+  EXPECT_EQ(events[2], "[DONE]");
+  EXPECT_EQ(parser.pending(), 0u);
+}
+
+TEST(Metrics, HistogramIsCumulativeWithLeBounds) {
+  Histogram h({0.1, 1.0});
+  for (const double v : {0.05, 0.1, 0.5, 1.0, 3.0}) h.observe(v);
+  std::string out;
+  h.render(out, "x");
+  // le="0.1" counts 0.05 and 0.1 (≤), le="1" adds 0.5 and 1.0, +Inf everything; sum 4.65.
+  EXPECT_EQ(out, "x_bucket{le=\"0.1\"} 2\nx_bucket{le=\"1\"} 4\nx_bucket{le=\"+Inf\"} 5\nx_sum 4.65\nx_count 5\n");
+}
+
+TEST(Metrics, RenderHasEveryFamilyOnce) {
+  Metrics m;
+  m.count_request(200);
+  m.count_request(400);
+  m.count_request(400);
+  m.add_prompt_tokens(11);
+  m.add_generation_tokens(7);
+  m.observe_ttft(0.3);
+  m.set_scheduler_state(3, 2, 3, 4, 99);
+  const std::string text = m.render();
+  EXPECT_NE(text.find("fp4serve_requests_total{status=\"400\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_prompt_tokens_total 11\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_generation_tokens_total 7\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_num_requests_running 3\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_num_requests_waiting 2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_kv_cache_usage_perc 0.75\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  for (const char* family : {"fp4serve_requests_total", "fp4serve_time_to_first_token_seconds",
+                             "fp4serve_inter_token_latency_seconds", "fp4serve_kv_cache_usage_perc"}) {
+    const std::string type = std::string("# TYPE ") + family + " ";
+    const auto first = text.find(type);
+    ASSERT_NE(first, std::string::npos) << family;
+    EXPECT_EQ(text.find(type, first + 1), std::string::npos) << family;
+  }
+}
+
+TEST(BenchReport, PercentilesAsNumpy) {
+  // numpy.percentile([3, 1, 4, 1, 5, 9, 2, 6], q): sorted 1 1 2 3 4 5 6 9, position q/100 · 7.
+  const std::vector<double> v{3, 1, 4, 1, 5, 9, 2, 6};
+  EXPECT_DOUBLE_EQ(percentile(v, 50), 3.5);          // between 3 and 4
+  EXPECT_NEAR(percentile(v, 99), 6 + 3 * 0.93, 1e-12);  // position 6.93
+  EXPECT_DOUBLE_EQ(percentile(v, 0), 1.0);
+  EXPECT_DOUBLE_EQ(percentile(v, 100), 9.0);
+  EXPECT_DOUBLE_EQ(percentile({}, 50), 0.0);
+}
+
+TEST(BenchReport, SummaryAsVllm) {
+  RequestRecord a{.success = true, .error = {}, .prompt_len = 10, .output_tokens = 5, .ttft = 0.1, .latency = 0.5,
+                  .itl = {0.1, 0.1, 0.1, 0.1}};
+  RequestRecord b{.success = true, .error = {}, .prompt_len = 10, .output_tokens = 3, .ttft = 0.3, .latency = 0.7,
+                  .itl = {0.2, 0.2}};
+  RequestRecord c{.success = false, .error = "HTTP 500", .prompt_len = 10, .output_tokens = 0, .ttft = 0, .latency = 1,
+                  .itl = {}};
+  const auto r = summarize({a, b, c}, 2.0, 4);
+  EXPECT_EQ(r.completed, 2);
+  EXPECT_EQ(r.failed, 1);
+  EXPECT_EQ(r.total_input, 20);
+  EXPECT_EQ(r.total_output, 8);
+  EXPECT_DOUBLE_EQ(r.request_throughput, 1.0);
+  EXPECT_DOUBLE_EQ(r.output_throughput, 4.0);
+  EXPECT_DOUBLE_EQ(r.total_token_throughput, 14.0);
+  EXPECT_NEAR(r.mean_ttft_ms, 200.0, 1e-9);
+  // TPOT: a (0.5 − 0.1) / 4 = 100 ms, b (0.7 − 0.3) / 2 = 200 ms.
+  EXPECT_NEAR(r.mean_tpot_ms, 150.0, 1e-9);
+  EXPECT_NEAR(r.mean_itl_ms, (4 * 100.0 + 2 * 200.0) / 6, 1e-9);
+  EXPECT_NEAR(r.median_itl_ms, 100.0, 1e-9);
+  EXPECT_EQ(r.errors, std::vector<std::string>{"HTTP 500"});
+}
+
+}  // namespace
+}  // namespace fp4serve::server
