@@ -5,25 +5,15 @@
 
 
 #include "fp4serve/error.h"
+#include "quant/json_fields.h"
 
 namespace fp4serve::quant {
 namespace {
 
 using nlohmann::json;
 
-const json* member(const json& object, const char* key) {
-  if (!object.is_object()) return nullptr;
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::string get_string(const json& object, const char* key, std::string_view where) {
-  const json* v = member(object, key);
-  if (v == nullptr) return {};
-  if (!v->is_string()) throw FormatError(fmt::format("{}.{} is {}, expected a string", where, key, v->type_name()));
-  return v->get<std::string>();
-}
+using json_fields::get_string;
+using json_fields::member;
 
 // --- QuantizationArgs --------------------------------------------------------------------------------------
 
