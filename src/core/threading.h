@@ -12,4 +12,8 @@ void set_num_threads(int n);
 /// The thread count parallel kernels use now (≥ 1).
 int num_threads();
 
+/// Applies the engine's thread count (the last set_num_threads, process-wide) to the calling thread. OpenMP keeps
+/// the count per thread, so a thread that runs kernels and was started after set_num_threads calls this first.
+void adopt_engine_threads();
+
 }  // namespace fp4serve::core

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/scheduler.h"
 
+#include "core/threading.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,7 +33,10 @@ Scheduler::~Scheduler() { stop(); }
 void Scheduler::start() {
   if (thread_.joinable()) return;
   publish_state();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    core::adopt_engine_threads();  // --threads was set on the main thread; OpenMP counts are per thread
+    run();
+  });
 }
 
 void Scheduler::stop() {
