@@ -34,6 +34,11 @@ TRANSFORM_VARIANTS = {
                                        "transform_block_size": 128}, "NVFP4A16"),
     "quiprh-nvfp4a16": ("QuIPModifier", {"rotations": ["v"], "transform_type": "random-hadamard",
                                          "transform_block_size": 32}, "NVFP4A16"),
+    # SpinQuant R1 + R2 (fused into the weights) + R4 (online `input` Hadamard of down_proj, fused inverse in
+    # its weight); R3 (q_attn / k_cache) is not executed by fp4serve yet.
+    "spinquant-nvfp4a16": ("SpinQuantModifier", {"rotations": ["R1", "R2", "R4"], "transform_type": "hadamard",
+                                                 "transform_block_size": 32},
+                           "NVFP4A16"),
 }
 
 # Ignore lists as real recipes write them (lm_head + MoE routers).
