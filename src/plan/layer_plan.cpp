@@ -101,25 +101,32 @@ class SharedTransforms {
  public:
   explicit SharedTransforms(const TensorHeaders& headers) {
     for (const auto& [name, h] : headers) {
-      const size_t dot = name.rfind('.', name.size() - (name.ends_with(".weight") ? 8 : name.ends_with(".perm") ? 6 : 0) - 1);
-      if ((!name.ends_with(".weight") && !name.ends_with(".perm")) || dot == std::string::npos || h.shape.empty()) continue;
-      const std::string key = fmt::format("{}#{}", name.substr(dot + 1), h.shape.front());
-      auto [it, inserted] = by_key_.emplace(key, name);
+      const std::string k = key(name, h.shape);
+      if (k.empty()) continue;
+      auto [it, inserted] = by_key_.emplace(k, name);
       if (!inserted && name < it->second) it->second = name;  // deterministic choice; tied copies are identical
     }
   }
   /// Points `c` at the stored tied tensor when there is one; leaves it unchanged (reported missing) otherwise.
   void resolve(TensorContract& c) const {
-    const size_t dot = c.name.rfind('.', c.name.size() - (c.role == TensorRole::TransformPerm ? 6 : 8) - 1);
-    if (dot == std::string::npos || c.shapes.empty() || c.shapes.front().empty()) return;
-    const auto it = by_key_.find(fmt::format("{}#{}", c.name.substr(dot + 1), c.shapes.front().front()));
+    if (c.shapes.empty()) return;
+    const auto it = by_key_.find(key(c.name, c.shapes.front()));
     if (it == by_key_.end()) return;
     c.name = it->second;
     c.shared = true;
   }
 
  private:
-  std::unordered_map<std::string, std::string> by_key_;  // "<group>_<location>.weight#<size>" → stored tensor name
+  // "model.layers.0.self_attn.q_proj.v_input.weight" [256, 256] → "v_input.weight#256": the last two name
+  // components and the size; "" for names that cannot be transform tensors.
+  static std::string key(const std::string& name, const std::vector<int64_t>& shape) {
+    if (shape.empty() || !(name.ends_with(".weight") || name.ends_with(".perm"))) return {};
+    const size_t last = name.rfind('.');
+    const size_t dot = last == 0 ? std::string::npos : name.rfind('.', last - 1);
+    if (dot == std::string::npos) return {};
+    return fmt::format("{}#{}", name.substr(dot + 1), shape.front());
+  }
+  std::unordered_map<std::string, std::string> by_key_;
 };
 
 void add_other(const std::string& name, std::vector<std::vector<int64_t>> shapes, bool optional, bool dropped,
