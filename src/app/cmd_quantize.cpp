@@ -21,6 +21,7 @@ struct QuantizeCliOptions {
   std::string out;
   std::string scheme;
   int64_t group_size = 0;
+  int64_t hadamard = 0;
   std::vector<std::string> ignore;
   std::string calibration;
   int64_t calibration_tokens = 512;
@@ -60,6 +61,7 @@ void run_quantize(const QuantizeCliOptions& cli) {
   quant::QuantizeOptions options;
   options.scheme = *scheme;
   options.group_size = cli.group_size;
+  options.hadamard = cli.hadamard;
   if (!cli.ignore.empty()) options.ignore = cli.ignore;
   if (w4a4_nvfp4) {
     // Plan once without activations to learn which layers need calibrating, then calibrate (see calibration.h).
@@ -94,6 +96,8 @@ void register_quantize(CLI::App& root) {
       ->required();
   cmd->add_option("--scheme", opts->scheme, "nvfp4 | nvfp4a16 | mxfp4 | mxfp4a16 | w4a16")->required();
   cmd->add_option("--group-size", opts->group_size, "int4 group size for w4a16 (default 128)");
+  cmd->add_option("--hadamard", opts->hadamard,
+                  "QuIP-style Hadamard block (16|32|64|128): rotate weights offline, declare the online input transform");
   cmd->add_option("--ignore", opts->ignore,
                   "linear modules to keep unquantized: exact names or re:REGEX, comma-separated; replaces the "
                   "default (lm_head and MoE routers)")

@@ -23,15 +23,27 @@ LinearGroup::LinearGroup(std::vector<LinearPart> parts, std::vector<std::string>
 }
 
 void LinearGroup::forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const {
+  // The transformed input, recomputed only when the next part has a different transform (q|k|v share one).
+  thread_local std::vector<float> transformed;
+  const OnlineTransform* current = nullptr;
+  auto input_for = [&](const LinearPart& p) -> const float* {
+    if (!p.input_transform) return x;
+    if (p.input_transform.get() != current) {
+      transformed.assign(x, x + m * in_features_);
+      p.input_transform->apply(transformed.data(), m, in_features_);
+      current = p.input_transform.get();
+    }
+    return transformed.data();
+  };
   if (parts_.size() == 1) {
-    kernels::linear(parts_[0].weight, x, m, y, parts_[0].activation_quant);
+    kernels::linear(parts_[0].weight, input_for(parts_[0]), m, y, parts_[0].activation_quant);
     return;
   }
   int64_t offset = 0;
   for (const auto& p : parts_) {
     const int64_t n = p.weight.out_features;
     scratch.resize(static_cast<size_t>(m * n));
-    kernels::linear(p.weight, x, m, scratch.data(), p.activation_quant);
+    kernels::linear(p.weight, input_for(p), m, scratch.data(), p.activation_quant);
     for (int64_t r = 0; r < m; ++r) {
       std::memcpy(y + r * out_features_ + offset, scratch.data() + r * n, static_cast<size_t>(n) * sizeof(float));
     }

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/linear.h"
+#include "model/online_transform.h"
 #include "prepare/prepared_linear.h"
 
 namespace fp4serve::model {
@@ -16,6 +18,9 @@ namespace fp4serve::model {
 struct LinearPart {
   prepare::PreparedLinear weight;
   kernels::ActivationQuant activation_quant = kernels::ActivationQuant::None;
+  /// Online `input` transform applied to x before this part's GEMM (null: none). Parts of a fused group share
+  /// one object; identical matrices are shared across layers (TransformCache).
+  std::shared_ptr<const OnlineTransform> input_transform;
 };
 
 /// Sees the input of every linear group during a forward pass: calibration (`quantize --scheme nvfp4` observes
@@ -41,8 +46,9 @@ class LinearGroup {
   const std::vector<LinearPart>& parts() const { return parts_; }
   bool empty() const { return parts_.empty(); }
 
-  /// y[m, out_features] = concat over parts of x[m, K] · W_partᵀ (+ bias_part). `scratch` is reused between
-  /// calls to avoid allocations when there is more than one part.
+  /// y[m, out_features] = concat over parts of T_part(x[m, K]) · W_partᵀ (+ bias_part), T_part the part's online
+  /// input transform or the identity. `scratch` is reused between calls to avoid allocations when there is more
+  /// than one part; x is never modified (a transformed copy lives in a per-thread buffer).
   void forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const;
 
  private:

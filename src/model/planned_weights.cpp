@@ -182,6 +182,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
           name, plan::scheme_name(*m.scheme), plan_.device.label()));
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias)) prepare::attach_bias(part.weight, ckpt_.tensor(bias->name), name);
+  part.input_transform = input_transform(m);
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m.tensors) {
     if (use.dropped || use.shared) continue;
@@ -202,8 +203,9 @@ std::vector<checkpoint::ModuleInfo> PlannedWeights::modules(int64_t layer, check
 }
 
 LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expert, bool deinterleave) const {
-  const plan::ModulePlan* m = plan_.find(module);
-  if (m == nullptr) throw FormatError(fmt::format("{}: module is not in the layer plan", module));
+  const auto it = modules_.find(module);
+  if (it == modules_.end()) throw FormatError(fmt::format("{}: module is not in the layer plan", module));
+  const plan::ModulePlan* m = it->second;
   const std::string name = fmt::format("{} expert {}", module, expert);
   if (!m->scheme) throw UnsupportedError(fmt::format("{}: no scheme runs this layer on {}: {}", name, plan_.device.label(), m->reason_text));
   auto slice = [&](TensorRole role, bool transpose) {
@@ -253,6 +255,41 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
   return LinearGroup(std::move(parts), {module});
 }
 
+std::shared_ptr<const OnlineTransform> PlannedWeights::input_transform(const plan::ModulePlan& m) const {
+  std::shared_ptr<const OnlineTransform> out;
+  for (const quant::TransformUse& t : m.quant.transforms) {
+    if (!t.online) continue;  // weight_input / weight_output are folded into the stored weight
+    if (t.location != "input") {
+      throw UnsupportedError(fmt::format("{}: online transform {} at location `{}` is not executed (only `input` is)",
+                                         m.module.name, t.group, t.location));
+    }
+    if (out) {
+      throw UnsupportedError(fmt::format("{}: more than one online input transform (second: group {})", m.module.name,
+                                         t.group));
+    }
+    // The plan may point at a tied copy stored under another module, so match the `<group>_input` suffix only.
+    const std::string suffix = "." + t.group + "_input";
+    const plan::TensorUse* matrix = nullptr;
+    const plan::TensorUse* perm = nullptr;
+    for (const plan::TensorUse& use : m.tensors) {
+      if (use.role == TensorRole::TransformMatrix && use.name.ends_with(suffix + ".weight")) matrix = &use;
+      if (use.role == TensorRole::TransformPerm && use.name.ends_with(suffix + ".perm")) perm = &use;
+    }
+    if (matrix == nullptr || (t.randomize && perm == nullptr)) {
+      throw FormatError(fmt::format("{}: the plan lists no {} tensor for online transform {}", m.module.name,
+                                    matrix == nullptr ? "matrix" : "perm", t.group));
+    }
+    TransformSource source{matrix->name, t.type, t.inverse, ckpt_.tensor(matrix->name), std::nullopt};
+    if (perm) source.perm = ckpt_.tensor(perm->name);
+    out = transforms_.get(source);
+    if (m.module.in_features % out->block() != 0) {
+      throw FormatError(fmt::format("{}: transform {} has block {} that does not divide in_features {}", m.module.name,
+                                    matrix->name, out->block(), m.module.in_features));
+    }
+  }
+  return out;
+}
+
 LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules) const {
   std::vector<LinearPart> parts;
   bool fuse = modules.size() > 1;
@@ -265,7 +302,8 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
   }
   for (const LinearPart& p : parts) {
     fuse = fuse && p.activation_quant == parts.front().activation_quant && p.weight.layout == parts.front().weight.layout &&
-           p.weight.input_global_scale == parts.front().weight.input_global_scale;
+           p.weight.input_global_scale == parts.front().weight.input_global_scale &&
+           p.input_transform == parts.front().input_transform;
   }
   if (fuse) {
     // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight.
@@ -273,7 +311,7 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
     std::vector<prepare::PreparedLinear> weights;
     for (LinearPart& p : parts) weights.push_back(std::move(p.weight));
     std::vector<LinearPart> fused;
-    fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant});
+    fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant, parts.front().input_transform});
     return LinearGroup(std::move(fused), modules);
   }
   return LinearGroup(std::move(parts), modules);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -62,11 +63,15 @@ class PlannedWeights final : public WeightSource {
 
  private:
   LinearPart prepare_module(const plan::ModulePlan& module) const;
+  /// The module's online `input` transform (null when it has none). Throws UnsupportedError for an online
+  /// transform at another location or more than one, FormatError for missing/malformed matrices.
+  std::shared_ptr<const OnlineTransform> input_transform(const plan::ModulePlan& module) const;
 
   const checkpoint::Checkpoint& ckpt_;
   const plan::LayerPlan& plan_;
   LoadProgress& progress_;
   std::unordered_map<std::string, const plan::ModulePlan*> modules_;  // by checkpoint module name
+  mutable TransformCache transforms_;  // identical transform matrices are built once and shared
 };
 
 }  // namespace fp4serve::model

@@ -26,8 +26,26 @@ std::string backend_name(const DeviceCaps& d) {
   return "cpu-scalar";
 }
 
+std::string online_transform_summary(const ModulePlan& mp) {
+  std::vector<std::string> parts;
+  for (const quant::TransformUse& t : mp.quant.transforms) {
+    if (!t.online) continue;
+    int64_t block = 0;
+    const std::string suffix = fmt::format(".{}_{}.weight", t.group, t.location);
+    for (const TensorUse& u : mp.tensors) {
+      if (u.role == TensorRole::TransformMatrix && u.name.ends_with(suffix) && !u.shape.empty()) block = u.shape.front();
+    }
+    const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
+    const char* kernel = t.location != "input"                                   ? "not executed"
+                         : (t.type == "hadamard" && !t.randomize && pow2) ? "fwht"
+                                                                          : "dense";
+    parts.push_back(fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
-  using Key = std::tuple<std::string, std::string, std::string, std::string>;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
   std::map<Key, size_t> index;
   std::vector<ExplainRow> rows;
   std::vector<std::set<std::string>> runs;
@@ -38,11 +56,12 @@ std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
     const std::string scheme = scheme_label(mp.scheme);
     // Reasons name modules ("ignored by 'model.layers.3.mlp.gate'"); collapse their indices too.
     const std::string reason = name_pattern(mp.reason_text);
-    const Key key{pattern, variant, scheme, reason};
+    std::string transform = online_transform_summary(mp);
+    const Key key{pattern, variant, scheme, reason, transform};
     auto [it, inserted] = index.emplace(key, rows.size());
     if (inserted) {
       rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", reason,
-                      std::string(reason_code(mp.reason))});
+                      std::string(reason_code(mp.reason)), std::move(transform)});
       runs.emplace_back();
     }
     runs[it->second].insert(mp.run_name);
@@ -100,11 +119,18 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
     w_scheme = std::max(w_scheme, r.scheme.size());
     w_backend = std::max(w_backend, r.backend.size());
   }
-  out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}\n", "layers", w_pattern, "count", "checkpoint", w_variant,
-                     "scheme", w_scheme, "backend", w_backend, "reason");
+  // The transform column appears only for checkpoints with online transforms (it is empty otherwise).
+  size_t w_transform = 0;
+  for (const ExplainRow& r : rows) w_transform = std::max(w_transform, r.transform.size());
+  if (w_transform > 0) w_transform = std::max(w_transform, std::string_view("online transform").size());
+  const auto transform_cell = [&](const std::string& t) {
+    return w_transform == 0 ? std::string() : fmt::format("{:<{}}  ", t.empty() ? "-" : t, w_transform);
+  };
+  out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", "layers", w_pattern, "count", "checkpoint", w_variant,
+                     "scheme", w_scheme, "backend", w_backend, transform_cell("online transform"), "reason");
   for (const ExplainRow& r : rows) {
-    out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}\n", r.pattern, w_pattern, r.count, r.variant, w_variant,
-                       r.scheme, w_scheme, r.backend, w_backend, r.reason);
+    out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", r.pattern, w_pattern, r.count, r.variant, w_variant,
+                       r.scheme, w_scheme, r.backend, w_backend, transform_cell(r.transform), r.reason);
   }
   if (!plan.notices.empty()) {
     out += "\nnotices:\n";
@@ -148,7 +174,8 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
   out["rows"] = json::array();
   for (const ExplainRow& r : explain_rows(plan)) {
     out["rows"].push_back({{"pattern", r.pattern}, {"count", r.count}, {"variant", r.variant}, {"scheme", r.scheme},
-                           {"backend", r.backend}, {"reason", r.reason_code}, {"reason_text", r.reason}});
+                           {"backend", r.backend}, {"reason", r.reason_code}, {"reason_text", r.reason},
+                           {"online_transform", r.transform}});
   }
   out["notices"] = json::array();
   for (const Notice& n : plan.notices) {

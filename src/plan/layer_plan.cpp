@@ -93,6 +93,42 @@ void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHea
   uses.push_back({c.name, c.role, h.dtype, h.shape, h.bytes, c.dropped, c.shared});
 }
 
+// compressed-tensors ties the matrices (and perms) of one transform group that have the same size
+// (`HadamardFactory.weights` is keyed by size, `_dynamic_tied_weights_keys`), and save_pretrained then writes only
+// one of them: e.g. `model.layers.0.self_attn.q_proj.v_input.weight` stands for every 256-wide `v` matrix. A
+// module whose own `P.<group>_<location>.weight` is absent uses the stored one with the same group suffix and shape.
+class SharedTransforms {
+ public:
+  explicit SharedTransforms(const TensorHeaders& headers) {
+    for (const auto& [name, h] : headers) {
+      const std::string k = key(name, h.shape);
+      if (k.empty()) continue;
+      auto [it, inserted] = by_key_.emplace(k, name);
+      if (!inserted && name < it->second) it->second = name;  // deterministic choice; tied copies are identical
+    }
+  }
+  /// Points `c` at the stored tied tensor when there is one; leaves it unchanged (reported missing) otherwise.
+  void resolve(TensorContract& c) const {
+    if (c.shapes.empty()) return;
+    const auto it = by_key_.find(key(c.name, c.shapes.front()));
+    if (it == by_key_.end()) return;
+    c.name = it->second;
+    c.shared = true;
+  }
+
+ private:
+  // "model.layers.0.self_attn.q_proj.v_input.weight" [256, 256] → "v_input.weight#256": the last two name
+  // components and the size; "" for names that cannot be transform tensors.
+  static std::string key(const std::string& name, const std::vector<int64_t>& shape) {
+    if (shape.empty() || !(name.ends_with(".weight") || name.ends_with(".perm"))) return {};
+    const size_t last = name.rfind('.');
+    const size_t dot = last == 0 ? std::string::npos : name.rfind('.', last - 1);
+    if (dot == std::string::npos) return {};
+    return fmt::format("{}#{}", name.substr(dot + 1), shape.front());
+  }
+  std::unordered_map<std::string, std::string> by_key_;
+};
+
 void add_other(const std::string& name, std::vector<std::vector<int64_t>> shapes, bool optional, bool dropped,
                std::string_view what, const TensorHeaders& headers, LayerPlan& plan,
                std::unordered_set<std::string>& consumed, std::vector<std::string>& problems) {
@@ -189,11 +225,14 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
     }
     mp.variant = classify_layer(mp.quant, m);
     mp.run_name = m.name;
-    const bool online = std::any_of(mp.quant.transforms.begin(), mp.quant.transforms.end(),
-                                    [](const quant::TransformUse& t) { return t.online; });
-    if (online) {
+    // Online `input` transforms run before the GEMM (model/online_transform.h); the other online locations
+    // (output, q_attn, k_cache) are not executed yet, so such a layer has no scheme rather than wrong numerics.
+    const auto unexecuted = std::find_if(mp.quant.transforms.begin(), mp.quant.transforms.end(),
+                                         [](const quant::TransformUse& t) { return t.online && t.location != "input"; });
+    if (unexecuted != mp.quant.transforms.end()) {
       mp.reason = Reason::OnlineTransform;
-      mp.reason_text = "online transforms (transform_config) are not executed yet; the layer has no scheme";
+      mp.reason_text = fmt::format("online transform {} at location `{}` is not executed yet (only `input` is); "
+                                   "the layer has no scheme", unexecuted->group, unexecuted->location);
     } else {
       Selection s = select_scheme(mp.variant, options.device, options.activation_quant);
       mp.scheme = s.scheme;
@@ -232,10 +271,14 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
 
   // 3. Parameter contracts against the headers (rule 6), collecting every problem.
   std::unordered_set<std::string> consumed;
+  const SharedTransforms shared_transforms(headers);
   for (ModulePlan& mp : plan.modules) {
     const SchemeId contract_scheme = mp.scheme ? *mp.scheme : scheme_candidates(mp.variant, options.activation_quant).front();
-    const auto contract = parameter_contract(contract_scheme, mp.variant, mp.quant, mp.module, problems);
-    for (const TensorContract& c : contract) {
+    auto contract = parameter_contract(contract_scheme, mp.variant, mp.quant, mp.module, problems);
+    for (TensorContract& c : contract) {
+      if ((c.role == TensorRole::TransformMatrix || c.role == TensorRole::TransformPerm) && !headers.contains(c.name)) {
+        shared_transforms.resolve(c);
+      }
       check_tensor(c, mp, headers, mp.tensors, consumed, problems);
       if (c.role == TensorRole::InputGlobalScale || c.role == TensorRole::InputScale) mp.has_input_global_scale = true;
     }

@@ -354,7 +354,9 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
     if (!t.online) continue;  // weight_input / weight_output are already folded into the stored weight
     const int64_t size = t.head_dim ? *t.head_dim : (t.location == "output" ? n : k);
     const std::string base = fmt::format("{}.{}_{}", m.name, t.group, t.location);
-    b.add(base + ".weight", TensorRole::TransformMatrix, kFloatTypes, {{size, size}}, "[n, n]");
+    // compressed-tensors stores the matrix in the scheme's `precision`, float64 by default for QuIP.
+    b.add(base + ".weight", TensorRole::TransformMatrix, {DType::BF16, DType::F16, DType::F32, DType::F64},
+          {{size, size}}, "[n, n]");
     if (t.randomize) b.add(base + ".perm", TensorRole::TransformPerm, {DType::I64, DType::I32}, {{size}}, "[n]");
   }
   return std::move(b.out);

@@ -37,7 +37,7 @@ enum class Reason : uint8_t {
   EmulateNotAvailable, ///< --activation-quant emulate on MXFP4/FP8 W4A4/W8A8: no emulated scheme, table applies
   NotQuantized,        ///< ignored, excluded, not targeted, not listed, or a plain checkpoint
   DeviceTooOld,        ///< no scheme: below sm80
-  OnlineTransform,     ///< no scheme: online Hadamard/rotation transforms are not executed yet
+  OnlineTransform,     ///< no scheme: an online transform at output / q_attn / k_cache (only `input` runs)
 };
 std::string_view reason_code(Reason r);
 

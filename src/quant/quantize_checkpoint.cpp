@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
 #include <cctype>
 #include <cstring>
 #include <fstream>
@@ -126,11 +128,45 @@ std::vector<std::byte> scales_in(DType dtype, const std::vector<float>& v) {
   return as_bytes(bits);
 }
 
+// The weight a quantized linear quantizes: the source weight, Hadamard-rotated when the plan asks for it.
+std::vector<float> linear_weight(const checkpoint::Checkpoint& source, const QuantizePlan& plan, const LinearPlan& lin) {
+  const std::string weight_name = lin.module + ".weight";
+  std::vector<float> w = read_floats(source.tensor(weight_name), weight_name);
+  if (plan.hadamard > 0 && lin.quantized) rotate_weight_hadamard(w, lin.rows, lin.cols, plan.hadamard, lin.dtype);
+  return w;
+}
+
+constexpr const char* kHadamardGroup = "v";
+
+std::string hadamard_tensor_name(const LinearPlan& lin) { return lin.module + "." + kHadamardGroup + "_input.weight"; }
+
+// The one stored matrix of the tied `v` transform: ±1 Sylvester, F64 (the QuIP scheme's default precision).
+TensorRecord hadamard_record(const LinearPlan& lin, int64_t b) {
+  std::vector<double> h(static_cast<size_t>(b * b));
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < b; ++j) h[static_cast<size_t>(i * b + j)] = (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -1.0 : 1.0;
+  }
+  return {hadamard_tensor_name(lin), DType::F64, {b, b}, as_bytes(h)};
+}
+
+// LLMC QuIPModifier(rotations=["v"], transform_type="hadamard", transform_block_size=b) as compressed-tensors
+// serializes it: online `input` + inverse fused `weight_input` on the quantized linears.
+json transform_config(const QuantizePlan& plan) {
+  if (plan.hadamard == 0) return json::object();
+  const auto apply = [&](const char* location, bool inverse) {
+    return json{{"ignore", plan.ignore}, {"inverse", inverse}, {"location", location}, {"targets", {"Linear"}}};
+  };
+  const json group = {{"apply", {apply("input", false), apply("weight_input", true)}}, {"head_dim", plan.hadamard},
+                      {"precision", "torch.float64"}, {"randomize", false}, {"requires_grad", false},
+                      {"type", "hadamard"}};
+  return json{{"config_groups", {{kHadamardGroup, group}}}};
+}
+
 // The compressed-tensors tensors of one quantized linear, in the order CT's compressors name them.
 std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, const QuantizePlan& plan,
-                                          const LinearPlan& lin) {
+                                          const LinearPlan& lin, bool carries_transform) {
   const std::string weight_name = lin.module + ".weight";
-  const std::vector<float> w = read_floats(source.tensor(weight_name), weight_name);
+  const std::vector<float> w = linear_weight(source, plan, lin);
   abs_max(w, weight_name);  // rejects NaN/inf with the tensor's name before any scale is computed
   const std::string& m = lin.module;
   std::vector<TensorRecord> out;
@@ -163,11 +199,13 @@ std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, 
       break;
     }
   }
+  if (carries_transform) out.push_back(hadamard_record(lin, plan.hadamard));
   return out;
 }
 
 // Output tensor names and sizes of a quantized linear, known before any math so shards can be planned first.
-std::vector<std::pair<std::string, uint64_t>> quantized_outputs(const QuantizePlan& plan, const LinearPlan& lin) {
+std::vector<std::pair<std::string, uint64_t>> quantized_outputs(const QuantizePlan& plan, const LinearPlan& lin,
+                                                               bool carries_transform) {
   const auto bytes = [](DType d, std::vector<int64_t> s) { return checkpoint::tensor_bytes(d, s); };
   const std::string& m = lin.module;
   std::vector<std::pair<std::string, uint64_t>> out;
@@ -189,6 +227,7 @@ std::vector<std::pair<std::string, uint64_t>> quantized_outputs(const QuantizePl
       out.emplace_back(m + ".weight_shape", 16);
       break;
   }
+  if (carries_transform) out.emplace_back(hadamard_tensor_name(lin), bytes(DType::F64, {plan.hadamard, plan.hadamard}));
   return out;
 }
 
@@ -220,6 +259,30 @@ std::string_view quant_scheme_name(QuantScheme scheme) {
   return "?";
 }
 
+void rotate_weight_hadamard(std::vector<float>& w, int64_t rows, int64_t cols, int64_t b, core::DType dtype) {
+  if (b < 2 || (b & (b - 1)) != 0 || cols % b != 0 || w.size() != static_cast<size_t>(rows * cols)) {
+    throw UsageError(fmt::format("Hadamard block {} must be a power of two dividing in_features {}", b, cols));
+  }
+  const double scale = std::sqrt(static_cast<double>(b));
+  std::vector<double> in(static_cast<size_t>(b));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t blk = 0; blk < cols; blk += b) {
+      float* row = w.data() + r * cols + blk;
+      for (int64_t i = 0; i < b; ++i) in[static_cast<size_t>(i)] = row[i];
+      for (int64_t j = 0; j < b; ++j) {
+        double acc = 0.0;  // sums of ±BF16/F16 values are exact in float64 at these sizes, so order does not matter
+        for (int64_t i = 0; i < b; ++i) {
+          acc += (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -in[static_cast<size_t>(i)] : in[static_cast<size_t>(i)];
+        }
+        const float f = static_cast<float>(acc / scale);
+        row[j] = dtype == DType::BF16 ? bf16_to_float(float_to_bf16(f))
+                 : dtype == DType::F16 ? f16_to_float(float_to_f16(f))
+                                       : f;
+      }
+    }
+  }
+}
+
 std::vector<std::string> default_ignore_patterns() {
   return {"lm_head", R"(re:.*mlp\.gate$)", R"(re:.*block_sparse_moe\.gate$)", R"(re:.*\.router(\.layer)?$)",
           R"(re:.*shared_expert_gate$)"};
@@ -233,6 +296,14 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
   }
   QuantizePlan plan;
   plan.scheme = options.scheme;
+  plan.hadamard = options.hadamard;
+  if (plan.hadamard != 0 && plan.hadamard != 16 && plan.hadamard != 32 && plan.hadamard != 64 && plan.hadamard != 128) {
+    throw UsageError(fmt::format("--hadamard {}: the block size must be 16, 32, 64 or 128", plan.hadamard));
+  }
+  if (plan.hadamard != 0 && plan.scheme == QuantScheme::Nvfp4) {
+    throw UsageError("--hadamard with --scheme nvfp4: W4A4 calibration would observe activations without the "
+                     "rotation; use a weight-only scheme (nvfp4a16, mxfp4a16, w4a16) or mxfp4");
+  }
   const int64_t fixed = is_nvfp4(options.scheme) ? kNvfp4GroupSize
                         : options.scheme == QuantScheme::W4A16 ? 0 : kMxfp4GroupSize;
   if (fixed != 0 && options.group_size != 0 && options.group_size != fixed) {
@@ -274,6 +345,11 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
                                      "unquantized with --ignore {}", lin.module, lin.cols,
                                      quant_scheme_name(plan.scheme), plan.group_size, lin.module));
       }
+      if (plan.hadamard != 0 && lin.cols % plan.hadamard != 0) {
+        throw UsageError(fmt::format("{}: in_features {} is not a multiple of the Hadamard block {}; choose a smaller "
+                                     "--hadamard or keep the layer unquantized with --ignore {}", lin.module, lin.cols,
+                                     plan.hadamard, lin.module));
+      }
     }
     plan.linears.push_back(std::move(lin));
   }
@@ -287,7 +363,7 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
     for (const LinearPlan& lin : plan.linears) {
       if (!lin.quantized) continue;
       const std::string wname = lin.module + ".weight";
-      const float a = abs_max(read_floats(source.tensor(wname), wname), wname);
+      const float a = abs_max(linear_weight(source, plan, lin), wname);
       weight_amax[key(lin)] = std::max(weight_amax[key(lin)], a);
       if (plan.scheme == QuantScheme::Nvfp4) {
         const auto it = options.input_amax.find(lin.module);
@@ -355,7 +431,7 @@ json quantization_config(const QuantizePlan& plan) {
   return json{{"config_groups", {{"group_0", group}}}, {"format", format}, {"global_compression_ratio", nullptr},
               {"ignore", plan.ignore}, {"kv_cache_scheme", nullptr}, {"quant_method", "compressed-tensors"},
               {"quantization_status", "compressed"}, {"sparsity_config", json::object()},
-              {"transform_config", json::object()}, {"version", kCompressedTensorsVersion}};
+              {"transform_config", transform_config(plan)}, {"version", kCompressedTensorsVersion}};
 }
 
 void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePlan& plan, const fs::path& out_dir,
@@ -383,6 +459,13 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
   for (size_t i = 0; i < plan.linears.size(); ++i) {
     if (plan.linears[i].quantized) quantized_index[plan.linears[i].module + ".weight"] = static_cast<int>(i);
   }
+  // The tied Hadamard matrix is stored once, with the first quantized linear (all share one size).
+  int transform_carrier = -1;
+  if (plan.hadamard > 0) {
+    for (size_t i = 0; i < plan.linears.size() && transform_carrier < 0; ++i) {
+      if (plan.linears[i].quantized) transform_carrier = static_cast<int>(i);
+    }
+  }
   std::vector<std::string> names = source.tensor_names();
   std::sort(names.begin(), names.end(), natural_less);
   std::vector<Output> outputs;
@@ -393,7 +476,8 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
       outputs.push_back({name, source.tensor(name).bytes.size(), -1});
       continue;
     }
-    for (auto& [out_name, bytes] : quantized_outputs(plan, plan.linears[static_cast<size_t>(it->second)])) {
+    for (auto& [out_name, bytes] : quantized_outputs(plan, plan.linears[static_cast<size_t>(it->second)],
+                                                     it->second == transform_carrier)) {
       outputs.push_back({out_name, bytes, it->second});
       ++pending[it->second];
     }
@@ -420,7 +504,7 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
         auto it = cache.find(o.linear);
         if (it == cache.end()) {
           const LinearPlan& lin = plan.linears[static_cast<size_t>(o.linear)];
-          it = cache.emplace(o.linear, quantize_linear(source, plan, lin)).first;
+          it = cache.emplace(o.linear, quantize_linear(source, plan, lin, o.linear == transform_carrier)).first;
           if (progress) progress(++done, total, lin.module);
         }
         auto rec = std::find_if(it->second.begin(), it->second.end(), [&](const auto& r) { return r.name == o.name; });

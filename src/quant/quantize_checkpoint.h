@@ -51,6 +51,12 @@ struct QuantizeOptions {
   /// NVFP4 W4A4 only: calibrated max |input activation| per quantized module name (static min-max over the
   /// calibration tokens). Required for every quantized module with that scheme; ignored otherwise.
   std::map<std::string, float> input_amax;
+  /// QuIP-style Hadamard block size (16, 32, 64 or 128), 0 = none. Every quantized linear's weight is rotated
+  /// W ← W·H_b/√b block-diagonally (compressed-tensors `weight_input`, inverse) before quantization, and the
+  /// checkpoint declares the matching online `input` transform (group "v", type "hadamard", head_dim b) with one
+  /// stored ±1 Sylvester matrix (compressed-tensors ties same-size matrices). Weight-only schemes only: W4A4 NVFP4
+  /// calibration observes untransformed activations.
+  int64_t hadamard = 0;
 };
 
 /// One linear layer (a 2-D `<module>.weight` under `model.layers.`, or `lm_head`).
@@ -70,7 +76,14 @@ struct QuantizePlan {
   int64_t group_size = 0;                ///< the effective group size (16, 32 or the int4 group)
   std::vector<LinearPlan> linears;       ///< in natural name order
   std::vector<std::string> ignore;       ///< every unquantized linear by exact name, as llm-compressor lists them
+  int64_t hadamard = 0;                  ///< QuantizeOptions::hadamard
 };
+
+/// `w` [rows, cols] ← w · blockdiag(H_b)/√b, computed in float64 and rounded to `dtype` (BF16/F16 via f32, as
+/// torch casts float64 → f32 → bf16), as compressed-tensors fuses an inverse `weight_input` Hadamard
+/// (`apply_transform_weight`: value @ H.T, divided by √b). Throws UsageError unless b is a power of two ≥ 2
+/// dividing cols.
+void rotate_weight_hadamard(std::vector<float>& w, int64_t rows, int64_t cols, int64_t block, core::DType dtype);
 
 /// Decides what to quantize in `source`. For NVFP4 schemes it also reads the quantized weights once to compute
 /// the global scales, jointly over the fusion groups llm-compressor uses (LLMC `FUSED_LAYER_NAMES`: q/k/v,

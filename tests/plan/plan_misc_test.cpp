@@ -111,19 +111,60 @@ TEST(Plan, UnknownArchitectureListsTheSupportedOnes) {
   }
 }
 
-TEST(Plan, OnlineTransformLayersHaveNoSchemeAndTheirMatricesAreAccounted) {
+json quip_config(const std::string& online_location) {
   json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
   qc["transform_config"] = {{"config_groups", {{"v", {{"type", "hadamard"}, {"apply", {
-      {{"targets", {"re:.*down_proj$"}}, {"location", "input"}},
+      {{"targets", {"re:.*down_proj$"}}, {"location", online_location}},
       {{"targets", {"Linear"}}, {"location", "weight_input"}, {"inverse", true}, {"ignore", {"lm_head"}}}}}}}}}};
+  return qc;
+}
+
+TEST(Plan, OnlineInputTransformLayersGetASchemeAndTheirMatricesAreAccounted) {
   TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
-  for (int l = 0; l < 2; ++l) put(h, fmt::format("model.layers.{}.mlp.down_proj.v_input.weight", l), core::DType::BF16, {kI, kI});
-  const LayerPlan p = plan_for(llama(qc), h);
+  for (int l = 0; l < 2; ++l) put(h, fmt::format("model.layers.{}.mlp.down_proj.v_input.weight", l), core::DType::F64, {kI, kI});
+  const LayerPlan p = plan_for(llama(quip_config("input")), h);
+  const ModulePlan* down = p.find("model.layers.1.mlp.down_proj");
+  EXPECT_EQ(down->scheme, SchemeId::W4A16Nvfp4);
+  EXPECT_EQ(down->quant.transforms.size(), 2u);
+  const TensorUse* m = down->tensor(TensorRole::TransformMatrix);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "model.layers.1.mlp.down_proj.v_input.weight");
+  EXPECT_FALSE(m->shared);
+  EXPECT_EQ(p.find("model.layers.1.mlp.up_proj")->scheme, SchemeId::W4A16Nvfp4);  // weight_input only: offline
+  EXPECT_TRUE(p.complete());
+  // explain names the transform per row: K = 96 is not a power of two, so no FWHT; up_proj has none.
+  EXPECT_EQ(online_transform_summary(*down), "input v hadamard b96 dense");
+  EXPECT_EQ(online_transform_summary(*p.find("model.layers.1.mlp.up_proj")), "");
+  const std::string text = render_explain_text(p, "synthetic");
+  EXPECT_NE(text.find("online transform"), std::string::npos) << text;
+  EXPECT_NE(text.find("input v hadamard b96 dense"), std::string::npos) << text;
+}
+
+TEST(Plan, TiedTransformMatricesStoredOnceServeEveryModuleOfTheirSize) {
+  // compressed-tensors ties same-size matrices of a group; save_pretrained writes the first one only.
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  put(h, "model.layers.0.mlp.down_proj.v_input.weight", core::DType::F64, {kI, kI});
+  const LayerPlan p = plan_for(llama(quip_config("input")), h);
+  const TensorUse* m = p.find("model.layers.1.mlp.down_proj")->tensor(TensorRole::TransformMatrix);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->name, "model.layers.0.mlp.down_proj.v_input.weight");
+  EXPECT_TRUE(m->shared);
+  EXPECT_TRUE(p.complete());
+
+  TensorHeaders wrong_size = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  put(wrong_size, "model.layers.0.mlp.down_proj.v_input.weight", core::DType::F64, {kI / 2, kI / 2});
+  EXPECT_THROW(plan_for(llama(quip_config("input")), wrong_size), FormatError);
+}
+
+TEST(Plan, OnlineTransformsOutsideTheInputHaveNoScheme) {
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  for (int l = 0; l < 2; ++l) put(h, fmt::format("model.layers.{}.mlp.down_proj.v_output.weight", l), core::DType::BF16, {kH, kH});
+  const LayerPlan p = plan_for(llama(quip_config("output")), h);
   const ModulePlan* down = p.find("model.layers.1.mlp.down_proj");
   EXPECT_FALSE(down->scheme.has_value());
   EXPECT_EQ(down->reason, Reason::OnlineTransform);
-  EXPECT_EQ(down->quant.transforms.size(), 2u);
-  EXPECT_EQ(p.find("model.layers.1.mlp.up_proj")->scheme, SchemeId::W4A16Nvfp4);  // weight_input only: offline
+  EXPECT_NE(down->reason_text.find("`output`"), std::string::npos) << down->reason_text;
+  EXPECT_EQ(online_transform_summary(*down), "output v hadamard b64 not executed");
   EXPECT_FALSE(p.complete());
 }
 

@@ -387,6 +387,78 @@ TEST(QuantizeCheckpoint, PlanOptionsAndRefusals) {
   EXPECT_THROW(plan_quantization(quantized, QuantizeOptions{}), UsageError);  // already quantized
 }
 
+// llm-compressor QuIPModifier(rotations=["v"], transform_type="hadamard", transform_block_size=128) + NVFP4A16 on
+// the same bf16 source (tests/data/ref/llama-quip-nvfp4a16): every quantized tensor must be ours byte for byte (the
+// rotation is fused in float64 and rounded to BF16 as compressed-tensors does), the stored matrix equal to theirs
+// (they store it under another module: tied copies are written once), the transform_config theirs.
+TEST(QuantizeCheckpoint, HadamardReproducesLlmCompressorQuip) {
+  const fs::path source_dir = kData / "ref" / "llama-bf16";
+  const fs::path fixture_dir = kData / "ref" / "llama-quip-nvfp4a16";
+  if (!fs::exists(source_dir) || !fs::exists(fixture_dir)) GTEST_SKIP() << "reference fixtures not present";
+  const auto source = checkpoint::Checkpoint::open(source_dir);
+  QuantizeOptions opts;
+  opts.scheme = QuantScheme::Nvfp4A16;
+  opts.hadamard = 128;
+  const QuantizePlan plan = plan_quantization(source, opts);
+  const fs::path out = fresh_dir("quip128");
+  quantize_checkpoint(source, plan, out, checkpoint::kDefaultMaxShardBytes);
+  const auto ours = checkpoint::Checkpoint::open(out);
+  const auto ref = checkpoint::Checkpoint::open(fixture_dir);
+  size_t packed = 0, matrices = 0;
+  for (const std::string& name : ours.tensor_names()) {
+    const bool matrix = name.ends_with(".v_input.weight");
+    std::string ref_name = name;
+    if (matrix) {
+      ++matrices;
+      ref_name = "model.layers.0.self_attn.q_proj.v_input.weight";
+    }
+    ASSERT_TRUE(ref.contains(ref_name)) << ref_name;
+    const core::TensorView a = ours.tensor(name);
+    const core::TensorView b = ref.tensor(ref_name);
+    ASSERT_EQ(a.dtype, b.dtype) << name;
+    ASSERT_EQ(a.shape, b.shape) << name;
+    const auto mismatch = std::mismatch(a.bytes.begin(), a.bytes.end(), b.bytes.begin());
+    EXPECT_TRUE(mismatch.first == a.bytes.end()) << name << ": first differing byte at " << (mismatch.first - a.bytes.begin());
+    packed += name.ends_with(".weight_packed") ? 1 : 0;
+  }
+  EXPECT_EQ(packed, 14u);
+  EXPECT_EQ(matrices, 1u);
+  EXPECT_EQ(ours.tensor_names().size(), ref.tensor_names().size());
+  EXPECT_EQ(ours.config()["quantization_config"]["transform_config"], ref.config()["quantization_config"]["transform_config"]);
+  fs::remove_all(out);
+
+  opts.hadamard = 48;
+  EXPECT_THROW(plan_quantization(source, opts), UsageError);  // not 16/32/64/128
+  opts.hadamard = 16;
+  opts.scheme = QuantScheme::Nvfp4;
+  EXPECT_THROW(plan_quantization(source, opts), UsageError);  // W4A4 calibration would miss the rotation
+}
+
+TEST(QuantizeMath, HadamardRotationMatchesFloat64AndIsOrthonormal) {
+  const int64_t rows = 3, cols = 64, b = 32;
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 0.1));
+  std::vector<float> rotated = w;
+  rotate_weight_hadamard(rotated, rows, cols, b, core::DType::F32);
+  double norm_in = 0, norm_out = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t blk = j / b * b;
+      double want = 0;
+      for (int64_t i = 0; i < b; ++i) {
+        const double h = (__builtin_popcountll(static_cast<unsigned long long>(i & (j - blk))) & 1) ? -1.0 : 1.0;
+        want += static_cast<double>(w[static_cast<size_t>(r * cols + blk + i)]) * h;
+      }
+      want /= std::sqrt(static_cast<double>(b));
+      EXPECT_NEAR(rotated[static_cast<size_t>(r * cols + j)], want, 1e-6);
+      norm_in += static_cast<double>(w[static_cast<size_t>(r * cols + j)]) * w[static_cast<size_t>(r * cols + j)];
+      norm_out += static_cast<double>(rotated[static_cast<size_t>(r * cols + j)]) * rotated[static_cast<size_t>(r * cols + j)];
+    }
+  }
+  EXPECT_NEAR(norm_in, norm_out, 1e-4);
+  EXPECT_THROW(rotate_weight_hadamard(rotated, rows, cols, 48, core::DType::F32), UsageError);
+}
+
 // ---- 3. our committed output vs compressed-tensors ------------------------------------------------------------
 
 TEST(QuantizedByFp4serve, ReferenceDequantMatchesCompressedTensorsBitForBit) {

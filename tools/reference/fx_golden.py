@@ -88,7 +88,46 @@ def load_ct_fp32(folder):
         kw["quantization_config"] = CompressedTensorsConfig(dequantize=True)
     m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, **kw)
     m = m.float().eval()
+    attach_online_transforms(m, folder)
     return m
+
+
+ONLINE_LOCATIONS = ("input", "output", "q_attn", "k_cache")
+
+
+def attach_online_transforms(model, folder):
+    """transformers (5.x, dequantize=True) drops a checkpoint's online transforms
+    (the `*.<group>_<location>.weight` tensors load as UNEXPECTED), which would make
+    the golden logits of a QuIP/SpinQuant checkpoint wrong. Re-attach them with
+    compressed-tensors' own apply_transform_config, restricted to the online
+    `apply` entries (the weight_* ones are already fused into the stored weights),
+    then overwrite the freshly built matrices/perms with the stored ones (shared
+    parameters are tied, so the one stored copy per size reaches every module).
+    Asserts that every transform parameter was loaded from the file."""
+    from compressed_tensors.transform import TransformConfig, apply_transform_config
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(folder, "config.json"))).get("quantization_config", {})
+    tc = cfg.get("transform_config") or {}
+    if not tc.get("config_groups"):
+        return
+    tc = json.loads(json.dumps(tc))
+    for g in tc["config_groups"].values():
+        g["apply"] = [a for a in g["apply"] if a["location"] in ONLINE_LOCATIONS]
+    tc["config_groups"] = {k: v for k, v in tc["config_groups"].items() if v["apply"]}
+    apply_transform_config(model, TransformConfig.model_validate(tc))
+    stored = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
+              if any(k.endswith(f".{g}_{loc}.{p}") for g in tc["config_groups"]
+                     for loc in ONLINE_LOCATIONS for p in ("weight", "perm"))}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = set()
+    with torch.no_grad():
+        for k, v in stored.items():
+            params[k].copy_(v.to(params[k].dtype))
+            loaded.add(id(params[k]))
+    missing = [k for k, p in params.items()
+               if any(f".{g}_{loc}." in k for g in tc["config_groups"] for loc in ONLINE_LOCATIONS)
+               and id(p) not in loaded]
+    assert stored and not missing, f"online transform parameters not in the file: {missing[:4]}"
 
 
 @torch.no_grad()

@@ -24,6 +24,23 @@ CT_VARIANTS = {
     "fp8-block": "FP8_BLOCK",
 }
 
+# variant name -> (llm-compressor transform modifier + kwargs, preset scheme applied after it).
+# QuIP "v": online `input` transform + the inverse fused into the weight (`weight_input`) on every Linear
+# but lm_head. "quip" uses the deterministic Sylvester Hadamard in 128-wide blocks (the FWHT path at run
+# time); "quiprh" a random Hadamard in 32-wide blocks (a dense block-diagonal rotation). Full-width
+# matrices are stored in float64 and would make the fixture too large.
+TRANSFORM_VARIANTS = {
+    "quip-nvfp4a16": ("QuIPModifier", {"rotations": ["v"], "transform_type": "hadamard",
+                                       "transform_block_size": 128}, "NVFP4A16"),
+    "quiprh-nvfp4a16": ("QuIPModifier", {"rotations": ["v"], "transform_type": "random-hadamard",
+                                         "transform_block_size": 32}, "NVFP4A16"),
+    # SpinQuant R1 + R2 (fused into the weights) + R4 (online `input` Hadamard of down_proj, fused inverse in
+    # its weight); R3 (q_attn / k_cache) is not executed by fp4serve yet.
+    "spinquant-nvfp4a16": ("SpinQuantModifier", {"rotations": ["R1", "R2", "R4"], "transform_type": "hadamard",
+                                                 "transform_block_size": 32},
+                           "NVFP4A16"),
+}
+
 # Ignore lists as real recipes write them (lm_head + MoE routers).
 MOE_IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$",
               "re:.*router.*"]
@@ -55,14 +72,19 @@ def load_for_calibration(src_dir, moe):
     return model
 
 
-def run_llmcompressor(src_dir, out_dir, scheme, moe, calib):
-    """oneshot + save_compressed. Returns the recipe text for the manifest."""
+def run_llmcompressor(src_dir, out_dir, scheme, moe, calib, transform=None):
+    """oneshot + save_compressed. `transform` = (modifier class name, kwargs) of an
+    llm-compressor transform modifier run before quantization. Returns the recipe
+    text for the manifest."""
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoTokenizer
 
     ignore = MOE_IGNORE if moe else ["lm_head"]
     recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)
+    if transform is not None:
+        import llmcompressor.modifiers.transform as lt
+        recipe = [getattr(lt, transform[0])(**transform[1]), recipe]
     model = load_for_calibration(src_dir, moe)
     tok = AutoTokenizer.from_pretrained(src_dir)
     model = oneshot(
@@ -85,6 +107,8 @@ def run_llmcompressor(src_dir, out_dir, scheme, moe, calib):
         "save": "model.save_pretrained(out, save_compressed=True)",
         "moe_loading": ("llmcompressor.modeling.moe.linearize.load_quantizable_moe"
                         if moe else None),
+        "transform_modifier": ({"class": transform[0], "kwargs": transform[1]}
+                               if transform else None),
     }
 
 

@@ -31,7 +31,8 @@ CT4 = ["nvfp4", "nvfp4a16"]
 MOE_VARIANTS = ["bf16", "nvfp4", "nvfp4a16", "mxfp4a16"]
 PLAN = {
     "llama": ["bf16", "nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "w4a16", "w4a16-asym",
-              "fp8-dynamic", "fp8-block", "modelopt-nvfp4", "modelopt-w4a16-nvfp4"],
+              "fp8-dynamic", "fp8-block", "modelopt-nvfp4", "modelopt-w4a16-nvfp4",
+              "quip-nvfp4a16", "quiprh-nvfp4a16", "spinquant-nvfp4a16"],
     # llama-i352-nvfp4a16 and gptoss-bf16 were dropped to keep tests/data/ref < 40 MB
     "llama-i352": ["nvfp4", "mxfp4a16"],
     "qwen2": CT4,
@@ -201,9 +202,14 @@ def make_one(fx):
                           "(no quantization)"}
         producer = "transformers"
         lmodel = fx_golden.load_ct_fp32(out)
-    elif variant in fx_quant.CT_VARIANTS:
-        scheme = fx_quant.CT_VARIANTS[variant]
-        recipe = fx_quant.run_llmcompressor(src_dir(model), out, scheme, moe, calib)
+    elif variant in fx_quant.CT_VARIANTS or variant in fx_quant.TRANSFORM_VARIANTS:
+        transform = None
+        if variant in fx_quant.TRANSFORM_VARIANTS:
+            tclass, tkwargs, scheme = fx_quant.TRANSFORM_VARIANTS[variant]
+            transform = (tclass, tkwargs)
+        else:
+            scheme = fx_quant.CT_VARIANTS[variant]
+        recipe = fx_quant.run_llmcompressor(src_dir(model), out, scheme, moe, calib, transform)
         producer = "llm-compressor"
         deq, info = fx_golden.ct_dequant(out)
         for mod, w in deq.items():
@@ -216,6 +222,8 @@ def make_one(fx):
             manual.append(fx_golden.load_moe_fp32.__doc__.strip())
         else:
             lmodel = fx_golden.load_ct_fp32(out)
+        if transform is not None:
+            manual.append(" ".join(fx_golden.attach_online_transforms.__doc__.split()))
         if scheme in ("NVFP4", "MXFP4"):
             w4a4_module = "model.layers.0.self_attn.q_proj"
     elif variant.startswith("modelopt-"):

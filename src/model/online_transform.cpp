@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/online_transform.h"
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "fp4serve/error.h"
+#include "kernels/hadamard.h"
+#include "quant/formats.h"
+
+namespace fp4serve::model {
+
+const char* transform_kernel_name(TransformKernel k) {
+  switch (k) {
+    case TransformKernel::Fwht: return "fwht";
+    case TransformKernel::Dense: return "dense";
+  }
+  return "?";
+}
+
+OnlineTransform::OnlineTransform(TransformKernel kernel, int64_t block, std::vector<float> matrix)
+    : kernel_(kernel), block_(block), matrix_(std::move(matrix)) {
+  if (block_ < 1 || (kernel_ == TransformKernel::Dense && matrix_.size() != static_cast<size_t>(block_ * block_))) {
+    throw UsageError(fmt::format("OnlineTransform: block {} with a {}-element matrix", block_, matrix_.size()));
+  }
+}
+
+void OnlineTransform::apply(float* x, int64_t rows, int64_t dim) const {
+  if (dim % block_ != 0) {
+    throw UsageError(fmt::format("online transform: block {} does not divide the input width {}", block_, dim));
+  }
+  switch (kernel_) {
+    case TransformKernel::Fwht: kernels::fwht_blocks(x, rows, dim, block_); return;
+    case TransformKernel::Dense: kernels::rotate_blocks(x, rows, dim, matrix_.data(), block_); return;
+  }
+}
+
+namespace {
+
+double element(const core::TensorView& v, size_t i) {
+  if (v.dtype == core::DType::F64) return v.load<double>(i);
+  if (v.dtype == core::DType::F32) return v.load<float>(i);
+  if (v.dtype == core::DType::BF16) return quant::bf16_to_float(v.load<uint16_t>(i));
+  if (v.dtype == core::DType::F16) return quant::f16_to_float(v.load<uint16_t>(i));
+  throw FormatError(fmt::format("unsupported transform matrix dtype {}", core::dtype_name(v.dtype)));
+}
+
+uint64_t hash_matrix(const std::vector<double>& m) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
+  for (double d : m) {
+    const auto bits = std::bit_cast<uint64_t>(d);
+    for (int s = 0; s < 64; s += 8) {
+      h ^= (bits >> s) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+std::vector<double> effective_transform_matrix(const TransformSource& source) {
+  const core::TensorView& w = source.matrix;
+  if (w.shape.size() != 2 || w.shape[0] != w.shape[1] || w.shape[0] < 1) {
+    throw FormatError(fmt::format("{}: a transform matrix must be square [n, n], found {}", source.name,
+                                  core::shape_to_string(w.shape)));
+  }
+  const int64_t b = w.shape[0];
+  if (w.dtype != core::DType::F64 && w.dtype != core::DType::F32 && w.dtype != core::DType::BF16 &&
+      w.dtype != core::DType::F16) {
+    throw FormatError(fmt::format("{}: expected an F64/F32/BF16/F16 transform matrix, found {}", source.name,
+                                  core::dtype_name(w.dtype)));
+  }
+  double scale = 1.0;
+  if (source.type == "hadamard" || source.type == "random-hadamard") {
+    scale = 1.0 / std::sqrt(static_cast<double>(b));  // HadamardTransform divides by sqrt(size); random-matrix does not
+  } else if (source.type != "random-matrix") {
+    throw UnsupportedError(fmt::format("{}: transform type '{}' (expected hadamard, random-hadamard or random-matrix)",
+                                       source.name, source.type));
+  }
+  std::vector<int64_t> perm(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) perm[static_cast<size_t>(i)] = i;
+  if (source.perm) {
+    const core::TensorView& p = *source.perm;
+    if (p.shape != std::vector<int64_t>{b} || (p.dtype != core::DType::I64 && p.dtype != core::DType::I32)) {
+      throw FormatError(fmt::format("{}: the permutation must be I64/I32 [{}], found {} {}", source.name, b,
+                                    core::dtype_name(p.dtype), core::shape_to_string(p.shape)));
+    }
+    std::vector<bool> seen(static_cast<size_t>(b), false);
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t v = p.dtype == core::DType::I64 ? p.load<int64_t>(static_cast<size_t>(i)) : p.load<int32_t>(static_cast<size_t>(i));
+      if (v < 0 || v >= b || seen[static_cast<size_t>(v)]) {
+        throw FormatError(fmt::format("{}: the stored perm is not a permutation of 0..{} (entry {} = {})", source.name,
+                                      b - 1, i, v));
+      }
+      seen[static_cast<size_t>(v)] = true;
+      perm[static_cast<size_t>(i)] = v;
+    }
+  }
+  // compressed-tensors: weight[perm][:, perm], then .T when inverse; online locations compute value @ weight.
+  std::vector<double> m(static_cast<size_t>(b * b));
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < b; ++j) {
+      const int64_t r = source.inverse ? j : i, c = source.inverse ? i : j;
+      const double v = element(w, static_cast<size_t>(perm[static_cast<size_t>(r)] * b + perm[static_cast<size_t>(c)]));
+      if (!std::isfinite(v)) {
+        throw FormatError(fmt::format("{}: non-finite entry at [{}, {}]", source.name, r, c));
+      }
+      m[static_cast<size_t>(i * b + j)] = v * scale;
+    }
+  }
+  return m;
+}
+
+bool is_normalized_sylvester(const std::vector<double>& m, int64_t b) {
+  if (b < 2 || (b & (b - 1)) != 0 || m.size() != static_cast<size_t>(b * b)) return false;
+  const double s = 1.0 / std::sqrt(static_cast<double>(b));
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < b; ++j) {
+      const double want = (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -s : s;
+      if (std::fabs(m[static_cast<size_t>(i * b + j)] - want) > 1e-6) return false;
+    }
+  }
+  return true;
+}
+
+std::shared_ptr<const OnlineTransform> TransformCache::get(const TransformSource& source) {
+  std::vector<double> m = effective_transform_matrix(source);
+  const int64_t b = source.matrix.shape[0];
+  auto& bucket = by_hash_[hash_matrix(m)];
+  for (const auto& [matrix, transform] : bucket) {
+    if (matrix == m) return transform;
+  }
+  std::shared_ptr<const OnlineTransform> t;
+  if (is_normalized_sylvester(m, b) && b <= (int64_t{1} << 15)) {
+    t = std::make_shared<const OnlineTransform>(TransformKernel::Fwht, b, std::vector<float>{});
+  } else {
+    std::vector<float> f(m.size());
+    for (size_t i = 0; i < m.size(); ++i) f[i] = static_cast<float>(m[i]);
+    t = std::make_shared<const OnlineTransform>(TransformKernel::Dense, b, std::move(f));
+  }
+  bucket.emplace_back(std::move(m), t);
+  ++count_;
+  return t;
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// Online transforms of compressed-tensors `transform_config` (FORMATS.md §1.8) applied to a linear group's input
+// before its GEMM: x ← x · M̂ block-diagonally, where M̂ is the stored matrix `P.<group>_input.weight` after its
+// stored permutation `.perm` (randomize), transposed when `inverse`, divided by √b for the Hadamard types
+// (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
+// Hadamard runs as the fast Walsh–Hadamard kernel, anything else as a dense block-diagonal rotation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor_view.h"
+
+namespace fp4serve::model {
+
+/// How a transform executes.
+enum class TransformKernel : uint8_t {
+  Fwht,   ///< kernels::fwht_blocks (the matrix is ±1 Sylvester: log2(b) add/sub stages per element)
+  Dense,  ///< kernels::rotate_blocks with the normalized b×b matrix (b multiply-adds per element)
+};
+const char* transform_kernel_name(TransformKernel k);
+
+class OnlineTransform {
+ public:
+  /// `matrix` is the b×b row-major f32 matrix to multiply by (already permuted, transposed and normalized);
+  /// ignored (may be empty) for Fwht.
+  OnlineTransform(TransformKernel kernel, int64_t block, std::vector<float> matrix);
+
+  TransformKernel kernel() const { return kernel_; }
+  int64_t block() const { return block_; }
+  /// Dense: the b×b matrix applied; Fwht: empty.
+  const std::vector<float>& matrix() const { return matrix_; }
+
+  /// x[rows, dim] f32, in place: each b-wide slice of every row ← slice · M̂. Throws UsageError when b does not
+  /// divide dim.
+  void apply(float* x, int64_t rows, int64_t dim) const;
+
+ private:
+  TransformKernel kernel_;
+  int64_t block_;
+  std::vector<float> matrix_;
+};
+
+/// What a checkpoint says about one online transform of a module.
+struct TransformSource {
+  std::string name;              ///< `P.<group>_<location>.weight`, for messages
+  std::string type;              ///< hadamard | random-hadamard | random-matrix
+  bool inverse = false;
+  core::TensorView matrix;       ///< [b, b] F32/BF16/F16/F64
+  std::optional<core::TensorView> perm;  ///< [b] I64/I32, a permutation of 0…b−1
+};
+
+/// The effective b×b matrix of a transform, in f64, row-major: M[i][j] = W[perm[i]][perm[j]] (W if no perm),
+/// transposed when inverse, divided by √b for `hadamard` / `random-hadamard` (not for `random-matrix`, which
+/// compressed-tensors applies unscaled). Throws FormatError naming the tensor for a non-square matrix, an
+/// unsupported dtype, a perm of the wrong length or that is not a permutation, or a non-finite entry;
+/// UnsupportedError for an unknown type.
+std::vector<double> effective_transform_matrix(const TransformSource& source);
+
+/// True when `m` (b×b, row-major) equals H_b/√b, H_b the Sylvester Hadamard matrix (H[i][j] = (−1)^popcount(i&j)),
+/// within 1e-6 per entry, so that the FWHT computes x·m. b must be a power of two ≥ 2.
+bool is_normalized_sylvester(const std::vector<double>& m, int64_t b);
+
+/// Builds transforms and shares identical ones: two sources with the same effective matrix (by content hash,
+/// then exact comparison) get the same object, so q/k/v and every layer of a QuIP checkpoint hold one matrix.
+class TransformCache {
+ public:
+  /// Throws as effective_transform_matrix.
+  std::shared_ptr<const OnlineTransform> get(const TransformSource& source);
+  /// Number of distinct transforms built so far.
+  size_t distinct() const { return count_; }
+
+ private:
+  std::unordered_map<uint64_t, std::vector<std::pair<std::vector<double>, std::shared_ptr<const OnlineTransform>>>> by_hash_;
+  size_t count_ = 0;
+};
+
+}  // namespace fp4serve::model
