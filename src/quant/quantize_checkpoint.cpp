@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -12,10 +14,9 @@
 #include <fstream>
 #include <memory>
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 
 #include "fp4serve/error.h"
+#include "quant/name_match.h"
 #include "quant/dequant.h"
 #include "quant/formats.h"
 #include "quant/quantize.h"
@@ -71,38 +72,19 @@ bool natural_less(std::string_view a, std::string_view b) {
   return a.size() - i < b.size() - j;
 }
 
-// An ignore entry: exact module name, or `re:` + a regex anchored at the start only (Python re.match), compiled
-// with PCRE2 (PCRE2_ANCHORED gives re.match semantics; the syntax is close to Python's for such patterns).
+// An ignore entry: exact module name, or `re:` + a regex anchored at the start only (Python re.match), the same
+// matcher the plan uses for compressed-tensors ignore lists (quant/name_match.h).
 struct IgnorePattern {
   std::string text;
-  std::shared_ptr<pcre2_code> regex;  // null for an exact name
-  bool matches(const std::string& module) const {
-    if (!regex) return module == text;
-    const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-        pcre2_match_data_create_from_pattern(regex.get(), nullptr), &pcre2_match_data_free);
-    return pcre2_match(regex.get(), reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(), 0, 0, md.get(),
-                       nullptr) >= 0;
-  }
+  std::optional<PrefixRegex> regex;  // empty for an exact name
+  bool matches(const std::string& module) const { return regex ? regex->matches(module) : module == text; }
 };
 
 std::vector<IgnorePattern> compile_ignore(const std::vector<std::string>& patterns) {
   std::vector<IgnorePattern> out;
   for (const std::string& p : patterns) {
-    IgnorePattern ip{p, nullptr};
-    if (p.starts_with("re:")) {
-      int code = 0;
-      PCRE2_SIZE offset = 0;
-      const std::string body = p.substr(3);
-      pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(body.data()), body.size(),
-                                     PCRE2_ANCHORED | PCRE2_UTF, &code, &offset, nullptr);
-      if (re == nullptr) {
-        std::array<PCRE2_UCHAR, 256> msg{};
-        pcre2_get_error_message(code, msg.data(), msg.size());
-        throw UsageError(fmt::format("ignore pattern \"{}\" is not a valid regex: {} at offset {}", p,
-                                     reinterpret_cast<const char*>(msg.data()), offset));
-      }
-      ip.regex.reset(re, &pcre2_code_free);
-    }
+    IgnorePattern ip{p, std::nullopt};
+    if (p.starts_with("re:")) ip.regex.emplace(std::string_view(p).substr(3), fmt::format("--ignore \"{}\"", p));
     out.push_back(std::move(ip));
   }
   return out;
