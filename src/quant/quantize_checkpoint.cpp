@@ -84,7 +84,13 @@ std::vector<IgnorePattern> compile_ignore(const std::vector<std::string>& patter
   std::vector<IgnorePattern> out;
   for (const std::string& p : patterns) {
     IgnorePattern ip{p, std::nullopt};
-    if (p.starts_with("re:")) ip.regex.emplace(std::string_view(p).substr(3), fmt::format("--ignore \"{}\"", p));
+    if (p.starts_with("re:")) {
+      try {
+        ip.regex.emplace(std::string_view(p).substr(3), fmt::format("--ignore \"{}\"", p));
+      } catch (const FormatError& e) {  // a bad pattern on the command line is the caller's mistake
+        throw UsageError(e.what());
+      }
+    }
     out.push_back(std::move(ip));
   }
   return out;
