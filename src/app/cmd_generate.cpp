@@ -65,6 +65,7 @@ void run_generate(const GenerateOptions& opts) {
     return true;
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // before the stderr summary, so the two streams do not interleave
   const auto generated = static_cast<double>(result.tokens.size());
   fmt::print(stderr, "load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | finish: {}\n",
              loaded.load_seconds, result.prompt_tokens,
