@@ -10,6 +10,8 @@
 #include "fp4serve/error.h"
 #include "runtime/chat_template.h"
 
+#include "checkpoint/checkpoint.h"
+
 namespace fp4serve::runtime {
 namespace {
 
@@ -17,12 +19,8 @@ using nlohmann::json;
 
 const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
+// The project's own reader: a missing or malformed fixture fails loudly instead of parsing an empty stream.
+json read_json(const std::string& path) { return checkpoint::read_json_object_file(path); }
 
 std::vector<ChatMessage> messages_of(const json& list) {
   std::vector<ChatMessage> out;

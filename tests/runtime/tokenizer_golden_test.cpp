@@ -11,6 +11,8 @@
 #include "runtime/tokenizer.h"
 #include "runtime/tokenizer_unicode.h"
 
+#include "checkpoint/checkpoint.h"
+
 namespace fp4serve::runtime {
 namespace {
 
@@ -18,13 +20,8 @@ using nlohmann::json;
 
 const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing fixture " << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
+// The project's own reader: a missing or malformed fixture fails loudly instead of parsing an empty stream.
+json read_json(const std::string& path) { return checkpoint::read_json_object_file(path); }
 
 // Names the first differing position with a little context, so a failure says where the merge went wrong.
 std::string first_difference(const std::vector<int32_t>& got, const std::vector<int32_t>& want,

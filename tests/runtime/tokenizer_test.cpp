@@ -11,6 +11,8 @@
 #include "fp4serve/error.h"
 #include "runtime/tokenizer.h"
 
+#include "checkpoint/checkpoint.h"
+
 namespace fp4serve::runtime {
 namespace {
 
@@ -18,12 +20,8 @@ using nlohmann::json;
 
 const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
+// The project's own reader: a missing or malformed fixture fails loudly instead of parsing an empty stream.
+json read_json(const std::string& path) { return checkpoint::read_json_object_file(path); }
 
 Tokenizer load(const std::string& family, const json& config) {
   return Tokenizer::from_files(kDir + family + "/tokenizer.json", config);
