@@ -12,6 +12,8 @@ pkg_check_modules(HTTPLIB IMPORTED_TARGET cpp-httplib)
 find_library(UTF8PROC_LIBRARY NAMES utf8proc REQUIRED)
 if(FP4SERVE_BUILD_TESTS)
   find_package(GTest REQUIRED)
+  # SHA-256 digests of reference tensors in tests/data (libssl-dev); tests only, the engine does not link it.
+  find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 endif()
 if(FP4SERVE_BUILD_BENCH)
   find_package(benchmark REQUIRED)

@@ -3,13 +3,15 @@
 """Round trip of `fp4serve quantize` through the reference tools.
 
 For each scheme (nvfp4a16, w4a16) this script
-  1. runs `fp4serve quantize` on the unquantized fixture tests/data/ref/llama-bf16 into
-     tests/data/quantized-by-fp4serve/<scheme>/ (a small checkpoint committed for CI);
+  1. runs `fp4serve quantize` on the unquantized fixture tests/data/ref/llama-bf16 into a scratch folder and
+     checks that model.safetensors and config.json are byte-identical to llm-compressor's
+     tests/data/ref/llama-<scheme> (which is why the checkpoint itself is not committed a second time);
   2. (a) decompresses every quantized Linear of that output with compressed-tensors' own compressor
-     (BaseCompressor.decompress, the code vLLM/transformers use) and writes the results as
-     reference_dequant.safetensors (`dequant.<module>`, BF16). The C++ test
-     QuantizedByFp4serve.ReferenceDequantMatchesCompressedTensorsBitForBit checks that fp4serve's reference
-     dequantizer (src/quant/dequant.h) reproduces them bit for bit, so CI needs no Python;
+     (BaseCompressor.decompress, the code vLLM/transformers use) and writes the results to
+     tests/data/quantized-by-fp4serve/<scheme>/reference_dequant.safetensors as SHA-256 digests plus sampled
+     rows (tools/reference/slim_goldens.py: `dequant_sha256.<module>`, `dequant_rows.<module>`, ...). The C++
+     test QuantizedByFp4serve.ReferenceDequantMatchesCompressedTensorsBitForBit checks that fp4serve's
+     reference dequantizer (src/quant/dequant.h) reproduces them bit for bit, so CI needs no Python;
   3. (b) loads the output with transformers (compressed-tensors integration, dequantize=True), generates greedy
      tokens for the fixture prompts, and compares them with transformers running the bf16 source model whose
      Linear weights were replaced by the reference_dequant tensors. Both token lists are written to
@@ -19,15 +21,18 @@ Needs the reference venv (torch, transformers, compressed-tensors, safetensors):
     tools/reference/.venv/bin/python tools/quantize_roundtrip.py --fp4serve build/release/fp4serve
 """
 import argparse
+import filecmp
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 SCHEMES = ("nvfp4a16", "w4a16")
 N_GREEDY = 16
 
@@ -83,19 +88,30 @@ def main():
     prompts = [p["ids"] for p in json.load(open(os.path.join(args.source, "MANIFEST.json")))["prompts"]]
     source_model = AutoModelForCausalLM.from_pretrained(args.source, dtype=torch.bfloat16).eval()
     source_tokens = [greedy(source_model, p) for p in prompts]
+    import slim_goldens
     ok = True
+    scratch = tempfile.mkdtemp(prefix="quantize_roundtrip-")
     for scheme in SCHEMES:
         out = os.path.join(args.out, scheme)
-        quantize(args.fp4serve, args.source, out, scheme)
-        deq = ct_decompress(out)
-        save_file({f"dequant.{m}": w for m, w in deq.items()}, os.path.join(out, "reference_dequant.safetensors"),
+        os.makedirs(out, exist_ok=True)
+        ckpt = os.path.join(scratch, scheme)
+        quantize(args.fp4serve, args.source, ckpt, scheme)
+        same_as_ref = all(filecmp.cmp(os.path.join(ckpt, f), os.path.join(ROOT, "tests/data/ref", f"llama-{scheme}", f),
+                                      shallow=False) for f in ("model.safetensors", "config.json"))
+        ok = ok and same_as_ref
+        print(f"{scheme}: fp4serve's checkpoint byte-identical to tests/data/ref/llama-{scheme}: {same_as_ref}")
+        deq = ct_decompress(ckpt)
+        golden = {}
+        for m, w in deq.items():
+            slim_goldens.add_slim(golden, None, m, w, None)
+        save_file(golden, os.path.join(out, "reference_dequant.safetensors"),
                   metadata={"generator": "tools/quantize_roundtrip.py",
                             "function": "compressed_tensors BaseCompressor.decompress",
                             "compressed-tensors": compressed_tensors.__version__})
 
         # (b) transformers loading our folder vs transformers running the source with our dequantized weights.
         loaded = AutoModelForCausalLM.from_pretrained(
-            out, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+            ckpt, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
         dense = AutoModelForCausalLM.from_pretrained(args.source, dtype=torch.bfloat16).eval()
         params = dict(dense.named_parameters())
         for mod, w in deq.items():
@@ -118,6 +134,7 @@ def main():
                   open(os.path.join(out, "reference_outputs.json"), "w"), indent=1)
         sizes = {f: os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out))}
         print(f"  {out}: " + ", ".join(f"{f} {s}" for f, s in sizes.items()))
+    shutil.rmtree(scratch)
     return 0 if ok else 1
 
 

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// Dequantization parity with the reference tools: every `dequant.<module>` tensor in tests/data/ref/*/golden
-// was produced by compressed-tensors' own decompression (or ModelOpt's, per MANIFEST.json) from the fixture's
-// checkpoint; our reference dequantizer must reproduce it bit for bit (tools/reference/make_fixtures.py).
+// Dequantization parity with the reference tools: every `dequant_sha256.<module>` digest in
+// tests/data/ref/*/golden was computed from compressed-tensors' own decompression (or ModelOpt's, per
+// MANIFEST.json) of the fixture's checkpoint; our reference dequantizer must reproduce those bytes exactly
+// (tools/reference/make_fixtures.py, tools/reference/slim_goldens.py for the digest-plus-rows form).
 #include <gtest/gtest.h>
 
-#include <bit>
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "fp4serve/error.h"
 #include "quant/dequant.h"
+#include "quant/dequant_digest.h"  // tests/quant (tests/ is on the include path)
 #include "quant/formats.h"
 
 namespace fp4serve::quant {
@@ -41,20 +45,6 @@ json weight_args(const json& config) {
     if (group.contains("weights") && group["weights"].is_object()) return group["weights"];
   }
   return json::object();
-}
-
-// Bits of `value` rounded to `dtype`; the golden tensors store BF16/F16 (or F32) exactly.
-uint32_t golden_bits(const core::TensorView& t, size_t i) {
-  if (t.dtype == core::DType::BF16 || t.dtype == core::DType::F16) return t.load<uint16_t>(i);
-  if (t.dtype == core::DType::F32) return t.load<uint32_t>(i);
-  ADD_FAILURE() << "unexpected golden dtype " << core::dtype_name(t.dtype);
-  return 0;
-}
-
-uint32_t our_bits(core::DType dtype, float v) {
-  if (dtype == core::DType::BF16) return float_to_bf16(v);
-  if (dtype == core::DType::F16) return float_to_f16(v);
-  return std::bit_cast<uint32_t>(v);
 }
 
 DequantizedWeight dequantize_module(const checkpoint::Checkpoint& ckpt, const std::string& module) {
@@ -114,25 +104,22 @@ TEST_P(DequantParity, MatchesTheReferenceDecompressionBitForBit) {
   const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
   int compared = 0;
   for (const auto& entry : golden.header().tensors) {
-    if (entry.name.rfind("dequant.", 0) != 0) continue;
-    const std::string module = entry.name.substr(8);
-    const core::TensorView want = golden.view(entry);
+    if (!entry.name.starts_with(digest::kDigestPrefix)) continue;
+    const std::string module = entry.name.substr(digest::kDigestPrefix.size());
     const DequantizedWeight got = dequantize_module(ckpt, module);
-    ASSERT_EQ(want.numel(), got.rows * got.cols) << module;
-    ASSERT_EQ(want.shape.back(), got.cols) << module;
-    ASSERT_EQ(want.dtype, got.dtype) << module;
-    int64_t mismatches = 0;
-    for (size_t i = 0; i < got.values.size(); ++i) {
-      if (golden_bits(want, i) != our_bits(got.dtype, got.values[i])) {
-        if (++mismatches <= 5) ADD_FAILURE() << module << "[" << i << "]: reference bits " << golden_bits(want, i)
-                                             << ", ours " << our_bits(got.dtype, got.values[i]);
-      }
-    }
-    EXPECT_EQ(mismatches, 0) << module;
+    ASSERT_EQ(digest::digest_dtype(golden, module), got.dtype) << module;
+    const std::vector<uint8_t> ours = digest::reference_bytes(got.dtype, got.values);
+    const digest::DigestComparison r = digest::compare_with_digest(golden, module, ours, got.rows, got.cols);
+    EXPECT_TRUE(r.shape_equal) << module << ": our [" << got.rows << ", " << got.cols << "] vs dequant_shape";
+    EXPECT_TRUE(r.hash_equal) << module << ": SHA-256 of our bytes differs from the reference's"
+                              << (r.elements_differing == 0 ? " (the sampled rows agree: the difference is elsewhere)"
+                                                            : "");
+    EXPECT_EQ(r.elements_differing, 0) << module << ": first difference at " << r.first_difference;
+    EXPECT_GT(r.rows_compared, 0) << module;
     ++compared;
     RecordProperty(module, static_cast<int>(got.values.size()));
   }
-  EXPECT_GT(compared, 0) << "no dequant.* goldens in " << dir;
+  EXPECT_GT(compared, 0) << "no dequant_sha256.* goldens in " << dir;
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DequantParity, ::testing::ValuesIn(fixture_names()),
@@ -143,6 +130,69 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DequantParity, ::testing::ValuesIn(fixture_na
                          });
 
 TEST(DequantParityCorpus, FixturesArePresent) { EXPECT_GE(fixture_names().size(), 10u); }
+
+// The digest check is as strict as the full tensor: one flipped bit in an element of a row that is not sampled
+// still fails (only the hash catches it), and one in a sampled row is reported with its position.
+TEST(DequantParityCorpus, OneFlippedBitFailsTheComparison) {
+  const fs::path dir = kRef / "llama-nvfp4";
+  if (!fs::exists(dir)) GTEST_SKIP() << "reference fixtures not present";
+  const auto ckpt = checkpoint::Checkpoint::open(dir);
+  const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
+  const std::string module = "model.layers.0.mlp.down_proj";
+  const DequantizedWeight got = dequantize_module(ckpt, module);
+  std::vector<uint8_t> ours = digest::reference_bytes(got.dtype, got.values);
+  ASSERT_TRUE(digest::compare_with_digest(golden, module, ours, got.rows, got.cols).ok());
+
+  const core::TensorView index = golden.view(*golden.find("dequant_row_index." + module));
+  std::vector<int64_t> sampled;
+  for (int64_t k = 0; k < index.numel(); ++k) sampled.push_back(index.load<int64_t>(static_cast<size_t>(k)));
+  ASSERT_LT(static_cast<int64_t>(sampled.size()), got.rows);
+  int64_t unsampled = 1;
+  while (std::find(sampled.begin(), sampled.end(), unsampled) != sampled.end()) ++unsampled;
+  const size_t esize = ours.size() / got.values.size();
+  const int64_t col = got.cols / 3 + 1;
+
+  const size_t hidden = static_cast<size_t>(unsampled * got.cols + col) * esize;  // lowest mantissa bit
+  ours[hidden] ^= 1u;
+  const digest::DigestComparison r1 = digest::compare_with_digest(golden, module, ours, got.rows, got.cols);
+  EXPECT_FALSE(r1.hash_equal);
+  EXPECT_EQ(r1.elements_differing, 0);
+  EXPECT_FALSE(r1.ok());
+  ours[hidden] ^= 1u;
+
+  const size_t shown = static_cast<size_t>(sampled.back() * got.cols + col) * esize + esize - 1;  // sign bit
+  ours[shown] ^= 0x80u;
+  const digest::DigestComparison r2 = digest::compare_with_digest(golden, module, ours, got.rows, got.cols);
+  EXPECT_FALSE(r2.hash_equal);
+  EXPECT_EQ(r2.elements_differing, 1);
+  EXPECT_NE(r2.first_difference.find("row " + std::to_string(sampled.back()) + " col " + std::to_string(col) + ":"),
+            std::string::npos)
+      << r2.first_difference;
+  ours[shown] ^= 0x80u;
+  EXPECT_TRUE(digest::compare_with_digest(golden, module, ours, got.rows, got.cols).ok());
+}
+
+// An independent SHA-256 check of the OpenSSL call: the FIPS 180-4 example "abc" and the empty message.
+TEST(DequantParityCorpus, Sha256KnownAnswers) {
+  auto hex = [](const std::array<uint8_t, 32>& h) {
+    std::string s;
+    for (uint8_t b : h) s += "0123456789abcdef"[b >> 4], s += "0123456789abcdef"[b & 15];
+    return s;
+  };
+  const std::string abc = "abc";
+  EXPECT_EQ(hex(digest::sha256({reinterpret_cast<const uint8_t*>(abc.data()), abc.size()})),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(digest::sha256({})), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+// Malformed digest entries are reported as FormatError naming the file, never a crash.
+TEST(DequantParityCorpus, MissingDigestEntryIsAFormatError) {
+  const fs::path dir = kRef / "llama-nvfp4";
+  if (!fs::exists(dir)) GTEST_SKIP() << "reference fixtures not present";
+  const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
+  const std::vector<uint8_t> bytes(8, 0);
+  EXPECT_THROW(digest::compare_with_digest(golden, "model.layers.0.no_such_proj", bytes, 2, 2), FormatError);
+}
 
 }  // namespace
 }  // namespace fp4serve::quant

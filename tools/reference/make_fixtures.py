@@ -178,6 +178,7 @@ def make_one(fx):
     import fx_golden
     import fx_models
     import fx_quant
+    import slim_goldens
     setup_determinism()
     model, variant = split(fx)
     tok_info = ensure_tokenizer()
@@ -213,10 +214,9 @@ def make_one(fx):
         producer = "llm-compressor"
         deq, info = fx_golden.ct_dequant(out)
         for mod, w in deq.items():
-            golden[f"dequant.{mod}"] = w
-            gdoc[f"dequant.{mod}"] = dict(info[mod], what=(
+            slim_goldens.add_slim(golden, gdoc, mod, w, dict(info[mod], what=(
                 "compressed-tensors reference decompression (BaseCompressor registry "
-                f"-> {info[mod]['compressor']}.decompress) of {mod}, native output dtype"))
+                f"-> {info[mod]['compressor']}.decompress) of {mod}, native output dtype")))
         if moe:
             lmodel = fx_golden.load_moe_fp32(src_dir(model), out, model)
             manual.append(fx_golden.load_moe_fp32.__doc__.strip())
@@ -235,10 +235,9 @@ def make_one(fx):
         recipe["quant_algo_written"] = algo
         deq, info = fx_golden.modelopt_dequant(out)
         for mod, w in deq.items():
-            golden[f"dequant.{mod}"] = w
-            gdoc[f"dequant.{mod}"] = dict(info[mod], what=(
+            slim_goldens.add_slim(golden, gdoc, mod, w, dict(info[mod], what=(
                 "nvidia-modelopt reference dequantization NVFP4QTensor.dequantize("
-                "scale=weight_scale, double_scale=weight_scale_2, block 16) -> bf16"))
+                "scale=weight_scale, double_scale=weight_scale_2, block 16) -> bf16")))
         ctdir = os.path.join(BUILD, f"ctconv-{fx}")
         if os.path.exists(ctdir):
             shutil.rmtree(ctdir)
@@ -272,9 +271,8 @@ def make_one(fx):
         manual.append(recipe["note"])
         deq, info = fx_gptoss.reference_dequant(out)
         for k, (w, what) in deq.items():
-            golden[k] = w
-            gdoc[k] = dict(what=what, dtype=str(w.dtype).replace("torch.", ""),
-                           shape=list(w.shape))
+            slim_goldens.add_slim(golden, gdoc, k[len("dequant."):], w, dict(
+                what=what, dtype=str(w.dtype).replace("torch.", ""), shape=list(w.shape)))
         lmodel = fx_gptoss.load_fp32(out)
     else:
         raise SystemExit(variant)
