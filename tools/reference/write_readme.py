@@ -26,11 +26,18 @@ and `golden.safetensors`. All folders share the same tokenizer (`tokenizer.json`
 | `logits.promptN` | F32 | `[T, 512]` | transformers forward (fp32 on the reference-dequantized weights, activation fake-quant included for W4A4/FP8 schemes), all positions |
 | `greedy.promptN` | I64 | `[8]` | 8 greedy tokens after the prompt (argmax, full recompute, no EOS stop) |
 | `greedy_margin.promptN` | F32 | `[8]` | top-1 minus top-2 logit at each greedy step (how fragile the step is) |
-| `dequant.<module>` | BF16 | `[N, K]` | reference dequantization of each quantized Linear of layer 0 (MoE: every expert of layer 0); compressed-tensors decompress for CT folders, ModelOpt `NVFP4QTensor.dequantize` for ModelOpt folders |
-| `dequant.model.layers.0.mlp.experts.{gate_up_proj,down_proj}` | BF16 | `[E, out, in]` | GPT-OSS native: transformers `convert_moe_packed_tensors`, on-disk orientation |
+| `dequant_sha256.<module>` | U8 | `[32]` | SHA-256 of the bytes (row-major, little-endian, BF16) of the reference dequantization of each quantized Linear of layer 0 (MoE: every expert of layer 0); compressed-tensors decompress for CT folders, ModelOpt `NVFP4QTensor.dequantize` for ModelOpt folders, transformers `convert_moe_packed_tensors` for GPT-OSS (`model.layers.0.mlp.experts.{gate_up_proj,down_proj}`, `[E, out, in]`, on-disk orientation) |
+| `dequant_shape.<module>` | I64 | `[ndim]` | shape of that reference tensor (`[N, K]`, GPT-OSS `[E, out, in]`) |
+| `dequant_row_index.<module>` | I64 | `[8]` | rows of the tensor viewed as `[prod(shape[:-1]), K]`: first, last, 6 drawn with numpy `default_rng(seed = first 8 bytes of sha256(module name), little-endian)`, sorted |
+| `dequant_rows.<module>` | BF16 | `[8, K]` | those rows, exact (they show which values differ when the digest does not match) |
 | `w4a4.x` | F32 | `[5, K]` | seeded activation for `model.layers.0.self_attn.q_proj` (W4A4 folders only) |
 | `w4a4.x_fq` | F32 | `[5, K]` | `x` after compressed-tensors' activation fake quant (`forward_quantize`) |
 | `w4a4.y` | F32 | `[5, N]` | `x_fq @ dequant(q_proj).T` |
+
+The reference dequantizations used to be stored whole (`dequant.<module>`, BF16, 17 MiB over
+all folders); since the tests only ever compare them bit for bit, a SHA-256 of the bytes is as
+strict a check. `tools/reference/slim_goldens.py` defines the stored form, and converts
+goldens written in the old form in place (byte-identical to regenerating the fixture).
 
 ## Fixtures
 
@@ -47,11 +54,12 @@ def main():
         if not os.path.exists(mp):
             continue
         m = json.load(open(mp))
-        size = sum(os.path.getsize(os.path.join(REF, fx, f))
-                   for f in os.listdir(os.path.join(REF, fx)))
+        files = os.listdir(os.path.join(REF, fx))
+        # a file stored xz-compressed (X.xz tracked, X inflated by the build) counts once, compressed
+        size = sum(os.path.getsize(os.path.join(REF, fx, f)) for f in files if f + ".xz" not in files)
         total += size
         g = m["golden"]
-        nd = sum(1 for k in g if k.startswith("dequant."))
+        nd = sum(1 for k in g if k.startswith("dequant_sha256."))
         parts = []
         if nd:
             parts.append(f"dequant ×{nd}")
@@ -82,11 +90,12 @@ NOTES = """
   `export_hf_checkpoint`, on CPU) from the same bf16 source as `llama-bf16`.
 * GPT-OSS native MXFP4 is written by `tools/reference/fx_gptoss.py` (layout of
   FORMATS.md §5; codes and scales computed by compressed-tensors).
-* `tools/reference/check_fixtures.py` re-derives every `dequant.*` golden from the raw
+* `tools/reference/check_fixtures.py` re-derives every dequant digest from the raw
   safetensors bytes with a float64 numpy implementation of docs FORMATS.md and with a
-  fresh run of the reference code. Result at generation time: 272 tensors, 258
+  fresh run of the reference code. Result (2026-11-29, 35 folders): 293 tensors, 279
   bit-exact, 14 (the ModelOpt folders) equal except that ModelOpt decodes FP4 code
-  0x8 as +0.0 where FORMATS.md §0.1 (and compressed-tensors) give -0.0.
+  0x8 as +0.0 where FORMATS.md §0.1 (and compressed-tensors) give -0.0; the fresh
+  reference run matches all 293 digests.
 * ModelOpt vs compressed-tensors op order: converting ModelOpt's `weight_scale_2` to
   CT's `weight_global_scale = 1/weight_scale_2` and dequantizing the CT way (s / gs)
   gives different bf16 values from ModelOpt's own s * weight_scale_2 for 8736
