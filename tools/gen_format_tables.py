@@ -16,6 +16,7 @@ Needs: numpy, ml_dtypes, safetensors (PyPI).
 import argparse
 import json
 import pathlib
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -106,6 +107,10 @@ def main():
             "seed": str(SEED), "inputs": str(len(x)), "finite_inputs": str(int(finite.sum()))}
     save_file(tensors, str(out), metadata=meta)
     print(json.dumps(meta))
+    # tracked compressed (7x smaller); the build inflates it back (tools/test_data_xz.py)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import test_data_xz
+    test_data_xz.compress(str(out))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 SCHEMES = ("nvfp4a16", "w4a16")
 N_GREEDY = 16
 
@@ -89,6 +90,9 @@ def main():
     source_model = AutoModelForCausalLM.from_pretrained(args.source, dtype=torch.bfloat16).eval()
     source_tokens = [greedy(source_model, p) for p in prompts]
     import slim_goldens
+    from test_data_xz import inflate  # the ref checkpoints are tracked as model.safetensors.xz
+    for folder in [args.source] + [os.path.join(ROOT, "tests/data/ref", f"llama-{s}") for s in SCHEMES]:
+        inflate(os.path.join(folder, "model.safetensors"))
     ok = True
     scratch = tempfile.mkdtemp(prefix="quantize_roundtrip-")
     for scheme in SCHEMES:

@@ -22,6 +22,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REF = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "data", "ref")
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from test_data_xz import inflate  # noqa: E402  (model.safetensors is tracked as model.safetensors.xz)
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float64)
@@ -198,7 +200,7 @@ def main():
         if not deq:
             print(f"{fx}: no dequant goldens")
             continue
-        t = read_st(os.path.join(folder, "model.safetensors"))
+        t = read_st(inflate(os.path.join(folder, "model.safetensors")))
         fresh = fresh_reference(folder, cfg)
         lines = []
         for mod, g in sorted(deq.items()):

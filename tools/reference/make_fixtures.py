@@ -22,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "tests", "data", "ref")
 BUILD = os.environ.get("FX_BUILD", os.path.join(HERE, ".venv", "fixture-build"))  # scratch, git-ignored
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import test_data_xz  # noqa: E402
 
 BASE_SEED = 20251129
 W4A4_SEED = 4242
@@ -371,6 +373,8 @@ def make_one(fx):
     with open(os.path.join(out, "MANIFEST.json"), "w") as f:
         json.dump(manifest, f, indent=2, default=str)
         f.write("\n")
+    # tracked as model.safetensors.xz (the MANIFEST describes the plain file, which the build inflates)
+    test_data_xz.compress(os.path.join(out, "model.safetensors"))
     print(f"{fx}: {sum(v['bytes'] for v in files.values())} bytes")
 
 

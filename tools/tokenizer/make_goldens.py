@@ -595,6 +595,12 @@ def main():
         print(f"smollm2-real: vocab {tok.get_vocab_size()}, multilingual -> {len(golden['cases'][-1]['ids'])} ids")
 
     make_chat_goldens(smollm2_template)
+    # tokenizer.json and golden_ids.json are tracked xz-compressed (8x smaller); the build inflates them
+    sys.path.insert(0, str(ROOT / "tools"))
+    import test_data_xz
+    for folder in sorted(p for p in OUT.iterdir() if (p / "golden_ids.json").exists()):
+        for name in ("tokenizer.json", "golden_ids.json"):
+            test_data_xz.compress(test_data_xz.inflate(str(folder / name)))  # smollm2-real may be kept as is
     print(f"wrote {OUT}")
 
 
