@@ -38,6 +38,17 @@ void OnlineTransform::apply(float* x, int64_t rows, int64_t dim) const {
   }
 }
 
+void OnlineTransform::apply_strided(float* x, int64_t rows, int64_t width, int64_t stride) const {
+  if (width > stride || width % block_ != 0) {
+    throw UsageError(fmt::format("online transform: block {} on a {}-wide slice of {}-float rows", block_, width, stride));
+  }
+  if (width == stride) {
+    apply(x, rows, width);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) apply(x + r * stride, 1, width);
+}
+
 namespace {
 
 double element(const core::TensorView& v, size_t i) {

@@ -26,6 +26,18 @@ std::string backend_name(const DeviceCaps& d) {
   return "cpu-scalar";
 }
 
+namespace {
+
+// "<location> <group> <type> b<block> <kernel>"; the kernel guess matches model::TransformCache, which runs an
+// exact Sylvester matrix as the FWHT and anything else as a dense block-diagonal rotation.
+std::string transform_text(const quant::TransformUse& t, int64_t block) {
+  const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
+  const char* kernel = t.type == "hadamard" && !t.randomize && pow2 ? "fwht" : "dense";
+  return fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel);
+}
+
+}  // namespace
+
 std::string online_transform_summary(const ModulePlan& mp) {
   std::vector<std::string> parts;
   for (const quant::TransformUse& t : mp.quant.transforms) {
@@ -35,14 +47,12 @@ std::string online_transform_summary(const ModulePlan& mp) {
     for (const TensorUse& u : mp.tensors) {
       if (u.role == TensorRole::TransformMatrix && u.name.ends_with(suffix) && !u.shape.empty()) block = u.shape.front();
     }
-    const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
-    const char* kernel = t.location != "input"                                   ? "not executed"
-                         : (t.type == "hadamard" && !t.randomize && pow2) ? "fwht"
-                                                                          : "dense";
-    parts.push_back(fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel));
+    parts.push_back(transform_text(t, block));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
+
+std::string attention_transform_summary(const AttentionTransform& at) { return transform_text(at.transform, at.block); }
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
@@ -65,6 +75,21 @@ std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
       runs.emplace_back();
     }
     runs[it->second].insert(mp.run_name);
+  }
+  // Attention-module transforms (q_attn, k_cache) have no scheme of their own: one row per pattern and transform.
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    const std::string pattern = name_pattern(at.module);
+    std::string transform = attention_transform_summary(at);
+    const std::string reason = at.transform.location == "q_attn"
+                                   ? "post-RoPE query states, per head, before the attention scores"
+                                   : "post-RoPE key states, per head, before they are written to the KV cache";
+    const Key key{pattern, "attention", "-", reason, transform};
+    auto [it, inserted] = index.emplace(key, rows.size());
+    if (inserted) {
+      rows.push_back({pattern, 0, "attention", "-", backend, reason, "online-transform", std::move(transform)});
+      runs.emplace_back();
+    }
+    runs[it->second].insert(at.module);
   }
   for (size_t i = 0; i < rows.size(); ++i) rows[i].count = runs[i].size();
   return rows;
