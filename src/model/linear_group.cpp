@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "fp4serve/error.h"
+#include "prepare/repack.h"
 
 namespace fp4serve::model {
 
@@ -27,6 +28,28 @@ LinearGroup::LinearGroup(std::vector<LinearPart> parts, std::vector<std::string>
     }
     out_features_ += p.weight.out_features;
   }
+}
+
+LinearPart fuse_parts(std::vector<LinearPart> parts) {
+  if (parts.empty()) throw UsageError("fuse_parts: no parts");
+  LinearPart fused;
+  fused.activation_quant = parts.front().activation_quant;
+  fused.input_transform = parts.front().input_transform;
+  std::vector<prepare::PreparedLinear> weights;
+  int64_t offset = 0;
+  for (LinearPart& p : parts) {
+    if (p.input_transform != fused.input_transform || p.activation_quant != fused.activation_quant) {
+      throw UsageError("fuse_parts: parts with different input transforms or activation quantization run unfused");
+    }
+    for (OutputTransform t : p.output_transforms) {
+      t.offset += offset;
+      fused.output_transforms.push_back(std::move(t));
+    }
+    offset += p.weight.out_features;
+    weights.push_back(std::move(p.weight));
+  }
+  fused.weight = prepare::concat_rows(std::move(weights));
+  return fused;
 }
 
 namespace {

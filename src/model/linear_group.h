@@ -34,6 +34,12 @@ struct LinearPart {
   std::vector<OutputTransform> output_transforms;
 };
 
+/// One part running the GEMM of `parts` (same input transform, activation quantization and layout) over their
+/// concatenated rows (prepare::concat_rows); each part's output transforms move to its slice of the fused output.
+/// Throws what concat_rows throws, and UsageError when the parts have different input transforms or activation
+/// quantization.
+LinearPart fuse_parts(std::vector<LinearPart> parts);
+
 /// Sees the input of every linear group during a forward pass: calibration (`quantize --scheme nvfp4` observes
 /// activation amax for `input_global_scale`) and debugging use it; inference passes none.
 class ActivationObserver {

@@ -334,23 +334,10 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
            p.input_transform == parts.front().input_transform;
   }
   if (fuse) {
-    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight.
-    // Each shard's output transform moves to its slice of the concatenated output.
-    const auto activation_quant = parts.front().activation_quant;
-    std::vector<prepare::PreparedLinear> weights;
-    std::vector<OutputTransform> output_transforms;
-    int64_t offset = 0;
-    for (LinearPart& p : parts) {
-      for (OutputTransform t : p.output_transforms) {
-        t.offset += offset;
-        output_transforms.push_back(std::move(t));
-      }
-      offset += p.weight.out_features;
-      weights.push_back(std::move(p.weight));
-    }
+    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight and its
+    // output transform on its own slice.
     std::vector<LinearPart> fused;
-    fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant, parts.front().input_transform,
-                     std::move(output_transforms)});
+    fused.push_back(fuse_parts(std::move(parts)));
     return LinearGroup(std::move(fused), modules);
   }
   return LinearGroup(std::move(parts), modules);
