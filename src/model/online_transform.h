@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Online transforms of compressed-tensors `transform_config` (FORMATS.md §1.8): a Linear's input before its GEMM
 // (`input`), its output after GEMM and bias (`output`), the post-RoPE query (`q_attn`) and key states before the
-// KV-cache write (`k_cache`), each value ← value · M̂ block-diagonally over the last dimension, where M̂ is the stored matrix `P.<group>_input.weight` after its
-// stored permutation `.perm` (randomize), transposed when `inverse`, divided by √b for the Hadamard types
+// KV-cache write (`k_cache`), each value ← value · M̂ block-diagonally over the last dimension, where M̂ is the
+// stored matrix `P.<group>_<location>.weight` after its stored permutation `.perm` (randomize), transposed when
+// `inverse`, divided by √b for the Hadamard types
 // (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
 // Hadamard runs as the fast Walsh–Hadamard kernel, anything else as a dense block-diagonal rotation.
 #pragma once
