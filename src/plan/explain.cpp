@@ -113,12 +113,31 @@ std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan) {
   return out;
 }
 
-uint64_t resident_bytes(const LayerPlan& plan) {
+namespace {
+
+// Non-linear tensors as loaded: norms, sinks, KV scales, and the attention transforms' matrices (tied copies once).
+std::pair<size_t, uint64_t> non_linear_totals(const LayerPlan& plan) {
+  size_t count = 0;
   uint64_t bytes = 0;
-  for (const SchemeTotal& t : scheme_totals(plan)) bytes += t.resident_bytes;
   for (const TensorUse& u : plan.others) {
+    ++count;
     if (!u.dropped) bytes += u.bytes;
   }
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    for (const TensorUse& u : at.tensors) {
+      if (u.shared) continue;
+      ++count;
+      bytes += u.bytes;
+    }
+  }
+  return {count, bytes};
+}
+
+}  // namespace
+
+uint64_t resident_bytes(const LayerPlan& plan) {
+  uint64_t bytes = non_linear_totals(plan).second;
+  for (const SchemeTotal& t : scheme_totals(plan)) bytes += t.resident_bytes;
   return bytes;
 }
 
@@ -171,9 +190,8 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
   for (const SchemeTotal& t : scheme_totals(plan)) {
     out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", t.scheme, t.modules, t.checkpoint_bytes, t.resident_bytes);
   }
-  uint64_t other_bytes = 0;
-  for (const TensorUse& u : plan.others) other_bytes += u.dropped ? 0 : u.bytes;
-  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "non-linear tensors", plan.others.size(), other_bytes, other_bytes);
+  const auto [other_count, other_bytes] = non_linear_totals(plan);
+  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "non-linear tensors", other_count, other_bytes, other_bytes);
   const uint64_t resident = resident_bytes(plan);
   out += fmt::format("  estimated resident memory: {:.2f} MiB ({} bytes of weights as loaded; KV cache and activations "
                      "not included)\n", mib(resident), resident);
@@ -227,6 +245,18 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
                               {"bytes", t.bytes}, {"dropped", t.dropped}, {"shared", t.shared}});
     }
     out["modules"].push_back(std::move(m));
+  }
+  out["attention_transforms"] = json::array();
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    json a = {{"module", at.module}, {"location", at.transform.location}, {"group", at.transform.group},
+              {"type", at.transform.type}, {"block", at.block}, {"summary", attention_transform_summary(at)}};
+    a["tensors"] = json::array();
+    for (const TensorUse& t : at.tensors) {
+      a["tensors"].push_back({{"name", t.name}, {"role", std::string(tensor_role_name(t.role))},
+                              {"dtype", std::string(core::dtype_name(t.dtype))}, {"shape", t.shape},
+                              {"bytes", t.bytes}, {"shared", t.shared}});
+    }
+    out["attention_transforms"].push_back(std::move(a));
   }
   out["totals"] = json::array();
   for (const SchemeTotal& t : scheme_totals(plan)) {

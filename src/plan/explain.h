@@ -45,7 +45,8 @@ std::string backend_name(const DeviceCaps& device);
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan);
 std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan);
-/// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped.
+/// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped and
+/// attention-transform matrices (tied copies once).
 uint64_t resident_bytes(const LayerPlan& plan);
 
 /// The explain report as text (table, notices, totals, status line). `source` names the checkpoint.
