@@ -176,6 +176,20 @@ TEST(Plan, OnlineOutputTransformsRunAndOnlyAttentionModulesTakeQAttn) {
   EXPECT_FALSE(pq.complete());
 }
 
+TEST(Plan, TransformHeadDimThatDoesNotDivideTheWidthIsAFormatErrorAlsoWhenFused) {
+  // weight_input with head_dim 24 on every Linear: K = 64 (q/k/v, gate/up) is not a multiple, so the offline
+  // rotation the checkpoint claims cannot have been applied.
+  json qc = quip_config("input");
+  qc["transform_config"]["config_groups"]["v"]["head_dim"] = 24;
+  try {
+    plan_for(llama(qc), dense_headers(all_but_head(Kind::CtNvfp4A16)));
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("transform group v at `weight_input` on model.layers.0.self_attn.q_proj: head_dim 24 "
+                                         "does not divide the transformed width 64"), std::string::npos) << e.what();
+  }
+}
+
 // SpinQuant R3: q_attn + k_cache on `re:.*self_attn$` with head_dim blocks (here 8 inside the model's 16).
 json r3_config(int64_t head_dim, bool randomize = false) {
   json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
