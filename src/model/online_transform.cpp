@@ -46,7 +46,13 @@ void OnlineTransform::apply_strided(float* x, int64_t rows, int64_t width, int64
     apply(x, rows, width);
     return;
   }
-  for (int64_t r = 0; r < rows; ++r) apply(x + r * stride, 1, width);
+  // Gather the slice into one contiguous block so that the kernel runs once (rows in parallel for a prefill)
+  // instead of once per row; the copies cost two passes over m·width floats.
+  thread_local std::vector<float> slice;
+  slice.resize(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(slice.data() + r * width, x + r * stride, static_cast<size_t>(width) * sizeof(float));
+  apply(slice.data(), rows, width);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(x + r * stride, slice.data() + r * width, static_cast<size_t>(width) * sizeof(float));
 }
 
 namespace {

@@ -222,6 +222,11 @@ TEST(Plan, AttentionTransformsAreAttachedConsumedAndExplained) {
   EXPECT_NE(text.find("k_cache R3 hadamard b8 fwht"), std::string::npos) << text;
   EXPECT_EQ(p.find("model.layers.0.self_attn.q_proj")->quant.transforms.size(), 0u);
 
+  // A class-name target reaches the attention module too (transformers' LlamaAttention), a Linear class does not.
+  json by_class = r3_config(8);
+  for (auto& a : by_class["transform_config"]["config_groups"]["R3"]["apply"]) a["targets"] = {"LlamaAttention"};
+  EXPECT_EQ(plan_for(llama(by_class), h).attention_transforms.size(), 4u);
+
   // compressed-tensors ties q_attn and k_cache (one parameter per size) and may store only one of them.
   TensorHeaders once = dense_headers(all_but_head(Kind::CtNvfp4A16));
   put(once, "model.layers.0.self_attn.R3_q_attn.weight", core::DType::F32, {8, 8});
