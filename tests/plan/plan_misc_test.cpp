@@ -190,6 +190,20 @@ TEST(Plan, TransformHeadDimThatDoesNotDivideTheWidthIsAFormatErrorAlsoWhenFused)
   }
 }
 
+TEST(Plan, OnlineTransformOnTheEmbeddingHasNoSchemeAndSaysWhy) {
+  json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
+  qc["transform_config"] = {{"config_groups", {{"u", {{"type", "hadamard"}, {"apply", {
+      {{"targets", {"Embedding"}}, {"location", "output"}}}}}}}}};
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  put(h, "model.embed_tokens.u_output.weight", core::DType::F32, {kH, kH});  // embedding_dim, as compressed-tensors sizes it
+  const LayerPlan p = plan_for(llama(qc), h);
+  const ModulePlan* e = p.find("model.embed_tokens");
+  EXPECT_FALSE(e->scheme.has_value());
+  EXPECT_EQ(e->reason, Reason::OnlineTransform);
+  EXPECT_NE(e->reason_text.find("embedding"), std::string::npos) << e->reason_text;
+  EXPECT_NE(p.warning(Reason::OnlineTransform), nullptr);
+}
+
 // SpinQuant R3: q_attn + k_cache on `re:.*self_attn$` with head_dim blocks (here 8 inside the model's 16).
 json r3_config(int64_t head_dim, bool randomize = false) {
   json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
