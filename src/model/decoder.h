@@ -63,6 +63,7 @@ class Decoder {
     int64_t sliding_window = 0;
     LinearGroup qkv;
     LinearGroup o_proj;
+    AttentionTransforms transforms;  // q_attn / k_cache, after RoPE
     std::unique_ptr<FeedForward> ffn;
   };
 
