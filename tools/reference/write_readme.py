@@ -92,10 +92,10 @@ NOTES = """
   FORMATS.md §5; codes and scales computed by compressed-tensors).
 * `tools/reference/check_fixtures.py` re-derives every dequant digest from the raw
   safetensors bytes with a float64 numpy implementation of docs FORMATS.md and with a
-  fresh run of the reference code. Result (2026-11-29, 35 folders): 293 tensors, 279
+  fresh run of the reference code. Result (2026-11-29, 37 folders): 307 tensors, 293
   bit-exact, 14 (the ModelOpt folders) equal except that ModelOpt decodes FP4 code
   0x8 as +0.0 where FORMATS.md §0.1 (and compressed-tensors) give -0.0; the fresh
-  reference run matches all 293 digests.
+  reference run matches all 307 digests.
 * ModelOpt vs compressed-tensors op order: converting ModelOpt's `weight_scale_2` to
   CT's `weight_global_scale = 1/weight_scale_2` and dequantizing the CT way (s / gs)
   gives different bf16 values from ModelOpt's own s * weight_scale_2 for 8736
