@@ -39,6 +39,11 @@ all folders); since the tests only ever compare them bit for bit, a SHA-256 of t
 strict a check. `tools/reference/slim_goldens.py` defines the stored form, and converts
 goldens written in the old form in place (byte-identical to regenerating the fixture).
 
+Each `model.safetensors` is tracked as `model.safetensors.xz` and inflated next to it by
+the build (target `fp4serve_test_data`, or `python3 tools/test_data_xz.py inflate`; see
+`tests/data/README.md`); MANIFEST.json describes the plain file, the sizes below count the
+compressed one.
+
 ## Fixtures
 
 | fixture | arch | variant | producer | size | golden |
