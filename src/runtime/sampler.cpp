@@ -53,8 +53,13 @@ void Sampler::observe(int32_t token) {
   output_counts_[token] += 1;
 }
 
-void Sampler::apply_penalties(std::span<float> logits) const {
+void Sampler::prepare(std::span<float> logits) const {
   const auto vocab = static_cast<int32_t>(logits.size());
+  // A NaN would break the strict weak ordering std::sort relies on (undefined behaviour, out-of-bounds reads in
+  // practice) and win or lose argmax by position; a broken row must neither crash nor be sampled from.
+  for (float& v : logits) {
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  }
   if (params_.repetition_penalty != 1.0f) {
     for (int32_t t : seen_) {
       if (t < 0 || t >= vocab) continue;
@@ -103,6 +108,11 @@ void Sampler::filter(std::span<const float> logits) {
   }
   // Softmax over the survivors (max-subtracted, double accumulation).
   const float max_logit = candidates_.front().first;
+  if (max_logit == -std::numeric_limits<float>::infinity()) {  // nothing finite: the lowest id, as greedy
+    candidates_.resize(1);
+    candidates_.front().first = 1.0f;
+    return;
+  }
   double total = 0.0;
   for (auto& c : candidates_) {
     c.first = std::exp(c.first - max_logit);
@@ -128,7 +138,7 @@ void Sampler::filter(std::span<const float> logits) {
 
 std::vector<float> Sampler::distribution(std::span<float> logits) {
   require_logits(logits);
-  apply_penalties(logits);
+  prepare(logits);
   std::vector<float> probs(logits.size(), 0.0f);
   if (params_.temperature == 0.0f) {
     probs[static_cast<size_t>(argmax(logits))] = 1.0f;
@@ -143,7 +153,7 @@ std::vector<float> Sampler::distribution(std::span<float> logits) {
 
 int32_t Sampler::sample(std::span<float> logits) {
   require_logits(logits);
-  apply_penalties(logits);
+  prepare(logits);
   if (params_.temperature == 0.0f) return argmax(logits);
   filter(logits);
   double mass = 0.0;

@@ -53,11 +53,13 @@ class Sampler {
   /// penalty, presence/frequency penalties, then temperature, top-k (tokens tied with the k-th logit are kept,
   /// as TopKLogitsWarper and vLLM do), top-p (the smallest most-likely set whose mass reaches top_p; among
   /// equal probabilities the lower id ranks first), min-p. Temperature 0 gives a one-hot at the greedy token.
+  /// NaN logits count as −inf; when no logit is finite the result is one-hot at the lowest id.
   /// Consumes no randomness. Throws UsageError when `logits` is empty.
   std::vector<float> distribution(std::span<float> logits);
 
  private:
-  void apply_penalties(std::span<float> logits) const;
+  // NaN → −inf, then the repetition, presence and frequency penalties, in place.
+  void prepare(std::span<float> logits) const;
   // Fills candidates_ with (probability, id) of the tokens that survive the filters, most likely first; the
   // probabilities are those before filtering (callers renormalize by their sum).
   void filter(std::span<const float> logits);

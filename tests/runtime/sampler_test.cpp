@@ -207,6 +207,49 @@ TEST(Sampler, SeededDrawsFollowTheReferenceDistribution) {
   EXPECT_GE(checked, 15);
 }
 
+TEST(Sampler, NanLogitsAreNeverSampledAndNothingFiniteGivesTheLowestId) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  SamplingParams p;
+  p.seed = 3;
+  Sampler s(p);
+  std::vector<float> row = {nan, 1.0f, nan, 2.0f, -inf};
+  std::vector<float> probs = s.distribution(row);
+  const double e = std::exp(1.0);  // softmax of {1, 2}
+  EXPECT_EQ(probs[0], 0.0f);
+  EXPECT_EQ(probs[2], 0.0f);
+  EXPECT_NEAR(probs[1], 1.0 / (1.0 + e), 1e-7);
+  EXPECT_NEAR(probs[3], e / (1.0 + e), 1e-7);
+  for (int i = 0; i < 200; ++i) {
+    row = {nan, 1.0f, nan, 2.0f, -inf};
+    const int32_t t = s.sample(row);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  p.temperature = 0.0f;
+  Sampler greedy(p);
+  row = {nan, 1.0f, nan, 2.0f, -inf};
+  EXPECT_EQ(greedy.sample(row), 3);
+  for (float fill : {-inf, nan}) {
+    std::vector<float> none(6, fill);
+    EXPECT_EQ(s.sample(none), 0);
+    none.assign(6, fill);
+    EXPECT_EQ(s.distribution(none), (std::vector<float>{1, 0, 0, 0, 0, 0}));
+    none.assign(6, fill);
+    EXPECT_EQ(greedy.sample(none), 0);
+  }
+  // Many NaNs in a large row with top-k and top-p: no crash, only finite tokens drawn.
+  SamplingParams q;
+  q.seed = 4;
+  q.top_k = 50;
+  q.top_p = 0.9f;
+  Sampler big(q);
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> wide(4096);
+    for (size_t v = 0; v < wide.size(); ++v) wide[v] = v % 3 == 0 ? nan : std::sin(static_cast<float>(v) * 0.37f) * 4.0f;
+    const int32_t t = big.sample(wide);
+    EXPECT_NE(t % 3, 0) << t;
+  }
+}
+
 TEST(Sampler, SameSeedSameTokens) {
   const Case c = cases().at(1);  // vocab 7, plain temperature 1
   auto draw = [&](uint64_t seed) {
