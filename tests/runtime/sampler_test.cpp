@@ -133,10 +133,11 @@ TEST(Sampler, GreedyTiesGoToTheLowestId) {
   EXPECT_EQ(s.sample(c), 2);
 }
 
-// Upper 0.999 quantile of chi-square with k degrees of freedom, Wilson & Hilferty (1931) cube-root normal
-// approximation (relative error < 1% for k ≥ 3, and conservative enough for k = 1, 2 at this level).
-double chi_square_999(int k) {
-  const double z = 3.090232;  // standard normal 0.999 quantile
+// Upper 0.9999 quantile of chi-square with k degrees of freedom, Wilson & Hilferty (1931) cube-root normal
+// approximation (within a few percent even for k = 1, 2). The draws are seeded, so the test is deterministic;
+// the 1e-4 level keeps it passing on another standard library, whose uniform_real_distribution may differ.
+double chi_square_bound(int k) {
+  const double z = 3.719016;  // standard normal 0.9999 quantile
   const double a = 2.0 / (9.0 * k);
   return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
 }
@@ -189,7 +190,7 @@ TEST(Sampler, SeededDrawsFollowTheReferenceDistribution) {
     }
     const auto [stat, dof] = chi_square(counts, c.probs, kDraws);
     ASSERT_GE(dof, 1);
-    EXPECT_LT(stat, chi_square_999(dof)) << "dof " << dof;
+    EXPECT_LT(stat, chi_square_bound(dof)) << "dof " << dof;
     // The bound has power: the same draws are rejected against the reference with 10% of the most likely
     // token's probability moved to the least likely kept token.
     std::vector<double> shifted = c.probs;
@@ -201,7 +202,7 @@ TEST(Sampler, SeededDrawsFollowTheReferenceDistribution) {
     shifted[least] += 0.1 * shifted[top];
     shifted[top] *= 0.9;
     const auto [wrong, wrong_dof] = chi_square(counts, shifted, kDraws);
-    EXPECT_GT(wrong, chi_square_999(wrong_dof)) << "the test could not tell a 10% shift";
+    EXPECT_GT(wrong, chi_square_bound(wrong_dof)) << "the test could not tell a 10% shift";
     ++checked;
   }
   EXPECT_GE(checked, 15);
