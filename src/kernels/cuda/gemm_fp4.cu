@@ -3,17 +3,24 @@
 // mma.sync.m16n8k16 with the weights as the A operand (16 output features per tile) and the tokens as B (8 per
 // MMA). One warp owns one 16-row weight tile and streams its codes with one 16-byte non-coherent load per lane per
 // 64 columns (layout: gpu_layout.h), decodes them in registers and feeds 4 MMAs per load and token tile.
-// - Decode (m ≤ 16): 1 or 2 token tiles per warp, 4 chunk loads in flight per lane, split-K across the warps of a
-//   block when N is small (deterministic shared-memory reduction, no atomics).
-// - Larger m: 8 token tiles (64 tokens) per warp, no split-K; activations come through L1 (the 4 warps of a
-//   block read the same tokens), weights are re-read per 64-token tile from L2.
+// - Decode (m ≤ 16): 1 or 2 token tiles per warp, 4 chunk loads in flight per lane, split-K across the 8 warps of
+//   a block when N is small (deterministic shared-memory reduction, no atomics).
+// - Larger m: 8 token tiles (64 tokens) per warp, no split-K; activations come through L1 (the 8 warps of a
+//   block read the same tokens), weights are re-read per 64-token tile from L2. No shared-memory staging or
+//   cp.async pipeline yet: this path is correct but far from cuBLAS at large m.
 // Decode of a code pair: the E2M1 bits are placed under the bf16 exponent, which gives value·2^-126 (0.5 is a
 // bf16 subnormal), one exact multiply by 2^126 restores the value and one exact multiply by the block scale
 // (code·E4M3 and code·2^e are representable in bf16) gives the weight; the NVFP4 global scale, the W4A4
 // activation divisor and the bias are applied once per output in fp32.
 //
-// Compiler figures (nvcc 13.0, -O3, `-Xptxas -v`; cuobjdump --dump-sass): filled in below by the author after
-// reading them; see docs/ARCHITECTURE.md "CUDA backend".
+// Compiler figures (nvcc 13.0.88 -O3, `-Xptxas -v`, SASS from cuobjdump 13.1 --dump-sass), read 2026-11-29;
+// never run on a GPU yet. Registers per thread, sm_80 / sm_90; no variant has a stack frame or spills:
+//   decode NT=1 (m ≤ 8):   87 / 92 regs, 4 KiB smem (split-K partials)
+//   decode NT=2 (m ≤ 16): 126 / 126 regs, 8 KiB smem
+//   tiled  NT=8 (m > 16): 134 / 138 regs, no smem
+// SASS per unrolled loop body (U chunks): decode NT=1 has 4 LDG.E.NA.128.CONSTANT (weights, L1 no-allocate),
+// 4 LDG.E.U16.CONSTANT (scales), 8 LDG.E.128.CONSTANT (activations), 16 HMMA.16816.F32.BF16 and 128 HMUL2.BF16
+// (sm_90; HFMA2.BF16 on sm_80) — 2 per decoded bf16x2 register; no LDL/STL anywhere.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -25,7 +32,7 @@
 namespace fp4serve::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
 // Weights are read once: keep them out of L1 so that the activations, read by every warp, stay there.
@@ -63,10 +70,10 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// NT token tiles of 8 per warp; U chunks loaded before the first is used. The block's 4 warps cover
-// `rows_per_block` row tiles × (4 / rows_per_block) K splits.
+// NT token tiles of 8 per warp; U chunks loaded before the first is used. The block's kWarps warps cover
+// `rows_per_block` row tiles × (kWarps / rows_per_block) K splits.
 template <int NT, int U>
-__global__ void __launch_bounds__(kThreads) fp4_mma_kernel(const Fp4GemmArgs a, int rows_per_block) {
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(const Fp4GemmArgs a, int rows_per_block) {
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -141,6 +148,8 @@ __global__ void __launch_bounds__(kThreads) fp4_mma_kernel(const Fp4GemmArgs a, 
     }
   }
 
+  // Only the decode variants split K (the tiled variant is launched with rows_per_block = kWarps).
+  if constexpr (NT <= 2) {
   if (splits > 1) {
     __shared__ float partial[kWarps][NT][4][32];
 #pragma unroll
@@ -158,6 +167,7 @@ __global__ void __launch_bounds__(kThreads) fp4_mma_kernel(const Fp4GemmArgs a, 
         for (int i = 0; i < 4; ++i) acc[nt][i] += partial[ow][nt][i][lane];
       }
     }
+  }
   }
   if (!active) return;
 
@@ -182,11 +192,13 @@ __global__ void __launch_bounds__(kThreads) fp4_mma_kernel(const Fp4GemmArgs a, 
   }
 }
 
-// Rows per block (1, 2 or 4; the other warps split K) so that about 16 warps per SM stream weights.
+// Row tiles per block (a divisor of kWarps; the block's other warps split K): the fewest K splits that give about
+// 16 weight-streaming warps per SM (each keeps 4 × 512 B of loads in flight), never more splits than chunks.
 int pick_rows_per_block(int64_t row_tiles, int64_t col_chunks, int multiprocessors) {
   const int64_t want_warps = 16 * static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1);
-  if (row_tiles * 2 >= want_warps || col_chunks < 2) return 4;
-  if (row_tiles * 4 >= want_warps || col_chunks < 4) return 2;
+  for (int rows = kWarps; rows > 1; rows /= 2) {
+    if (row_tiles * (kWarps / rows) >= want_warps || col_chunks < 2 * (kWarps / rows)) return rows;
+  }
   return 1;
 }
 
