@@ -36,6 +36,16 @@ void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t 
 void launch_quantize_nvfp4(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
                            __nv_bfloat16* out, cudaStream_t stream);
 
+/// Native W4A4 activation quantization: codes [m, K/2] (two per byte, even column low) and E4M3 scales in the
+/// tiled 128×4 layout (native_fp4.h) of a [m, K/16] matrix; `scales` must be zeroed first (padding).
+void launch_quantize_nvfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
+                                  uint8_t* codes, uint8_t* scales, cudaStream_t stream);
+
+/// y[i, n] = ((d[i, n] / activation_divisor) ⊘ gs[n]) + bias[n] (⊘ = divide or multiply by the convention),
+/// the W4A4 epilogue after cuBLASLt; gs and bias may be null.
+void launch_w4a4_epilogue(const float* d, int64_t m, int64_t n, float activation_divisor, const float* global_scale,
+                          bool divisor, const float* bias, float* y, cudaStream_t stream);
+
 /// y[i, n] = bias[n] for i < m (fp32 or bf16 output): the C input of a cuBLAS GEMM with beta = 1.
 void launch_broadcast_bias(const float* bias, int64_t m, int64_t n, float* y_f32, __nv_bfloat16* y_bf16,
                            cudaStream_t stream);

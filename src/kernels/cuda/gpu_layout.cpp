@@ -15,18 +15,18 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-// Code of W[row, col] in the CPU layout: tile row/8, octet col/8, word row%8, nibble col%8.
-uint32_t cpu_nibble(const PreparedLinear& w, int64_t row, int64_t col) {
+}  // namespace
+
+// CPU layout (prepared_linear.h): tile row/8, octet col/8, word row%8, nibble col%8.
+uint32_t prepared_fp4_code(const PreparedLinear& w, int64_t row, int64_t col) {
   const uint8_t* block = w.codes.as<uint8_t>() + ((row / kTileRows) * (w.in_features / 8) + col / 8) * 32;
   const uint8_t byte = block[4 * (row % kTileRows) + (col % 8) / 2];
   return col % 2 == 0 ? (byte & 0x0Fu) : static_cast<uint32_t>(byte >> 4);
 }
 
-uint8_t cpu_scale(const PreparedLinear& w, int64_t row, int64_t group) {
+uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t row, int64_t group) {
   return w.scales.as<uint8_t>()[((row / kTileRows) * w.groups() + group) * kTileRows + row % kTileRows];
 }
-
-}  // namespace
 
 PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
   if (w.layout != WeightLayout::Nvfp4 && w.layout != WeightLayout::Mxfp4) {
@@ -57,7 +57,7 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
           for (int64_t i = 0; i < 8; ++i) {
             const int64_t row = kGpuRowTile * rt + g + 8 * (i & 1);
             const int64_t col = kGpuColChunk * c + 16 * t + 4 * j + (i >> 2) + 2 * ((i >> 1) & 1);
-            if (row < n && col < k) word |= cpu_nibble(w, row, col) << (4 * i);
+            if (row < n && col < k) word |= prepared_fp4_code(w, row, col) << (4 * i);
           }
           p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)] = word;
         }
@@ -68,7 +68,7 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
         for (int64_t half = 0; half < 2; ++half) {
           const int64_t row = kGpuRowTile * rt + g + 8 * half;
           if (row < n && group < w.groups()) {
-            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = cpu_scale(w, row, group);
+            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepared_scale_byte(w, row, group);
           }
         }
       }

@@ -13,6 +13,7 @@
 #include "fp4serve/error.h"
 #include "kernels/cuda/gemm_fp4_launch.h"
 #include "kernels/cuda/gpu_layout.h"
+#include "kernels/cuda/native_fp4.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -164,6 +165,14 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/) {
                            " global scales, expected " + std::to_string(w.out_features));
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
+        int device = 0;
+        FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
+        const auto info = cuda_device(device);
+        if (w.input_global_scale > 0.f && info && native_fp4_available(*info)) {
+          const NativeFp4Weight native = pack_native_fp4(w);
+          d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
+          d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
+        }
       }
       break;
     }

@@ -36,13 +36,17 @@ struct DeviceLinear {
   DeviceBuffer<float> global_scale;
   DeviceBuffer<float> bias;
   DeviceBuffer<bf16> dense;
+  /// NVFP4 W4A4 layers on sm ≥ 100 only (native_fp4.h): codes [N, K/2] and tiled E4M3 scales for cuBLASLt.
+  DeviceBuffer<uint8_t> native_codes;
+  DeviceBuffer<uint8_t> native_scales;
 
   /// Device bytes of the weights (codes + scales + global scales, or the dense matrix); bias excluded.
   int64_t weight_bytes() const;
 };
 
 /// Repacks `w` into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
-/// asynchronous upload). Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers
+/// asynchronous upload). NVFP4 layers with an input_global_scale also get the native cuBLASLt operands when
+/// the current device has FP4 tensor cores (native_fp4_available). Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers
 /// with a column permutation, UsageError for a malformed layer, DeviceError when a CUDA call fails.
 DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream);
 
@@ -65,6 +69,20 @@ void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& st
 /// Throws UsageError when the layer is not NVFP4, has no input_global_scale, or K is not a multiple of 16.
 void linear_w4a4_emulated(const DeviceLinear& w, const bf16* x, int64_t m, float* y, DeviceBuffer<bf16>& scratch,
                           Stream& stream);
+
+/// Scratch of linear_w4a4, grown on demand and reused across calls (one per stream).
+struct W4A4Scratch {
+  DeviceBuffer<bf16> activations;   ///< emulation: bf16(code·s_a) [m, K]
+  DeviceBuffer<uint8_t> codes;      ///< native: packed activation codes [m, K/2]
+  DeviceBuffer<uint8_t> scales;     ///< native: tiled activation scales
+  DeviceBuffer<float> product;      ///< native: cuBLASLt output before the epilogue [m, N]
+  DeviceBuffer<uint8_t> workspace;  ///< native: cuBLASLt workspace
+};
+
+/// W4A4 NVFP4 with the semantics of linear_w4a4_emulated: on a device with FP4 tensor cores (sm ≥ 100, the layer
+/// uploaded there) through cuBLASLt's block-scaled FP4 matmul on the quantized activations — NEVER RUN so far —
+/// otherwise the emulation. Same arguments and errors as linear_w4a4_emulated; y is fp32 [m, N].
+void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4Scratch& scratch, Stream& stream);
 
 /// out[i, k] = bf16(E2M1 code · s_a) for x [m, K] bf16 per 16-column group, on the device: the W4A4 activation
 /// quantization of linear_w4a4_emulated without its 1/igs factor. x and out: device memory, 16-byte aligned, may

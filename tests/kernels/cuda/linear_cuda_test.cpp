@@ -31,6 +31,7 @@
 #include "kernels/cuda/fp4_math.h"
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/native_fp4.h"
 #include "kernels/linear.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
@@ -169,6 +170,40 @@ TEST(CudaGpuLayout, RefusesLayoutsWithoutAnFp4Kernel) {
   }
 }
 
+// The native (cuBLASLt) operand layout: the tiled 128×4 scale layout is a bijection onto its padded size, and the
+// packed weight holds the checkpoint's bytes.
+TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {130, 5}, {256, 8}, {72, 36}}) {
+    std::vector<int> hits(static_cast<size_t>(block_scale_bytes(rows, cols)), 0);
+    const int64_t padded_rows = (rows + 127) / 128 * 128, padded_cols = (cols + 3) / 4 * 4;
+    for (int64_t r = 0; r < padded_rows; ++r) {
+      for (int64_t c = 0; c < padded_cols; ++c) ++hits[static_cast<size_t>(block_scale_offset(r, c, cols))];
+    }
+    for (const int h : hits) ASSERT_EQ(h, 1) << rows << "x" << cols;
+  }
+  // Inside the first block: rows 0..31 are 16 bytes apart, rows 32·j start at 4·j, columns are adjacent.
+  EXPECT_EQ(block_scale_offset(1, 0, 8), 16);
+  EXPECT_EQ(block_scale_offset(32, 0, 8), 4);
+  EXPECT_EQ(block_scale_offset(0, 3, 8), 3);
+  EXPECT_EQ(block_scale_offset(0, 4, 8), 512);
+  EXPECT_EQ(block_scale_offset(128, 0, 8), 1024);
+
+  std::mt19937 rng(21);
+  const TestLayer t = make_layer(Scheme::Nvfp4Divisor, rng, 72, 576, false);
+  const NativeFp4Weight native = pack_native_fp4(t.prepared);
+  const auto* ck_codes = reinterpret_cast<const uint8_t*>(t.checkpoint.weight.data.data());
+  const auto* ck_scales = reinterpret_cast<const uint8_t*>(t.checkpoint.scale.data.data());
+  ASSERT_EQ(native.codes.size(), t.checkpoint.weight.data.size());
+  for (size_t i = 0; i < native.codes.size(); ++i) ASSERT_EQ(native.codes[i], ck_codes[i]) << i;
+  for (int64_t r = 0; r < 72; ++r) {
+    for (int64_t g = 0; g < 576 / 16; ++g) {
+      ASSERT_EQ(native.scales[static_cast<size_t>(block_scale_offset(r, g, 36))], ck_scales[r * 36 + g]);
+    }
+  }
+  const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 8, 64, false);
+  EXPECT_THROW(pack_native_fp4(mx.prepared), UsageError);
+}
+
 // ---- GPU: consistency with the CPU ------------------------------------------------------------------------
 
 std::vector<bf16> to_bf16(const std::vector<float>& v) {
@@ -299,6 +334,36 @@ TEST(CudaLinear, BadArgumentsAreUsageErrors) {
   const Layer l = testing::make_int4(rng, 8, 64, 32, false, false);
   const PreparedLinear int4 = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, 64, 32, "t");
   EXPECT_THROW(upload_linear(int4, stream), UnsupportedError);
+}
+
+// linear_w4a4 (native cuBLASLt on sm ≥ 100, the emulation elsewhere) against the CPU emulation.
+TEST(CudaLinear, W4A4DispatchMatchesCpu) {
+  const auto device = cuda_device(0);
+  if (!device) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(13);
+  Stream stream;
+  const TestLayer t = make_layer(Scheme::W4A4, rng, 200, 576, true);
+  const DeviceLinear dw = upload_linear(t.prepared, stream);
+  EXPECT_EQ(!dw.native_codes.empty(), native_fp4_available(*device));
+  for (const int64_t m : {1, 17, 200}) {
+    std::vector<float> x(static_cast<size_t>(m * 576));
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (auto& v : x) v = quant::bf16_to_float(quant::float_to_bf16(dist(rng)));
+    std::vector<float> y_cpu(static_cast<size_t>(m * 200));
+    kernels::linear(t.prepared, x.data(), m, y_cpu.data(), kernels::ActivationQuant::EmulateNvfp4);
+    auto dx = DeviceBuffer<bf16>::from_host(to_bf16(x));
+    DeviceBuffer<float> dy(static_cast<size_t>(m * 200));
+    W4A4Scratch scratch;
+    linear_w4a4(dw, dx.data(), m, dy.data(), scratch, stream);
+    stream.sync();
+    const auto y = dy.download();
+    double max_ref = 0;
+    for (const float v : y_cpu) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
+    // Same quantized operands on both sides; only the accumulation order differs (see the file comment).
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], y_cpu[i], 8.0 * (576 + 16) * 0x1p-24 * max_ref * 4) << "m " << m << " i " << i;
+    }
+  }
 }
 
 // The device quantizer against the host scalar code (the host test proves that code equals the CPU's).
