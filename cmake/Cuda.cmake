@@ -9,10 +9,13 @@ if(FP4SERVE_CUDA STREQUAL "AUTO" OR FP4SERVE_CUDA STREQUAL "ON")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_ARCHITECTURES ${FP4SERVE_CUDA_ARCHS})
-    # CMake 3.25 knows no CUDA20 flag for nvcc; device code is written in C++17.
-    set(CMAKE_CUDA_STANDARD 17)
-    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc, but nvcc ≥ 12 accepts -std=c++20: declare it so that .cu files can
+    # include the project's C++20 host headers (std::span in kernels/cuda/device.h).
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(FP4SERVE_HAS_CUDA ON)
     message(STATUS "fp4serve: CUDA backend ON (archs ${FP4SERVE_CUDA_ARCHS}, nvcc ${CMAKE_CUDA_COMPILER_VERSION})")

@@ -40,4 +40,11 @@ class IoError : public Error {
   using Error::Error;
 };
 
+/// A GPU runtime or library call failed (CUDA runtime, cuBLAS): the message names the source file and line, the
+/// call, and the driver's error text. Raised only by the CUDA backend.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace fp4serve
