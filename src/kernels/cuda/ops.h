@@ -13,6 +13,7 @@
 // (tests/kernels/cuda/ops_cuda_test.cpp).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -61,10 +62,10 @@ void add_scaled(float* x, const float* delta, float alpha, int64_t n, cudaStream
 void copy_rows(const float* src, int64_t src_stride, const int64_t* src_rows, float* dst, int64_t dst_stride,
                const int64_t* dst_rows, int64_t rows, int64_t width, cudaStream_t stream);
 
-/// out[i] = bf16(x[i]) round-to-nearest-even (the GEMM input); out is raw BF16 bits [n].
-void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
-/// out[i] = float(x[i]) for raw BF16 bits x [n].
-void bf16_to_f32(const uint16_t* x, int64_t n, float* out, cudaStream_t stream);
+/// out[i] = bf16(x[i]) round-to-nearest-even (the GEMM input, linear_cuda.h). x: [n] f32; out: [n] bf16.
+void f32_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream);
+/// out[i] = float(x[i]) (exact). x: [n] bf16; out: [n] f32.
+void bf16_to_f32(const __nv_bfloat16* x, int64_t n, float* out, cudaStream_t stream);
 
 /// Shapes and options of one attention call (the fields of kernels::AttentionParams).
 struct AttentionShape {

@@ -127,17 +127,17 @@ __global__ void copy_rows_kernel(const float* src, int64_t src_stride, const int
   }
 }
 
-__global__ void f32_to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
+__global__ void f32_to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    out[i] = __float2bfloat16_rn(x[i]);
   }
 }
 
-__global__ void bf16_to_f32_kernel(const uint16_t* x, int64_t n, float* out) {
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* x, int64_t n, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = bf16_bits_to_float(x[i]);
+    out[i] = __bfloat162float(x[i]);
   }
 }
 
@@ -214,14 +214,14 @@ void copy_rows(const float* src, int64_t src_stride, const int64_t* src_rows, fl
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 
-void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+void f32_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream) {
   detail::require(n >= 0, "f32_to_bf16", "negative size");
   if (n == 0) return;
   f32_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 
-void bf16_to_f32(const uint16_t* x, int64_t n, float* out, cudaStream_t stream) {
+void bf16_to_f32(const __nv_bfloat16* x, int64_t n, float* out, cudaStream_t stream) {
   detail::require(n >= 0, "bf16_to_f32", "negative size");
   if (n == 0) return;
   bf16_to_f32_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
