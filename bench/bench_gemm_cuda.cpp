@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for the weight-only NVFP4 and MXFP4 kernels (kernels/cuda/
+// gemm_fp4.cu) and cuBLAS bf16, M ∈ {1, 4, 16, 64, 256, 4096} × (N, K) ∈ {4096×4096, 8192×8192, 28672×8192}.
+// Timed with CUDA events around a batch of launches on one stream (manual time = seconds per launch). Weights
+// rotate through copies totalling ≥ 2× L2 so that small M reads them from HBM. Counters:
+//   weight_GBps   weight bytes (codes + scales + global scales, or bf16) per second;
+//   copy_ratio    weight_GBps / the device-to-device copy bandwidth measured at start-up in this process
+//                 (cudaMemcpyAsync of 1 GiB, bytes read + written per second);
+//   vs_cublas     cuBLAS bf16 time / this kernel's time at the same shape and M (cuBLAS runs first).
+// Weight bytes are constant patterns (valid E4M3 / E8M0 scales): the kernels' speed does not depend on values.
+// Without a GPU it prints a message and exits 0. A full run takes well under 90 s on an H200.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gpu_layout.h"
+#include "kernels/cuda/linear_cuda.h"
+
+namespace fp4serve::bench {
+namespace {
+
+using kernels::cuda::bf16;
+using kernels::cuda::DeviceBuffer;
+using kernels::cuda::DeviceLinear;
+using kernels::cuda::Stream;
+using prepare::WeightLayout;
+
+enum class Kind { Cublas, Nvfp4, Mxfp4 };
+constexpr const char* kKindNames[] = {"cublas_bf16", "nvfp4", "mxfp4"};
+
+double g_copy_bytes_per_s = 0;
+int64_t g_l2_bytes = 0;
+std::map<std::tuple<int64_t, int64_t, int64_t>, double> g_cublas_seconds;  // (N, K, M) → seconds per launch
+
+// Device-to-device copy of 1 GiB: the achievable streaming bandwidth (read + write) on this GPU.
+double measure_copy_bandwidth(Stream& stream) {
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer<uint8_t> src(bytes), dst(bytes);
+  FP4SERVE_CUDA_CHECK(cudaMemsetAsync(src.data(), 1, bytes, stream.get()));
+  cudaEvent_t start, stop;
+  FP4SERVE_CUDA_CHECK(cudaEventCreate(&start));
+  FP4SERVE_CUDA_CHECK(cudaEventCreate(&stop));
+  FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.get()));  // warm-up
+  constexpr int kReps = 5;
+  FP4SERVE_CUDA_CHECK(cudaEventRecord(start, stream.get()));
+  for (int i = 0; i < kReps; ++i) {
+    FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.get()));
+  }
+  FP4SERVE_CUDA_CHECK(cudaEventRecord(stop, stream.get()));
+  FP4SERVE_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  FP4SERVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3);
+}
+
+// One layer of the given kind with constant-pattern weights, directly in the GPU layout.
+DeviceLinear make_layer(Kind kind, int64_t n, int64_t k) {
+  DeviceLinear w;
+  w.out_features = n;
+  w.in_features = k;
+  if (kind == Kind::Cublas) {
+    w.layout = WeightLayout::Dense;
+    w.padded_rows = n;
+    w.padded_cols = k;
+    w.dense = DeviceBuffer<bf16>(static_cast<size_t>(n * k));
+    FP4SERVE_CUDA_CHECK(cudaMemset(w.dense.data(), 0x3C, w.dense.bytes()));  // bf16 0x3C3C ≈ 0.0115
+    return w;
+  }
+  const bool nvfp4 = kind == Kind::Nvfp4;
+  w.layout = nvfp4 ? WeightLayout::Nvfp4 : WeightLayout::Mxfp4;
+  w.group_size = nvfp4 ? 16 : 32;
+  w.padded_rows = (n + 15) / 16 * 16;
+  w.padded_cols = (k + 63) / 64 * 64;
+  const int64_t tiles = w.padded_rows / 16, chunks = w.padded_cols / 64;
+  w.codes = DeviceBuffer<uint32_t>(static_cast<size_t>(tiles * chunks * 128));
+  FP4SERVE_CUDA_CHECK(cudaMemset(w.codes.data(), 0x5A, w.codes.bytes()));
+  w.scales = DeviceBuffer<uint8_t>(static_cast<size_t>(tiles * chunks * (nvfp4 ? 64 : 32)));
+  FP4SERVE_CUDA_CHECK(cudaMemset(w.scales.data(), nvfp4 ? 0x38 : 127, w.scales.bytes()));  // 1.0 in E4M3 / E8M0
+  if (nvfp4) {
+    const std::vector<float> ones(static_cast<size_t>(w.padded_rows), 1.f);
+    w.global_scale = DeviceBuffer<float>::from_host(ones);
+  }
+  return w;
+}
+
+void bm_gemm(benchmark::State& state, Kind kind, int64_t n, int64_t k, int64_t m) {
+  Stream stream;
+  std::vector<DeviceLinear> copies;
+  copies.push_back(make_layer(kind, n, k));
+  const int64_t bytes = copies[0].weight_bytes();
+  while (static_cast<int64_t>(copies.size()) * bytes < 2 * g_l2_bytes) copies.push_back(make_layer(kind, n, k));
+  DeviceBuffer<bf16> x(static_cast<size_t>(m * k));
+  FP4SERVE_CUDA_CHECK(cudaMemset(x.data(), 0x3C, x.bytes()));
+  DeviceBuffer<bf16> y(static_cast<size_t>(m * n));
+  cudaEvent_t start, stop;
+  FP4SERVE_CUDA_CHECK(cudaEventCreate(&start));
+  FP4SERVE_CUDA_CHECK(cudaEventCreate(&stop));
+  size_t next = 0;
+  auto launch = [&] {
+    kernels::cuda::linear(copies[next], x.data(), m, y.data(), stream);
+    next = (next + 1) % copies.size();
+  };
+  auto time_batch = [&](int launches) {
+    FP4SERVE_CUDA_CHECK(cudaEventRecord(start, stream.get()));
+    for (int i = 0; i < launches; ++i) launch();
+    FP4SERVE_CUDA_CHECK(cudaEventRecord(stop, stream.get()));
+    FP4SERVE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FP4SERVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return static_cast<double>(ms) * 1e-3 / launches;
+  };
+  // Warm-up (module load, cuBLAS heuristics) and a batch size of about 20 ms, 3 to 200 launches.
+  const double estimate = time_batch(3);
+  const int batch = static_cast<int>(std::max(3.0, std::min(200.0, 0.02 / std::max(estimate, 1e-7))));
+  double seconds = 0;
+  for (auto _ : state) {
+    seconds = time_batch(batch);
+    state.SetIterationTime(seconds);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double gbps = static_cast<double>(bytes) / seconds * 1e-9;
+  state.counters["weight_GBps"] = gbps;
+  state.counters["copy_ratio"] = gbps * 1e9 / g_copy_bytes_per_s;
+  state.counters["TFLOPs"] = 2.0 * static_cast<double>(m * n * k) / seconds * 1e-12;
+  if (kind == Kind::Cublas) {
+    g_cublas_seconds[{n, k, m}] = seconds;
+  } else if (auto it = g_cublas_seconds.find({n, k, m}); it != g_cublas_seconds.end()) {
+    state.counters["vs_cublas"] = it->second / seconds;
+  }
+}
+
+}  // namespace
+}  // namespace fp4serve::bench
+
+int main(int argc, char** argv) {
+  using namespace fp4serve::bench;
+  const auto device = fp4serve::kernels::cuda::cuda_device(0);
+  if (!device) {
+    std::printf("bench_gemm_cuda: no CUDA device (cudaGetDeviceCount failed or returned 0); nothing to measure\n");
+    return 0;
+  }
+  g_l2_bytes = device->l2_bytes;
+  {
+    Stream stream;
+    g_copy_bytes_per_s = measure_copy_bandwidth(stream);
+  }
+  std::printf("device: %s (sm_%d, %d SMs, L2 %lld MiB); D2D copy bandwidth %.0f GB/s (read + write)\n",
+              device->name.c_str(), device->sm, device->multiprocessors,
+              static_cast<long long>(device->l2_bytes >> 20), g_copy_bytes_per_s * 1e-9);
+  const std::pair<int64_t, int64_t> shapes[] = {{4096, 4096}, {8192, 8192}, {28672, 8192}};
+  for (const auto& [n, k] : shapes) {
+    for (const int64_t m : {1, 4, 16, 64, 256, 4096}) {
+      for (const Kind kind : {Kind::Cublas, Kind::Nvfp4, Kind::Mxfp4}) {
+        const std::string name = std::string(kKindNames[static_cast<int>(kind)]) + "/N" + std::to_string(n) + "/K" +
+                                 std::to_string(k) + "/M" + std::to_string(m);
+        // Large products run fewer timed batches (each batch is ~20 ms of GPU time).
+        const int iterations = m * n * k > (int64_t{1} << 36) ? 2 : 5;
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { bm_gemm(s, kind, n, k, m); })
+            ->UseManualTime()
+            ->Iterations(iterations)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

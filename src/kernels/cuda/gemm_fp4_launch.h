@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// Internal interface between the host dispatch (linear_cuda.cpp, g++) and the kernels (gemm_fp4.cu,
+// act_quant.cu, nvcc): plain structs and launch functions; no CUDA syntax. Not a public API.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fp4serve::kernels::cuda {
+
+/// Arguments of the FP4 MMA kernel (layouts in gpu_layout.h; sizes already validated by the caller).
+struct Fp4GemmArgs {
+  const uint32_t* codes = nullptr;   ///< [Np/16][Kp/64][32][4]
+  const uint8_t* scales = nullptr;   ///< [Np/16][Kp/64][S][2]
+  bool nvfp4 = true;                 ///< E4M3 scales, S = 32 (else MXFP4: E8M0, S = 16)
+  const float* global_scale = nullptr;  ///< [Np] or null
+  bool divisor = true;               ///< global scale divides (compressed-tensors) or multiplies (ModelOpt)
+  float activation_divisor = 0.f;    ///< W4A4 emulation: the output is divided by it first; 0 = none
+  const float* bias = nullptr;       ///< [N] or null
+  const __nv_bfloat16* x = nullptr;  ///< [m, K]
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t row_tiles = 0;
+  int64_t col_chunks = 0;
+  float* y_f32 = nullptr;            ///< exactly one of y_f32 / y_bf16 is set: [m, N]
+  __nv_bfloat16* y_bf16 = nullptr;
+};
+
+/// Picks the kernel variant (decode for m ≤ 16, tiled otherwise) and launches it; checks the launch.
+void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream);
+
+/// out = bf16(E2M1(x/step)·s_a) per 16-element group (fp4_math.h); m·k/16 groups. Checks the launch.
+void launch_quantize_nvfp4(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
+                           __nv_bfloat16* out, cudaStream_t stream);
+
+/// Native W4A4 activation quantization: codes [m, K/2] (two per byte, even column low) and E4M3 scales in the
+/// tiled 128×4 layout (native_fp4.h) of a [m, K/16] matrix; `scales` must be zeroed first (padding).
+void launch_quantize_nvfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
+                                  uint8_t* codes, uint8_t* scales, cudaStream_t stream);
+
+/// y[i, n] = ((d[i, n] / activation_divisor) ⊘ gs[n]) + bias[n] (⊘ = divide or multiply by the convention),
+/// the W4A4 epilogue after cuBLASLt; gs and bias may be null.
+void launch_w4a4_epilogue(const float* d, int64_t m, int64_t n, float activation_divisor, const float* global_scale,
+                          bool divisor, const float* bias, float* y, cudaStream_t stream);
+
+/// y[i, n] = bias[n] for i < m (fp32 or bf16 output): the C input of a cuBLAS GEMM with beta = 1.
+void launch_broadcast_bias(const float* bias, int64_t m, int64_t n, float* y_f32, __nv_bfloat16* y_bf16,
+                           cudaStream_t stream);
+
+}  // namespace fp4serve::kernels::cuda

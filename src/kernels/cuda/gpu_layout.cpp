@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kernels/cuda/gpu_layout.h"
+
+#include <string>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::kernels::cuda {
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+// CPU layout (prepared_linear.h): tile row/8, octet col/8, word row%8, nibble col%8.
+uint32_t prepared_fp4_code(const PreparedLinear& w, int64_t row, int64_t col) {
+  const uint8_t* block = w.codes.as<uint8_t>() + ((row / kTileRows) * (w.in_features / 8) + col / 8) * 32;
+  const uint8_t byte = block[4 * (row % kTileRows) + (col % 8) / 2];
+  return col % 2 == 0 ? (byte & 0x0Fu) : static_cast<uint32_t>(byte >> 4);
+}
+
+uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t row, int64_t group) {
+  return w.scales.as<uint8_t>()[((row / kTileRows) * w.groups() + group) * kTileRows + row % kTileRows];
+}
+
+PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
+  if (w.layout != WeightLayout::Nvfp4 && w.layout != WeightLayout::Mxfp4) {
+    throw UnsupportedError(std::string("CUDA FP4 GEMM: layout ") + prepare::layout_name(w.layout) +
+                           " is not NVFP4 or MXFP4");
+  }
+  if (!w.k_perm.empty()) throw UnsupportedError("CUDA FP4 GEMM: FP4 layers with a column permutation are not supported");
+  const int64_t n = w.out_features, k = w.in_features;
+  if (k % w.group_size != 0 || n <= 0) {
+    throw UsageError("CUDA FP4 GEMM: layer [" + std::to_string(n) + ", " + std::to_string(k) +
+                     "] needs N > 0 and K a multiple of the group size " + std::to_string(w.group_size));
+  }
+  PackedFp4 p;
+  p.out_features = n;
+  p.in_features = k;
+  p.padded_rows = round_up(n, kGpuRowTile);
+  p.padded_cols = round_up(k, kGpuColChunk);
+  p.group_size = w.group_size;
+  const int64_t tiles = p.row_tiles(), chunks = p.col_chunks(), slots = p.scale_slots();
+  p.codes.assign(static_cast<size_t>(tiles * chunks * 32 * 4), 0u);
+  p.scales.assign(static_cast<size_t>(tiles * chunks * slots * 2), uint8_t{0});
+  for (int64_t rt = 0; rt < tiles; ++rt) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t lane = 0; lane < 32; ++lane) {
+        const int64_t g = lane / 4, t = lane % 4;
+        for (int64_t j = 0; j < 4; ++j) {
+          uint32_t word = 0;
+          for (int64_t i = 0; i < 8; ++i) {
+            const int64_t row = kGpuRowTile * rt + g + 8 * (i & 1);
+            const int64_t col = kGpuColChunk * c + 16 * t + 4 * j + (i >> 2) + 2 * ((i >> 1) & 1);
+            if (row < n && col < k) word |= prepared_fp4_code(w, row, col) << (4 * i);
+          }
+          p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)] = word;
+        }
+      }
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        const int64_t g = slots == 32 ? slot / 4 : slot / 2;
+        const int64_t group = slots == 32 ? 4 * c + slot % 4 : 2 * c + slot % 2;
+        for (int64_t half = 0; half < 2; ++half) {
+          const int64_t row = kGpuRowTile * rt + g + 8 * half;
+          if (row < n && group < w.groups()) {
+            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepared_scale_byte(w, row, group);
+          }
+        }
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace fp4serve::kernels::cuda

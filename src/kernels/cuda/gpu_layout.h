@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GPU weight layout of NVFP4 / MXFP4 Linear layers and its host-side repack from the CPU layout
+// (prepare/prepared_linear.h). Pure host code (g++), so the layout is unit-tested without a GPU; upload_linear
+// (linear_cuda.h) copies the result to the device once at load.
+//
+// The FP4 kernel (gemm_fp4.cu) multiplies 16×16 weight tiles by activation tiles with the tensor-core
+// instruction mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Weights are the A operand: output features are the
+// MMA's M dimension, so one decoded weight tile serves up to 8 tokens per instruction (the decode GEMV) or many.
+// The layout is chosen so that every lane of a warp loads its whole A fragment for 64 columns with one
+// coalesced 16-byte load and decodes it with shifts only:
+// - N is padded to Np = 16·⌈N/16⌉ (row tiles rt) and K to Kp = 64·⌈K/64⌉ (column chunks c); padding is zero.
+// - codes = [Np/16][Kp/64][32 lanes][4 words] uint32. For lane l (g = l/4, t = l%4), word j ∈ 0..3 is the A
+//   fragment of MMA step j; its nibble i ∈ 0..7 is the E2M1 code of
+//     row = 16·rt + g + 8·(i & 1),   column = 64·c + 16·t + 4·j + (i >> 2) + 2·((i >> 1) & 1).
+//   The MMA's k index of nibble i is 2t + 8·((i >> 1) & 1) + (i >> 2), so the map from MMA k to column is a
+//   permutation inside each chunk (the sum over k does not care), chosen so that lane (g, t) needs the
+//   activations of the 16 consecutive columns 64c + 16t … +15 (two 16-byte loads), and nibbles i and i + 4 (bits
+//   4i and 4i + 16) form one bf16x2 register of the fragment, extracted by one shift and two masks.
+// - scales = [Np/16][Kp/64][S][2] bytes, the checkpoint's block-scale bytes unchanged. Lane (g, t) covers one
+//   NVFP4 group (16 columns) or half an MXFP4 group (32) per row, so it needs 2 scale bytes per chunk: byte 0 for
+//   row g, byte 1 for row g + 8. NVFP4: S = 32 slots, slot l = group 4c + t. MXFP4: S = 16, slot l/2 = group
+//   2c + t/2. Padded rows and columns hold 0.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::kernels::cuda {
+
+inline constexpr int64_t kGpuRowTile = 16;   ///< output features per MMA tile
+inline constexpr int64_t kGpuColChunk = 64;  ///< columns per 16-byte code load of one lane
+
+/// An NVFP4 / MXFP4 layer in the GPU layout above, on the host.
+struct PackedFp4 {
+  int64_t out_features = 0;  ///< N
+  int64_t in_features = 0;   ///< K
+  int64_t padded_rows = 0;   ///< Np
+  int64_t padded_cols = 0;   ///< Kp
+  int64_t group_size = 0;    ///< 16 (NVFP4, E4M3 scales) or 32 (MXFP4, E8M0 scales)
+  std::vector<uint32_t> codes;  ///< [Np/16][Kp/64][32][4]
+  std::vector<uint8_t> scales;  ///< [Np/16][Kp/64][S][2], S = 32 (NVFP4) or 16 (MXFP4)
+
+  int64_t row_tiles() const { return padded_rows / kGpuRowTile; }
+  int64_t col_chunks() const { return padded_cols / kGpuColChunk; }
+  int64_t scale_slots() const { return group_size == 16 ? 32 : 16; }
+};
+
+/// E2M1 code of W[row, col] and block-scale byte of (row, group) read from an NVFP4/MXFP4 PreparedLinear's CPU
+/// layout (prepared_linear.h); no bounds checks (row < N, col < K, group < groups()).
+uint32_t prepared_fp4_code(const prepare::PreparedLinear& w, int64_t row, int64_t col);
+uint8_t prepared_scale_byte(const prepare::PreparedLinear& w, int64_t row, int64_t group);
+
+/// Repacks the codes and block-scale bytes of an NVFP4 or MXFP4 PreparedLinear (bytes unchanged, positions
+/// moved). Global scale, bias and convention are not part of it (upload_linear copies them as they are).
+/// Throws UnsupportedError for other layouts and for a column permutation (k_perm), UsageError when K is not a
+/// multiple of the group size.
+PackedFp4 pack_fp4_for_gpu(const prepare::PreparedLinear& w);
+
+}  // namespace fp4serve::kernels::cuda

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Native W4A4 NVFP4 on SM100/SM120 (Blackwell FP4 tensor cores) through cuBLASLt's block-scaled matmul:
+// CUDA_R_4F_E2M1 operands with CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 scales. NEVER RUN: no Blackwell GPU has
+// been available; it compiles always and is selected only when the device reports sm ≥ 100 (linear_w4a4 in
+// linear_cuda.h). Host-facing (g++).
+//
+// cuBLASLt computes D = Σ (q_w·s_w)(q_x·s_x) over K with both operands K-major ("TN"): the weight is A (op T,
+// the checkpoint's [N, K/2] packing: two codes per byte, even column in the low nibble), the activations are B.
+// Its block scales must be in the tiled "128×4" layout of the cuBLAS documentation (section "1D Block Scaling
+// Factors Layout"): a scale matrix [rows, cols] (rows = N or m, cols = K/16) is padded to multiples of 128 × 4
+// and cut into 128×4 blocks of 512 bytes, stored block-row by block-row; inside a block, row r and column c sit
+// at (r % 32)·16 + (r / 32)·4 + c. The per-row weight global scale, the 1/igs of the activation step and the bias
+// are applied afterwards by the same epilogue order as the emulation ((D / igs) / gs or · ws2, + bias).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::kernels::cuda {
+
+/// Byte offset of scale (row, col) in the tiled 128×4 layout of a scale matrix with `cols` columns (the padded
+/// column count is ⌈cols/4⌉·4).
+inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
+  const int64_t col_blocks = (cols + 3) / 4;
+  return ((row / 128) * col_blocks + col / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + col % 4;
+}
+
+/// Bytes of a tiled scale matrix: ⌈rows/128⌉·128 · ⌈cols/4⌉·4.
+inline int64_t block_scale_bytes(int64_t rows, int64_t cols) { return (rows + 127) / 128 * 128 * ((cols + 3) / 4 * 4); }
+
+/// The NVFP4 weight of `w` in cuBLASLt's operand layout, on the host: codes [N, K/2] (checkpoint packing) and
+/// the E4M3 scales [N, K/16] tiled (block_scale_offset; padding 0). Throws UsageError unless w is NVFP4.
+struct NativeFp4Weight {
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> scales;
+};
+NativeFp4Weight pack_native_fp4(const prepare::PreparedLinear& w);
+
+/// True when the device can run the native path: sm ≥ 100 and cuBLASLt ≥ 12.8 (block-scaled FP4 matmul).
+bool native_fp4_available(const DeviceInfo& device);
+
+}  // namespace fp4serve::kernels::cuda
