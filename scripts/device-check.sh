@@ -74,6 +74,12 @@ if [[ -f $root/.device/bundle.tar.xz ]]; then
     bin=$bundle/bin
     tests_mode=bundle
     export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    if ! ls /usr/local/cuda/lib64/libcublas.so.* >/dev/null 2>&1; then  # else PyTorch's pip copy of cuBLAS
+      cublas=$(find /opt /usr -name 'libcublas.so.*' 2>/dev/null | head -1)
+      [[ -n $cublas ]] && export LD_LIBRARY_PATH="$(dirname "$cublas"):$LD_LIBRARY_PATH"
+    fi
+    missing=$(for b in "$bundle"/bin/*; do ldd "$b"; done 2>/dev/null | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
+    [[ -n $missing ]] && row "libraries" "FAIL" "missing: $missing"
     src=$(cat "$bundle/source_dir")
     if [[ ! -e $src/tests/data ]]; then mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"; fi
     row "build" "ok" "carried bundle ($(cat "$bundle/built_on" 2>/dev/null)); fixtures via $src"
@@ -101,7 +107,7 @@ if [[ -n $bin ]]; then
     rc=0
     for t in $(cat "$bundle/tests.txt"); do
       echo "=== $t" >>"$OUT/tests.log"
-      timeout 240 "$bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1 || rc=1
+      timeout 150 "$bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1 || rc=1
     done
     passed=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$OUT/tests.log" | awk '{s+=$4} END {print s+0}')
     failed=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | awk '{s+=$4} END {print s+0}')

@@ -132,7 +132,7 @@ struct CudaDecoder::Impl {
   kc::DeviceBuffer<int64_t> positions, cache_rows, logit_rows;
   kc::DeviceBuffer<float> x, h, qkv, q, k, attn, delta, gate_up, act, part_out, selected, logits;
   kc::DeviceBuffer<kc::bf16> x_bf16;
-  kc::DeviceBuffer<kc::bf16> w4a4_scratch;
+  kc::W4A4Scratch w4a4_scratch;
 
   const void* embed_table() const {
     return embed_type == kc::TableType::Bf16 ? static_cast<const void*>(embed_bf16.data())
@@ -141,7 +141,7 @@ struct CudaDecoder::Impl {
 
   void run_part(const GpuLinearGroup& g, size_t p, const kc::bf16* in, int64_t m, float* out) {
     if (g.emulate_w4a4[p]) {
-      kc::linear_w4a4_emulated(g.parts[p], in, m, out, w4a4_scratch, stream);
+      kc::linear_w4a4(g.parts[p], in, m, out, w4a4_scratch, stream);
     } else {
       kc::linear(g.parts[p], in, m, out, stream);
     }
@@ -319,6 +319,10 @@ std::vector<float> CudaDecoder::forward(std::span<const SequenceChunk> batch, Kv
   float* delta = ensure(im.delta, total * hidden);
   float* gate_up = ensure(im.gate_up, total * 2 * inter);
   float* act = ensure(im.act, total * inter);
+  // Sized once per step for the widest GEMM input and part output, so that run() never frees a buffer that a
+  // queued kernel may still read.
+  ensure(im.x_bf16, total * std::max({hidden, inter, q_width}));
+  ensure(im.part_out, total * std::max({qkv_width, 2 * inter, hidden}));  // lm_head is one module, one part
 
   kc::embedding_gather(im.embed_table(), im.embed_type, c.vocab_size, hidden, ids, total, c.embedding_multiplier, x, s);
   for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -6,7 +6,7 @@
 // (FP4SERVE_HAVE_CUDA). Numerics: fp32 activations and KV cache as on the CPU; the GEMM inputs are rounded to
 // bf16 (the GPU GEMMs take bf16 activations) and dense fp32-stored weights run as bf16 (linear_cuda.h): those are
 // the deliberate differences from model::Decoder. W4A4 emulation (--activation-quant emulate) runs on the GPU
-// too (linear_w4a4_emulated).
+// too (kernels::cuda::linear_w4a4).
 #pragma once
 
 #include <cstdint>
