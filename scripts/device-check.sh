@@ -80,6 +80,16 @@ if [[ -f $root/.device/bundle.tar.xz ]]; then
     fi
     missing=$(for b in "$bundle"/bin/*; do ldd "$b"; done 2>/dev/null | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
     [[ -n $missing ]] && row "libraries" "FAIL" "missing: $missing"
+    # Large fixtures are tracked xz-compressed and inflated by the CMake build (cmake/TestData.cmake when
+    # present); with a carried build nobody builds here, so inflate them the same way (Python's lzma: no xz needed).
+    python3 - <<'EOF_XZ'
+import lzma, pathlib, shutil
+for packed in pathlib.Path("tests/data").rglob("*.xz"):
+    plain = packed.with_suffix("")
+    if not plain.exists() or plain.stat().st_mtime < packed.stat().st_mtime:
+        with lzma.open(packed) as src, open(plain, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+EOF_XZ
     src=$(cat "$bundle/source_dir")
     if [[ ! -e $src/tests/data ]]; then mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"; fi
     row "build" "ok" "carried bundle ($(cat "$bundle/built_on" 2>/dev/null)); fixtures via $src"

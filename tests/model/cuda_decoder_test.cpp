@@ -89,16 +89,16 @@ std::vector<int32_t> ids_of(const checkpoint::SafetensorsFile& golden, const std
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 
 // Prefill with all logits, then `steps` greedy tokens one at a time through the cache.
-struct Run {
+struct Trace {
   std::vector<float> prefill;
   std::vector<int32_t> greedy;
 };
-Run run(const ForwardModel& model, const std::vector<int32_t>& ids, int steps) {
+Trace run_model(const ForwardModel& model, const std::vector<int32_t>& ids, int steps) {
   KvCache cache = model.make_cache(64, 2);
   const int slot = cache.acquire();
   cache.release(slot);
   const int used = cache.acquire();  // the same slot again: stale contents must not matter
-  Run r;
+  Trace r;
   const SequenceChunk chunk{used, 0, ids, true};
   r.prefill = model.forward(std::span(&chunk, 1), cache);
   const int64_t vocab = model.config().vocab_size;
@@ -130,8 +130,8 @@ TEST_P(CudaDecoderParity, LogitsAndGreedyTokensMatchTheCpuDecoder) {
   for (const std::string prompt : {"prompt0", "prompt1"}) {
     SCOPED_TRACE(prompt);
     const std::vector<int32_t> ids = ids_of(golden, prompt);
-    const Run want = run(cpu.forward_model(), ids, 8);
-    const Run got = run(gpu.forward_model(), ids, 8);
+    const Trace want = run_model(cpu.forward_model(), ids, 8);
+    const Trace got = run_model(gpu.forward_model(), ids, 8);
     ASSERT_EQ(got.prefill.size(), want.prefill.size());
     double max_ref = 0.0, max_diff = 0.0;
     for (size_t i = 0; i < want.prefill.size(); ++i) {
@@ -153,8 +153,8 @@ INSTANTIATE_TEST_SUITE_P(DenseFixtures, CudaDecoderParity,
                          ::testing::Values("llama-bf16", "llama-nvfp4a16", "llama-mxfp4a16", "llama-nvfp4",
                                            "llama-modelopt-w4a16-nvfp4", "qwen2-nvfp4a16", "qwen3-nvfp4a16",
                                            "granite-nvfp4a16"),
-                         [](const auto& info) {
-                           std::string name = info.param;
+                         [](const auto& fixture) {
+                           std::string name = fixture.param;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
