@@ -60,7 +60,8 @@ bundle_bytes=$(stat -c %s "$dev/bundle.tar.xz")
 echo "bundle: ${#binaries[@]} binaries ($(wc -l <"$dev/bundle/tests.txt") test binaries), $(ls "$dev/bundle/lib" | wc -l) libraries, $((bundle_bytes / 1024)) KiB"
 
 # What travels with every call: tracked files plus untracked files git does not ignore.
-tree_bytes=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+# FP4SERVE_TREE_BYTES overrides it when the calls will be made from another checkout (the tool sends the session's).
+tree_bytes=${FP4SERVE_TREE_BYTES:-$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)}
 echo "working tree: $((tree_bytes / 1024)) KiB of the $((limit / 1024)) KiB per call"
 if (( tree_bytes + bundle_bytes + margin > limit )); then
   echo "device-prepare: the tree ($tree_bytes B) and the bundle ($bundle_bytes B) exceed one call's 64 MiB" >&2

@@ -9,16 +9,27 @@
 #include <sstream>
 
 #include "fp4serve/error.h"
+#include "kernels/hadamard.h"
 #include "model/loader.h"
 #include "runtime/text_setup.h"
 
 namespace fp4serve::app {
 namespace {
 
-// Keeps max |x| of the input of every linear module (static min-max: one amax over all calibration tokens).
+// Keeps max |x| of the input of every linear module (static min-max: one amax over all calibration tokens),
+// after the online Hadamard transform when the checkpoint being written declares one.
 class AmaxObserver final : public model::ActivationObserver {
  public:
+  explicit AmaxObserver(int64_t hadamard_block) : hadamard_block_(hadamard_block) {}
+
   void observe(const std::vector<std::string>& modules, const float* x, int64_t m, int64_t k) override {
+    // A layer whose width the block does not divide cannot be quantized with the transform (the quantize plan
+    // refuses it before calibration), so an unrotated input here belongs to an unquantized layer.
+    if (hadamard_block_ > 0 && k % hadamard_block_ == 0) {
+      rotated_.assign(x, x + m * k);
+      kernels::fwht_blocks(rotated_.data(), m, k, hadamard_block_);
+      x = rotated_.data();
+    }
     float amax = 0.0f;
     for (int64_t i = 0; i < m * k; ++i) amax = std::max(amax, std::fabs(x[i]));
     for (const std::string& name : modules) {
@@ -29,6 +40,8 @@ class AmaxObserver final : public model::ActivationObserver {
   const std::map<std::string, float>& amax() const { return amax_; }
 
  private:
+  int64_t hadamard_block_;
+  std::vector<float> rotated_;
   std::map<std::string, float> amax_;
 };
 
@@ -39,7 +52,8 @@ constexpr int64_t kSampleTokens = 512;
 
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
-                                                const std::filesystem::path& calibration_text, int64_t max_tokens) {
+                                                const std::filesystem::path& calibration_text, int64_t max_tokens,
+                                                int64_t hadamard_block) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
   std::ostringstream text;
@@ -57,7 +71,7 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                  tokens.size()));
   }
 
-  AmaxObserver observer;
+  AmaxObserver observer(hadamard_block);
   loaded.decoder->set_observer(&observer);
   model::KvCache cache = loaded.decoder->make_cache(kSampleTokens, 1);
   for (size_t begin = 0; begin < tokens.size(); begin += kSampleTokens) {

@@ -17,11 +17,15 @@ namespace fp4serve::app {
 /// `source` and returns, for every linear module named in `modules`, the largest |input activation| seen
 /// (static min-max over all calibration tokens, as llm-compressor's `static_minmax` observer keeps it).
 /// These amaxes become `input_global_scale` = 448·6/amax, jointly over fused groups (quant::plan_quantization).
-/// Calibration samples are independent sequences of 512 tokens. Throws UsageError when the text file is
+/// Calibration samples are independent sequences of 512 tokens. With `hadamard_block` b > 0 (`quantize
+/// --hadamard b`) the observer sees each input after the online QuIP transform the written checkpoint will
+/// declare (x · H_b/√b per b-wide block, kernels::fwht_blocks), as llm-compressor's observer sees it behind the
+/// transform's pre-hook (compressed-tensors registers it with prepend=True). Throws UsageError when the text file is
 /// unreadable, empty or yields fewer than 2 tokens; what load_model throws for the source model; FormatError when
 /// a requested module is never run by the model.
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
-                                                const std::filesystem::path& calibration_text, int64_t max_tokens);
+                                                const std::filesystem::path& calibration_text, int64_t max_tokens,
+                                                int64_t hadamard_block = 0);
 
 }  // namespace fp4serve::app

@@ -1,14 +1,92 @@
 // SPDX-License-Identifier: Apache-2.0
 // `fp4serve bench serve`: load generator against a running OpenAI-compatible server (src/server/bench_client.h),
-// printing the same report as `vllm bench serve`, or JSON.
+// printing the same report as `vllm bench serve`, or JSON. `fp4serve bench model`: offline prefill/decode speed
+// of one or more checkpoints in one interleaved run (runtime/model_bench.h).
 #include <fmt/format.h>
 
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "app/commands.h"
+#include "model/loader.h"
+#include "runtime/model_bench.h"
+#include "runtime/text_setup.h"
 #include "server/bench_client.h"
 
 namespace fp4serve::app {
+namespace {
+
+struct ModelBenchOptions {
+  std::vector<std::string> models;
+  model::LoadOptions load;
+  runtime::ModelBenchConfig bench;
+  bool json = false;
+};
+
+void run_bench_model(const ModelBenchOptions& opts) {
+  std::vector<model::LoadedModel> loaded;
+  std::vector<runtime::Tokenizer> tokenizers;
+  for (const std::string& dir : opts.models) {
+    loaded.push_back(model::load_model(dir, opts.load));
+    tokenizers.push_back(runtime::load_tokenizer(loaded.back().checkpoint));
+  }
+  std::vector<runtime::ModelBenchTarget> targets;
+  for (size_t i = 0; i < loaded.size(); ++i) targets.push_back({opts.models[i], loaded[i].decoder.get(), &tokenizers[i]});
+  const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
+    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
+               s.prefill_seconds, s.decode_seconds);
+  });
+  const auto rows = runtime::summarize_model_bench(opts.models, samples, opts.bench);
+  if (!opts.json) {
+    fmt::print("{}", runtime::format_model_bench(rows, opts.bench));
+    return;
+  }
+  nlohmann::json out = {{"prompt_tokens", opts.bench.prompt_tokens},
+                        {"gen_tokens", opts.bench.gen_tokens},
+                        {"repetitions", opts.bench.repetitions},
+                        {"threads", opts.load.threads},
+                        {"models", nlohmann::json::array()}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    nlohmann::json seconds = nlohmann::json::array();
+    for (const auto& s : samples[i]) seconds.push_back({{"prefill", s.prefill_seconds}, {"decode", s.decode_seconds}});
+    out["models"].push_back({{"model", rows[i].name},
+                             {"prefill_tokens_per_s", rows[i].prefill_tokens_per_s},
+                             {"decode_tokens_per_s", rows[i].decode_tokens_per_s},
+                             {"tpot_ms", rows[i].tpot_ms},
+                             {"prefill_vs_first", rows[i].prefill_vs_first},
+                             {"decode_vs_first", rows[i].decode_vs_first},
+                             {"seconds", seconds}});
+  }
+  fmt::print("{}\n", out.dump(2));
+}
+
+void register_bench_model(CLI::App& bench) {
+  auto opts = std::make_shared<ModelBenchOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "model", "Offline prefill/decode speed of one or more checkpoints, interleaved in one run (llama-bench style)");
+  cmd->add_option("-m,--model", opts->models, "checkpoint folder (repeat to compare; ratios are vs the first)")
+      ->required();
+  cmd->add_option("--device", opts->load.device, "cpu, or a GPU generation for planning only")->capture_default_str();
+  cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
+      ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
+      ->capture_default_str();
+  cmd->add_option("--threads", opts->load.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("-n,--gen-tokens", opts->bench.gen_tokens, "decode steps (≥ 2)")->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd->add_option("-r,--repetitions", opts->bench.repetitions, "rounds over all models")->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--seed", opts->bench.seed, "prompt token-id seed")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "print JSON (with every repetition's seconds)");
+  cmd->callback([opts] {
+    opts->load.progress = false;
+    run_bench_model(*opts);
+  });
+}
+
+}  // namespace
 
 void register_bench(CLI::App& root) {
   CLI::App* bench = root.add_subcommand("bench", "Benchmarks");
@@ -16,6 +94,7 @@ void register_bench(CLI::App& root) {
   auto cfg = std::make_shared<server::BenchConfig>();
   auto as_json = std::make_shared<bool>(false);
   auto vocab = std::make_shared<int64_t>(0);
+  register_bench_model(*bench);
   CLI::App* cmd = bench->add_subcommand("serve", "Load-test a server: random prompts, streamed completions, vllm-style report");
   cmd->add_option("--base-url", cfg->base_url, "server URL (http://host:port)")->capture_default_str();
   cmd->add_option("--model", cfg->model, "model id (default: the first /v1/models lists)");

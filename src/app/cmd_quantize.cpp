@@ -72,7 +72,7 @@ void run_quantize(const QuantizeCliOptions& cli) {
       if (lin.quantized) modules.push_back(lin.module);
     }
     if (cli.calibration.empty()) throw UsageError("--scheme nvfp4 needs --calibration FILE (a text file)");
-    options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens);
+    options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard);
   }
   const quant::QuantizePlan plan = quant::plan_quantization(source, options);
   size_t quantized = 0;

@@ -288,10 +288,6 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
   if (plan.hadamard != 0 && plan.hadamard != 16 && plan.hadamard != 32 && plan.hadamard != 64 && plan.hadamard != 128) {
     throw UsageError(fmt::format("--hadamard {}: the block size must be 16, 32, 64 or 128", plan.hadamard));
   }
-  if (plan.hadamard != 0 && plan.scheme == QuantScheme::Nvfp4) {
-    throw UsageError("--hadamard with --scheme nvfp4: W4A4 calibration would observe activations without the "
-                     "rotation; use a weight-only scheme (nvfp4a16, mxfp4a16, w4a16) or mxfp4");
-  }
   const int64_t fixed = is_nvfp4(options.scheme) ? kNvfp4GroupSize
                         : options.scheme == QuantScheme::W4A16 ? 0 : kMxfp4GroupSize;
   if (fixed != 0 && options.group_size != 0 && options.group_size != fixed) {

@@ -54,8 +54,8 @@ struct QuantizeOptions {
   /// QuIP-style Hadamard block size (16, 32, 64 or 128), 0 = none. Every quantized linear's weight is rotated
   /// W ← W·H_b/√b block-diagonally (compressed-tensors `weight_input`, inverse) before quantization, and the
   /// checkpoint declares the matching online `input` transform (group "v", type "hadamard", head_dim b) with one
-  /// stored ±1 Sylvester matrix (compressed-tensors ties same-size matrices). Weight-only schemes only: W4A4 NVFP4
-  /// calibration observes untransformed activations.
+  /// stored ±1 Sylvester matrix (compressed-tensors ties same-size matrices). With NVFP4 W4A4, `input_amax` must
+  /// be observed on the transformed activations (app/calibration.h does).
   int64_t hadamard = 0;
 };
 

@@ -23,7 +23,7 @@ E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float64)
 BF16 = ml_dtypes.bfloat16
 NP_DT = {"BF16": BF16, "F32": np.float32, "F16": np.float16, "U8": np.uint8,
-         "I8": np.int8, "I32": np.int32, "I64": np.int64,
+         "I8": np.int8, "I32": np.int32, "I64": np.int64, "F64": np.float64,
          "F8_E4M3": ml_dtypes.float8_e4m3fn}
 
 

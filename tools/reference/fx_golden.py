@@ -131,6 +131,30 @@ def attach_online_transforms(model, folder):
 
 
 @torch.no_grad()
+def cached_keys(model, prompt, layer=0):
+    """The key states that layer `layer`'s attention hands to its KV cache for one forward over `prompt`
+    (post-RoPE, after any online `k_cache` transform): a forward pre-hook on compressed-tensors'
+    QuantizedKVCache registered after the transform's own hook sees the transformed keys.
+    Returns [num_kv_heads, tokens, head_dim] fp32."""
+    from compressed_tensors.modeling.kvcache import KV_CACHE_ATTR
+    attn = model.model.layers[layer].self_attn
+    cache = getattr(attn, KV_CACHE_ATTR)
+    seen = []
+
+    def grab(_, args, kwargs):
+        import inspect
+        bound = inspect.signature(cache.forward).bind(*args, **kwargs)
+        seen.append(bound.arguments["key_states"].detach().float().clone())
+    handle = cache.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model(torch.tensor([prompt], dtype=torch.long), use_cache=False)
+    finally:
+        handle.remove()
+    assert len(seen) == 1, f"expected one cache update in layer {layer}, saw {len(seen)}"
+    return seen[0][0].contiguous()
+
+
+@torch.no_grad()
 def logits_and_greedy(model, prompt):
     ids = torch.tensor([prompt], dtype=torch.long)
     logits = model(ids, use_cache=False).logits[0].float().clone()

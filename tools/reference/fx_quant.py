@@ -35,10 +35,20 @@ TRANSFORM_VARIANTS = {
     "quiprh-nvfp4a16": ("QuIPModifier", {"rotations": ["v"], "transform_type": "random-hadamard",
                                          "transform_block_size": 32}, "NVFP4A16"),
     # SpinQuant R1 + R2 (fused into the weights) + R4 (online `input` Hadamard of down_proj, fused inverse in
-    # its weight); R3 (q_attn / k_cache) is not executed by fp4serve yet.
+    # its weight).
     "spinquant-nvfp4a16": ("SpinQuantModifier", {"rotations": ["R1", "R2", "R4"], "transform_type": "hadamard",
                                                  "transform_block_size": 32},
                            "NVFP4A16"),
+    # QuIP "v" + "u": "u" fuses U into the weight's output side (`weight_output`) and applies its inverse
+    # online to the Linear's output (`output`, bias included); random Hadamard, 32-wide blocks.
+    "quipuv-nvfp4a16": ("QuIPModifier", {"rotations": ["v", "u"], "transform_type": "random-hadamard",
+                                         "transform_block_size": 32}, "NVFP4A16"),
+    # SpinQuant R1–R4 with random Hadamards: R3 rotates the post-RoPE queries (`q_attn`) and keys before the
+    # KV cache (`k_cache`) per head. With an unquantized cache the two cancel in q·kᵀ, so the golden also
+    # holds layer 0's cached keys (kcache.layer0.<prompt>).
+    "spinquant-r3-nvfp4a16": ("SpinQuantModifier", {"rotations": ["R1", "R2", "R3", "R4"],
+                                                    "transform_type": "random-hadamard",
+                                                    "transform_block_size": 32}, "NVFP4A16"),
 }
 
 # Ignore lists as real recipes write them (lm_head + MoE routers).

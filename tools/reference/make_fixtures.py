@@ -32,7 +32,8 @@ MOE_VARIANTS = ["bf16", "nvfp4", "nvfp4a16", "mxfp4a16"]
 PLAN = {
     "llama": ["bf16", "nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "w4a16", "w4a16-asym",
               "fp8-dynamic", "fp8-block", "modelopt-nvfp4", "modelopt-w4a16-nvfp4",
-              "quip-nvfp4a16", "quiprh-nvfp4a16", "spinquant-nvfp4a16"],
+              "quip-nvfp4a16", "quiprh-nvfp4a16", "spinquant-nvfp4a16", "quipuv-nvfp4a16",
+              "spinquant-r3-nvfp4a16"],
     # llama-i352-nvfp4a16 and gptoss-bf16 were dropped to keep tests/data/ref < 40 MB
     "llama-i352": ["nvfp4", "mxfp4a16"],
     "qwen2": CT4,
@@ -310,6 +311,20 @@ def make_one(fx):
             "greedy": g.tolist(),
             "min_greedy_margin": float(marg.min()),
         }
+
+    # (e) keys as the reference KV cache stores them, when an online `k_cache` transform rotates them
+    tcfg = json.load(open(os.path.join(out, "config.json"))).get("quantization_config", {}).get(
+        "transform_config") or {}
+    if any(a["location"] == "k_cache" for g in tcfg.get("config_groups", {}).values() for a in g["apply"]):
+        for p in ps:
+            n = p["name"]
+            kc = fx_golden.cached_keys(lmodel, p["ids"])
+            golden[f"kcache.layer0.{n}"] = kc
+            gdoc[f"kcache.layer0.{n}"] = {
+                "what": f"layer 0 key states handed to the KV cache for {n} (post-RoPE, after the online "
+                        "k_cache transform), captured by a forward pre-hook on compressed-tensors' "
+                        "QuantizedKVCache registered after the transform hook",
+                "dtype": "float32", "shape": list(kc.shape)}
 
     # (d) W4A4 emulation
     if w4a4_module is not None:

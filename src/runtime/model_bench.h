@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// `fp4serve bench model`: offline prefill / decode speed of one or more loaded models, llama-bench style.
+// Models are interleaved inside every repetition (A B C, then B C A, …), so a slow spell of a shared machine
+// hits every model alike, and each model's speed relative to the first is taken per repetition before the
+// median: the ratio is measured in one run, not pieced together from separate runs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+#include "runtime/tokenizer.h"
+
+namespace fp4serve::runtime {
+
+struct ModelBenchConfig {
+  int64_t prompt_tokens = 128;  ///< prefill length (random token ids, the same ids for every model)
+  int64_t gen_tokens = 64;      ///< decode steps after the prompt (greedy, EOS ignored)
+  int repetitions = 5;          ///< rounds over all models
+  uint64_t seed = 0;            ///< token-id RNG seed
+};
+
+/// One model under test; the pointers must outlive run_model_bench.
+struct ModelBenchTarget {
+  std::string name;
+  const model::Decoder* decoder = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+};
+
+/// One timed generation.
+struct ModelBenchSample {
+  double prefill_seconds = 0;  ///< time to first token: prompt forward + first sample
+  double decode_seconds = 0;   ///< the remaining gen_tokens − 1 steps
+};
+
+/// Summary over repetitions (medians; min/max of the per-repetition figures show the spread).
+struct ModelBenchSummary {
+  std::string name;
+  double prefill_tokens_per_s = 0, prefill_min = 0, prefill_max = 0;
+  double decode_tokens_per_s = 0, decode_min = 0, decode_max = 0;
+  double tpot_ms = 0;              ///< median time per output token in decode, milliseconds
+  double decode_vs_first = 1;      ///< median over repetitions of decode speed / the first model's, same repetition
+  double prefill_vs_first = 1;
+};
+
+/// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) prefills the same prompt and decodes
+/// gen_tokens greedily from an empty KV cache. `progress` (may be empty) is told each finished sample.
+/// Returns samples[model][repetition]. Throws UsageError when a count is < 1, there is no target, a pointer is
+/// null, or the prompt does not fit a model's context (max_position_embeddings); what the model throws.
+std::vector<std::vector<ModelBenchSample>> run_model_bench(
+    std::span<const ModelBenchTarget> targets, const ModelBenchConfig& config,
+    const std::function<void(size_t model, int repetition, const ModelBenchSample&)>& progress = {});
+
+/// Medians, spreads and ratios of run_model_bench's samples for `prompt_tokens` / `gen_tokens` as configured.
+/// samples[i] belongs to names[i]; every model must have the same number (≥ 1) of samples (UsageError).
+std::vector<ModelBenchSummary> summarize_model_bench(std::span<const std::string> names,
+                                                     const std::vector<std::vector<ModelBenchSample>>& samples,
+                                                     const ModelBenchConfig& config);
+
+/// The summaries as a Markdown table (one row per model).
+std::string format_model_bench(std::span<const ModelBenchSummary> rows, const ModelBenchConfig& config);
+
+}  // namespace fp4serve::runtime
