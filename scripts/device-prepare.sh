@@ -48,7 +48,9 @@ done
 # Libraries the device lacks: everything ldd resolves except glibc's own, the CUDA driver and cuBLAS/cudart.
 for b in "${binaries[@]}"; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
   case $(basename "$lib") in
-    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcublas*|libcudart*) ;;
+    # glibc's own, the CUDA driver and toolkit libraries, and the C++ runtime, which the device's compiler brings
+    # in a newer (backward compatible) version that its Python and tools also need.
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcublas*|libcudart*|libstdc++*|libgcc_s*) ;;
     *) cp -L "$lib" "$dev/bundle/lib/" ;;
   esac
 done
@@ -79,15 +81,26 @@ cat "$dev/model"/part-* | sha256sum | cut -d' ' -f1 >"$dev/model/model.sha256"
 mapfile -t parts < <(cd "$dev/model" && ls part-*)
 echo "model: ${#parts[@]} chunks of at most $((chunk / 1024)) KiB"
 
+# The last chunk travels with the bundle when both fit in one call.
+last=${parts[-1]}
+last_bytes=$(stat -c %s "$dev/model/$last")
+with_bundle=0
+(( tree_bytes + bundle_bytes + last_bytes + margin <= limit )) && with_bundle=1
 echo
 echo "== the device calls, in order, back to back (each within 30 s of the previous one's end):"
 n=1
 for p in "${parts[@]}"; do
+  [[ $with_bundle == 1 && $p == "$last" ]] && break
   echo "run #$n: command='mkdir -p /root/stage && cp .device/model/$p .device/model/model.sha256 /root/stage/ && ls -l /root/stage'"
   echo "        carry=[\".device/model/$p\", \".device/model/model.sha256\"] timeout_s=120"
   n=$((n + 1))
 done
-echo "run #$n: command='bash scripts/device-check.sh'"
-echo "        carry=[\".device/bundle.tar.xz\"] timeout_s=540"
+if [[ $with_bundle == 1 ]]; then
+  echo "run #$n: command='mkdir -p /root/stage && cp .device/model/$last .device/model/model.sha256 /root/stage/ && bash scripts/device-check.sh'"
+  echo "        carry=[\".device/bundle.tar.xz\", \".device/model/$last\", \".device/model/model.sha256\"] timeout_s=540"
+else
+  echo "run #$n: command='bash scripts/device-check.sh'"
+  echo "        carry=[\".device/bundle.tar.xz\"] timeout_s=540"
+fi
 echo "then give_back. If a call finds a fresh machine (the stage is empty), device-check.sh still runs the tests and"
 echo "the benchmark and reports 'model not staged' for the generate comparison."

@@ -2,6 +2,7 @@
 // Throughput of the CPU model ops at Llama-3-8B / GPT-OSS shapes. Run single-threaded for per-op cost
 // (OMP_NUM_THREADS=1) or with the cores to be used. The FWHT-16 row on a 4096-vector is the number that
 // the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV, KERNELS-AND-TARGETS.md §9).
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -46,6 +47,28 @@ void BM_RotateBlocksRow4096(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_RotateBlocksRow4096)->Arg(16)->Arg(128);
+
+// An online `output` transform on the k slice (1024 columns) of a fused Llama-3-8B q|k|v output (6144 columns),
+// head_dim blocks of 128, over a 512-token prefill: one kernel call per row (arg 0) against gathering the slice
+// into a contiguous block, one call, and scattering it back (arg 1). model::OnlineTransform::apply_strided uses
+// the per-row form, which measured faster.
+void BM_FwhtStridedSlice(benchmark::State& state) {
+  const bool gather = state.range(0) != 0;
+  constexpr int64_t kRows = 512, kStride = 6144, kOffset = 4096, kWidth = 1024, kBlock = 128;
+  std::vector<float> y = random_vec(kRows * kStride, 1), slice(kRows * kWidth);
+  for (auto _ : state) {
+    if (gather) {
+      for (int64_t r = 0; r < kRows; ++r) std::copy_n(y.data() + r * kStride + kOffset, kWidth, slice.data() + r * kWidth);
+      fwht_blocks(slice.data(), kRows, kWidth, kBlock);
+      for (int64_t r = 0; r < kRows; ++r) std::copy_n(slice.data() + r * kWidth, kWidth, y.data() + r * kStride + kOffset);
+    } else {
+      for (int64_t r = 0; r < kRows; ++r) fwht_blocks(y.data() + r * kStride + kOffset, 1, kWidth, kBlock);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kRows * kWidth * 4);
+}
+BENCHMARK(BM_FwhtStridedSlice)->Arg(0)->Arg(1)->UseRealTime();
 
 void BM_RmsNorm(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = 4096;

@@ -44,7 +44,7 @@ GpuLinearGroup upload_group(const LinearGroup& group, kc::Stream& stream, int64_
   g.in_features = group.in_features();
   g.out_features = group.out_features();
   for (const LinearPart& part : group.parts()) {
-    if (part.input_transform != nullptr) {
+    if (part.input_transform != nullptr || !part.output_transforms.empty()) {
       throw UnsupportedError(fmt::format("{}: online input transforms (QuIP / SpinQuant rotations) have no GPU kernel "
                                          "yet; run this checkpoint with --device cpu",
                                          join(g.modules)));
@@ -222,6 +222,12 @@ CudaDecoder::CudaDecoder(ModelConfig config, const WeightSource& weights, int or
       layer.k_norm = upload(load_vector(weights, p + ".self_attn.k_norm.weight", c.head_dim));
     }
     layer.sliding_window = c.sliding_window_of(l);
+    const AttentionTransforms transforms = weights.attention_transforms(l);
+    if (!transforms.query.empty() || !transforms.key.empty()) {
+      throw UnsupportedError(fmt::format("{}.self_attn: online q_attn / k_cache transforms (SpinQuant R3) have no GPU "
+                                         "kernel yet; run this checkpoint with --device cpu",
+                                         p));
+    }
     const LinearGroup qkv = weights.linear_group({p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"});
     const int64_t qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     if (qkv.out_features() != qkv_out || qkv.in_features() != c.hidden_size) {

@@ -24,7 +24,8 @@ class CudaDecoder final : public ForwardModel {
  public:
   /// Builds every layer from `weights` and uploads it to GPU `ordinal` (prepared linears, norms, the embedding
   /// table, the RoPE cos/sin table of kernels::RopeCache). Throws UnsupportedError naming the architecture for
-  /// MoE models and attention sinks, naming the module for an online input transform or a layout the GPU GEMMs do
+  /// MoE models and attention sinks, naming the module for an online transform (input, output, q_attn, k_cache:
+  /// QuIP / SpinQuant) or a layout the GPU GEMMs do
   /// not run (int4, FP8), and for head_dim > 256; UsageError when no GPU is present; DeviceError when a CUDA call fails (out
   /// of memory); FormatError as model::Decoder does for mis-shaped tensors.
   CudaDecoder(ModelConfig config, const WeightSource& weights, int ordinal = 0);

@@ -77,6 +77,16 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights)
     layer.sliding_window = c.sliding_window_of(l);
     layer.qkv = weights.linear_group({p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"});
     layer.o_proj = weights.linear_group({p + ".self_attn.o_proj"});
+    layer.transforms = weights.attention_transforms(l);
+    for (const auto* list : {&layer.transforms.query, &layer.transforms.key}) {
+      for (const auto& t : *list) {
+        if (!t || c.head_dim % t->block() != 0) {
+          throw FormatError(fmt::format("{}.self_attn: an online {} transform of block {} does not divide head_dim {}", p,
+                                        list == &layer.transforms.query ? "q_attn" : "k_cache", t ? t->block() : 0,
+                                        c.head_dim));
+        }
+      }
+    }
     const int64_t qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     if (layer.qkv.out_features() != qkv_out || layer.qkv.in_features() != c.hidden_size) {
       throw FormatError(fmt::format("{}.self_attn q/k/v: [{}, {}] in total where [{}, {}] was expected from config.json",
@@ -169,6 +179,10 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
     }
     kernels::apply_rope(q.data(), total, c.num_heads, hd, positions.data(), rope_, kernels::RopeLayout::NeoX);
     kernels::apply_rope(k.data(), total, c.num_kv_heads, hd, positions.data(), rope_, kernels::RopeLayout::NeoX);
+    // compressed-tensors' query / key hooks see the post-RoPE (and post-q/k-norm) states; the keys are rotated
+    // before the cache write below, so the cache holds rotated keys. head_dim blocks never straddle two heads.
+    for (const auto& t : layer.transforms.query) t->apply(q.data(), total, q_width);
+    for (const auto& t : layer.transforms.key) t->apply(k.data(), total, kv_width);
 
     int64_t row0 = 0;
     for (const SequenceChunk& chunk : batch) {

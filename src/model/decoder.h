@@ -53,6 +53,7 @@ class Decoder final : public ForwardModel {
     int64_t sliding_window = 0;
     LinearGroup qkv;
     LinearGroup o_proj;
+    AttentionTransforms transforms;  // q_attn / k_cache, after RoPE
     std::unique_ptr<FeedForward> ffn;
   };
 

@@ -15,13 +15,30 @@
 
 namespace fp4serve::model {
 
+/// An online `output` transform on the output columns [offset, offset + width) of a part: the shard it belongs to
+/// (a fused q|k|v part holds one per shard that has one; every shard transforms only its own slice).
+struct OutputTransform {
+  int64_t offset = 0;
+  int64_t width = 0;
+  std::shared_ptr<const OnlineTransform> transform;
+};
+
 struct LinearPart {
   prepare::PreparedLinear weight;
   kernels::ActivationQuant activation_quant = kernels::ActivationQuant::None;
   /// Online `input` transform applied to x before this part's GEMM (null: none). Parts of a fused group share
   /// one object; identical matrices are shared across layers (TransformCache).
   std::shared_ptr<const OnlineTransform> input_transform;
+  /// Online `output` transforms applied to y = x·Wᵀ + bias, the bias included (compressed-tensors forward hook on
+  /// the Linear); slices are disjoint and lie within [0, weight.out_features).
+  std::vector<OutputTransform> output_transforms;
 };
+
+/// One part running the GEMM of `parts` (same input transform, activation quantization and layout) over their
+/// concatenated rows (prepare::concat_rows); each part's output transforms move to its slice of the fused output.
+/// Throws what concat_rows throws, and UsageError when the parts have different input transforms or activation
+/// quantization.
+LinearPart fuse_parts(std::vector<LinearPart> parts);
 
 /// Sees the input of every linear group during a forward pass: calibration (`quantize --scheme nvfp4` observes
 /// activation amax for `input_global_scale`) and debugging use it; inference passes none.
@@ -36,7 +53,8 @@ class LinearGroup {
  public:
   LinearGroup() = default;
   /// Parts in output order; all share in_features. `modules` are the checkpoint module names the group runs
-  /// (reported to an ActivationObserver). Throws UsageError when the parts disagree on in_features.
+  /// (reported to an ActivationObserver). Throws UsageError when the parts disagree on in_features or an output
+  /// transform slice lies outside its part or is not a multiple of its block.
   explicit LinearGroup(std::vector<LinearPart> parts, std::vector<std::string> modules = {});
 
   const std::vector<std::string>& modules() const { return modules_; }
@@ -46,8 +64,8 @@ class LinearGroup {
   const std::vector<LinearPart>& parts() const { return parts_; }
   bool empty() const { return parts_.empty(); }
 
-  /// y[m, out_features] = concat over parts of T_part(x[m, K]) · W_partᵀ (+ bias_part), T_part the part's online
-  /// input transform or the identity. `scratch` is reused between calls to avoid allocations when there is more
+  /// y[m, out_features] = concat over parts of U_part(T_part(x[m, K]) · W_partᵀ (+ bias_part)), T_part the part's
+  /// online input transform and U_part its output transforms per slice (identity where absent). `scratch` is reused between calls to avoid allocations when there is more
   /// than one part; x is never modified (a transformed copy lives in a per-thread buffer).
   void forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const;
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Online transforms of compressed-tensors `transform_config` (FORMATS.md §1.8) applied to a linear group's input
-// before its GEMM: x ← x · M̂ block-diagonally, where M̂ is the stored matrix `P.<group>_input.weight` after its
-// stored permutation `.perm` (randomize), transposed when `inverse`, divided by √b for the Hadamard types
+// Online transforms of compressed-tensors `transform_config` (FORMATS.md §1.8): a Linear's input before its GEMM
+// (`input`), its output after GEMM and bias (`output`), the post-RoPE query (`q_attn`) and key states before the
+// KV-cache write (`k_cache`), each value ← value · M̂ block-diagonally over the last dimension, where M̂ is the
+// stored matrix `P.<group>_<location>.weight` after its stored permutation `.perm` (randomize), transposed when
+// `inverse`, divided by √b for the Hadamard types
 // (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
 // Hadamard runs as the fast Walsh–Hadamard kernel, anything else as a dense block-diagonal rotation.
 #pragma once
@@ -38,6 +40,9 @@ class OnlineTransform {
   /// x[rows, dim] f32, in place: each b-wide slice of every row ← slice · M̂. Throws UsageError when b does not
   /// divide dim.
   void apply(float* x, int64_t rows, int64_t dim) const;
+  /// The same on the columns [0, width) of rows `stride` floats apart (one shard's slice of a concatenated output,
+  /// e.g. k of q|k|v). Throws UsageError when b does not divide width or width > stride.
+  void apply_strided(float* x, int64_t rows, int64_t width, int64_t stride) const;
 
  private:
   TransformKernel kernel_;

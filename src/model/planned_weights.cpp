@@ -182,7 +182,8 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
           name, plan::scheme_name(*m.scheme), plan_.device.label()));
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias)) prepare::attach_bias(part.weight, ckpt_.tensor(bias->name), name);
-  part.input_transform = input_transform(m);
+  part.input_transform = online_transform(m, "input");
+  if (auto output = online_transform(m, "output")) part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m.tensors) {
     if (use.dropped || use.shared) continue;
@@ -255,37 +256,64 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
   return LinearGroup(std::move(parts), {module});
 }
 
-std::shared_ptr<const OnlineTransform> PlannedWeights::input_transform(const plan::ModulePlan& m) const {
+std::shared_ptr<const OnlineTransform> PlannedWeights::transform(const std::string& owner, const quant::TransformUse& t,
+                                                                  const std::vector<plan::TensorUse>& tensors) const {
+  const plan::TensorUse* matrix = nullptr;
+  const plan::TensorUse* perm = nullptr;
+  for (const plan::TensorUse& use : tensors) {
+    if (use.role == TensorRole::TransformMatrix && matrix == nullptr) matrix = &use;
+    if (use.role == TensorRole::TransformPerm && perm == nullptr) perm = &use;
+  }
+  if (matrix == nullptr || (t.randomize && perm == nullptr)) {
+    throw FormatError(fmt::format("{}: the plan lists no {} tensor for online transform {} at `{}`", owner,
+                                  matrix == nullptr ? "matrix" : "perm", t.group, t.location));
+  }
+  TransformSource source{matrix->name, t.type, t.inverse, ckpt_.tensor(matrix->name), std::nullopt};
+  if (perm) source.perm = ckpt_.tensor(perm->name);
+  return transforms_.get(source);
+}
+
+std::shared_ptr<const OnlineTransform> PlannedWeights::online_transform(const plan::ModulePlan& m,
+                                                                        std::string_view location) const {
+  // The contract (plan/scheme.cpp) lists each online transform's matrix, then its perm when randomized, in config
+  // order; the names may be tied copies stored under another module, so go by position rather than by name.
+  std::vector<const plan::TensorUse*> transform_tensors;
+  for (const plan::TensorUse& use : m.tensors) {
+    if (use.role == TensorRole::TransformMatrix || use.role == TensorRole::TransformPerm) transform_tensors.push_back(&use);
+  }
   std::shared_ptr<const OnlineTransform> out;
+  size_t next = 0;
   for (const quant::TransformUse& t : m.quant.transforms) {
     if (!t.online) continue;  // weight_input / weight_output are folded into the stored weight
-    if (t.location != "input") {
-      throw UnsupportedError(fmt::format("{}: online transform {} at location `{}` is not executed (only `input` is)",
+    const size_t count = t.randomize ? 2 : 1;
+    std::vector<plan::TensorUse> uses;
+    for (size_t i = next; i < std::min(next + count, transform_tensors.size()); ++i) uses.push_back(*transform_tensors[i]);
+    next += count;
+    if (t.location != "input" && t.location != "output") {
+      throw UnsupportedError(fmt::format("{}: online transform {} at location `{}` does not apply to a Linear",
                                          m.module.name, t.group, t.location));
     }
+    if (t.location != location) continue;
     if (out) {
-      throw UnsupportedError(fmt::format("{}: more than one online input transform (second: group {})", m.module.name,
-                                         t.group));
+      throw UnsupportedError(fmt::format("{}: more than one online {} transform (second: group {})", m.module.name,
+                                         location, t.group));
     }
-    // The plan may point at a tied copy stored under another module, so match the `<group>_input` suffix only.
-    const std::string suffix = "." + t.group + "_input";
-    const plan::TensorUse* matrix = nullptr;
-    const plan::TensorUse* perm = nullptr;
-    for (const plan::TensorUse& use : m.tensors) {
-      if (use.role == TensorRole::TransformMatrix && use.name.ends_with(suffix + ".weight")) matrix = &use;
-      if (use.role == TensorRole::TransformPerm && use.name.ends_with(suffix + ".perm")) perm = &use;
+    out = transform(m.module.name, t, uses);
+    const int64_t width = location == "input" ? m.module.in_features : m.module.out_features;
+    if (width % out->block() != 0) {
+      throw FormatError(fmt::format("{}: transform {} has block {} that does not divide {} {}", m.module.name, t.group,
+                                    out->block(), location == "input" ? "in_features" : "out_features", width));
     }
-    if (matrix == nullptr || (t.randomize && perm == nullptr)) {
-      throw FormatError(fmt::format("{}: the plan lists no {} tensor for online transform {}", m.module.name,
-                                    matrix == nullptr ? "matrix" : "perm", t.group));
-    }
-    TransformSource source{matrix->name, t.type, t.inverse, ckpt_.tensor(matrix->name), std::nullopt};
-    if (perm) source.perm = ckpt_.tensor(perm->name);
-    out = transforms_.get(source);
-    if (m.module.in_features % out->block() != 0) {
-      throw FormatError(fmt::format("{}: transform {} has block {} that does not divide in_features {}", m.module.name,
-                                    matrix->name, out->block(), m.module.in_features));
-    }
+  }
+  return out;
+}
+
+AttentionTransforms PlannedWeights::attention_transforms(int64_t layer) const {
+  AttentionTransforms out;
+  for (const plan::AttentionTransform& at : plan_.attention_transforms) {
+    if (at.layer != layer) continue;
+    auto t = transform(at.module, at.transform, at.tensors);
+    (at.transform.location == "q_attn" ? out.query : out.key).push_back(std::move(t));
   }
   return out;
 }
@@ -306,12 +334,10 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
            p.input_transform == parts.front().input_transform;
   }
   if (fuse) {
-    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight.
-    const auto activation_quant = parts.front().activation_quant;
-    std::vector<prepare::PreparedLinear> weights;
-    for (LinearPart& p : parts) weights.push_back(std::move(p.weight));
+    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight and its
+    // output transform on its own slice.
     std::vector<LinearPart> fused;
-    fused.push_back({prepare::concat_rows(std::move(weights)), activation_quant, parts.front().input_transform});
+    fused.push_back(fuse_parts(std::move(parts)));
     return LinearGroup(std::move(fused), modules);
   }
   return LinearGroup(std::move(parts), modules);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -60,12 +61,19 @@ class PlannedWeights final : public WeightSource {
   /// 0 … E−1 or `deinterleave` meets an odd N, UnsupportedError for schemes other than W4A16_MXFP4 and
   /// unquantized (the plan admits no other quantized 3-D experts).
   LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const override;
+  /// The plan's q_attn / k_cache transforms of `layer`. Throws FormatError for malformed matrices or perms.
+  AttentionTransforms attention_transforms(int64_t layer) const override;
 
  private:
   LinearPart prepare_module(const plan::ModulePlan& module) const;
-  /// The module's online `input` transform (null when it has none). Throws UnsupportedError for an online
-  /// transform at another location or more than one, FormatError for missing/malformed matrices.
-  std::shared_ptr<const OnlineTransform> input_transform(const plan::ModulePlan& module) const;
+  /// The module's online transform at `location` ("input" or "output"; null when it has none). Throws
+  /// UnsupportedError for an online transform at a location a Linear cannot take or two at one location,
+  /// FormatError for missing/malformed matrices or a block that does not divide the transformed width.
+  std::shared_ptr<const OnlineTransform> online_transform(const plan::ModulePlan& module, std::string_view location) const;
+  /// The shared transform of `t` built from `tensors` (its matrix, and perm when randomized). Throws FormatError
+  /// naming `owner` when they are missing or malformed.
+  std::shared_ptr<const OnlineTransform> transform(const std::string& owner, const quant::TransformUse& t,
+                                                   const std::vector<plan::TensorUse>& tensors) const;
 
   const checkpoint::Checkpoint& ckpt_;
   const plan::LayerPlan& plan_;

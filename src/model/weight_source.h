@@ -3,6 +3,7 @@
 // The implementation behind it (model/planned_weights.h) follows the per-layer plan; tests can supply their own.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,14 @@
 #include "model/linear_group.h"
 
 namespace fp4serve::model {
+
+/// The online transforms of one attention module, each list in config order (compressed-tensors runs the hooks in
+/// registration order): `query` on the post-RoPE query states before the scores (q_attn), `key` on the post-RoPE
+/// key states before they are written to the KV cache (k_cache). Each runs block-diagonally over head_dim.
+struct AttentionTransforms {
+  std::vector<std::shared_ptr<const OnlineTransform>> query;
+  std::vector<std::shared_ptr<const OnlineTransform>> key;
+};
 
 class WeightSource {
  public:
@@ -30,6 +39,8 @@ class WeightSource {
   /// FORMATS.md §5), so the output is gate | up halves. Throws FormatError naming the module and expert when
   /// the expert index or a shape is out of range, UnsupportedError for a scheme without a 3-D slicing rule.
   virtual LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const = 0;
+  /// The q_attn / k_cache transforms of decoder layer `layer`; none by default (a source without transforms).
+  virtual AttentionTransforms attention_transforms(int64_t /*layer*/) const { return {}; }
 };
 
 }  // namespace fp4serve::model

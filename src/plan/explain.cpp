@@ -26,6 +26,18 @@ std::string backend_name(const DeviceCaps& d) {
   return "cpu-scalar";
 }
 
+namespace {
+
+// "<location> <group> <type> b<block> <kernel>"; the kernel guess matches model::TransformCache, which runs an
+// exact Sylvester matrix as the FWHT and anything else as a dense block-diagonal rotation.
+std::string transform_text(const quant::TransformUse& t, int64_t block) {
+  const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
+  const char* kernel = t.type == "hadamard" && !t.randomize && pow2 ? "fwht" : "dense";
+  return fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel);
+}
+
+}  // namespace
+
 std::string online_transform_summary(const ModulePlan& mp) {
   std::vector<std::string> parts;
   for (const quant::TransformUse& t : mp.quant.transforms) {
@@ -35,14 +47,12 @@ std::string online_transform_summary(const ModulePlan& mp) {
     for (const TensorUse& u : mp.tensors) {
       if (u.role == TensorRole::TransformMatrix && u.name.ends_with(suffix) && !u.shape.empty()) block = u.shape.front();
     }
-    const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
-    const char* kernel = t.location != "input"                                   ? "not executed"
-                         : (t.type == "hadamard" && !t.randomize && pow2) ? "fwht"
-                                                                          : "dense";
-    parts.push_back(fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel));
+    parts.push_back(transform_text(t, block));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
+
+std::string attention_transform_summary(const AttentionTransform& at) { return transform_text(at.transform, at.block); }
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
@@ -66,6 +76,21 @@ std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
     }
     runs[it->second].insert(mp.run_name);
   }
+  // Attention-module transforms (q_attn, k_cache) have no scheme of their own: one row per pattern and transform.
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    const std::string pattern = name_pattern(at.module);
+    std::string transform = attention_transform_summary(at);
+    const std::string reason = at.transform.location == "q_attn"
+                                   ? "post-RoPE query states, per head, before the attention scores"
+                                   : "post-RoPE key states, per head, before they are written to the KV cache";
+    const Key key{pattern, "attention", "-", reason, transform};
+    auto [it, inserted] = index.emplace(key, rows.size());
+    if (inserted) {
+      rows.push_back({pattern, 0, "attention", "-", backend, reason, "online-transform", std::move(transform)});
+      runs.emplace_back();
+    }
+    runs[it->second].insert(at.module);
+  }
   for (size_t i = 0; i < rows.size(); ++i) rows[i].count = runs[i].size();
   return rows;
 }
@@ -88,12 +113,31 @@ std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan) {
   return out;
 }
 
-uint64_t resident_bytes(const LayerPlan& plan) {
+namespace {
+
+// Non-linear tensors as loaded: norms, sinks, KV scales, and the attention transforms' matrices (tied copies once).
+std::pair<size_t, uint64_t> non_linear_totals(const LayerPlan& plan) {
+  size_t count = 0;
   uint64_t bytes = 0;
-  for (const SchemeTotal& t : scheme_totals(plan)) bytes += t.resident_bytes;
   for (const TensorUse& u : plan.others) {
+    ++count;
     if (!u.dropped) bytes += u.bytes;
   }
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    for (const TensorUse& u : at.tensors) {
+      if (u.shared) continue;
+      ++count;
+      bytes += u.bytes;
+    }
+  }
+  return {count, bytes};
+}
+
+}  // namespace
+
+uint64_t resident_bytes(const LayerPlan& plan) {
+  uint64_t bytes = non_linear_totals(plan).second;
+  for (const SchemeTotal& t : scheme_totals(plan)) bytes += t.resident_bytes;
   return bytes;
 }
 
@@ -146,9 +190,8 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
   for (const SchemeTotal& t : scheme_totals(plan)) {
     out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", t.scheme, t.modules, t.checkpoint_bytes, t.resident_bytes);
   }
-  uint64_t other_bytes = 0;
-  for (const TensorUse& u : plan.others) other_bytes += u.dropped ? 0 : u.bytes;
-  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "non-linear tensors", plan.others.size(), other_bytes, other_bytes);
+  const auto [other_count, other_bytes] = non_linear_totals(plan);
+  out += fmt::format("  {:<20} {:>7}  {:>16}  {:>16}\n", "non-linear tensors", other_count, other_bytes, other_bytes);
   const uint64_t resident = resident_bytes(plan);
   out += fmt::format("  estimated resident memory: {:.2f} MiB ({} bytes of weights as loaded; KV cache and activations "
                      "not included)\n", mib(resident), resident);
@@ -202,6 +245,18 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
                               {"bytes", t.bytes}, {"dropped", t.dropped}, {"shared", t.shared}});
     }
     out["modules"].push_back(std::move(m));
+  }
+  out["attention_transforms"] = json::array();
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    json a = {{"module", at.module}, {"location", at.transform.location}, {"group", at.transform.group},
+              {"type", at.transform.type}, {"block", at.block}, {"summary", attention_transform_summary(at)}};
+    a["tensors"] = json::array();
+    for (const TensorUse& t : at.tensors) {
+      a["tensors"].push_back({{"name", t.name}, {"role", std::string(tensor_role_name(t.role))},
+                              {"dtype", std::string(core::dtype_name(t.dtype))}, {"shape", t.shape},
+                              {"bytes", t.bytes}, {"shared", t.shared}});
+    }
+    out["attention_transforms"].push_back(std::move(a));
   }
   out["totals"] = json::array();
   for (const SchemeTotal& t : scheme_totals(plan)) {

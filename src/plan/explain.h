@@ -20,15 +20,17 @@ struct ExplainRow {
   std::string backend;   ///< "cpu-avx2", "cuda-sm90", "-" when no scheme
   std::string reason;    ///< reason text
   std::string reason_code;
-  /// Online transforms run before the GEMM, e.g. "input v hadamard b128 fwht"; "" when none (online_transform_summary).
+  /// Online transforms of the row, e.g. "input v hadamard b128 fwht"; "" when none (online_transform_summary).
   std::string transform;
 };
 
 /// The module's online transforms as "<location> <group> <type> b<block> <kernel>", joined by ", "; "" when none.
 /// block = the stored matrix size; kernel = "fwht" for a non-randomized `hadamard` of power-of-two size (the load
 /// verifies the stored matrix is Sylvester and otherwise runs it dense), else "dense" (block-diagonal rotation).
-/// Locations other than `input` are shown as "not executed".
+/// Offline locations (weight_input / weight_output, already folded into the stored weight) are not listed.
 std::string online_transform_summary(const ModulePlan& module);
+/// The same text for an attention-module transform, e.g. "q_attn R3 hadamard b32 fwht".
+std::string attention_transform_summary(const AttentionTransform& transform);
 
 /// Bytes per scheme, from the headers.
 struct SchemeTotal {
@@ -43,7 +45,8 @@ std::string backend_name(const DeviceCaps& device);
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan);
 std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan);
-/// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped.
+/// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped and
+/// attention-transform matrices (tied copies once).
 uint64_t resident_bytes(const LayerPlan& plan);
 
 /// The explain report as text (table, notices, totals, status line). `source` names the checkpoint.

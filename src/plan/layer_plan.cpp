@@ -94,24 +94,30 @@ void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHea
 }
 
 // compressed-tensors ties the matrices (and perms) of one transform group that have the same size
-// (`HadamardFactory.weights` is keyed by size, `_dynamic_tied_weights_keys`), and save_pretrained then writes only
-// one of them: e.g. `model.layers.0.self_attn.q_proj.v_input.weight` stands for every 256-wide `v` matrix. A
-// module whose own `P.<group>_<location>.weight` is absent uses the stored one with the same group suffix and shape.
+// (`HadamardFactory.weights` is keyed by size, `perms` by weight, `_dynamic_tied_weights_keys`), and save_pretrained
+// then writes only one of them: e.g. `model.layers.0.self_attn.q_proj.v_input.weight` stands for every 256-wide `v`
+// matrix. A module whose own `P.<group>_<location>.weight` is absent uses the stored one with the same group suffix
+// and shape; failing that, one of the same group and size at another online location (SpinQuant R3's q_attn and
+// k_cache are one parameter, stored once).
 class SharedTransforms {
  public:
   explicit SharedTransforms(const TensorHeaders& headers) {
     for (const auto& [name, h] : headers) {
-      const std::string k = key(name, h.shape);
-      if (k.empty()) continue;
-      auto [it, inserted] = by_key_.emplace(k, name);
-      if (!inserted && name < it->second) it->second = name;  // deterministic choice; tied copies are identical
+      for (auto [k, map] : {std::pair{key(name, h.shape), &by_key_}, std::pair{group_key(name, h.shape), &by_group_}}) {
+        if (k.empty()) continue;
+        auto [it, inserted] = map->emplace(k, name);
+        if (!inserted && name < it->second) it->second = name;  // deterministic choice; tied copies are identical
+      }
     }
   }
   /// Points `c` at the stored tied tensor when there is one; leaves it unchanged (reported missing) otherwise.
   void resolve(TensorContract& c) const {
     if (c.shapes.empty()) return;
-    const auto it = by_key_.find(key(c.name, c.shapes.front()));
-    if (it == by_key_.end()) return;
+    auto it = by_key_.find(key(c.name, c.shapes.front()));
+    if (it == by_key_.end()) {
+      it = by_group_.find(group_key(c.name, c.shapes.front()));
+      if (it == by_group_.end()) return;
+    }
     c.name = it->second;
     c.shared = true;
   }
@@ -126,8 +132,117 @@ class SharedTransforms {
     if (dot == std::string::npos) return {};
     return fmt::format("{}#{}", name.substr(dot + 1), shape.front());
   }
+  // "….self_attn.R3_k_cache.weight" [32, 32] → "R3 weight#32": the group without its online location.
+  static std::string group_key(const std::string& name, const std::vector<int64_t>& shape) {
+    const std::string k = key(name, shape);
+    const size_t dot = k.find('.');
+    if (dot == std::string::npos) return {};
+    const std::string component = k.substr(0, dot);
+    for (std::string_view location : {"_input", "_output", "_q_attn", "_k_cache"}) {
+      if (component.size() > location.size() && component.ends_with(location) && !component.ends_with("_weight" + std::string(location))) {
+        return fmt::format("{} {}", component.substr(0, component.size() - location.size()), k.substr(dot + 1));
+      }
+    }
+    return {};
+  }
   std::unordered_map<std::string, std::string> by_key_;
+  std::unordered_map<std::string, std::string> by_group_;
 };
+
+// Why an online transform of a module cannot run, or "" when every one can: `input` and `output` run around the
+// GEMM of a Linear (model/linear_group.h); `q_attn` / `k_cache` belong to attention modules, not Linears.
+std::string unexecuted_transform(const ModulePlan& mp) {
+  int inputs = 0, outputs = 0;
+  for (const quant::TransformUse& t : mp.quant.transforms) {
+    if (!t.online) continue;
+    if (t.location == "q_attn" || t.location == "k_cache") {
+      return fmt::format("online transform {} at location `{}` targets a {}; it is applied only to attention modules "
+                         "(self_attn)", t.group, t.location, mp.module.class_name);
+    }
+    if (t.location != "input" && t.location != "output") {
+      return fmt::format("online transform {} has unknown location `{}`", t.group, t.location);
+    }
+    if (mp.module.role == checkpoint::ModuleRole::Embedding) {
+      return fmt::format("online transform {} at location `{}` on the embedding is not executed (only Linear modules "
+                         "run online transforms)", t.group, t.location);
+    }
+    if (mp.module.experts > 0) {
+      return fmt::format("online transform {} at location `{}` on fused 3-D experts is not executed (only 2-D Linear "
+                         "modules run online transforms)", t.group, t.location);
+    }
+    (t.location == "input" ? inputs : outputs) += 1;
+  }
+  if (inputs > 1 || outputs > 1) {
+    return fmt::format("{} online `{}` transforms on one module are not executed (one per location is)",
+                       std::max(inputs, outputs), inputs > 1 ? "input" : "output");
+  }
+  return {};
+}
+
+// The transformers class of an architecture's attention module ("LlamaForCausalLM" → "LlamaAttention"), for
+// compressed-tensors class-name targets.
+std::string attention_class(const std::string& architecture) {
+  constexpr std::string_view kSuffix = "ForCausalLM";
+  const std::string base = architecture.ends_with(kSuffix) ? architecture.substr(0, architecture.size() - kSuffix.size()) : architecture;
+  return base + "Attention";
+}
+
+// The q_attn / k_cache transforms of every attention module, with their tensors checked against the headers.
+void plan_attention_transforms(const quant::QuantConfig& qc, const SharedTransforms& shared, const TensorHeaders& headers,
+                               LayerPlan& plan, std::unordered_set<std::string>& consumed,
+                               std::vector<std::string>& problems) {
+  if (qc.transforms.empty()) return;
+  const std::string cls = attention_class(plan.dims.architecture);
+  const std::array<std::string_view, 1> classes{cls};
+  const int64_t head_dim = plan.dims.head_dim;
+  for (int64_t layer = 0; layer < plan.dims.num_hidden_layers; ++layer) {
+    const std::string module = fmt::format("model.layers.{}.self_attn", layer);
+    const quant::LayerQuant lq = quant::resolve_layer_quant(qc, {module, classes});
+    for (const quant::TransformUse& t : lq.transforms) {
+      if (t.location != "q_attn" && t.location != "k_cache") {
+        problems.push_back(fmt::format("transform group {} at location `{}` targets the attention module {}, which is "
+                                       "not a Linear (only q_attn / k_cache apply there)", t.group, t.location, module));
+        continue;
+      }
+      AttentionTransform at{module, layer, t, t.head_dim.value_or(head_dim), {}};
+      const std::string base = fmt::format("{}.{}_{}", module, t.group, t.location);
+      const bool divides = at.block >= 1 && head_dim % at.block == 0;
+      if (!divides) {  // its tensors are still consumed below, so this is the one problem reported about them
+        problems.push_back(fmt::format("{}.weight (layer {}): transform head_dim {} does not divide the model's head_dim {}",
+                                       base, module, at.block, head_dim));
+        at.block = std::max<int64_t>(at.block, 1);
+      }
+      std::vector<TensorContract> contract;
+      contract.push_back({base + ".weight", TensorRole::TransformMatrix, {core::DType::BF16, core::DType::F16,
+                          core::DType::F32, core::DType::F64}, {{at.block, at.block}}, "[b, b], b dividing head_dim"});
+      if (t.randomize) {
+        contract.push_back({base + ".perm", TensorRole::TransformPerm, {core::DType::I64, core::DType::I32},
+                            {{at.block}}, "[b]"});
+      }
+      for (TensorContract& c : contract) {
+        if (!headers.contains(c.name)) shared.resolve(c);
+        const auto it = headers.find(c.name);
+        if (it == headers.end()) {
+          problems.push_back(fmt::format("missing {} (layer {}, {} {}): expected {} {}", c.name, module, t.location,
+                                         tensor_role_name(c.role), dtypes_str(c.dtypes), shape_str(c.shapes.front())));
+          continue;
+        }
+        consumed.insert(c.name);
+        const TensorHeader& h = it->second;
+        if (std::find(c.dtypes.begin(), c.dtypes.end(), h.dtype) == c.dtypes.end()) {
+          problems.push_back(fmt::format("mis-typed {} (layer {}): expected {}, found {}", c.name, module,
+                                         dtypes_str(c.dtypes), core::dtype_name(h.dtype)));
+        }
+        if (divides && h.shape != c.shapes.front()) {
+          problems.push_back(fmt::format("mis-shaped {} (layer {}, head_dim {}): expected {} = {}, found {}", c.name,
+                                         module, head_dim, c.formula, shape_str(c.shapes.front()), shape_str(h.shape)));
+        }
+        at.tensors.push_back({c.name, c.role, h.dtype, h.shape, h.bytes, false, c.shared});
+      }
+      if (divides) plan.attention_transforms.push_back(std::move(at));
+    }
+  }
+}
 
 void add_other(const std::string& name, std::vector<std::vector<int64_t>> shapes, bool optional, bool dropped,
                std::string_view what, const TensorHeaders& headers, LayerPlan& plan,
@@ -164,6 +279,20 @@ void add_notice(std::vector<Notice>& notices, Notice n) {
 const TensorUse* ModulePlan::tensor(TensorRole role) const {
   for (const TensorUse& t : tensors) {
     if (t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+const TensorUse* AttentionTransform::tensor(TensorRole role) const {
+  for (const TensorUse& t : tensors) {
+    if (t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+const AttentionTransform* LayerPlan::attention_transform(int64_t layer, std::string_view location) const {
+  for (const AttentionTransform& t : attention_transforms) {
+    if (t.layer == layer && t.transform.location == location) return &t;
   }
   return nullptr;
 }
@@ -225,14 +354,11 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
     }
     mp.variant = classify_layer(mp.quant, m);
     mp.run_name = m.name;
-    // Online `input` transforms run before the GEMM (model/online_transform.h); the other online locations
-    // (output, q_attn, k_cache) are not executed yet, so such a layer has no scheme rather than wrong numerics.
-    const auto unexecuted = std::find_if(mp.quant.transforms.begin(), mp.quant.transforms.end(),
-                                         [](const quant::TransformUse& t) { return t.online && t.location != "input"; });
-    if (unexecuted != mp.quant.transforms.end()) {
+    // Online `input` / `output` transforms run around the GEMM (model/linear_group.h); anything else a Linear
+    // cannot run leaves the layer without a scheme rather than with wrong numerics.
+    if (std::string why = unexecuted_transform(mp); !why.empty()) {
       mp.reason = Reason::OnlineTransform;
-      mp.reason_text = fmt::format("online transform {} at location `{}` is not executed yet (only `input` is); "
-                                   "the layer has no scheme", unexecuted->group, unexecuted->location);
+      mp.reason_text = why + "; the layer has no scheme";
     } else {
       Selection s = select_scheme(mp.variant, options.device, options.activation_quant);
       mp.scheme = s.scheme;
@@ -283,6 +409,7 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
       if (c.role == TensorRole::InputGlobalScale || c.role == TensorRole::InputScale) mp.has_input_global_scale = true;
     }
   }
+  plan_attention_transforms(qc, shared_transforms, headers, plan, consumed, problems);
   for (const checkpoint::OtherTensor& t : layout.others) {
     add_other(t.name, {t.shape}, t.optional, t.dropped, t.what, headers, plan, consumed, problems);
   }

@@ -65,6 +65,19 @@ struct ModulePlan {
   const TensorUse* tensor(TensorRole role) const;
 };
 
+/// An online transform on an attention module (compressed-tensors `q_attn` / `k_cache`, FORMATS.md §1.8): the
+/// post-RoPE query states (q_attn) or key states before they are written to the KV cache (k_cache) ← value · M̂,
+/// block-diagonally over each head. Not a Linear, so it has no scheme; its tensors are validated here.
+struct AttentionTransform {
+  std::string module;             ///< "model.layers.N.self_attn"
+  int64_t layer = 0;
+  quant::TransformUse transform;  ///< location is "q_attn" or "k_cache"
+  int64_t block = 0;              ///< b: the matrix is [b, b] and b divides head_dim
+  std::vector<TensorUse> tensors; ///< TransformMatrix, then TransformPerm when randomized
+
+  const TensorUse* tensor(TensorRole role) const;
+};
+
 enum class Severity : uint8_t { Info, Warning };
 
 /// One log line, emitted once per distinct (variant, scheme, reason) with the number of layers it covers.
@@ -90,6 +103,8 @@ struct LayerPlan {
   checkpoint::ExpertNaming expert_naming = checkpoint::ExpertNaming::Native;  ///< from the tensor names (MoE)
   std::vector<ModulePlan> modules;
   std::vector<TensorUse> others;   ///< non-linear tensors: norms, attention sinks, KV-cache scales, rotary buffers
+  /// Online q_attn / k_cache transforms of the attention modules, by layer then config order.
+  std::vector<AttentionTransform> attention_transforms;
   std::vector<Notice> notices;
 
   /// True when every module has a scheme.
@@ -98,12 +113,16 @@ struct LayerPlan {
   const ModulePlan* find(std::string_view name) const;
   /// Notices of severity Warning whose reason is `r`.
   const Notice* warning(Reason r) const;
+  /// The attention transform of `layer` at `location` ("q_attn" / "k_cache"), or nullptr.
+  const AttentionTransform* attention_transform(int64_t layer, std::string_view location) const;
 };
 
 /// Builds the plan from config.json, hf_quant_config.json (null when absent) and the tensor headers.
 /// Throws FormatError / UnsupportedError from config parsing, architecture description and classification
 /// (rule 1), and one FormatError listing every missing, mis-typed, mis-shaped and unconsumed tensor and every
-/// stale config value (e.g. a group_size the scale shapes contradict) — rule 6. Layers that no scheme can run on
+/// stale config value (e.g. a group_size the scale shapes contradict) — rule 6 — including attention transforms
+/// whose matrix is not [b, b] with b dividing head_dim, and transforms at locations an attention module cannot
+/// take (input / output / weight_*). Layers that no scheme can run on
 /// this device are not an error here: they have scheme = nullopt (see LayerPlan::complete()).
 LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quant_config, const TensorHeaders& headers,
                      const PlanOptions& options);

@@ -351,8 +351,18 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
     }
   }
   for (const quant::TransformUse& t : q.transforms) {
-    if (!t.online) continue;  // weight_input / weight_output are already folded into the stored weight
-    const int64_t size = t.head_dim ? *t.head_dim : (t.location == "output" ? n : k);
+    // compressed-tensors `get_transform_size`: a Linear's input side is K and output side N; an Embedding's input
+    // side is its vocabulary (our N) and output side its width (our K). head_dim must divide that side.
+    const bool embedding = m.role == checkpoint::ModuleRole::Embedding;
+    const bool input_side = t.location == "input" || t.location == "weight_input";
+    const int64_t side = input_side != embedding ? k : n;
+    if (t.head_dim && (*t.head_dim < 1 || side % *t.head_dim != 0)) {
+      problems.push_back(fmt::format("transform group {} at `{}` on {}: head_dim {} does not divide the transformed width {}",
+                                     t.group, t.location, m.name, *t.head_dim, side));
+      continue;
+    }
+    if (!t.online) continue;  // weight_input / weight_output are already folded into the stored weight: validated only
+    const int64_t size = t.head_dim ? *t.head_dim : side;
     const std::string base = fmt::format("{}.{}_{}", m.name, t.group, t.location);
     // compressed-tensors stores the matrix in the scheme's `precision`, float64 by default for QuIP.
     b.add(base + ".weight", TensorRole::TransformMatrix, {DType::BF16, DType::F16, DType::F32, DType::F64},

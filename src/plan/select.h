@@ -37,7 +37,8 @@ enum class Reason : uint8_t {
   EmulateNotAvailable, ///< --activation-quant emulate on MXFP4/FP8 W4A4/W8A8: no emulated scheme, table applies
   NotQuantized,        ///< ignored, excluded, not targeted, not listed, or a plain checkpoint
   DeviceTooOld,        ///< no scheme: below sm80
-  OnlineTransform,     ///< no scheme: an online transform at output / q_attn / k_cache (only `input` runs)
+  OnlineTransform,     ///< no scheme: an online transform the module cannot run (q_attn / k_cache on a Linear, one
+                       ///< on the embedding or on fused 3-D experts, two at one location)
 };
 std::string_view reason_code(Reason r);
 

@@ -9,6 +9,22 @@
 #include "fp4serve/error.h"
 
 namespace fp4serve::runtime {
+namespace {
+
+bool is_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// Length of `s` without a trailing UTF-8 sequence that is still incomplete (a piece may end mid-character when
+// the caller streams raw bytes). Invalid bytes count as complete: holding them back could only delay them.
+size_t without_incomplete_tail(const std::string& s) {
+  size_t lead = s.size();
+  while (lead > 0 && s.size() - lead < 3 && is_continuation(s[lead - 1])) --lead;
+  if (lead == 0) return s.size();
+  const auto b = static_cast<unsigned char>(s[lead - 1]);
+  const size_t need = (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 1;
+  return s.size() - (lead - 1) < need ? lead - 1 : s.size();
+}
+
+}  // namespace
 
 StopMatcher::StopMatcher(std::vector<std::string> stop) : stop_(std::move(stop)) {
   for (const auto& s : stop_) hold_ = std::max(hold_, s.size() > 0 ? s.size() - 1 : 0);
@@ -30,9 +46,10 @@ std::string StopMatcher::push(std::string_view text) {
     return out;
   }
   if (pending_.size() <= hold_) return {};
-  // Never split a UTF-8 sequence: move the cut back to a code-point boundary.
-  size_t cut = pending_.size() - hold_;
-  while (cut > 0 && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) --cut;
+  // Never split a UTF-8 sequence: move the cut back to a code-point boundary, also when no stop string needs
+  // holding back (hold_ 0) and the text ends mid-character.
+  size_t cut = std::min(pending_.size() - hold_, without_incomplete_tail(pending_));
+  while (cut > 0 && cut < pending_.size() && is_continuation(pending_[cut])) --cut;
   std::string out = pending_.substr(0, cut);
   pending_.erase(0, cut);
   return out;

@@ -53,8 +53,13 @@ void Sampler::observe(int32_t token) {
   output_counts_[token] += 1;
 }
 
-int32_t Sampler::sample(std::span<float> logits) {
+void Sampler::prepare(std::span<float> logits) const {
   const auto vocab = static_cast<int32_t>(logits.size());
+  // A NaN would break the strict weak ordering std::sort relies on (undefined behaviour, out-of-bounds reads in
+  // practice) and win or lose argmax by position; a broken row must neither crash nor be sampled from.
+  for (float& v : logits) {
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  }
   if (params_.repetition_penalty != 1.0f) {
     for (int32_t t : seen_) {
       if (t < 0 || t >= vocab) continue;
@@ -68,24 +73,46 @@ int32_t Sampler::sample(std::span<float> logits) {
       logits[static_cast<size_t>(t)] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
     }
   }
-  if (params_.temperature == 0.0f) {
-    // First maximum wins, so ties resolve to the lowest id (as torch.argmax).
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+}
+
+namespace {
+
+// First maximum wins, so ties resolve to the lowest id (as torch.argmax).
+int32_t argmax(std::span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+void require_logits(std::span<const float> logits) {
+  if (logits.empty()) throw UsageError("sampler: the logits row is empty (vocabulary size 0)");
+}
+
+}  // namespace
+
+void Sampler::filter(std::span<const float> logits) {
+  const auto vocab = static_cast<int32_t>(logits.size());
   candidates_.clear();
   candidates_.reserve(logits.size());
   for (int32_t i = 0; i < vocab; ++i) candidates_.emplace_back(logits[static_cast<size_t>(i)] / params_.temperature, i);
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-    keep = static_cast<size_t>(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end(), by_logit);
+  const auto first = candidates_.begin();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < candidates_.size()) {
+    const auto k = static_cast<std::ptrdiff_t>(params_.top_k);
+    std::partial_sort(first, first + k, candidates_.end(), by_logit);
+    // Tokens tied with the k-th logit stay, as transformers' TopKLogitsWarper (scores < k-th value are removed).
+    const float kth = candidates_[static_cast<size_t>(k - 1)].first;
+    const auto tied_end = std::partition(first + k, candidates_.end(), [&](const auto& c) { return c.first == kth; });
+    std::sort(first + k, tied_end, by_logit);
+    candidates_.erase(tied_end, candidates_.end());
   } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    std::sort(first, candidates_.end(), by_logit);
   }
-  candidates_.resize(keep);
   // Softmax over the survivors (max-subtracted, double accumulation).
   const float max_logit = candidates_.front().first;
+  if (max_logit == -std::numeric_limits<float>::infinity()) {  // nothing finite: the lowest id, as greedy
+    candidates_.resize(1);
+    candidates_.front().first = 1.0f;
+    return;
+  }
   double total = 0.0;
   for (auto& c : candidates_) {
     c.first = std::exp(c.first - max_logit);
@@ -107,6 +134,28 @@ int32_t Sampler::sample(std::span<float> logits) {
     const auto end = std::find_if(candidates_.begin(), candidates_.end(), [&](const auto& c) { return c.first < threshold; });
     candidates_.erase(end, candidates_.end());
   }
+}
+
+std::vector<float> Sampler::distribution(std::span<float> logits) {
+  require_logits(logits);
+  prepare(logits);
+  std::vector<float> probs(logits.size(), 0.0f);
+  if (params_.temperature == 0.0f) {
+    probs[static_cast<size_t>(argmax(logits))] = 1.0f;
+    return probs;
+  }
+  filter(logits);
+  double mass = 0.0;
+  for (const auto& c : candidates_) mass += c.first;
+  for (const auto& c : candidates_) probs[static_cast<size_t>(c.second)] = static_cast<float>(c.first / mass);
+  return probs;
+}
+
+int32_t Sampler::sample(std::span<float> logits) {
+  require_logits(logits);
+  prepare(logits);
+  if (params_.temperature == 0.0f) return argmax(logits);
+  filter(logits);
   double mass = 0.0;
   for (const auto& c : candidates_) mass += c.first;
   std::uniform_real_distribution<double> uniform(0.0, mass);

@@ -44,10 +44,26 @@ class Sampler {
   /// Records a generated token (for all penalties).
   void observe(int32_t token);
 
-  /// Picks the next token from `logits` [vocab] (modified in place).
+  /// Picks the next token from `logits` [vocab] fp32 (modified in place: penalties applied), drawn from
+  /// `distribution(logits)` with the seeded RNG. Throws UsageError when `logits` is empty.
   int32_t sample(std::span<float> logits);
 
+  /// The distribution `sample` draws from, [vocab] probabilities summing to 1 (0 for filtered tokens), for
+  /// `logits` [vocab] fp32 (modified in place like `sample`). Order as transformers' generate: repetition
+  /// penalty, presence/frequency penalties, then temperature, top-k (tokens tied with the k-th logit are kept,
+  /// as TopKLogitsWarper and vLLM do), top-p (the smallest most-likely set whose mass reaches top_p; among
+  /// equal probabilities the lower id ranks first), min-p. Temperature 0 gives a one-hot at the greedy token.
+  /// NaN logits count as −inf; when no logit is finite the result is one-hot at the lowest id.
+  /// Consumes no randomness. Throws UsageError when `logits` is empty.
+  std::vector<float> distribution(std::span<float> logits);
+
  private:
+  // NaN → −inf, then the repetition, presence and frequency penalties, in place.
+  void prepare(std::span<float> logits) const;
+  // Fills candidates_ with (probability, id) of the tokens that survive the filters, most likely first; the
+  // probabilities are those before filtering (callers renormalize by their sum).
+  void filter(std::span<const float> logits);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_set<int32_t> seen_;               // prompt + output

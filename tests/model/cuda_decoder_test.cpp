@@ -79,6 +79,44 @@ TEST(CudaDecoderHost, DeviceCudaNeedsAGpuAndAGpuCapableCommand) {
   }
 }
 
+// A weight source that must not be reached: the refusals below happen before any weight is read.
+class NoWeights final : public WeightSource {
+ public:
+  core::TensorView tensor(const std::string& name) const override { throw FormatError("unexpected read of " + name); }
+  bool has_tensor(const std::string&) const override { return false; }
+  LinearGroup linear_group(const std::vector<std::string>&) const override { throw FormatError("unexpected linear"); }
+  std::vector<checkpoint::ModuleInfo> modules(int64_t, checkpoint::ModuleRole) const override { return {}; }
+  LinearGroup fused_expert(const std::string&, int64_t, bool) const override { throw FormatError("unexpected expert"); }
+};
+
+TEST(CudaDecoderHost, RefusesWhatTheGpuDecoderDoesNotRunBeforeTouchingTheGpu) {
+  ModelConfig moe;
+  moe.architecture_name = "MixtralForCausalLM";
+  moe.head_dim = 64;
+  moe.moe.num_experts = 8;
+  const NoWeights none;
+  try {
+    CudaDecoder decoder(moe, none);
+    FAIL() << "MoE accepted";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("MixtralForCausalLM: mixture-of-experts"), std::string::npos) << e.what();
+  }
+  ModelConfig sinks;
+  sinks.architecture_name = "GptOssForCausalLM";
+  sinks.head_dim = 64;
+  sinks.attention_sinks = true;
+  EXPECT_THROW((void)CudaDecoder(sinks, none), UnsupportedError);
+  ModelConfig wide;
+  wide.architecture_name = "LlamaForCausalLM";
+  wide.head_dim = 512;
+  EXPECT_THROW((void)CudaDecoder(wide, none), UnsupportedError);
+  if (have_gpu()) return;
+  ModelConfig dense;
+  dense.architecture_name = "LlamaForCausalLM";
+  dense.head_dim = 64;
+  EXPECT_THROW((void)CudaDecoder(dense, none), UsageError);  // no GPU: refused before any weight is read
+}
+
 std::vector<int32_t> ids_of(const checkpoint::SafetensorsFile& golden, const std::string& name) {
   const auto view = golden.view(*golden.find(name));
   std::vector<int32_t> ids(static_cast<size_t>(view.numel()));

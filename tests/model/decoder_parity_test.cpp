@@ -165,6 +165,56 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderParity, ::testing::ValuesIn(cases()),
                            return n;
                          });
 
+// Fixtures whose golden holds `kcache.layer0.<prompt>` [kv_heads, tokens, head_dim] (SpinQuant R3: the keys after
+// RoPE and the k_cache rotation, as compressed-tensors' hooked cache stores them). With an fp32 cache the q_attn
+// and k_cache rotations cancel in q·kᵀ, so only the cache contents show that the key rotation ran. Bound: the
+// reference ran k_proj on its BF16 decompression of the NVFP4 weight (up to 1.5e-3 · max|w| from the exact value
+// our kernel uses), which moves the keys by 1.9–2.4e-3 · max|k| (a float64 recomputation with the exact weights
+// gives our cache to 1e-7); skipping the rotation would be off by more than max|k|.
+TEST(DecoderParityKvCache, LayerZeroCachedKeysMatchTheReferenceCache) {
+  size_t checked = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(kRef, ec)) {
+    if (!fs::exists(e.path() / "golden.safetensors")) continue;
+    const checkpoint::SafetensorsFile golden(e.path() / "golden.safetensors");
+    if (golden.find("kcache.layer0.prompt0") == nullptr) continue;
+    SCOPED_TRACE(e.path().filename().string());
+    LoadOptions options;
+    options.progress = false;
+    const LoadedModel loaded = load_model(e.path(), options);
+    const int64_t kv_heads = loaded.config.num_kv_heads, hd = loaded.config.head_dim;
+    KvCache cache = loaded.decoder->make_cache(64, 1);
+    for (const std::string prompt : {"prompt0", "prompt1"}) {
+      SCOPED_TRACE(prompt);
+      const std::vector<int32_t> ids = ids_of(golden, prompt);
+      const auto t = static_cast<int64_t>(ids.size());
+      const auto want = golden.view(*golden.find("kcache.layer0." + prompt));
+      ASSERT_EQ(want.shape, (std::vector<int64_t>{kv_heads, t, hd}));
+      const int slot = cache.acquire();
+      SequenceChunk chunk{slot, 0, ids, false};
+      loaded.decoder->forward(std::span(&chunk, 1), cache);
+      double max_ref = 0.0, max_diff = 0.0;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        for (int64_t pos = 0; pos < t; ++pos) {
+          const float* row = cache.key(slot, 0, pos) + h * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            const double r = want.load<float>(static_cast<size_t>((h * t + pos) * hd + d));
+            max_ref = std::max(max_ref, std::fabs(r));
+            max_diff = std::max(max_diff, std::fabs(r - static_cast<double>(row[d])));
+          }
+        }
+      }
+      EXPECT_LE(max_diff, 4e-3 * max_ref) << "max|Δ| = " << max_diff << ", max|k| = " << max_ref;
+      std::ostringstream rel;
+      rel << std::scientific << std::setprecision(2) << max_diff / max_ref;
+      RecordProperty(prompt + "_kcache_max_rel_diff", rel.str());
+      cache.release(slot);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 2u) << "no fixture with a kcache golden (llama-spinquant-r3-nvfp4a16)";
+}
+
 TEST(DecoderParityCorpus, CoversEveryDenseFixture) {
   const auto all = cases();
   EXPECT_GE(std::count_if(all.begin(), all.end(), [](const ParityCase& c) { return is_dense(c.fixture); }), 20);

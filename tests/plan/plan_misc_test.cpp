@@ -156,16 +156,126 @@ TEST(Plan, TiedTransformMatricesStoredOnceServeEveryModuleOfTheirSize) {
   EXPECT_THROW(plan_for(llama(quip_config("input")), wrong_size), FormatError);
 }
 
-TEST(Plan, OnlineTransformsOutsideTheInputHaveNoScheme) {
+TEST(Plan, OnlineOutputTransformsRunAndOnlyAttentionModulesTakeQAttn) {
   TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
   for (int l = 0; l < 2; ++l) put(h, fmt::format("model.layers.{}.mlp.down_proj.v_output.weight", l), core::DType::BF16, {kH, kH});
   const LayerPlan p = plan_for(llama(quip_config("output")), h);
   const ModulePlan* down = p.find("model.layers.1.mlp.down_proj");
-  EXPECT_FALSE(down->scheme.has_value());
-  EXPECT_EQ(down->reason, Reason::OnlineTransform);
-  EXPECT_NE(down->reason_text.find("`output`"), std::string::npos) << down->reason_text;
-  EXPECT_EQ(online_transform_summary(*down), "output v hadamard b64 not executed");
-  EXPECT_FALSE(p.complete());
+  EXPECT_EQ(down->scheme, SchemeId::W4A16Nvfp4);
+  EXPECT_EQ(online_transform_summary(*down), "output v hadamard b64 fwht");
+  EXPECT_TRUE(p.complete());
+
+  // q_attn on a Linear: compressed-tensors hooks queries only on attention modules, so nothing would run it.
+  TensorHeaders q = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  for (int l = 0; l < 2; ++l) put(q, fmt::format("model.layers.{}.mlp.down_proj.v_q_attn.weight", l), core::DType::BF16, {kH, kH});
+  const LayerPlan pq = plan_for(llama(quip_config("q_attn")), q);
+  const ModulePlan* dq = pq.find("model.layers.1.mlp.down_proj");
+  EXPECT_FALSE(dq->scheme.has_value());
+  EXPECT_EQ(dq->reason, Reason::OnlineTransform);
+  EXPECT_NE(dq->reason_text.find("`q_attn`"), std::string::npos) << dq->reason_text;
+  EXPECT_FALSE(pq.complete());
+}
+
+TEST(Plan, TransformHeadDimThatDoesNotDivideTheWidthIsAFormatErrorAlsoWhenFused) {
+  // weight_input with head_dim 24 on every Linear: K = 64 (q/k/v, gate/up) is not a multiple, so the offline
+  // rotation the checkpoint claims cannot have been applied.
+  json qc = quip_config("input");
+  qc["transform_config"]["config_groups"]["v"]["head_dim"] = 24;
+  try {
+    plan_for(llama(qc), dense_headers(all_but_head(Kind::CtNvfp4A16)));
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("transform group v at `weight_input` on model.layers.0.self_attn.q_proj: head_dim 24 "
+                                         "does not divide the transformed width 64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, OnlineTransformOnTheEmbeddingHasNoSchemeAndSaysWhy) {
+  json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
+  qc["transform_config"] = {{"config_groups", {{"u", {{"type", "hadamard"}, {"apply", {
+      {{"targets", {"Embedding"}}, {"location", "output"}}}}}}}}};
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  put(h, "model.embed_tokens.u_output.weight", core::DType::F32, {kH, kH});  // embedding_dim, as compressed-tensors sizes it
+  const LayerPlan p = plan_for(llama(qc), h);
+  const ModulePlan* e = p.find("model.embed_tokens");
+  EXPECT_FALSE(e->scheme.has_value());
+  EXPECT_EQ(e->reason, Reason::OnlineTransform);
+  EXPECT_NE(e->reason_text.find("embedding"), std::string::npos) << e->reason_text;
+  EXPECT_NE(p.warning(Reason::OnlineTransform), nullptr);
+}
+
+// SpinQuant R3: q_attn + k_cache on `re:.*self_attn$` with head_dim blocks (here 8 inside the model's 16).
+json r3_config(int64_t head_dim, bool randomize = false) {
+  json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
+  qc["transform_config"] = {{"config_groups", {{"R3", {{"type", "hadamard"}, {"head_dim", head_dim}, {"randomize", randomize},
+      {"apply", {{{"targets", {"re:.*self_attn$"}}, {"location", "q_attn"}},
+                 {{"targets", {"re:.*self_attn$"}}, {"location", "k_cache"}}}}}}}}};
+  return qc;
+}
+
+TEST(Plan, AttentionTransformsAreAttachedConsumedAndExplained) {
+  TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  for (int l = 0; l < 2; ++l) {
+    for (const char* loc : {"q_attn", "k_cache"}) {
+      put(h, fmt::format("model.layers.{}.self_attn.R3_{}.weight", l, loc), core::DType::F32, {8, 8});
+    }
+  }
+  const LayerPlan p = plan_for(llama(r3_config(8)), h);
+  EXPECT_TRUE(p.complete());
+  ASSERT_EQ(p.attention_transforms.size(), 4u);
+  const AttentionTransform* k1 = p.attention_transform(1, "k_cache");
+  ASSERT_NE(k1, nullptr);
+  EXPECT_EQ(k1->module, "model.layers.1.self_attn");
+  EXPECT_EQ(k1->block, 8);
+  ASSERT_NE(k1->tensor(TensorRole::TransformMatrix), nullptr);
+  EXPECT_EQ(k1->tensor(TensorRole::TransformMatrix)->name, "model.layers.1.self_attn.R3_k_cache.weight");
+  EXPECT_EQ(attention_transform_summary(*k1), "k_cache R3 hadamard b8 fwht");
+  const std::string text = render_explain_text(p, "synthetic");
+  EXPECT_NE(text.find("model.layers.*.self_attn"), std::string::npos) << text;
+  EXPECT_NE(text.find("q_attn R3 hadamard b8 fwht"), std::string::npos) << text;
+  EXPECT_NE(text.find("k_cache R3 hadamard b8 fwht"), std::string::npos) << text;
+  EXPECT_EQ(p.find("model.layers.0.self_attn.q_proj")->quant.transforms.size(), 0u);
+
+  // A class-name target reaches the attention module too (transformers' LlamaAttention), a Linear class does not.
+  json by_class = r3_config(8);
+  for (auto& a : by_class["transform_config"]["config_groups"]["R3"]["apply"]) a["targets"] = {"LlamaAttention"};
+  EXPECT_EQ(plan_for(llama(by_class), h).attention_transforms.size(), 4u);
+
+  // compressed-tensors ties q_attn and k_cache (one parameter per size) and may store only one of them.
+  TensorHeaders once = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  put(once, "model.layers.0.self_attn.R3_q_attn.weight", core::DType::F32, {8, 8});
+  put(once, "model.layers.0.self_attn.R3_q_attn.perm", core::DType::I64, {8});
+  const LayerPlan tied = plan_for(llama(r3_config(8, true)), once);
+  ASSERT_EQ(tied.attention_transforms.size(), 4u);
+  EXPECT_EQ(tied.attention_transform(1, "k_cache")->tensor(TensorRole::TransformPerm)->name,
+            "model.layers.0.self_attn.R3_q_attn.perm");
+}
+
+TEST(Plan, AttentionTransformOfTheWrongSizeIsAFormatErrorNamingTheTensor) {
+  for (const auto& [head_dim, stored] : std::vector<std::pair<int64_t, int64_t>>{{8, 4}, {16, 16}, {12, 12}}) {
+    SCOPED_TRACE(head_dim);
+    TensorHeaders h = dense_headers(all_but_head(Kind::CtNvfp4A16));
+    for (int l = 0; l < 2; ++l) {
+      for (const char* loc : {"q_attn", "k_cache"}) {
+        put(h, fmt::format("model.layers.{}.self_attn.R3_{}.weight", l, loc), core::DType::F32, {stored, stored});
+      }
+    }
+    if (head_dim == 16) {  // right size, but an extra k_cache perm nobody declares is unconsumed
+      put(h, "model.layers.0.self_attn.R3_k_cache.perm", core::DType::I64, {16});
+    }
+    try {
+      plan_for(llama(r3_config(head_dim)), h);
+      FAIL() << "no error";
+    } catch (const FormatError& e) {
+      const std::string what = e.what();
+      if (head_dim == 16) {
+        EXPECT_NE(what.find("unconsumed model.layers.0.self_attn.R3_k_cache.perm"), std::string::npos) << what;
+      } else {
+        EXPECT_NE(what.find("model.layers.0.self_attn.R3_q_attn.weight"), std::string::npos) << what;
+        EXPECT_EQ(what.find("unconsumed model.layers.0.self_attn.R3_q_attn.weight"), std::string::npos) << what;
+      }
+    }
+  }
 }
 
 TEST(Plan, KvCacheScalesAreDeclaredWhereEachProducerWritesThem) {

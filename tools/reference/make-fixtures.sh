@@ -9,4 +9,6 @@ cd "$root"
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEED=0
 "$here/.venv/bin/python" "$here/make_fixtures.py" "$@"
 "$here/.venv/bin/python" "$here/write_readme.py"
+# Sampler / perplexity references (tests/data/sampling), scored on the fixtures written above.
+"$here/.venv/bin/python" "$here/fx_sampling.py"
 du -sh "$root/tests/data/ref"

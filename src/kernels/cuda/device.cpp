@@ -25,7 +25,7 @@ std::optional<DeviceInfo> cuda_device(int ordinal) {
   return info;
 }
 
-Stream::Stream() { FP4SERVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+Stream::Stream() { FP4SERVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault)); }
 
 Stream::~Stream() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);

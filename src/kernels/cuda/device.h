@@ -33,8 +33,11 @@ struct DeviceInfo {
 /// any other runtime error (never throws, so that callers and GPU tests can skip cleanly on CPU-only machines).
 std::optional<DeviceInfo> cuda_device(int ordinal = 0);
 
-/// An owned non-blocking CUDA stream on the current device. Move-only; the destructor destroys it (pending work
-/// is not waited for; call sync() first when results are needed). Throws DeviceError when creation fails.
+/// An owned CUDA stream on the current device. Move-only; the destructor destroys it (pending work is not waited
+/// for; call sync() first when results are needed). Throws DeviceError when creation fails.
+/// It is a blocking stream (cudaStreamDefault): work on it is ordered with the legacy default stream, so the
+/// synchronous copies of DeviceBuffer (cudaMemcpy, which may return before a pageable host→device DMA ends) and
+/// plain cudaMemset calls are ordered with the kernels queued here. A non-blocking stream would race with them.
 class Stream {
  public:
   Stream();
@@ -101,8 +104,8 @@ class DeviceBuffer {
     }
     if (size_ > 0) FP4SERVE_CUDA_CHECK(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
   }
-  /// All size() elements copied back to the host (synchronous; waits for prior work on the legacy default stream
-  /// only — sync the Stream that wrote the buffer first). Throws DeviceError.
+  /// All size() elements copied back to the host (synchronous; ordered after the work already queued on the
+  /// legacy default stream and on every Stream, which are blocking streams). Throws DeviceError.
   std::vector<T> download() const {
     std::vector<T> host(size_);
     if (size_ > 0) FP4SERVE_CUDA_CHECK(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost));

@@ -46,6 +46,15 @@ FP4SERVE_HD inline float e2m1_value(uint32_t code) {
   return bits_float(((code & 7u) << 22) | ((code & 8u) << 28)) * 0x1p126f;
 }
 
+/// Two E2M1 codes of a 32-bit word of 8 nibbles as a bf16x2 bit pattern: nibble r (r = 0..3) in the low half,
+/// nibble r + 4 in the high half, each as value·2^-126 (the same placement as e2m1_value, in bf16: the 3
+/// magnitude bits under the exponent, the sign bit on the sign). One shift and two masks; the GEMM kernel then
+/// multiplies by 2^126 (exact) in bf16. The pairing of nibbles r and r + 4 is what gpu_layout.h is built around.
+FP4SERVE_HD inline uint32_t e2m1_pair_raw_bf16(uint32_t word, int r) {
+  const uint32_t v = word >> (4 * r);
+  return ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
+}
+
 /// Exact value of an E4M3 (e4m3fn) byte; 0x7F and 0xFF are NaN. Same placement trick: bits copied under the
 /// fp32 exponent give value·2^-120 (E4M3 subnormals become fp32 subnormals), times 2^120.
 FP4SERVE_HD inline float e4m3_value(uint32_t byte) {

@@ -55,8 +55,7 @@ __device__ __forceinline__ __nv_bfloat162 scale_pair(uint32_t byte, bool nvfp4) 
 // Register r (0..3) of the A fragment from one code word: nibbles r and r + 4 → bf16x2 code·scale.
 template <int R>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, __nv_bfloat162 scale) {
-  const uint32_t v = word >> (4 * R);
-  const uint32_t raw = ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);  // value·2^-126 in both halves
+  const uint32_t raw = e2m1_pair_raw_bf16(word, R);  // value·2^-126 in both halves
   const __nv_bfloat162 two126 = bits_bf162(0x7E807E80u);                        // (2^126, 2^126)
   return bf162_bits(__hmul2(__hmul2(bits_bf162(raw), two126), scale));
 }

@@ -44,11 +44,17 @@ cublasHandle_t blas_for(cudaStream_t stream) {
   return handle.get();
 }
 
+// SM count of the current device, cached per host thread (the decode kernel's split-K choice needs it on every
+// call; cudaGetDevice is cheap, the attribute query less so).
 int multiprocessor_count() {
-  int device = 0, count = 0;
+  thread_local int cached_device = -1, cached_count = 0;
+  int device = 0;
   FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
-  FP4SERVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  if (device != cached_device) {
+    FP4SERVE_CUDA_CHECK(cudaDeviceGetAttribute(&cached_count, cudaDevAttrMultiProcessorCount, device));
+    cached_device = device;
+  }
+  return cached_count;
 }
 
 std::string shape_of(const DeviceLinear& w) {
