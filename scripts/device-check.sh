@@ -121,7 +121,7 @@ if [[ -n $bin ]]; then
     done
     passed=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$OUT/tests.log" | awk '{s+=$4} END {print s+0}')
     failed=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | awk '{s+=$4} END {print s+0}')
-    total="binaries: $(wc -w <"$bundle/tests.txt"), passed+skipped $passed, failed $failed"
+    total="binaries: $(wc -w <"$bundle/tests.txt"), tests passed $passed, failed $failed"
     skipped=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$OUT/tests.log" | awk '{s+=$4} END {print s+0}')
   fi
   if [[ $rc == 0 && $have_gpu == 1 ]]; then status=ok; elif [[ $rc == 0 ]]; then status="no GPU"; else status=FAIL; fi
