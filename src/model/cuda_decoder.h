@@ -25,9 +25,9 @@ class CudaDecoder final : public ForwardModel {
   /// Builds every layer from `weights` and uploads it to GPU `ordinal` (prepared linears, norms, the embedding
   /// table, the RoPE cos/sin table of kernels::RopeCache). Throws UnsupportedError naming the architecture for
   /// MoE models and attention sinks, naming the module for an online transform (input, output, q_attn, k_cache:
-  /// QuIP / SpinQuant) or a layout the GPU GEMMs do
-  /// not run (int4, FP8), and for head_dim > 256; UsageError when no GPU is present; DeviceError when a CUDA call fails (out
-  /// of memory); FormatError as model::Decoder does for mis-shaped tensors.
+  /// QuIP / SpinQuant) or a layout the GPU GEMMs do not run (int4, FP8), and for head_dim > 256; UsageError when
+  /// no GPU is present; DeviceError when a CUDA call fails (out of memory); FormatError as model::Decoder does for
+  /// mis-shaped tensors. Device memory already taken is released when it throws (RAII buffers).
   CudaDecoder(ModelConfig config, const WeightSource& weights, int ordinal = 0);
   ~CudaDecoder() override;
   CudaDecoder(const CudaDecoder&) = delete;
@@ -52,8 +52,9 @@ class CudaDecoder final : public ForwardModel {
 
 /// The host-side bookkeeping of one forward step, shared with tests: the batch flattened into token ids,
 /// positions, each token's KV-cache row in layer 0 (slot · num_layers · max_seq_len + position; layer l adds
-/// l · max_seq_len) and the token rows whose logits are returned, in output order. Throws UsageError (with model::Decoder's messages) for an empty chunk, a chunk beyond the cache
-/// length, a slot given twice or outside 0 … max_slots − 1, and a token id outside [0, vocab).
+/// l · max_seq_len) and the token rows whose logits are returned, in output order. Throws UsageError (with
+/// model::Decoder's messages) for an empty chunk, a chunk beyond the cache length, a slot given twice or outside
+/// 0 … max_slots − 1, and a token id outside [0, vocab).
 struct FlatBatch {
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;

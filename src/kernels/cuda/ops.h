@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The model ops of the dense Llama-family decoder on an NVIDIA GPU (ops_*.cu): everything a forward step needs
 // besides the linear layers (linear_cuda.h). Host-callable; every pointer argument is device memory, every call is
-// asynchronous on `stream` (nullptr = the legacy default stream) and checks its launch with FP4SERVE_CUDA_CHECK_LAUNCH (DeviceError on failure).
-// Host-side argument checks throw UsageError before anything is launched.
+// asynchronous on `stream` (nullptr = the legacy default stream) and checks its launch with
+// FP4SERVE_CUDA_CHECK_LAUNCH (DeviceError on failure). Host-side argument checks throw UsageError before anything
+// is launched.
 //
 // Numeric contract: activations between ops are fp32 (not bf16) so that the GPU decoder follows the CPU decoder
 // (model::Decoder, the oracle) op for op with the same rounding points; only the GEMM inputs are rounded to bf16
