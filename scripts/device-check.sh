@@ -111,8 +111,8 @@ if [[ -n $bin ]]; then
   if [[ $tests_mode == ctest ]]; then
     timeout 240 ctest --test-dir "$build" -L cuda --output-on-failure -V >"$OUT/tests.log" 2>&1
     rc=$?
-    total=$(grep -Eo '[0-9]+ tests passed, [0-9]+ tests failed out of [0-9]+' "$OUT/tests.log" | tail -1)
-    skipped=$(grep -c '\[  SKIPPED \] [A-Za-z]' "$OUT/tests.log")
+    total="ctest -L cuda: $(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$OUT/tests.log" | tail -1)"
+    skipped=$(grep -Ec '^[[:space:]]+[0-9]+ - .*\(Skipped\)$' "$OUT/tests.log")
   else
     rc=0
     for t in $(cat "$bundle/tests.txt"); do
