@@ -11,21 +11,13 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "model/forward_model.h"
 #include "model/kv_cache.h"
 #include "model/linear_group.h"
 #include "model/model_config.h"
 #include "model/weight_source.h"
 
 namespace fp4serve::model {
-
-/// One sequence's share of a forward step: `tokens` at positions start_pos … start_pos + size − 1 of the
-/// sequence held in KV-cache `slot` (positions before start_pos must already be cached).
-struct SequenceChunk {
-  int slot = -1;
-  int64_t start_pos = 0;
-  std::span<const int32_t> tokens;
-  bool all_logits = false;  ///< return logits for every token (perplexity), else for the last token only
-};
 
 /// A feed-forward block: dense MLP here; MoE blocks implement the same interface.
 class FeedForward {
@@ -35,20 +27,18 @@ class FeedForward {
   virtual void forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const = 0;
 };
 
-class Decoder {
+class Decoder final : public ForwardModel {
  public:
   /// Builds every layer from `weights`. Throws what the weight source throws, naming the tensor or module.
   Decoder(ModelConfig config, const WeightSource& weights);
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
 
   /// A KV cache sized for this model.
-  KvCache make_cache(int64_t max_seq_len, int max_slots) const;
+  KvCache make_cache(int64_t max_seq_len, int max_slots) const override;
 
-  /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
-  /// [rows, vocab] fp32 where rows = Σ (all_logits ? chunk size : 1), in chunk order. Throws UsageError when a
-  /// chunk is empty, exceeds the cache length, or names a slot twice.
-  std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const;
+  /// The ForwardModel step on the CPU kernels (host KV cache).
+  std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const override;
 
   /// Installs (or, with nullptr, removes) an observer of every linear group's input; not thread-safe.
   void set_observer(ActivationObserver* observer) { observer_ = observer; }

@@ -16,11 +16,18 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
   slots_.resize(static_cast<size_t>(max_slots));
 }
 
+KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
+                 std::unique_ptr<KvStorage> storage)
+    : KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots) {
+  if (storage == nullptr) throw UsageError("KvCache: backend storage is null");
+  storage_ = std::move(storage);
+}
+
 int KvCache::acquire() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.in_use) continue;
-    if (s.keys.empty()) {
+    if (s.keys.empty() && storage_ == nullptr) {
       s.keys.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
       s.values.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
     }
@@ -43,11 +50,20 @@ int KvCache::free_slots() const {
   return n;
 }
 
+namespace {
+[[noreturn]] void throw_backend_storage() {
+  throw UsageError("KvCache: this cache's keys and values live in a backend's memory (a GPU cache); the CPU "
+                   "decoder cannot use it");
+}
+}  // namespace
+
 float* KvCache::key(int slot, int64_t layer, int64_t position) {
+  if (storage_ != nullptr) throw_backend_storage();
   return slots_[static_cast<size_t>(slot)].keys.data() + (layer * max_seq_len_ + position) * row_;
 }
 
 float* KvCache::value(int slot, int64_t layer, int64_t position) {
+  if (storage_ != nullptr) throw_backend_storage();
   return slots_[static_cast<size_t>(slot)].values.data() + (layer * max_seq_len_ + position) * row_;
 }
 

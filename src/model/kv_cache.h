@@ -1,18 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-sequence key/value cache. A slot holds one sequence's keys and values for every layer, fp32,
 // laid out [layer][position][kv_heads · head_dim] so attention reads each position's row contiguously.
+// The slot bookkeeping is the same for every backend; the storage is host memory here, or a backend's own
+// (KvStorage: the GPU decoder keeps the same layout in device memory).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace fp4serve::model {
+
+/// Keys and values kept by a backend outside host memory; KvCache only owns it. The backend that made it
+/// recognises its own type (ForwardModel::forward throws UsageError for a cache made by another backend).
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+};
 
 class KvCache {
  public:
   /// `max_slots` sequences of up to `max_seq_len` positions each. Memory is allocated when a slot is first
   /// acquired and kept for reuse. Throws UsageError on non-positive sizes.
   KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots);
+  /// The same bookkeeping with the keys and values in `storage` (non-null) instead of host memory: key() and
+  /// value() then throw UsageError.
+  KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
+          std::unique_ptr<KvStorage> storage);
 
   /// A free slot, or −1 when all are in use.
   int acquire();
@@ -26,9 +40,15 @@ class KvCache {
   /// Bytes one slot occupies once allocated.
   int64_t bytes_per_slot() const { return 2 * layers_ * max_seq_len_ * row_ * static_cast<int64_t>(sizeof(float)); }
 
-  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired).
+  int64_t num_layers() const { return layers_; }
+
+  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired) in host memory.
+  /// Throws UsageError when the cache's storage belongs to a backend (storage() is non-null).
   float* key(int slot, int64_t layer, int64_t position);
   float* value(int slot, int64_t layer, int64_t position);
+
+  /// The backend storage, or nullptr for a host cache.
+  KvStorage* storage() const { return storage_.get(); }
 
  private:
   struct Slot {
@@ -40,6 +60,7 @@ class KvCache {
   int64_t row_;
   int64_t max_seq_len_;
   std::vector<Slot> slots_;
+  std::unique_ptr<KvStorage> storage_;
 };
 
 }  // namespace fp4serve::model

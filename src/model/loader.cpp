@@ -10,6 +10,9 @@
 #include "core/threading.h"
 #include "fp4serve/error.h"
 #include "model/planned_weights.h"
+#if FP4SERVE_HAVE_CUDA
+#include "model/cuda_decoder.h"
+#endif
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
 
@@ -37,12 +40,26 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), lines));
 }
 
+// --device cuda runs the model on the GPU; refuse early (before reading weights) what cannot do that.
+void check_gpu_run(const LoadOptions& options) {
+  if (options.device != "cuda") return;
+#if !FP4SERVE_HAVE_CUDA
+  throw UnsupportedError("--device cuda: this fp4serve was built without the CUDA backend (no nvcc at configure time, "
+                         "or FP4SERVE_CUDA=OFF); use --device cpu, or --device sm80 … sm120 for a dry-run plan");
+#endif
+  if (!options.gpu_run) {
+    throw UnsupportedError("--device cuda: only `generate` and `chat` run on the GPU so far; this command runs the CPU "
+                           "decoder: use --device cpu (or --device sm80 … sm120 to plan for a GPU)");
+  }
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_gpu_run(options);
   if (options.threads > 0) core::set_num_threads(options.threads);
-  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
+  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
 
   plan::PlanOptions plan_options;
@@ -73,7 +90,15 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
+#if FP4SERVE_HAVE_CUDA
+  if (options.device == "cuda") {
+    loaded.gpu_decoder = std::make_unique<CudaDecoder>(loaded.config, weights);
+  } else {
+    loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
+  }
+#else
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
+#endif
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loaded;

@@ -61,7 +61,7 @@ std::string StopMatcher::finish() {
   return out;
 }
 
-GenerationResult generate(const model::Decoder& decoder, model::KvCache& cache, const Tokenizer& tokenizer,
+GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const Tokenizer& tokenizer,
                           const GenerationRequest& request, const std::function<bool(std::string_view)>& on_text) {
   using clock = std::chrono::steady_clock;
   if (request.prompt.empty()) throw UsageError("generate: the prompt has no tokens");

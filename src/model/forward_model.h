@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the text side (runtime::generate, `generate`, `chat`) needs from a model: its config, a KV cache shaped
+// for it, and the batched forward step. model::Decoder runs it on the CPU, model::CudaDecoder on a GPU
+// (cuda_decoder.h); both follow the same contract so that callers do not care which one they hold.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+
+namespace fp4serve::model {
+
+/// One sequence's share of a forward step: `tokens` at positions start_pos … start_pos + size − 1 of the
+/// sequence held in KV-cache `slot` (positions before start_pos must already be cached).
+struct SequenceChunk {
+  int slot = -1;
+  int64_t start_pos = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  ///< return logits for every token (perplexity), else for the last token only
+};
+
+class ForwardModel {
+ public:
+  virtual ~ForwardModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  /// A KV cache sized for this model, with its storage where this model's forward reads it (host or device).
+  virtual KvCache make_cache(int64_t max_seq_len, int max_slots) const = 0;
+  /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
+  /// [rows, vocab] fp32 on the host where rows = Σ (all_logits ? chunk size : 1), in chunk order. Throws
+  /// UsageError when a chunk is empty, exceeds the cache length, names a slot twice or a token outside the
+  /// vocabulary, or when `cache` was not made by this model's make_cache.
+  virtual std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const = 0;
+};
+
+}  // namespace fp4serve::model

@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU model ops (kernels/cuda/ops.h) against their CPU kernels (src/kernels/*.h, themselves checked against
+// float64 references in tests/kernels): seeded random non-zero inputs, odd sizes. Ops that only move or widen
+// bits must match exactly; the others within a few fp32 ulps of the row scale (summation order and FMA
+// contraction differ). Every test skips without a GPU; they run on the device machine (scripts/device-check.sh).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/tensor_view.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/embedding.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace fp4serve::kernels::cuda {
+namespace {
+
+std::vector<float> random_nonzero(size_t n, uint32_t seed, float lo = 0.05f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mag(lo, hi);
+  std::bernoulli_distribution sign(0.5);
+  std::vector<float> v(n);
+  for (float& x : v) x = sign(rng) ? mag(rng) : -mag(rng);
+  return v;
+}
+
+template <class T>
+DeviceBuffer<T> to_device(const std::vector<T>& host) {
+  return DeviceBuffer<T>::from_host(std::span<const T>(host));
+}
+
+// Ops run on the legacy default stream (nullptr), which orders with DeviceBuffer's synchronous copies.
+constexpr cudaStream_t kDefaultStream = nullptr;
+
+// max |got − want| ≤ tol · max(1, max |want|)
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  double scale = 1.0, worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst)) {
+      worst = d;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, tol * scale) << "at " << at << ": got " << got[at] << ", want " << want[at];
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device(0)) GTEST_SKIP() << "no CUDA GPU on this machine";
+  }
+};
+
+uint16_t bf16_bits_rne(float f) {  // independent round-to-nearest-even reference (no NaNs in these inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+TEST_F(CudaOps, EmbeddingGatherMatchesCpuExactly) {
+  const int64_t vocab = 37, dim = 19;
+  const std::vector<float> values = random_nonzero(static_cast<size_t>(vocab * dim), 1);
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = bf16_bits_rne(values[i]);
+  const std::vector<int32_t> ids = {5, 0, 36, 5, 17, 2, 30, 11, 9, 36, 1};
+  const core::TensorView view{core::DType::BF16, {vocab, dim},
+                              std::span(reinterpret_cast<const std::byte*>(bits.data()), bits.size() * 2)};
+  std::vector<float> want(ids.size() * dim);
+  kernels::embedding_gather(view, ids.data(), static_cast<int64_t>(ids.size()), want.data());
+  for (float& v : want) v *= 1.5f;
+
+  const auto table = to_device(bits);
+  const auto ids_dev = to_device(ids);
+  DeviceBuffer<float> out(want.size());
+  embedding_gather(table.data(), TableType::Bf16, vocab, dim, ids_dev.data(), static_cast<int64_t>(ids.size()), 1.5f,
+                   out.data(), kDefaultStream);
+  EXPECT_EQ(out.download(), want);
+
+  std::vector<float> f32_table(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&f32_table[i], &u, 4);
+  }
+  const auto table32 = to_device(f32_table);
+  embedding_gather(table32.data(), TableType::F32, vocab, dim, ids_dev.data(), static_cast<int64_t>(ids.size()), 1.5f,
+                   out.data(), kDefaultStream);
+  EXPECT_EQ(out.download(), want);
+}
+
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  for (const auto& [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{7, 301}, {1, 576}, {13, 64}, {3, 4097}}) {
+    SCOPED_TRACE(testing::Message() << rows << "x" << dim);
+    const auto x = random_nonzero(static_cast<size_t>(rows * dim), 2, 0.05f, 3.0f);
+    const auto w = random_nonzero(static_cast<size_t>(dim), 3);
+    std::vector<float> want(x.size());
+    kernels::rms_norm(x.data(), w.data(), rows, dim, 1e-5f, want.data());
+    const auto x_dev = to_device(x);
+    const auto w_dev = to_device(w);
+    DeviceBuffer<float> out(x.size());
+    rms_norm(x_dev.data(), w_dev.data(), rows, dim, 1e-5f, out.data(), kDefaultStream);
+    expect_close(out.download(), want, 1e-5);
+    auto in_place = to_device(x);  // out may alias x
+    rms_norm(in_place.data(), w_dev.data(), rows, dim, 1e-5f, in_place.data(), kDefaultStream);
+    expect_close(in_place.download(), want, 1e-5);
+  }
+}
+
+TEST_F(CudaOps, RopeMatchesCpuForEveryScaling) {
+  RopeScaling llama3;
+  llama3.kind = RopeScaling::Kind::Llama3;
+  llama3.factor = 8;
+  llama3.original_max_position_embeddings = 64;
+  RopeScaling yarn;
+  yarn.kind = RopeScaling::Kind::Yarn;
+  yarn.factor = 4;
+  yarn.original_max_position_embeddings = 128;
+  RopeScaling linear;
+  linear.kind = RopeScaling::Kind::Linear;
+  linear.factor = 2;
+  for (const RopeScaling& scaling : {RopeScaling{}, linear, llama3, yarn}) {
+    SCOPED_TRACE(static_cast<int>(scaling.kind));
+    const int64_t tokens = 5, heads = 3, head_dim = 34, max_pos = 1000;
+    const RopeCache cache(head_dim, 10000.0, scaling, max_pos);
+    const std::vector<int64_t> positions = {0, 7, 999, 123, 500};
+    const auto x = random_nonzero(static_cast<size_t>(tokens * heads * head_dim), 4, 0.05f, 2.0f);
+    std::vector<float> want = x;
+    apply_rope(want.data(), tokens, heads, head_dim, positions.data(), cache, RopeLayout::NeoX);
+    const size_t table = static_cast<size_t>(max_pos * head_dim / 2);
+    const auto cos_dev = DeviceBuffer<float>::from_host(std::span(cache.cos(0), table));
+    const auto sin_dev = DeviceBuffer<float>::from_host(std::span(cache.sin(0), table));
+    const auto pos_dev = to_device(positions);
+    auto x_dev = to_device(x);
+    apply_rope_neox(x_dev.data(), tokens, heads, head_dim, head_dim, pos_dev.data(), cos_dev.data(), sin_dev.data(),
+                    kDefaultStream);
+    expect_close(x_dev.download(), want, 2e-6);
+  }
+}
+
+TEST_F(CudaOps, GatedActivationsMatchCpu) {
+  const int64_t m = 5, inter = 77;
+  const auto x = random_nonzero(static_cast<size_t>(m * 2 * inter), 5, 0.05f, 6.0f);
+  const auto x_dev = to_device(x);
+  DeviceBuffer<float> out(static_cast<size_t>(m * inter));
+  std::vector<float> want(out.size());
+  // expf/tanhf on the GPU and the CPU's vectorized exp differ by a few ulps.
+  kernels::silu_and_mul(x.data(), m, inter, want.data());
+  silu_and_mul(x_dev.data(), m, inter, out.data(), kDefaultStream);
+  expect_close(out.download(), want, 1e-5);
+  kernels::gelu_tanh_and_mul(x.data(), m, inter, want.data());
+  gelu_tanh_and_mul(x_dev.data(), m, inter, out.data(), kDefaultStream);
+  expect_close(out.download(), want, 1e-5);
+}
+
+TEST_F(CudaOps, AddScaledAndRowCopies) {
+  const int64_t n = 1031;
+  const auto x = random_nonzero(static_cast<size_t>(n), 6);
+  const auto d = random_nonzero(static_cast<size_t>(n), 7);
+  std::vector<double> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<double>(x[i]) + 0.25 * d[i];
+  auto x_dev = to_device(x);
+  const auto d_dev = to_device(d);
+  add_scaled(x_dev.data(), d_dev.data(), 0.25f, n, kDefaultStream);
+  const auto got = x_dev.download();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1.2e-7 * 2) << i;
+
+  // Rows 3, 0, 4 of a [5, 7] matrix (stride 9) to rows 2, 6, 1 of a [8, 7] matrix (stride 7).
+  const auto src = random_nonzero(5 * 9, 8);
+  const std::vector<int64_t> src_rows = {3, 0, 4}, dst_rows = {2, 6, 1};
+  std::vector<float> dst(8 * 7, 0.5f);
+  std::vector<float> expect = dst;
+  for (size_t r = 0; r < 3; ++r) {
+    for (size_t c = 0; c < 7; ++c) expect[dst_rows[r] * 7 + c] = src[src_rows[r] * 9 + c];
+  }
+  const auto src_dev = to_device(src);
+  const auto sr = to_device(src_rows);
+  const auto dr = to_device(dst_rows);
+  auto dst_dev = to_device(dst);
+  copy_rows(src_dev.data(), 9, sr.data(), dst_dev.data(), 7, dr.data(), 3, 7, kDefaultStream);
+  EXPECT_EQ(dst_dev.download(), expect);
+}
+
+TEST_F(CudaOps, Bf16ConversionsRoundToNearestEven) {
+  std::vector<float> x = random_nonzero(999, 9, 1e-3f, 1e3f);
+  x.push_back(1.0f + 1.0f / 256.0f);        // a tie: rounds to the even 1.0
+  x.push_back(1.0f + 3.0f / 256.0f);        // a tie: rounds up to the even neighbour
+  const auto x_dev = to_device(x);
+  DeviceBuffer<__nv_bfloat16> bits(x.size());
+  f32_to_bf16(x_dev.data(), static_cast<int64_t>(x.size()), bits.data(), kDefaultStream);
+  const auto got_bf16 = bits.download();
+  std::vector<uint16_t> got(got_bf16.size());
+  std::memcpy(got.data(), got_bf16.data(), got.size() * 2);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], bf16_bits_rne(x[i])) << i << ": " << x[i];
+  DeviceBuffer<float> back(x.size());
+  bf16_to_f32(bits.data(), static_cast<int64_t>(x.size()), back.data(), kDefaultStream);
+  const auto widened = back.download();
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(got[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    ASSERT_EQ(widened[i], f) << i;
+  }
+}
+
+struct AttentionCase {
+  int64_t t, start_pos, heads, kv_heads, head_dim, window;
+};
+
+TEST_F(CudaOps, AttentionMatchesCpuForPrefillDecodeGqaAndWindows) {
+  for (const AttentionCase& c : std::vector<AttentionCase>{{5, 3, 6, 2, 40, 0},
+                                                           {1, 200, 6, 2, 40, 0},
+                                                           {9, 0, 4, 4, 64, 4},
+                                                           {1, 300, 8, 1, 128, 17},
+                                                           {17, 40, 14, 2, 64, 0},
+                                                           {3, 10, 2, 1, 256, 0}}) {
+    SCOPED_TRACE(testing::Message() << "t " << c.t << " start " << c.start_pos << " H " << c.heads << " KVH "
+                                    << c.kv_heads << " D " << c.head_dim << " W " << c.window);
+    const int64_t len = c.start_pos + c.t;
+    const int64_t stride = c.kv_heads * c.head_dim + 3;  // a padded row stride, as a cache slice may have
+    const auto q = random_nonzero(static_cast<size_t>(c.t * c.heads * c.head_dim), 10, 0.05f, 2.0f);
+    const auto k = random_nonzero(static_cast<size_t>(len * stride), 11, 0.05f, 2.0f);
+    const auto v = random_nonzero(static_cast<size_t>(len * stride), 12);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want(q.size());
+    kernels::attention(q.data(), c.t, c.start_pos, k.data(), v.data(), stride,
+                       AttentionParams{c.heads, c.kv_heads, c.head_dim, scale, c.window, nullptr}, want.data());
+    const auto q_dev = to_device(q);
+    const auto k_dev = to_device(k);
+    const auto v_dev = to_device(v);
+    DeviceBuffer<float> out(q.size());
+    attention(q_dev.data(), c.t, c.start_pos, k_dev.data(), v_dev.data(), stride,
+              AttentionShape{c.heads, c.kv_heads, c.head_dim, scale, c.window, nullptr}, out.data(), kDefaultStream);
+    expect_close(out.download(), want, 1e-5);
+  }
+}
+
+TEST(CudaOpsHost, AttentionRejectsUnsupportedShapesBeforeLaunching) {
+  // Host-side argument checks run without a GPU.
+  EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 512, AttentionShape{2, 1, 512, 1.0f}, nullptr, nullptr),
+               UnsupportedError);
+  EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 64, AttentionShape{3, 2, 32, 1.0f}, nullptr, nullptr),
+               UsageError);
+  EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 16, AttentionShape{2, 1, 32, 1.0f}, nullptr, nullptr),
+               UsageError);
+  EXPECT_THROW(apply_rope_neox(nullptr, 1, 1, 8, 9, nullptr, nullptr, nullptr, nullptr), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels::cuda
