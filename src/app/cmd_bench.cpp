@@ -11,7 +11,6 @@
 #include "app/commands.h"
 #include "model/loader.h"
 #include "runtime/model_bench.h"
-#include "runtime/text_setup.h"
 #include "server/bench_client.h"
 
 namespace fp4serve::app {
@@ -25,14 +24,8 @@ struct ModelBenchOptions {
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
-  std::vector<model::LoadedModel> loaded;
-  std::vector<runtime::Tokenizer> tokenizers;
-  for (const std::string& dir : opts.models) {
-    loaded.push_back(model::load_model(dir, opts.load));
-    tokenizers.push_back(runtime::load_tokenizer(loaded.back().checkpoint));
-  }
   std::vector<runtime::ModelBenchTarget> targets;
-  for (size_t i = 0; i < loaded.size(); ++i) targets.push_back({opts.models[i], loaded[i].decoder.get(), &tokenizers[i]});
+  for (const std::string& dir : opts.models) targets.push_back({dir, dir, opts.load});
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
     fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
                s.prefill_seconds, s.decode_seconds);

@@ -8,6 +8,7 @@
 
 #include "fp4serve/error.h"
 #include "runtime/generator.h"
+#include "runtime/text_setup.h"
 
 namespace fp4serve::runtime {
 namespace {
@@ -31,17 +32,17 @@ std::vector<std::vector<ModelBenchSample>> run_model_bench(
                                  "tokens ({}) ≥ 2 (decode speed needs a step after the first token)",
                                  config.prompt_tokens, config.repetitions, config.gen_tokens));
   }
+  // Ids drawn from the vocabulary all models share, so every model reads the same prompt; the configs are read
+  // without loading weights.
   int64_t vocab = INT64_MAX;
   for (const ModelBenchTarget& t : targets) {
-    if (t.decoder == nullptr || t.tokenizer == nullptr) throw UsageError(fmt::format("bench model: {} is not loaded", t.name));
-    const int64_t context = t.decoder->config().max_position_embeddings;
-    if (context > 0 && config.prompt_tokens + config.gen_tokens > context) {
+    const model::ModelConfig cfg = model::parse_model_config(checkpoint::Checkpoint::open(t.dir).config());
+    if (cfg.max_position_embeddings > 0 && config.prompt_tokens + config.gen_tokens > cfg.max_position_embeddings) {
       throw UsageError(fmt::format("bench model: {}: {} prompt + {} generated tokens exceed its context of {}", t.name,
-                                   config.prompt_tokens, config.gen_tokens, context));
+                                   config.prompt_tokens, config.gen_tokens, cfg.max_position_embeddings));
     }
-    vocab = std::min(vocab, t.decoder->config().vocab_size);
+    vocab = std::min(vocab, cfg.vocab_size);
   }
-  // Ids drawn from the vocabulary all models share, so every model reads the same prompt.
   std::mt19937_64 rng(config.seed);
   std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
   GenerationRequest request;
@@ -55,8 +56,10 @@ std::vector<std::vector<ModelBenchSample>> run_model_bench(
     for (size_t j = 0; j < targets.size(); ++j) {
       const size_t i = (j + static_cast<size_t>(r)) % targets.size();
       const ModelBenchTarget& t = targets[i];
-      model::KvCache cache = t.decoder->make_cache(config.prompt_tokens + config.gen_tokens, 1);
-      const GenerationResult result = generate(*t.decoder, cache, *t.tokenizer, request, [](std::string_view) { return true; });
+      const model::LoadedModel loaded = model::load_model(t.dir, t.load);
+      const Tokenizer tokenizer = load_tokenizer(loaded.checkpoint);
+      model::KvCache cache = loaded.decoder->make_cache(config.prompt_tokens + config.gen_tokens, 1);
+      const GenerationResult result = generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view) { return true; });
       if (static_cast<int64_t>(result.tokens.size()) != config.gen_tokens) {
         throw FormatError(fmt::format("bench model: {} generated {} of {} tokens", t.name, result.tokens.size(),
                                       config.gen_tokens));

@@ -2,7 +2,10 @@
 // `fp4serve bench model`: offline prefill / decode speed of one or more loaded models, llama-bench style.
 // Models are interleaved inside every repetition (A B C, then B C A, …), so a slow spell of a shared machine
 // hits every model alike, and each model's speed relative to the first is taken per repetition before the
-// median: the ratio is measured in one run, not pieced together from separate runs.
+// median: the ratio is measured in one run, not pieced together from separate runs. Each sample loads its model
+// afresh and frees it afterwards: with every model resident at once, the model loaded first decoded 5–10% and
+// prefilled 15–25% slower than the same checkpoint loaded later (default model, 2-core VM, either order),
+// an allocation-history effect that interleaving alone does not cancel.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "model/decoder.h"
-#include "runtime/tokenizer.h"
+#include <filesystem>
+
+#include "model/loader.h"
 
 namespace fp4serve::runtime {
 
@@ -23,11 +27,11 @@ struct ModelBenchConfig {
   uint64_t seed = 0;            ///< token-id RNG seed
 };
 
-/// One model under test; the pointers must outlive run_model_bench.
+/// One model under test: a checkpoint folder and how to load it.
 struct ModelBenchTarget {
   std::string name;
-  const model::Decoder* decoder = nullptr;
-  const Tokenizer* tokenizer = nullptr;
+  std::filesystem::path dir;
+  model::LoadOptions load;
 };
 
 /// One timed generation.
@@ -46,10 +50,11 @@ struct ModelBenchSummary {
   double prefill_vs_first = 1;
 };
 
-/// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) prefills the same prompt and decodes
-/// gen_tokens greedily from an empty KV cache. `progress` (may be empty) is told each finished sample.
-/// Returns samples[model][repetition]. Throws UsageError when a count is < 1, there is no target, a pointer is
-/// null, or the prompt does not fit a model's context (max_position_embeddings); what the model throws.
+/// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) is loaded, prefills the same prompt,
+/// decodes gen_tokens greedily from an empty KV cache, and is freed (load time is not counted). `progress` (may
+/// be empty) is told each finished sample. Returns samples[model][repetition]. Throws UsageError when a count is
+/// out of range, there is no target, or prompt + generated tokens exceed a model's context
+/// (max_position_embeddings); what load_model and the model throw.
 std::vector<std::vector<ModelBenchSample>> run_model_bench(
     std::span<const ModelBenchTarget> targets, const ModelBenchConfig& config,
     const std::function<void(size_t model, int repetition, const ModelBenchSample&)>& progress = {});

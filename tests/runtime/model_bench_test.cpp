@@ -8,7 +8,6 @@
 #include "fp4serve/error.h"
 #include "model/loader.h"
 #include "runtime/model_bench.h"
-#include "runtime/text_setup.h"
 
 namespace fp4serve::runtime {
 namespace {
@@ -51,10 +50,7 @@ TEST(ModelBench, RunsEveryModelEveryRepetitionOnATinyFixture) {
   const std::filesystem::path dir = std::filesystem::path(FP4SERVE_TEST_DATA) / "ref" / "llama-nvfp4a16";
   model::LoadOptions options;
   options.progress = false;
-  const model::LoadedModel loaded = model::load_model(dir, options);
-  const Tokenizer tokenizer = load_tokenizer(loaded.checkpoint);
-  const std::vector<ModelBenchTarget> targets = {{"x", loaded.decoder.get(), &tokenizer},
-                                                 {"y", loaded.decoder.get(), &tokenizer}};
+  const std::vector<ModelBenchTarget> targets = {{"x", dir, options}, {"y", dir, options}};
   ModelBenchConfig config;
   config.prompt_tokens = 7;
   config.gen_tokens = 3;
@@ -75,7 +71,7 @@ TEST(ModelBench, RunsEveryModelEveryRepetitionOnATinyFixture) {
   config.gen_tokens = 1;
   EXPECT_THROW(run_model_bench(targets, config), UsageError);
   config.gen_tokens = 3;
-  config.prompt_tokens = loaded.config.max_position_embeddings;
+  config.prompt_tokens = model::parse_model_config(checkpoint::Checkpoint::open(dir).config()).max_position_embeddings;
   EXPECT_THROW(run_model_bench(targets, config), UsageError);
   EXPECT_THROW(run_model_bench({}, config), UsageError);
 }
