@@ -18,19 +18,13 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
+#include "kernels/ops_test_util.h"
 #include "kernels/rope.h"
 
 namespace fp4serve::kernels::cuda {
 namespace {
 
-std::vector<float> random_nonzero(size_t n, uint32_t seed, float lo = 0.05f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mag(lo, hi);
-  std::bernoulli_distribution sign(0.5);
-  std::vector<float> v(n);
-  for (float& x : v) x = sign(rng) ? mag(rng) : -mag(rng);
-  return v;
-}
+using kernels::testing::random_nonzero;
 
 template <class T>
 DeviceBuffer<T> to_device(const std::vector<T>& host) {
@@ -101,7 +95,7 @@ TEST_F(CudaOps, EmbeddingGatherMatchesCpuExactly) {
 
 TEST_F(CudaOps, RmsNormMatchesCpu) {
   for (const auto& [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{7, 301}, {1, 576}, {13, 64}, {3, 4097}}) {
-    SCOPED_TRACE(testing::Message() << rows << "x" << dim);
+    SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
     const auto x = random_nonzero(static_cast<size_t>(rows * dim), 2, 0.05f, 3.0f);
     const auto w = random_nonzero(static_cast<size_t>(dim), 3);
     std::vector<float> want(x.size());
@@ -224,7 +218,7 @@ TEST_F(CudaOps, AttentionMatchesCpuForPrefillDecodeGqaAndWindows) {
                                                            {1, 300, 8, 1, 128, 17},
                                                            {17, 40, 14, 2, 64, 0},
                                                            {3, 10, 2, 1, 256, 0}}) {
-    SCOPED_TRACE(testing::Message() << "t " << c.t << " start " << c.start_pos << " H " << c.heads << " KVH "
+    SCOPED_TRACE(::testing::Message() << "t " << c.t << " start " << c.start_pos << " H " << c.heads << " KVH "
                                     << c.kv_heads << " D " << c.head_dim << " W " << c.window);
     const int64_t len = c.start_pos + c.t;
     const int64_t stride = c.kv_heads * c.head_dim + 3;  // a padded row stride, as a cache slice may have
