@@ -86,7 +86,7 @@ void register_generate(CLI::App& root) {
   cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json, else greedy)");
   cmd->add_option("--top-p", opts->top_p, "nucleus sampling mass");
-  cmd->add_option("--top-k", opts->top_k, "keep the k most likely tokens (0 = off)");
+  cmd->add_option("--top-k", opts->top_k, "keep the k most likely tokens and any tied with the k-th, as transformers does (0 = off)");
   cmd->add_option("--min-p", opts->min_p, "drop tokens below min_p times the top probability");
   cmd->add_option("--repetition-penalty", opts->repetition_penalty, "transformers-style repetition penalty");
   cmd->add_option("--presence-penalty", opts->presence_penalty, "OpenAI-style presence penalty");
