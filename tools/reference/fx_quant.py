@@ -39,6 +39,9 @@ TRANSFORM_VARIANTS = {
     "spinquant-nvfp4a16": ("SpinQuantModifier", {"rotations": ["R1", "R2", "R4"], "transform_type": "hadamard",
                                                  "transform_block_size": 32},
                            "NVFP4A16"),
+    # QuIP "v" with MXFP4 weights (E8M0 scales per 32): the 32-wide Sylvester Hadamard matches the scale group.
+    "quip-mxfp4a16": ("QuIPModifier", {"rotations": ["v"], "transform_type": "hadamard",
+                                       "transform_block_size": 32}, "MXFP4A16"),
     # QuIP "v" + "u": "u" fuses U into the weight's output side (`weight_output`) and applies its inverse
     # online to the Linear's output (`output`, bias included); random Hadamard, 32-wide blocks.
     "quipuv-nvfp4a16": ("QuIPModifier", {"rotations": ["v", "u"], "transform_type": "random-hadamard",

@@ -35,7 +35,7 @@ PLAN = {
     "llama": ["bf16", "nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "w4a16", "w4a16-asym",
               "fp8-dynamic", "fp8-block", "modelopt-nvfp4", "modelopt-w4a16-nvfp4",
               "quip-nvfp4a16", "quiprh-nvfp4a16", "spinquant-nvfp4a16", "quipuv-nvfp4a16",
-              "spinquant-r3-nvfp4a16"],
+              "spinquant-r3-nvfp4a16", "quip-mxfp4a16"],
     # llama-i352-nvfp4a16 and gptoss-bf16 were dropped to keep tests/data/ref < 40 MB
     "llama-i352": ["nvfp4", "mxfp4a16"],
     "qwen2": CT4,
