@@ -23,7 +23,7 @@ int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, i
   return static_cast<int>(std::min<int64_t>(fit, max_num_seqs));
 }
 
-DecoderStepModel::DecoderStepModel(const model::Decoder& decoder, int64_t max_seq_len, int slots)
+DecoderStepModel::DecoderStepModel(const model::ForwardModel& decoder, int64_t max_seq_len, int slots)
     : decoder_(decoder), cache_(decoder.make_cache(max_seq_len, slots)) {}
 
 std::vector<float> DecoderStepModel::forward(std::span<const StepChunk> chunks) {

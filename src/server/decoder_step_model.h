@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The production StepModel: model::Decoder's batched forward over a model::KvCache owned here. Only the
-// scheduler thread uses it.
+// The production StepModel: a model::ForwardModel's batched forward (the CPU model::Decoder today) over a
+// model::KvCache owned here and made by that model. Only the scheduler thread uses it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "model/decoder.h"
+#include "model/forward_model.h"
 #include "model/kv_cache.h"
 #include "server/step_model.h"
 
@@ -19,8 +19,9 @@ int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, i
 
 class DecoderStepModel final : public StepModel {
  public:
-  /// A cache of `slots` sequences of `max_seq_len` positions (memory is allocated when a slot is first used).
-  DecoderStepModel(const model::Decoder& decoder, int64_t max_seq_len, int slots);
+  /// A cache of `slots` sequences of `max_seq_len` positions made by `decoder` (memory is allocated when a slot
+  /// is first used).
+  DecoderStepModel(const model::ForwardModel& decoder, int64_t max_seq_len, int slots);
 
   int64_t vocab_size() const override { return decoder_.config().vocab_size; }
   int64_t max_seq_len() const override { return cache_.max_seq_len(); }
@@ -30,7 +31,7 @@ class DecoderStepModel final : public StepModel {
   std::vector<float> forward(std::span<const StepChunk> chunks) override;
 
  private:
-  const model::Decoder& decoder_;
+  const model::ForwardModel& decoder_;
   model::KvCache cache_;
   std::vector<model::SequenceChunk> batch_;
 };
