@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_set>
@@ -59,14 +60,16 @@ std::string shard_summary(const ModulePlan& mp) {
   return s;
 }
 
-// Validates one contract entry against the headers, records the use, and collects problems.
-void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHeaders& headers,
-                  std::vector<TensorUse>& uses, std::unordered_set<std::string>& consumed,
-                  std::vector<std::string>& problems) {
+// Validates one contract entry of `owner` (a module, or an attention block for q_attn / k_cache transforms)
+// against the headers, records the use, and collects problems. `dims` names the sizes the expected shape comes
+// from; `shape_hint` (may be empty) adds an explanation to a mis-shape.
+void check_contract(const TensorContract& c, std::string_view owner, std::string_view dims, const TensorHeaders& headers,
+                    const std::function<std::string(const TensorHeader&)>& shape_hint, std::vector<TensorUse>& uses,
+                    std::unordered_set<std::string>& consumed, std::vector<std::string>& problems) {
   const auto it = headers.find(c.name);
   if (it == headers.end()) {
     if (c.required) {
-      problems.push_back(fmt::format("missing {} (layer {}, {}): expected {} {} = {}", c.name, mp.module.name,
+      problems.push_back(fmt::format("missing {} (layer {}, {}): expected {} {} = {}", c.name, owner,
                                      tensor_role_name(c.role), dtypes_str(c.dtypes), c.formula, shape_str(c.shapes.front())));
     }
     return;
@@ -74,23 +77,34 @@ void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHea
   consumed.insert(c.name);
   const TensorHeader& h = it->second;
   if (std::find(c.dtypes.begin(), c.dtypes.end(), h.dtype) == c.dtypes.end()) {
-    problems.push_back(fmt::format("mis-typed {} (layer {}): expected {}, found {}", c.name, mp.module.name,
+    problems.push_back(fmt::format("mis-typed {} (layer {}): expected {}, found {}", c.name, owner,
                                    dtypes_str(c.dtypes), core::dtype_name(h.dtype)));
   }
   if (std::find(c.shapes.begin(), c.shapes.end(), h.shape) == c.shapes.end()) {
-    std::string hint;
-    const auto& w = mp.quant.weights;
-    const int64_t k = mp.module.in_features;
-    if (c.role == TensorRole::WeightScale && w && w->group_size && h.shape.size() == 2 && h.shape[1] > 0 &&
-        k % h.shape[1] == 0 && k / h.shape[1] != *w->group_size) {
-      hint = fmt::format("; the config's group_size {} is stale: the tensor implies group_size {}", *w->group_size,
-                         k / h.shape[1]);
-    }
-    problems.push_back(fmt::format("mis-shaped {} (layer {}, N={}, K={}): expected {} = {}, found {}{}", c.name,
-                                   mp.module.name, mp.module.out_features, k, c.formula, shape_str(c.shapes.front()),
-                                   shape_str(h.shape), hint));
+    problems.push_back(fmt::format("mis-shaped {} (layer {}, {}): expected {} = {}, found {}{}", c.name, owner, dims,
+                                   c.formula, shape_str(c.shapes.front()), shape_str(h.shape),
+                                   shape_hint ? shape_hint(h) : std::string()));
   }
   uses.push_back({c.name, c.role, h.dtype, h.shape, h.bytes, c.dropped, c.shared});
+}
+
+// check_contract for a Linear module's tensor; a block-scale shape that implies another group size than the
+// config's says that the config's group_size is stale.
+void check_tensor(const TensorContract& c, const ModulePlan& mp, const TensorHeaders& headers,
+                  std::vector<TensorUse>& uses, std::unordered_set<std::string>& consumed,
+                  std::vector<std::string>& problems) {
+  const int64_t k = mp.module.in_features;
+  const auto stale_group_size = [&](const TensorHeader& h) -> std::string {
+    const auto& w = mp.quant.weights;
+    if (c.role == TensorRole::WeightScale && w && w->group_size && h.shape.size() == 2 && h.shape[1] > 0 &&
+        k % h.shape[1] == 0 && k / h.shape[1] != *w->group_size) {
+      return fmt::format("; the config's group_size {} is stale: the tensor implies group_size {}", *w->group_size,
+                         k / h.shape[1]);
+    }
+    return {};
+  };
+  check_contract(c, mp.module.name, fmt::format("N={}, K={}", mp.module.out_features, k), headers, stale_group_size,
+                 uses, consumed, problems);
 }
 
 // compressed-tensors ties the matrices (and perms) of one transform group that have the same size
@@ -221,23 +235,7 @@ void plan_attention_transforms(const quant::QuantConfig& qc, const SharedTransfo
       }
       for (TensorContract& c : contract) {
         if (!headers.contains(c.name)) shared.resolve(c);
-        const auto it = headers.find(c.name);
-        if (it == headers.end()) {
-          problems.push_back(fmt::format("missing {} (layer {}, {} {}): expected {} {}", c.name, module, t.location,
-                                         tensor_role_name(c.role), dtypes_str(c.dtypes), shape_str(c.shapes.front())));
-          continue;
-        }
-        consumed.insert(c.name);
-        const TensorHeader& h = it->second;
-        if (std::find(c.dtypes.begin(), c.dtypes.end(), h.dtype) == c.dtypes.end()) {
-          problems.push_back(fmt::format("mis-typed {} (layer {}): expected {}, found {}", c.name, module,
-                                         dtypes_str(c.dtypes), core::dtype_name(h.dtype)));
-        }
-        if (divides && h.shape != c.shapes.front()) {
-          problems.push_back(fmt::format("mis-shaped {} (layer {}, head_dim {}): expected {} = {}, found {}", c.name,
-                                         module, head_dim, c.formula, shape_str(c.shapes.front()), shape_str(h.shape)));
-        }
-        at.tensors.push_back({c.name, c.role, h.dtype, h.shape, h.bytes, false, c.shared});
+        check_contract(c, module, fmt::format("head_dim {}", head_dim), headers, {}, at.tensors, consumed, problems);
       }
       if (divides) plan.attention_transforms.push_back(std::move(at));
     }

@@ -278,6 +278,31 @@ TEST(Plan, AttentionTransformOfTheWrongSizeIsAFormatErrorNamingTheTensor) {
   }
 }
 
+TEST(Plan, AttentionTransformMissingOrMisTypedIsReportedLikeAModuleTensor) {
+  TensorHeaders none = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  try {
+    plan_for(llama(r3_config(8)), none);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing model.layers.0.self_attn.R3_q_attn.weight (layer "
+                                         "model.layers.0.self_attn, "), std::string::npos) << e.what();
+  }
+  TensorHeaders typed = dense_headers(all_but_head(Kind::CtNvfp4A16));
+  for (int l = 0; l < 2; ++l) {
+    for (const char* loc : {"q_attn", "k_cache"}) {
+      put(typed, fmt::format("model.layers.{}.self_attn.R3_{}.weight", l, loc), l == 1 ? core::DType::I32 : core::DType::F32,
+          {8, 8});
+    }
+  }
+  try {
+    plan_for(llama(r3_config(8)), typed);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("mis-typed model.layers.1.self_attn.R3_k_cache.weight (layer "
+                                         "model.layers.1.self_attn): expected"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Plan, KvCacheScalesAreDeclaredWhereEachProducerWritesThem) {
   json qc = ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr);
   qc["kv_cache_scheme"] = ct_args(8, "float", "tensor", nullptr);
