@@ -216,7 +216,7 @@ if [[ -n $model_pid ]]; then
     wait "$model_pid"
     rc=$?
     model_ok=$([[ $rc == 0 ]] && echo 1 || echo 0)
-    row "random SmolLM2 model" "$(status_of $rc)" "$(grep -h -E 'make_random_llama:|quantize:' "$OUT/model.log" | head -2 | tr '\n' ' ' | cut -c1-160) ($(( $(date +%s) - model_started ))s)"
+    row "random SmolLM2 model" "$(status_of $rc)" "$(grep -Eo '[0-9.]+ M parameters' "$OUT/model.log" | head -1) bf16 -> $(grep -Eo '[0-9]+ of [0-9]+ linear layers to [A-Za-z0-9]+' "$OUT/model.log" | head -1) in $(( $(date +%s) - model_started )) s"
   fi
   prompt="The capital of France is"
   gen() {  # $1 = device; prints the decode speed line of fp4serve's stats
