@@ -11,7 +11,9 @@
 // - it handles `bucket` rows: the rows past the real batch are padding whose results are ignored (they must
 //   still be valid work: e.g. a scratch cache row and seq_len 1);
 // - it makes no synchronous CUDA call (cudaMemcpy, cudaMalloc, cudaStreamSynchronize) — those fail a capture;
-//   allocations happen in the eager warm-up run that precedes every capture (run() does it);
+//   allocations happen in the eager warm-up run that precedes every capture (run() does it); and nothing on this
+//   thread touches the legacy default stream during the capture (a Stream of device.h is a blocking stream, so
+//   such a call would add an implicit dependency and invalidate the capture);
 // - after the buffers it reads are reallocated, call reset().
 // A step that cannot be captured (a library call that refuses capture) is detected at its first capture: that
 // bucket then runs eagerly for good, and capture_error() says why.

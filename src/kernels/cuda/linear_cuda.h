@@ -59,7 +59,8 @@ DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream);
 /// N is small); larger m runs the same MMA core with 64 tokens per warp, split over K across blocks when the grid
 /// would not fill the GPU (kernels/cuda/partition.h; the partial sums are added in a fixed order, so results are
 /// deterministic, and the per-thread workspace is allocated once, at the first m > 16 call: do one such call
-/// before capturing a CUDA graph). Dense: cuBLAS bf16 GEMM (fp32 compute).
+/// before capturing a CUDA graph; calls from one host thread on two streams must not overlap, they share that
+/// workspace). Dense: cuBLAS bf16 GEMM (fp32 compute).
 /// Throws UsageError for null or misaligned pointers with m > 0 or m < 0, DeviceError when a launch fails.
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, float* y, Stream& stream);
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& stream);
