@@ -229,7 +229,7 @@ if [[ -n $model_pid ]]; then
   if [[ $model_ok == 1 ]]; then
     gen cpu
     cpu_rc=$?
-    row "generate --device cpu" "$(status_of $cpu_rc)" "$(grep -Eo '(prompt|decode) [0-9]+ tokens, [0-9.]+ tokens/s' "$OUT/generate-cpu.err" | tr '\n' ' ' || true)$(tail -1 "$OUT/generate-cpu.err" | cut -c1-100)"
+    row "generate --device cpu" "$(status_of $cpu_rc)" "$(grep -Eo '(prompt|decode) [0-9]+ tokens, [0-9.]+ tokens/s' "$OUT/generate-cpu.err" | tr '\n' ' ')$([[ $cpu_rc != 0 ]] && tail -1 "$OUT/generate-cpu.err" | cut -c1-140)"
     gen cuda
     gpu_rc=$?
     if [[ $have_gpu == 0 ]]; then
