@@ -13,7 +13,8 @@
 #   3. runs the CUDA test binaries (label `cuda`): device, layouts, ops, linear vs CPU, decoder parity on the
 #      reference fixtures (one row per fixture and prompt), teacher-forced greedy with the near-tie rule;
 #   4. runs bench_gemm_cuda: the FP4 kernels verified once against float64, then timed against cuBLAS bf16 and the
-#      device-to-device copy bandwidth (one table row per shape and M);
+#      device-to-device copy bandwidth (one table row per shape and M); then bench_attention_cuda: split-KV decode
+#      attention verified against the serial kernel, then timed against it (vs_serial, KV bytes per second);
 #   5. on the random SmolLM2-shaped model: `fp4serve generate` 32 greedy tokens on the CPU and on the GPU
 #      (tokens/s of prefill and decode) and the teacher-forced greedy comparison of the two (margins printed; a
 #      mismatch fails only when its margin exceeds 1e-3 · max|logit|).
@@ -198,6 +199,28 @@ else
       row "bench_gemm_cuda" "$(status_of $rc)" "${copy:-copy bandwidth not printed}$([[ $rc == 124 || $rc == 137 ]] && echo "; killed after ${limit}s")"
       while read -r line; do row "  verify" "$([[ $line == *FAIL* ]] && echo FAIL || echo ok)" "$line"; done < <(grep '^verify ' "$OUT/bench.log")
       grep '^| gemm' "$OUT/bench.log" >>"$summary"
+    fi
+  fi
+fi
+
+# ---- 4b. decode attention: split over the KV length vs one block per head ------------------------------------
+attn_bin=""
+[[ -n $bin ]] && for b in "$bin/bench_attention_cuda" "$bin/bench/bench_attention_cuda"; do [[ -x $b ]] && attn_bin=$b && break; done
+if [[ -z $attn_bin ]]; then
+  row "bench_attention_cuda" "skipped" "not in this build"
+else
+  limit=$(budget 30 50)
+  if (( limit < 5 )); then
+    row "bench_attention_cuda" "skipped" "deadline"
+  else
+    timeout -k 5 "$limit" "$attn_bin" --benchmark_counters_tabular=true >"$OUT/attention.log" 2>&1
+    rc=$?
+    if [[ $have_gpu == 0 ]]; then
+      row "bench_attention_cuda" "$(gpu_status $rc)" "$(head -c 150 "$OUT/attention.log" | tr '\n' ' ')"
+    else
+      row "bench_attention_cuda" "$(status_of $rc)" "$(grep -c '^verify .* ok' "$OUT/attention.log") verifications ok$([[ $rc == 124 || $rc == 137 ]] && echo "; killed after ${limit}s")"
+      grep '^verify .*FAIL' "$OUT/attention.log" | while read -r line; do row "  verify" "FAIL" "$line"; done
+      grep -E '^attention_(serial|decode)/' "$OUT/attention.log" | awk '{print "    " $0}' >>"$summary"
     fi
   fi
 fi

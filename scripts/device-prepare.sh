@@ -3,7 +3,7 @@
 # scripts/device-prepare.sh [BUILD_DIR] — run HERE (the Debian 12 build machine, no GPU) before the GPU check. It
 # builds what the check runs and packs it into the git-ignored .device/bundle.tar.xz, which travels with the ONE
 # device call of scripts/device-check.sh (that script explains why the device cannot build the project itself):
-#   bin/   fp4serve, bench_gemm_cuda and every CUDA test binary (cuda_*_test), stripped;
+#   bin/   fp4serve, bench_gemm_cuda, bench_attention_cuda and every CUDA test binary (cuda_*_test), stripped;
 #   lib/   the non-system shared libraries they load (ldd; glibc, the CUDA driver, cuBLAS/cudart and the C++
 #          runtime excluded: the device has its own, newer ones);
 #   tests.txt (the test binaries, in the order device-check.sh runs them), source_dir (the source path compiled
@@ -33,12 +33,12 @@ order=(cuda_device_test cuda_fp4_math_test cuda_partition_test cuda_mma_fragment
 mapfile -t all_tests < <(ninja -C "$build" -t targets all | grep -Eo '^cuda_[a-z0-9_]+_test' | sort -u)
 tests=("${order[@]}")
 for t in "${all_tests[@]}"; do case " ${order[*]} " in *" $t "*) ;; *) tests+=("$t") ;; esac; done
-echo "== building fp4serve bench_gemm_cuda ${tests[*]} in $build"
-cmake --build "$build" -j"${FP4SERVE_JOBS:-$(nproc)}" --target fp4serve bench_gemm_cuda "${tests[@]}"
+echo "== building fp4serve bench_gemm_cuda bench_attention_cuda ${tests[*]} in $build"
+cmake --build "$build" -j"${FP4SERVE_JOBS:-$(nproc)}" --target fp4serve bench_gemm_cuda bench_attention_cuda "${tests[@]}"
 
 echo "== bundle"
 rm -rf "$dev/bundle" "$dev/bundle.tar.xz" && mkdir -p "$dev/bundle/bin" "$dev/bundle/lib"
-binaries=("$build/fp4serve" "$build/bench/bench_gemm_cuda")
+binaries=("$build/fp4serve" "$build/bench/bench_gemm_cuda" "$build/bench/bench_attention_cuda")
 : >"$dev/bundle/tests.txt"
 for t in "${tests[@]}"; do
   path=$(find "$build/tests" -type f -name "$t" -perm -u+x | head -1)
