@@ -242,18 +242,19 @@ if [[ -n $model_pid ]]; then
     row "random SmolLM2 model" "$(status_of $rc)" "$(grep -Eo '[0-9.]+ M parameters' "$OUT/model.log" | head -1) bf16 -> $(grep -Eo '[0-9]+ of [0-9]+ linear layers to [A-Za-z0-9]+' "$OUT/model.log" | head -1) in $(( $(date +%s) - model_started )) s"
   fi
   prompt="The capital of France is"
-  gen() {  # $1 = device; prints the decode speed line of fp4serve's stats
+  gen() {  # $1 = device, $2 = cap (s), $3 = seconds kept for the later steps
     local lim
-    lim=$(budget 45 25)
-    if (( lim < 5 )); then echo "deadline" >"$OUT/generate-$1.err"; return 124; fi
+    lim=$(budget "$2" "$3")
+    if (( lim < 5 )); then echo "skipped: deadline" >"$OUT/generate-$1.err"; return 124; fi
+    echo "time limit ${lim} s" >"$OUT/generate-$1.limit"
     timeout -k 5 "$lim" "$bin/fp4serve" generate -m "$model" -p "$prompt" -n 32 --temperature 0 --ignore-eos \
       --device "$1" --threads "$threads" --max-model-len 512 >"$OUT/generate-$1.txt" 2>"$OUT/generate-$1.err"
   }
   if [[ $model_ok == 1 ]]; then
-    gen cpu
+    gen cpu 120 70  # the CPU is the slow side (on a loaded machine much slower than on the device's 16 cores)
     cpu_rc=$?
-    row "generate --device cpu" "$(status_of $cpu_rc)" "$(grep -Eo '(prompt|decode) [0-9]+ tokens, [0-9.]+ tokens/s' "$OUT/generate-cpu.err" | tr '\n' ' ')$([[ $cpu_rc != 0 ]] && tail -1 "$OUT/generate-cpu.err" | cut -c1-140)"
-    gen cuda
+    row "generate --device cpu" "$(status_of $cpu_rc)" "$(grep -Eo '(prompt|decode) [0-9]+ tokens, [0-9.]+ tokens/s' "$OUT/generate-cpu.err" | tr '\n' ' ')$([[ $cpu_rc != 0 ]] && { cat "$OUT/generate-cpu.limit" 2>/dev/null; tail -1 "$OUT/generate-cpu.err" | cut -c1-120; } | tr '\n' ' ')"
+    gen cuda 45 30
     gpu_rc=$?
     if [[ $have_gpu == 0 ]]; then
       row "generate --device cuda" "$([[ $gpu_rc == 124 || $gpu_rc == 137 ]] && echo TIMEOUT || echo 'no GPU')" "exit $gpu_rc: $(grep -m1 -o 'fp4serve:.*' "$OUT/generate-cuda.err" | cut -c1-140)"
