@@ -27,9 +27,14 @@ struct Fp4GemmArgs {
   int64_t col_chunks = 0;
   float* y_f32 = nullptr;            ///< exactly one of y_f32 / y_bf16 is set: [m, N]
   __nv_bfloat16* y_bf16 = nullptr;
+  /// Split-K workspace of the tiled path (m > 16): fp32 [splits, m, N] partial sums; null or too small for the
+  /// plan of partition.h = no split. split_k_workspace_floats(SMs) floats always suffice.
+  float* split_partial = nullptr;
+  int64_t split_partial_floats = 0;
 };
 
-/// Picks the kernel variant (decode for m ≤ 16, tiled otherwise) and launches it; checks the launch.
+/// Picks the kernel variant (decode for m ≤ 16, tiled otherwise, split over K per partition.h when the
+/// workspace allows) and launches it (two kernels when split); checks the launches.
 void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream);
 
 /// out = bf16(E2M1(x/step)·s_a) per 16-element group (fp4_math.h); m·k/16 groups. Checks the launch.

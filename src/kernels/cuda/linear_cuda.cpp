@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm_fp4_launch.h"
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/native_fp4.h"
+#include "kernels/cuda/partition.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -55,6 +56,23 @@ int multiprocessor_count() {
     cached_device = device;
   }
   return cached_count;
+}
+
+// The split-K workspace of the tiled FP4 path, per host thread: allocated once at its largest size (a plan never
+// needs more, partition.h), so its address never changes and a CUDA graph that captured it stays valid.
+struct SplitWorkspace {
+  int device = -1;
+  DeviceBuffer<float> partial;
+};
+SplitWorkspace& split_workspace(int multiprocessors) {
+  thread_local SplitWorkspace ws;
+  int device = 0;
+  FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
+  if (ws.device != device) {
+    ws.partial = DeviceBuffer<float>(static_cast<size_t>(split_k_workspace_floats(multiprocessors)));
+    ws.device = device;
+  }
+  return ws;
 }
 
 std::string shape_of(const DeviceLinear& w) {
@@ -117,7 +135,13 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
       a.col_chunks = w.padded_cols / kGpuColChunk;
       a.y_f32 = y_f32;
       a.y_bf16 = y_bf16;
-      launch_fp4_gemm(a, multiprocessor_count(), stream.get());
+      const int sms = multiprocessor_count();
+      if (m > 16) {
+        SplitWorkspace& ws = split_workspace(sms);
+        a.split_partial = ws.partial.data();
+        a.split_partial_floats = static_cast<int64_t>(ws.partial.size());
+      }
+      launch_fp4_gemm(a, sms, stream.get());
       return;
     }
     case WeightLayout::Dense: {

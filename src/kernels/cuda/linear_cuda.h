@@ -56,7 +56,11 @@ DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream);
 /// FP4: block scales are applied to the weights before the MMA (code·scale is exact in bf16), the NVFP4 global
 /// scale once per output in the epilogue in the CPU's order (acc / gs for Divisor, acc · ws2 for Multiplier,
 /// then + bias). m ≤ 16 runs the decode kernel (one 16-row weight tile per warp, split-K inside the block when
-/// N is small); larger m runs the same MMA core with 64 tokens per warp. Dense: cuBLAS bf16 GEMM (fp32 compute).
+/// N is small); larger m runs the same MMA core with 64 tokens per warp, split over K across blocks when the grid
+/// would not fill the GPU (kernels/cuda/partition.h; the partial sums are added in a fixed order, so results are
+/// deterministic, and the per-thread workspace is allocated once, at the first m > 16 call: do one such call
+/// before capturing a CUDA graph; calls from one host thread on two streams must not overlap, they share that
+/// workspace). Dense: cuBLAS bf16 GEMM (fp32 compute).
 /// Throws UsageError for null or misaligned pointers with m > 0 or m < 0, DeviceError when a launch fails.
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, float* y, Stream& stream);
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& stream);

@@ -307,6 +307,43 @@ TEST_P(CudaLinearConsistency, MatchesCpuOverShapesAndBatchSizes) {
   std::printf("[ %s ] worst |GPU - CPU| / tolerance = %.3g\n", scheme_name(s), outcome.worst_ratio);
 }
 
+// The shapes the sweep above misses (issue 21), same bound:
+// - K not a multiple of 64 (a partial last 64-column chunk: 96, 608, 4128 — multiples of 32 for MXFP4), with
+//   odd M on the decode path (1, 5, 11) and on the tiled path, where M = 17…255 is split over K across blocks
+//   (partition.h: up to 16 splits at N = 200);
+// - N ≥ 8448, where the decode kernel stops splitting K inside the block (rows per block 2, 4, 8 at N = 8448,
+//   16896, 33792 on 132 SMs; more rows per block on smaller GPUs);
+// - vocabulary-sized N (49152: SmolLM2 / Llama-style, 151936: Qwen2), the lm_head GEMM.
+TEST_P(CudaLinearConsistency, MatchesCpuOnPartialChunksSplitLayoutsAndVocabSizedN) {
+  const Scheme s = GetParam();
+  std::mt19937 rng(2100 + static_cast<unsigned>(s));
+  Stream stream;
+  Outcome outcome;
+  struct Case {
+    int64_t n, k;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Case> cases = {
+      {72, 96, {1, 5, 17, 33}},
+      {200, 608, {1, 11, 16, 17, 97, 255}},
+      {200, 4128, {1, 5, 33, 255}},
+      {8448, 608, {1, 5, 16}},
+      {16896, 608, {1, 11}},
+      {33792, 608, {1, 16}},
+      {49152, 576, {1, 3, 33}},
+      {151936, 576, {1, 3}},
+  };
+  for (const Case& c : cases) {
+    const TestLayer t = make_layer(s, rng, c.n, c.k, c.n == 200);
+    for (const int64_t m : c.ms) {
+      SCOPED_TRACE(::testing::Message() << scheme_name(s) << " N " << c.n << " K " << c.k << " M " << m);
+      compare(s, t, m, rng, stream, false, outcome);
+      if (s != Scheme::W4A4 && m == 5) compare(s, t, m, rng, stream, true, outcome);
+    }
+  }
+  std::printf("[ %s odd shapes ] worst |GPU - CPU| / tolerance = %.3g\n", scheme_name(s), outcome.worst_ratio);
+}
+
 INSTANTIATE_TEST_SUITE_P(Schemes, CudaLinearConsistency,
                          ::testing::Values(Scheme::Nvfp4Divisor, Scheme::Nvfp4Multiplier, Scheme::Mxfp4,
                                            Scheme::W4A4, Scheme::DenseBf16),
