@@ -99,6 +99,10 @@ LineEditor::Input LineEditor::read(const char* prompt) {
   const char* text = el_gets(state_->el, &count);
   if (text == nullptr || count <= 0) {
     if (interrupted() || (count < 0 && errno == EINTR)) {
+      // The cursor may sit inside the line: redraw its tail so the ^C lands after the whole dropped line.
+      if (const LineInfo* li = el_line(state_->el); li != nullptr && li->lastchar > li->cursor) {
+        std::fwrite(li->cursor, 1, static_cast<size_t>(li->lastchar - li->cursor), stderr);
+      }
       std::fputs("^C\n", stderr);
       el_reset(state_->el);
       return {Status::Interrupted, {}};
