@@ -339,10 +339,12 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
     // does for a hidden size of 576); the FP4 schemes' groups are fixed, so only --ignore remains.
     int64_t fits = 0;
     if (plan.scheme == QuantScheme::W4A16) {
-      for (int64_t g = plan.group_size / 2; g >= 8 && fits == 0; g /= 2) {
-        if (std::all_of(plan.linears.begin(), plan.linears.end(),
-                        [g](const LinearPlan& l) { return !l.quantized || l.cols % g == 0; })) {
+      for (const int64_t g : {128, 64, 32, 16, 8}) {  // the group sizes int4 W4A16 checkpoints use
+        if (g < plan.group_size && std::all_of(plan.linears.begin(), plan.linears.end(), [g](const LinearPlan& l) {
+              return !l.quantized || l.cols % g == 0;
+            })) {
           fits = g;
+          break;
         }
       }
     }

@@ -73,8 +73,12 @@ $T clear-history -t repl
 keys Up; keys Up
 wait_for '^> first message$'
 keys C-u
+keys -l '/help'; keys Enter
+wait_for '^commands: /help'
+
 
 # /quit leaves with status 0.
 keys -l '/quit'; keys Enter
 wait_for '^EXIT=0$'
+screen | sed -e '/^$/d' -e 's/^/  | /'
 echo "PASS"
