@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -20,9 +21,22 @@ namespace {
 // after the online Hadamard transform when the checkpoint being written declares one.
 class AmaxObserver final : public model::ActivationObserver {
  public:
-  explicit AmaxObserver(int64_t hadamard_block) : hadamard_block_(hadamard_block) {}
+  AmaxObserver(int64_t hadamard_block, int64_t layers, const CalibrationProgress& progress)
+      : hadamard_block_(hadamard_block), layers_(layers), progress_(progress) {}
+
+  /// Starts sample `index` of `count` (progress counts layer passes).
+  void start_sample(int64_t index, int64_t count) {
+    sample_ = index;
+    samples_ = count;
+    layer_ = -1;
+  }
+  /// The sample's last layer has run.
+  void finish_sample() {
+    if (progress_) progress_((sample_ + 1) * layers_, samples_ * layers_);
+  }
 
   void observe(const std::vector<std::string>& modules, const float* x, int64_t m, int64_t k) override {
+    report_layer(modules.empty() ? std::string() : modules.front());
     // A layer whose width the block does not divide cannot be quantized with the transform (the quantize plan
     // refuses it before calibration), so an unrotated input here belongs to an unquantized layer.
     if (hadamard_block_ > 0 && k % hadamard_block_ == 0) {
@@ -40,7 +54,20 @@ class AmaxObserver final : public model::ActivationObserver {
   const std::map<std::string, float>& amax() const { return amax_; }
 
  private:
+  // The first input seen of layer L (model.layers.L.…) means layers 0 … L−1 of this sample are done.
+  void report_layer(const std::string& module) {
+    constexpr std::string_view kPrefix = "model.layers.";
+    if (!progress_ || !module.starts_with(kPrefix)) return;
+    const int64_t layer = std::strtoll(module.c_str() + kPrefix.size(), nullptr, 10);
+    if (layer <= layer_) return;
+    layer_ = layer;
+    progress_(sample_ * layers_ + layer, samples_ * layers_);
+  }
+
   int64_t hadamard_block_;
+  int64_t layers_;
+  const CalibrationProgress& progress_;
+  int64_t sample_ = 0, samples_ = 1, layer_ = -1;
   std::vector<float> rotated_;
   std::map<std::string, float> amax_;
 };
@@ -53,7 +80,7 @@ constexpr int64_t kSampleTokens = 512;
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                                int64_t hadamard_block) {
+                                                int64_t hadamard_block, const CalibrationProgress& progress) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
   std::ostringstream text;
@@ -71,15 +98,18 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                  tokens.size()));
   }
 
-  AmaxObserver observer(hadamard_block);
+  AmaxObserver observer(hadamard_block, loaded.config.num_layers, progress);
   loaded.decoder->set_observer(&observer);
   model::KvCache cache = loaded.decoder->make_cache(kSampleTokens, 1);
+  const int64_t samples = (static_cast<int64_t>(tokens.size()) + kSampleTokens - 1) / kSampleTokens;
   for (size_t begin = 0; begin < tokens.size(); begin += kSampleTokens) {
+    observer.start_sample(static_cast<int64_t>(begin) / kSampleTokens, samples);
     const size_t count = std::min<size_t>(kSampleTokens, tokens.size() - begin);
     const int slot = cache.acquire();
     const model::SequenceChunk chunk{slot, 0, std::span(tokens).subspan(begin, count), false};
     loaded.decoder->forward(std::span(&chunk, 1), cache);
     cache.release(slot);
+    observer.finish_sample();
   }
   loaded.decoder->set_observer(nullptr);
 

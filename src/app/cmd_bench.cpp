@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_options.h"
 #include "model/loader.h"
 #include "runtime/model_bench.h"
 #include "server/bench_client.h"
@@ -24,8 +25,9 @@ struct ModelBenchOptions {
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
+  require_runnable_device(opts.load.device);
   std::vector<runtime::ModelBenchTarget> targets;
-  for (const std::string& dir : opts.models) targets.push_back({dir, dir, opts.load});
+  for (const std::string& dir : opts.models) targets.push_back({dir, resolve_model_path(dir).string(), opts.load});
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
     fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
                s.prefill_seconds, s.decode_seconds);
@@ -60,11 +62,11 @@ void register_bench_model(CLI::App& bench) {
       "model", "Offline prefill/decode speed of one or more checkpoints, interleaved in one run (llama-bench style)");
   cmd->add_option("-m,--model", opts->models, "checkpoint folder (repeat to compare; ratios are vs the first)")
       ->required();
-  cmd->add_option("--device", opts->load.device, "cpu, or a GPU generation for planning only")->capture_default_str();
+  cmd->add_option("--device", opts->load.device, "cpu")->capture_default_str();
   cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
-  cmd->add_option("--threads", opts->load.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  add_threads_option(*cmd, opts->load.threads);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("-n,--gen-tokens", opts->bench.gen_tokens, "decode steps (≥ 2)")->capture_default_str()

@@ -10,6 +10,7 @@
 
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/threads.h"
 #include "fp4serve/error.h"
 #include "model/loader.h"
 #include "runtime/chat_template.h"
@@ -39,7 +40,9 @@ void run_serve(ServeOptions opts) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
+  const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/false);
+  // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
+  const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::optional<runtime::ChatTemplate> chat_template;
   try {
@@ -51,13 +54,12 @@ void run_serve(ServeOptions opts) {
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
   const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_template), context, std::move(eos));
 
-  const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
                                                 opts.scheduler.max_num_seqs);
   server::DecoderStepModel step_model(*loaded.decoder, context_length, slots);
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
-  const std::string name = opts.served_model_name.empty() ? opts.model.model_dir : opts.served_model_name;
+  const std::string name = opts.served_model_name.empty() ? opts.model.model : opts.served_model_name;
   server::HttpServer http(opts.http,
                           server::ServeLimits{name, context_length,
                                               runtime::sampling_defaults(loaded.checkpoint.generation_config())},
@@ -65,9 +67,9 @@ void run_serve(ServeOptions opts) {
   const int port = http.bind();
   scheduler.start();
   fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget) | "
-                     "{} tokens per step | queue {}\n",
+                     "{} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue);
+             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {
     int sig = 0;

@@ -71,7 +71,6 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   for (const plan::Notice& notice : layer_plan.notices) {
     if (notice.severity != plan::Severity::Warning) continue;
     loaded.warnings.push_back(fmt::format("{} ({} layers)", notice.text, notice.layers));
-    fmt::print(stderr, "fp4serve: warning: {}\n", loaded.warnings.back());
   }
 
   uint64_t tensors = 0, bytes = 0;

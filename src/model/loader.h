@@ -34,7 +34,7 @@ struct LoadedModel {
   ModelConfig config;
   std::unique_ptr<Decoder> decoder;            ///< the CPU decoder; null when the model runs on the GPU
   std::unique_ptr<ForwardModel> gpu_decoder;  ///< model::CudaDecoder for --device cuda; null otherwise
-  std::vector<std::string> warnings;  ///< plan warnings, already printed once to stderr
+  std::vector<std::string> warnings;  ///< plan warnings (downgrades), for the caller to show (the CLI: unless -q)
   double load_seconds = 0.0;
 
   /// The decoder that runs this model, CPU or GPU.

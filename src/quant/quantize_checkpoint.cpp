@@ -298,6 +298,7 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
   plan.group_size = fixed != 0 ? fixed : options.group_size != 0 ? options.group_size : kInt4DefaultGroupSize;
   const std::vector<IgnorePattern> ignore = compile_ignore(options.ignore.value_or(default_ignore_patterns()));
 
+  std::optional<LinearPlan> misfit;  // the first quantized layer the group size does not divide
   for (const std::string& name : source.tensor_names()) {
     const core::TensorView t = source.tensor(name);
     const bool in_layers = name.starts_with("model.layers.");
@@ -324,11 +325,7 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
         throw UnsupportedError(fmt::format("{}: weight dtype {}; quantize reads BF16, F16 or F32", name,
                                            core::dtype_name(lin.dtype)));
       }
-      if (lin.cols % plan.group_size != 0) {
-        throw UsageError(fmt::format("{}: in_features {} is not a multiple of the {} group size {}; keep the layer "
-                                     "unquantized with --ignore {}", lin.module, lin.cols,
-                                     quant_scheme_name(plan.scheme), plan.group_size, lin.module));
-      }
+      if (lin.cols % plan.group_size != 0 && !misfit) misfit = lin;
       if (plan.hadamard != 0 && lin.cols % plan.hadamard != 0) {
         throw UsageError(fmt::format("{}: in_features {} is not a multiple of the Hadamard block {}; choose a smaller "
                                      "--hadamard or keep the layer unquantized with --ignore {}", lin.module, lin.cols,
@@ -336,6 +333,28 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
       }
     }
     plan.linears.push_back(std::move(lin));
+  }
+  if (misfit) {
+    // W4A16's group size is a choice: name the largest one that fits every quantized layer (as --group-size 64
+    // does for a hidden size of 576); the FP4 schemes' groups are fixed, so only --ignore remains.
+    int64_t fits = 0;
+    if (plan.scheme == QuantScheme::W4A16) {
+      for (const int64_t g : {128, 64, 32, 16, 8}) {  // the group sizes int4 W4A16 checkpoints use
+        if (g < plan.group_size && std::all_of(plan.linears.begin(), plan.linears.end(), [g](const LinearPlan& l) {
+              return !l.quantized || l.cols % g == 0;
+            })) {
+          fits = g;
+          break;
+        }
+      }
+    }
+    throw UsageError(fmt::format("{}: in_features {} is not a multiple of the {} group size {}; {}keep the layer "
+                                 "unquantized with --ignore {}", misfit->module, misfit->cols,
+                                 quant_scheme_name(plan.scheme), plan.group_size,
+                                 fits > 0 ? fmt::format("use --group-size {} (it divides every quantized layer's "
+                                                        "in_features), or ", fits)
+                                          : "",
+                                 misfit->module));
   }
   std::sort(plan.linears.begin(), plan.linears.end(),
             [](const LinearPlan& a, const LinearPlan& b) { return natural_less(a.module, b.module); });
