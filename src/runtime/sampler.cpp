@@ -49,6 +49,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 void Sampler::observe_prompt(std::span<const int32_t> tokens) { seen_.insert(tokens.begin(), tokens.end()); }
 
 void Sampler::observe(int32_t token) {
+  ++observed_;
   seen_.insert(token);
   output_counts_[token] += 1;
 }
@@ -59,6 +60,14 @@ void Sampler::prepare(std::span<float> logits) const {
   // practice) and win or lose argmax by position; a broken row must neither crash nor be sampled from.
   for (float& v : logits) {
     if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  }
+  for (const auto& [t, bias] : params_.logit_bias) {
+    if (t >= 0 && t < vocab) logits[static_cast<size_t>(t)] += bias;
+  }
+  if (observed_ < params_.min_tokens) {
+    for (const int32_t t : params_.min_tokens_blocked) {
+      if (t >= 0 && t < vocab) logits[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+    }
   }
   if (params_.repetition_penalty != 1.0f) {
     for (int32_t t : seen_) {
@@ -156,15 +165,53 @@ int32_t Sampler::sample(std::span<float> logits) {
   prepare(logits);
   if (params_.temperature == 0.0f) return argmax(logits);
   filter(logits);
+  // Cumulative mass in id order (not probability order): near-equal probabilities that swap places under a
+  // tiny perturbation would otherwise move every draw that lands on either of them.
+  by_id_.assign(logits.size(), 0.0f);
   double mass = 0.0;
-  for (const auto& c : candidates_) mass += c.first;
+  for (const auto& c : candidates_) {
+    by_id_[static_cast<size_t>(c.second)] = c.first;
+    mass += c.first;
+  }
   std::uniform_real_distribution<double> uniform(0.0, mass);
   double r = uniform(rng_);
-  for (const auto& c : candidates_) {
-    r -= c.first;
-    if (r <= 0.0) return c.second;
+  int32_t last = candidates_.front().second;
+  for (size_t i = 0; i < by_id_.size(); ++i) {
+    if (by_id_[i] <= 0.0f) continue;
+    last = static_cast<int32_t>(i);
+    r -= by_id_[i];
+    if (r <= 0.0) return last;
   }
-  return candidates_.back().second;
+  return last;
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top_n) {
+  require_logits(logits);
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    throw UsageError(fmt::format("token_logprobs: token {} is outside the logits row [0, {})", token, logits.size()));
+  }
+  auto value = [&](size_t i) {
+    const double v = logits[i];
+    return std::isnan(v) ? -std::numeric_limits<double>::infinity() : v;
+  };
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) max_logit = std::max(max_logit, value(i));
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) total += std::exp(value(i) - max_logit);
+  const double log_z = max_logit + std::log(total);
+  TokenLogprobs out;
+  out.logprob = value(static_cast<size_t>(token)) - log_z;
+  const size_t n = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
+      const double va = value(static_cast<size_t>(a)), vb = value(static_cast<size_t>(b));
+      return va > vb || (va == vb && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], value(static_cast<size_t>(ids[i])) - log_z);
+  }
+  return out;
 }
 
 }  // namespace fp4serve::runtime
