@@ -43,7 +43,7 @@ SamplingParams sampling_defaults(const nlohmann::json& g) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   params_.validate();
-  rng_.seed(params_.seed ? *params_.seed : std::random_device{}());
+  seed_ = params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
 void Sampler::observe_prompt(std::span<const int32_t> tokens) { seen_.insert(tokens.begin(), tokens.end()); }
@@ -85,6 +85,15 @@ void Sampler::prepare(std::span<float> logits) const {
 }
 
 namespace {
+
+// A counter-based generator (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", 2014):
+// the draw for (seed, step, token) needs no state shared with any other token or request.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
 // First maximum wins, so ties resolve to the lowest id (as torch.argmax).
 int32_t argmax(std::span<const float> logits) {
@@ -165,24 +174,25 @@ int32_t Sampler::sample(std::span<float> logits) {
   prepare(logits);
   if (params_.temperature == 0.0f) return argmax(logits);
   filter(logits);
-  // Cumulative mass in id order (not probability order): near-equal probabilities that swap places under a
-  // tiny perturbation would otherwise move every draw that lands on either of them.
-  by_id_.assign(logits.size(), 0.0f);
-  double mass = 0.0;
-  for (const auto& c : candidates_) {
-    by_id_[static_cast<size_t>(c.second)] = c.first;
-    mass += c.first;
+  // Exponential race (the Gumbel-max trick in ratio form): token = argmax p_i / E_i with E_i ~ Exp(1) drawn per
+  // (seed, draw, token id). It samples p exactly, and since each token's noise is its own, logits perturbed in
+  // their last bits (another batch shape runs other kernels) move a draw only when two tokens' ratios lie within
+  // that perturbation; inverting the cumulative distribution moved a draw whenever near-equal tokens swapped
+  // places or the mass before it shifted.
+  const uint64_t draw_key = splitmix64(seed_ ^ splitmix64(draws_++));
+  int32_t best = candidates_.front().second;
+  double best_score = -1.0;
+  for (const auto& [p, id] : candidates_) {
+    if (p <= 0.0f) continue;
+    const uint64_t bits = splitmix64(draw_key + static_cast<uint64_t>(id) * 0xD1B54A32D192ED03ull);
+    const double u = (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+    const double score = static_cast<double>(p) / -std::log(u);
+    if (score > best_score) {
+      best_score = score;
+      best = id;
+    }
   }
-  std::uniform_real_distribution<double> uniform(0.0, mass);
-  double r = uniform(rng_);
-  int32_t last = candidates_.front().second;
-  for (size_t i = 0; i < by_id_.size(); ++i) {
-    if (by_id_[i] <= 0.0f) continue;
-    last = static_cast<int32_t>(i);
-    r -= by_id_[i];
-    if (r <= 0.0) return last;
-  }
-  return last;
+  return best;
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top_n) {

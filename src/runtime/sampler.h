@@ -50,10 +50,10 @@ class Sampler {
   void observe(int32_t token);
 
   /// Picks the next token from `logits` [vocab] fp32 (modified in place: penalties applied), drawn from
-  /// `distribution(logits)` with the seeded RNG: one uniform draw per call, inverted over the cumulative
-  /// probabilities in token-id order, so that logits perturbed in their last bits (another batch shape runs other
-  /// kernels) change a draw only when it falls within that perturbation of a boundary. Throws UsageError when
-  /// `logits` is empty.
+  /// `distribution(logits)` by an exponential race (argmax p_i / E_i, E_i ~ Exp(1) from a counter-based generator
+  /// keyed by seed, call number and token id), so a seeded sequence of calls is reproducible and logits perturbed
+  /// in their last bits (another batch shape runs other kernels) almost never change a draw. Throws UsageError
+  /// when `logits` is empty.
   int32_t sample(std::span<float> logits);
 
   /// The distribution `sample` draws from, [vocab] probabilities summing to 1 (0 for filtered tokens), for
@@ -73,12 +73,12 @@ class Sampler {
   void filter(std::span<const float> logits);
 
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  uint64_t seed_ = 0;
+  uint64_t draws_ = 0;
   std::unordered_set<int32_t> seen_;               // prompt + output
   std::unordered_map<int32_t, int> output_counts_;  // output only
   int64_t observed_ = 0;                            // output tokens so far (for min_tokens)
   std::vector<std::pair<float, int32_t>> candidates_;
-  std::vector<float> by_id_;                        // survivors' probabilities in id order (sample)
 };
 
 /// A token's log-probability under the model's raw logits and the best alternatives, as the OpenAI API reports

@@ -302,7 +302,15 @@ void HttpServer::Impl::accept() {
 
 void HttpServer::Impl::on_accept(beast::error_code ec, tcp::socket socket) {
   if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-  if (!ec) {
+  if (ec) {
+    // Out of file descriptors (or another transient failure): retry shortly rather than spin.
+    auto timer = std::make_shared<net::steady_timer>(acceptor.get_executor(), std::chrono::milliseconds(50));
+    timer->async_wait([this, timer](beast::error_code) {
+      if (acceptor.is_open()) accept();
+    });
+    return;
+  }
+  {
     beast::error_code addr_ec;
     const auto remote = socket.remote_endpoint(addr_ec);
     const std::string client = addr_ec ? std::string("?") : remote.address().to_string();

@@ -359,11 +359,13 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
                                     limits.context_length, prompt_len), prompt_param);
   }
   seq.max_new_tokens = request.max_tokens.value_or(limits.context_length - prompt_len);
-  if (prompt_len + seq.max_new_tokens > limits.context_length || prompt_len + seq.max_new_tokens < prompt_len) {
+  if (seq.max_new_tokens > limits.context_length - prompt_len) {
+    // Both counts are ≥ 0, so their unsigned sum cannot wrap (max_tokens may be INT64_MAX).
+    const uint64_t requested = static_cast<uint64_t>(prompt_len) + static_cast<uint64_t>(seq.max_new_tokens);
     throw ApiError(400, fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
                                     "tokens ({} in the messages, {} in the completion). Please reduce the length "
                                     "of the messages or completion.", limits.context_length,
-                                    prompt_len + seq.max_new_tokens, prompt_len, seq.max_new_tokens),
+                                    requested, prompt_len, seq.max_new_tokens),
                    prompt_len >= limits.context_length ? prompt_param : "max_tokens");
   }
   runtime::SamplingParams& sp = seq.sampling;

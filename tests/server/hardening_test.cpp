@@ -304,15 +304,15 @@ TEST(Hardening, SeededRequestIsBatchInvariant) {
 }
 
 // 7, the cause: batched forwards run other kernel shapes, so a row's logits move in their last bits. A seeded
-// draw must survive that. Inverting the cumulative distribution in probability order did not: near-equal tail
-// tokens swap places and every draw landing on either moves.
+// draw must survive that. Inverting the cumulative distribution in probability order did not: near-equal tokens
+// swap places and every draw landing on either moves (16 of 400 draws here).
 TEST(Hardening, SeededDrawSurvivesLastBitLogitNoise) {
   std::mt19937_64 gen(7);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::uniform_real_distribution<float> noise(-1e-4f, 1e-4f);
-  constexpr size_t kRow = 50000;
+  constexpr size_t kRow = 8192;
+  constexpr int kTrials = 400;
   int differ = 0;
-  constexpr int kTrials = 200;
   for (int trial = 0; trial < kTrials; ++trial) {
     std::vector<float> a(kRow), b(kRow);
     for (size_t i = 0; i < kRow; ++i) {
@@ -325,8 +325,7 @@ TEST(Hardening, SeededDrawSurvivesLastBitLogitNoise) {
     runtime::Sampler sa(p), sb(p);
     differ += sa.sample(a) != sb.sample(b);
   }
-  // Expected flips: a draw within ~1e-4 of mass of a boundary, a few in 200; probability order gave ~1 in 3.
-  EXPECT_LE(differ, 4) << differ << " of " << kTrials << " draws moved";
+  EXPECT_LE(differ, 2) << differ << " of " << kTrials << " draws moved";
 }
 
 // 8. Unknown model → 404 with a string code; Retry-After on 429; HTTP/1.0 gets no chunking; pipelining in order.
