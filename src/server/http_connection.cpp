@@ -67,6 +67,11 @@ void Connection::on_header(beast::error_code ec) {
     return;
   }
   request_started_ = std::chrono::steady_clock::now();
+  target_ = std::string(parser_->get().target());  // empty when the request line itself was malformed
+  if (ec == http::error::body_limit) {  // the parser checks Content-Length against the limit with the headers
+    refuse_oversized();
+    return;
+  }
   if (ec) {
     StringResponse bad{http::status::bad_request, 11};
     bad.set(http::field::content_type, "application/json");
@@ -77,7 +82,6 @@ void Connection::on_header(beast::error_code ec) {
     return;
   }
   const auto& header = parser_->get();
-  target_ = std::string(header.target());
   if (auto early = routes_.check_headers(header)) {
     refuse(std::move(*early));
     return;
@@ -104,12 +108,8 @@ void Connection::read_body() {
 }
 
 void Connection::on_request(beast::error_code ec) {
-  if (ec == http::error::body_limit) {
-    StringResponse big{http::status::bad_request, parser_->get().version()};
-    big.set(http::field::content_type, "application/json");
-    big.body() = "{\"error\":{\"message\":\"the request body exceeds " + std::to_string(routes_.limits().max_body_bytes) +
-                 " bytes\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
-    refuse(std::move(big));
+  if (ec == http::error::body_limit) {  // a chunked body that grew past the limit
+    refuse_oversized();
     return;
   }
   if (ec) {
@@ -118,6 +118,14 @@ void Connection::on_request(beast::error_code ec) {
   }
   stream_.expires_never();
   routes_.dispatch(shared_from_this(), parser_->release());
+}
+
+void Connection::refuse_oversized() {
+  StringResponse big{http::status::bad_request, parser_->get().version() == 10 ? 10u : 11u};
+  big.set(http::field::content_type, "application/json");
+  big.body() = "{\"error\":{\"message\":\"the request body exceeds " + std::to_string(routes_.limits().max_body_bytes) +
+               " bytes\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+  refuse(std::move(big));
 }
 
 void Connection::respond(StringResponse response) {

@@ -94,6 +94,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_request(beast::error_code ec);
   void after_write(bool keep_alive, beast::error_code ec);
   void refuse(StringResponse response);
+  void refuse_oversized();
   void linger();
   void drain(size_t budget);
   void close_socket();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 #include <unistd.h>
@@ -111,6 +112,8 @@ TEST(ServerSoak, ThirtyTwoClientsMixedTrafficNo5xxSameTokensMemoryBack) {
   std::this_thread::sleep_for(300ms);
   const int64_t after = resident_bytes();
 
+  std::printf("soak: %d completed, %d abandoned; RSS warmed %.1f MiB, after %.1f MiB\n", t.ok.load(), t.abandoned.load(),
+              static_cast<double>(baseline) / 1048576.0, static_cast<double>(after) / 1048576.0);
   EXPECT_EQ(t.server_errors.load(), 0);
   EXPECT_EQ(t.transport_errors.load(), 0);
   EXPECT_EQ(t.mismatched.load(), 0);
