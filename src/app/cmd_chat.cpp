@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/model_options.h"
 #include "runtime/chat_template.h"
@@ -21,6 +22,7 @@ struct ChatOptions {
   int64_t max_new_tokens = 512;
   std::optional<float> temperature;
   std::optional<uint64_t> seed;
+  ChatTemplateOptions chat_template;
 };
 
 void run_chat(const ChatOptions& opts) {
@@ -28,16 +30,21 @@ void run_chat(const ChatOptions& opts) {
   load.gpu_run = true;  // driven through ForwardModel only, so --device cuda can run on the GPU
   const model::LoadedModel loaded = model::load_model(opts.model.model_dir, load);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
-  const auto context = runtime::template_context(tokenizer, loaded.checkpoint);
+  const auto templates =
+      load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
+  const runtime::ChatTemplate& tmpl = templates.select(false);
+  const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
   model::KvCache cache = loaded.forward_model().make_cache(max_len, 1);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
   if (opts.temperature) sampling.temperature = *opts.temperature;
   sampling.seed = opts.seed;
 
-  std::vector<runtime::ChatMessage> history;
-  if (!opts.system.empty()) history.push_back({"system", opts.system});
+  nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  auto turn = [](const char* role, const std::string& content) {
+    return nlohmann::ordered_json{{"role", role}, {"content", content}};
+  };
+  if (!opts.system.empty()) history.push_back(turn("system", opts.system));
   fmt::print(stderr, "fp4serve chat — {} (load {:.2f} s). /reset clears the history, /exit quits.\n",
              opts.model.model_dir, loaded.load_seconds);
   std::string line;
@@ -45,19 +52,19 @@ void run_chat(const ChatOptions& opts) {
     fmt::print(stderr, "> ");
     if (!std::getline(std::cin, line) || line == "/exit") break;
     if (line == "/reset") {
-      history.resize(opts.system.empty() ? 0 : 1);
+      while (history.size() > (opts.system.empty() ? 0u : 1u)) history.erase(history.size() - 1);
       fmt::print(stderr, "(history cleared)\n");
       continue;
     }
     if (line.empty()) continue;
-    history.push_back({"user", line});
+    history.push_back(turn("user", line));
     runtime::GenerationRequest request;
-    request.prompt = tokenizer.encode(tmpl.render(history, true, context), false);
+    request.prompt = tokenizer.encode(tmpl.render_messages(history, true, variables), false);
     request.sampling = sampling;
     request.max_new_tokens = std::min<int64_t>(opts.max_new_tokens, max_len - static_cast<int64_t>(request.prompt.size()));
     if (request.max_new_tokens <= 0) {
       fmt::print(stderr, "(the conversation is longer than the context of {} tokens; /reset to start over)\n", max_len);
-      history.pop_back();
+      history.erase(history.size() - 1);
       continue;
     }
     request.eos_token_ids = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
@@ -67,7 +74,7 @@ void run_chat(const ChatOptions& opts) {
       return true;
     });
     std::fputc('\n', stdout);
-    history.push_back({"assistant", result.text});
+    history.push_back(turn("assistant", result.text));
   }
 }
 
@@ -81,6 +88,7 @@ void register_chat(CLI::App& root) {
   cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens per reply")->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json)");
   cmd->add_option("--seed", opts->seed, "sampling seed");
+  add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });
 }
 

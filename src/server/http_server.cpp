@@ -13,6 +13,7 @@
 
 #include "fp4serve/error.h"
 #include "runtime/generator.h"
+#include "server/tokenize_api.h"
 
 namespace fp4serve::server {
 namespace {
@@ -173,6 +174,21 @@ void HttpServer::Impl::install() {
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generate(Endpoint::kChatCompletions, req, res);
+  });
+  // vLLM's prompt inspection endpoints.
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(dump(tokenize_request(req.body, codec, limits)), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(dump(detokenize_request(req.body, codec, limits)), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
   });
 }
 
