@@ -28,7 +28,7 @@ ChatTemplate ChatTemplate::from_string(std::string source, std::string name) {
 ChatTemplate ChatTemplate::from_tokenizer_config(const json& config) {
   const std::string where = "tokenizer_config.json chat_template";
   if (!config.is_object() || !config.contains("chat_template") || config.at("chat_template").is_null()) {
-    throw UnsupportedError("no chat_template in tokenizer_config.json; give a template file instead");
+    throw UnsupportedError("no chat_template in tokenizer_config.json; give one with --chat-template FILE");
   }
   const json& t = config.at("chat_template");
   if (t.is_string()) return from_string(t.get<std::string>(), where);

@@ -37,7 +37,7 @@ class ChatTemplate {
  public:
   /// The template of a parsed tokenizer_config.json: "chat_template" as a string, or as a list of
   /// {"name", "template"} entries (the one named "default" is used). Throws UnsupportedError when there is no
-  /// template ("no chat_template in tokenizer_config.json; give a template file") or when it uses a Jinja
+  /// template ("no chat_template in tokenizer_config.json; give one with --chat-template FILE") or when it uses a Jinja
   /// feature outside the subset (the message names it and its line), FormatError for a syntax error.
   static ChatTemplate from_tokenizer_config(const nlohmann::json& tokenizer_config);
 
