@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/line_editor.h"
 #include "app/log.h"
@@ -25,6 +26,7 @@ struct ChatOptions {
   int64_t max_new_tokens = 512;
   std::optional<float> temperature;
   std::optional<uint64_t> seed;
+  ChatTemplateOptions chat_template;
 };
 
 constexpr const char* kHelp =
@@ -35,8 +37,10 @@ constexpr const char* kHelp =
 void run_chat(const ChatOptions& opts) {
   const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/true);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
-  const auto context = runtime::template_context(tokenizer, loaded.checkpoint);
+  const auto templates =
+      load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
+  const runtime::ChatTemplate& tmpl = templates.select(false);
+  const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
   model::KvCache cache = loaded.forward_model().make_cache(max_len, 1);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
@@ -44,8 +48,11 @@ void run_chat(const ChatOptions& opts) {
   sampling.seed = opts.seed;
   const std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
 
-  std::vector<runtime::ChatMessage> history;
-  if (!opts.system.empty()) history.push_back({"system", opts.system});
+  nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  auto turn = [](const char* role, const std::string& content) {
+    return nlohmann::ordered_json{{"role", role}, {"content", content}};
+  };
+  if (!opts.system.empty()) history.push_back(turn("system", opts.system));
   const size_t kept = history.size();
   log_info("fp4serve chat — {} (load {:.2f} s, context {} tokens, {}). /help lists the commands.\n", opts.model.model,
            loaded.load_seconds, max_len, thread_summary());
@@ -64,7 +71,7 @@ void run_chat(const ChatOptions& opts) {
     if (line == "/reset") {
       fmt::print(stderr, "(history cleared: {} message{} dropped)\n", history.size() - kept,
                  history.size() - kept == 1 ? "" : "s");
-      history.resize(kept);
+      while (history.size() > kept) history.erase(history.size() - 1);
       continue;
     }
     if (line.starts_with('/') && !line.starts_with("//")) {
@@ -72,15 +79,15 @@ void run_chat(const ChatOptions& opts) {
                  line.substr(0, line.find(' ')));
       continue;
     }
-    history.push_back({"user", line.starts_with("//") ? line.substr(1) : line});
+    history.push_back(turn("user", line.starts_with("//") ? line.substr(1) : line));
     runtime::GenerationRequest request;
-    request.prompt = tokenizer.encode(tmpl.render(history, true, context), false);
+    request.prompt = tokenizer.encode(tmpl.render_messages(history, true, variables), false);
     request.sampling = sampling;
     request.max_new_tokens = std::min<int64_t>(opts.max_new_tokens, max_len - static_cast<int64_t>(request.prompt.size()));
     if (request.max_new_tokens <= 0) {
       fmt::print(stderr, "(the conversation, {} tokens, fills the context of {} tokens; /reset to start over)\n",
                  request.prompt.size(), max_len);
-      history.pop_back();
+      history.erase(history.size() - 1);
       continue;
     }
     request.eos_token_ids = eos;
@@ -100,7 +107,7 @@ void run_chat(const ChatOptions& opts) {
                  request.max_new_tokens < opts.max_new_tokens ? "the context is full, /reset to start over"
                                                               : "the -n/--max-tokens limit; raise it for longer replies");
     }
-    history.push_back({"assistant", result.text});
+    history.push_back(turn("assistant", result.text));
   }
 }
 
@@ -114,6 +121,7 @@ void register_chat(CLI::App& root) {
   cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens per reply")->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json)");
   cmd->add_option("--seed", opts->seed, "sampling seed");
+  add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
@@ -33,6 +34,7 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool chat = false;
+  ChatTemplateOptions chat_template;
   bool ignore_eos = false;
   bool json = false;
 };
@@ -61,8 +63,11 @@ void run_generate(const GenerateOptions& opts) {
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::string text = prompt;
   if (opts.chat) {
-    const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
-    text = tmpl.render({{"user", prompt}}, true, runtime::template_context(tokenizer, loaded.checkpoint));
+    const auto templates =
+        load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
+    const nlohmann::ordered_json messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
+    text = templates.select(false).render_messages(
+        messages, true, template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template));
   }
   runtime::GenerationRequest request;
   request.prompt = tokenizer.encode(text, /*add_special_tokens=*/!opts.chat);
@@ -156,6 +161,7 @@ void register_generate(CLI::App& root) {
   cmd->add_option("--seed", opts->seed, "sampling seed");
   cmd->add_option("--stop", opts->stop, "stop string (repeatable)");
   cmd->add_flag("--chat", opts->chat, "wrap the prompt in the model's chat template as a user message");
+  add_chat_template_options(*cmd, opts->chat_template);
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after an end-of-sequence token");
   cmd->callback([opts, prompt, file] {
     if (prompt->count() == 0 && file->count() == 0) throw UsageError("generate needs a prompt: -p TEXT, -p - (stdin) or -f FILE");

@@ -38,4 +38,7 @@ void register_serve(CLI::App& root);
 /// [--seed S] [--json]`: vllm-bench-serve-style load test of a running server (src/server/bench_client.h).
 void register_bench(CLI::App& root);
 
+/// `fp4serve template -m DIR --messages FILE.json`: prints the rendered chat prompt.
+void register_template(CLI::App& root);
+
 }  // namespace fp4serve::app

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   fp4serve::app::register_perplexity(root);
   fp4serve::app::register_serve(root);
   fp4serve::app::register_bench(root);
+  fp4serve::app::register_template(root);
   try {
     root.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -15,6 +15,7 @@
 #include "fp4serve/error.h"
 #include "server/http_connection.h"
 #include "server/output_text.h"
+#include "server/tokenize_api.h"
 
 namespace fp4serve::server {
 namespace {
@@ -136,7 +137,8 @@ std::optional<StringResponse> HttpServer::Impl::check_headers(const http::reques
   const bool known = (header.method() == http::verb::get &&
                       (path == "/health" || path == "/metrics" || path == "/v1/models")) ||
                      (header.method() == http::verb::post &&
-                      (path == "/v1/completions" || path == "/v1/chat/completions"));
+                      (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
+                       path == "/detokenize"));
   if (!known) {
     return error_response(ApiError(404, fmt::format("no route {} {}", std::string(header.method_string()),
                                                     std::string(path))), version, false);
@@ -162,6 +164,26 @@ void HttpServer::Impl::dispatch(std::shared_ptr<Connection> conn, StringRequest 
                         {"owned_by", "fp4serve"}, {"max_model_len", serve_limits.context_length},
                         {"vocab_size", codec.vocab_size()}};
     conn->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}, version, keep_alive));
+  } else if (path == "/tokenize" || path == "/detokenize") {
+    // vLLM's prompt inspection endpoints; a chat template render is work for a handler thread.
+    net::post(handlers, [this, conn = std::move(conn), r = std::move(req)] {
+      const std::string_view body(r.body());
+      bool keep = r.keep_alive();
+      try {
+        const json answer = path_of(to_std(r.target())) == "/tokenize" ? tokenize_request(body, codec, serve_limits)
+                                                                         : detokenize_request(body, codec, serve_limits);
+        StringResponse res = json_response(200, answer, r.version(), keep);
+        keep = conn->write_response(res) && keep;
+      } catch (const ApiError& e) {
+        StringResponse res = error_response(e, r.version(), keep);
+        keep = conn->write_response(res) && keep;
+      } catch (const std::exception& e) {
+        StringResponse res = error_response(ApiError(500, fmt::format("internal error: {}", e.what())), r.version(), false);
+        conn->write_response(res);
+        keep = false;
+      }
+      conn->finish(keep);
+    });
   } else {
     // Parsing, tokenizing and waiting for tokens happen on a handler thread, never on an I/O thread.
     const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;

@@ -148,14 +148,16 @@ void parse_stop(const json& body, ApiRequest& req) {
 }
 
 // Options with no implementation here are refused rather than silently ignored.
-void refuse_unsupported(const json& body) {
+void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (const json* n = field(body, "n"); n != nullptr && get_int(*n, "n") != 1) bad("n", "only n = 1 is supported");
   if (const json* b = field(body, "best_of"); b != nullptr && get_int(*b, "best_of") != 1) {
     bad("best_of", "only best_of = 1 is supported");
   }
   if (const json* e = field(body, "echo"); e != nullptr && get_bool(*e, "echo")) bad("echo", "is not supported");
   if (const json* s = field(body, "suffix"); s != nullptr) bad("suffix", "is not supported");
+  // Chat requests hand `tools` to the template (the reply is plain text; no tool-call parsing).
   for (const char* name : {"tools", "functions"}) {
+    if (endpoint == Endpoint::kChatCompletions && std::string_view(name) == "tools") continue;
     if (const json* t = field(body, name); t != nullptr && !(t->is_array() && t->empty())) bad(name, "tool calling is not supported");
   }
   if (const json* rf = field(body, "response_format")) {
@@ -171,6 +173,11 @@ void refuse_unsupported(const json& body) {
       throw ApiError(400, fmt::format("'{}' needs constrained decoding, which fp4serve does not implement", name), name);
     }
   }
+  if (const json* tc = field(body, "tool_choice"); tc != nullptr && !tc->is_null()) {
+    if (!tc->is_string() || (tc->get<std::string>() != "auto" && tc->get<std::string>() != "none")) {
+      bad("tool_choice", "only \"auto\" and \"none\" are supported (no constrained tool calls)");
+    }
+  }
 }
 
 // Every field a request may carry. Anything else is refused by name, so no option is silently ignored.
@@ -183,7 +190,7 @@ void refuse_unknown(const json& body, Endpoint endpoint) {
   static const std::vector<std::string_view> completions = {"prompt", "suffix"};
   static const std::vector<std::string_view> chat = {
       "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-      "parallel_tool_calls", "chat_template_kwargs"};
+      "parallel_tool_calls", "chat_template_kwargs", "documents", "add_generation_prompt"};
   const auto& own = endpoint == Endpoint::kCompletions ? completions : chat;
   for (const auto& [name, value] : body.items()) {
     const auto known = [&](const std::vector<std::string_view>& list) {
@@ -266,6 +273,37 @@ nlohmann::json ApiError::body() const {
   return {{"error", err}};
 }
 
+ChatPrompt parse_chat_prompt(std::string_view body) {
+  using ojson = nlohmann::ordered_json;
+  ojson doc = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
+  if (!doc.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", doc.type_name()));
+  ChatPrompt out;
+  if (auto it = doc.find("messages"); it != doc.end()) {
+    if (!it->is_array()) bad("messages", fmt::format("must be a list, got {}", it->type_name()));
+    out.messages = *it;
+  }
+  for (const char* name : {"tools", "documents"}) {
+    auto it = doc.find(name);
+    if (it == doc.end() || it->is_null()) continue;
+    if (!it->is_array()) bad(name, fmt::format("must be a list, got {}", it->type_name()));
+    for (const auto& x : *it) {
+      if (!x.is_object()) bad(name, fmt::format("each entry must be an object, got {}", x.type_name()));
+    }
+    if (it->empty()) continue;  // an empty list means none, as OpenAI clients send it
+    (std::string_view(name) == "tools" ? out.tools : out.documents) = *it;
+  }
+  if (auto it = doc.find("chat_template_kwargs"); it != doc.end() && !it->is_null()) {
+    if (!it->is_object()) bad("chat_template_kwargs", fmt::format("must be an object, got {}", it->type_name()));
+    out.chat_template_kwargs = *it;
+  }
+  if (auto it = doc.find("add_generation_prompt"); it != doc.end()) {
+    if (!it->is_boolean()) bad("add_generation_prompt", fmt::format("must be a boolean, got {}", it->type_name()));
+    out.add_generation_prompt = it->get<bool>();
+  }
+  return out;
+}
+
 ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
@@ -278,9 +316,10 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
     parse_prompt(doc, req);
   } else {
     parse_messages(doc, req);
+    req.chat = parse_chat_prompt(body);
   }
   refuse_unknown(doc, endpoint);
-  refuse_unsupported(doc);
+  refuse_unsupported(doc, endpoint);
   const char* max_name = "max_tokens";
   const json* mt = field(doc, "max_tokens");
   if (endpoint == Endpoint::kChatCompletions && mt == nullptr) {
@@ -340,7 +379,7 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
   } else {
     try {
       if (request.endpoint == Endpoint::kChatCompletions) {
-        seq.prompt = codec.encode(codec.render_chat(request.messages), /*add_special_tokens=*/false);
+        seq.prompt = codec.encode(codec.render_chat_prompt(request.chat), /*add_special_tokens=*/false);
       } else {
         seq.prompt = codec.encode(request.prompt_text, /*add_special_tokens=*/true);
       }

@@ -51,6 +51,7 @@ struct ApiRequest {
   std::string prompt_text;                   ///< completions with a string prompt
   std::vector<int64_t> prompt_ids;           ///< completions with a token-id prompt (checked against the vocab later)
   std::vector<ChatTurn> messages;            ///< chat
+  ChatPrompt chat;                           ///< chat: the whole messages, tools, documents, chat_template_kwargs
   std::optional<int64_t> max_tokens;         ///< ≥ 1; absent: the rest of the context
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int> top_k;
@@ -71,10 +72,15 @@ struct ApiRequest {
 
 /// Parses and checks a request body. Throws ApiError(400) naming the field on invalid JSON, a non-object body,
 /// wrong types, out-of-range values (max_tokens ≤ 0, temperature ∉ [0, 2], top_p ∉ (0, 1], n ≠ 1, …), an empty
-/// prompt or message list, options fp4serve does not implement (n > 1, best_of, echo, suffix, tools, constrained
-/// decoding: response_format other than text, guided_*), and any field the API does not define: every field
-/// either takes effect or is refused.
+/// prompt or message list, options fp4serve does not implement (n > 1, best_of, echo, suffix, functions, tools on
+/// completions, a tool_choice other than "auto" / "none", constrained decoding: response_format other than text,
+/// guided_*), and any field the API does not define: every field either takes effect or is refused.
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
+
+/// The template inputs of a chat body, keys in the order the client sent them (as transformers sees them):
+/// messages, tools, documents, chat_template_kwargs (an object), add_generation_prompt (default true).
+/// Throws ApiError(400) naming the field for wrong types (the message list itself is checked by parse_request).
+ChatPrompt parse_chat_prompt(std::string_view body);
 
 /// Server-side facts a request is checked against.
 struct ServeLimits {
