@@ -9,6 +9,7 @@
 
 #include "app/chat_options.h"
 #include "app/commands.h"
+#include "app/model_options.h"
 #include "checkpoint/checkpoint.h"
 #include "fp4serve/error.h"
 #include "runtime/text_setup.h"
@@ -79,8 +80,7 @@ void run_template(const TemplateOptions& opts) {
 void register_template(CLI::App& root) {
   auto opts = std::make_shared<TemplateOptions>();
   CLI::App* cmd = root.add_subcommand("template", "Print the prompt the chat template makes of a conversation");
-  cmd->add_option("-m,--model", opts->model_dir, "model or tokenizer folder (tokenizer_config.json / chat_template.jinja)")
-      ->required();
+  add_model_path_option(*cmd, opts->model_dir, "model or tokenizer folder (tokenizer_config.json / chat_template.jinja)");
   cmd->add_option("--messages", opts->messages_file,
                   "JSON file: a list of OpenAI-style messages, or {\"messages\": [...], \"tools\": [...]}")
       ->required();
