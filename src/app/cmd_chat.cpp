@@ -25,13 +25,13 @@ struct ChatOptions {
 
 void run_chat(const ChatOptions& opts) {
   model::LoadOptions load = opts.model.load;
-  load.gpu_run = true;  // driven through ForwardModel only, so --device cuda can run on the GPU
+
   const model::LoadedModel loaded = model::load_model(opts.model.model_dir, load);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
   const auto context = runtime::template_context(tokenizer, loaded.checkpoint);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
-  model::KvCache cache = loaded.forward_model().make_cache(max_len, 1);
+  model::KvCache cache = loaded.decoder->make_cache(max_len, 1);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
   if (opts.temperature) sampling.temperature = *opts.temperature;
   sampling.seed = opts.seed;
@@ -61,7 +61,7 @@ void run_chat(const ChatOptions& opts) {
       continue;
     }
     request.eos_token_ids = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
-    const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [](std::string_view piece) {
+    const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
       return true;

@@ -30,7 +30,7 @@ struct GenerateOptions {
 
 void run_generate(const GenerateOptions& opts) {
   model::LoadOptions load = opts.model.load;
-  load.gpu_run = true;  // driven through ForwardModel only, so --device cuda can run on the GPU
+
   const model::LoadedModel loaded = model::load_model(opts.model.model_dir, load);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::string text = opts.prompt;
@@ -56,12 +56,12 @@ void run_generate(const GenerateOptions& opts) {
 
   const int64_t context = std::max<int64_t>(effective_max_model_len(opts.model, loaded.config),
                                             static_cast<int64_t>(request.prompt.size()) + opts.max_new_tokens);
-  model::KvCache cache = loaded.forward_model().make_cache(context, 1);
+  model::KvCache cache = loaded.decoder->make_cache(context, 1);
   if (!opts.chat) {  // a completion continues the prompt; a chat reply stands on its own
     std::fputs(opts.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [](std::string_view piece) {
+  const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;

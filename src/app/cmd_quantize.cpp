@@ -22,6 +22,7 @@ struct QuantizeCliOptions {
   std::string scheme;
   int64_t group_size = 0;
   int64_t hadamard = 0;
+  std::string device = "cpu";  // where calibration runs the source model
   std::vector<std::string> ignore;
   std::string calibration;
   int64_t calibration_tokens = 512;
@@ -72,7 +73,8 @@ void run_quantize(const QuantizeCliOptions& cli) {
       if (lin.quantized) modules.push_back(lin.module);
     }
     if (cli.calibration.empty()) throw UsageError("--scheme nvfp4 needs --calibration FILE (a text file)");
-    options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard);
+    options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard,
+                                             cli.device);
   }
   const quant::QuantizePlan plan = quant::plan_quantization(source, options);
   size_t quantized = 0;
@@ -96,6 +98,8 @@ void register_quantize(CLI::App& root) {
       ->required();
   cmd->add_option("--scheme", opts->scheme, "nvfp4 | nvfp4a16 | mxfp4 | mxfp4a16 | w4a16")->required();
   cmd->add_option("--group-size", opts->group_size, "int4 group size for w4a16 (default 128)");
+  cmd->add_option("--device", opts->device, "where W4A4 calibration runs the source model: cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--hadamard", opts->hadamard,
                   "QuIP-style Hadamard block (16|32|64|128): rotate weights offline, declare the online input transform");
   cmd->add_option("--ignore", opts->ignore,

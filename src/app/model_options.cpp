@@ -8,7 +8,7 @@ namespace fp4serve::app {
 void add_model_options(CLI::App& cmd, ModelOptions& opts) {
   cmd.add_option("-m,--model", opts.model_dir, "checkpoint folder (config.json + safetensors)")->required();
   cmd.add_option("--device", opts.load.device,
-                 "cpu; cuda (run on the GPU found: generate and chat); or a GPU generation for a dry-run plan (sm80, sm86, sm89, sm90, sm100, sm120)")
+                 "cpu; cuda (run on the GPU found); or a GPU generation for a dry-run plan (sm80, sm86, sm89, sm90, sm100, sm120)")
       ->capture_default_str();
   cmd.add_option("--activation-quant", opts.load.activation_quant,
                  "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
