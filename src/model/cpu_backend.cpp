@@ -147,7 +147,6 @@ void CpuBackend::copy_columns(const float* src, int64_t src_stride, float* dst, 
 
 void CpuBackend::rope(const BackendRope& rope, float* x, int64_t heads, int64_t head_dim) {
   const FlatBatch& s = step();
-  (void)head_dim;  // the cache's rotary_dim and the kernel's head layout agree (the decoder checks head_dim)
   kernels::apply_rope(x, static_cast<int64_t>(s.positions.size()), heads, head_dim, s.positions.data(),
                       as<CpuRope>(rope, "a RoPE table").cache, kernels::RopeLayout::NeoX);
 }
