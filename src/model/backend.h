@@ -103,6 +103,9 @@ class Backend {
 
   /// "cpu" or "cuda:<ordinal>", for messages.
   virtual std::string name() const = 0;
+  /// True when this backend's arrays are host memory, so that a caller may hand it host buffers directly (the
+  /// decoder writes the logits into its result without a copy).
+  virtual bool host_memory() const = 0;
 
   // ---- load time ------------------------------------------------------------------------------------------
   /// Uploads a prepared linear group (all parts, biases, online input/output transforms). Throws

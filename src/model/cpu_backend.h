@@ -14,6 +14,7 @@ namespace fp4serve::model {
 
 class CpuBackend final : public Backend {
  public:
+  bool host_memory() const override { return true; }
   std::string name() const override { return "cpu"; }
 
   std::unique_ptr<BackendLinear> upload_linear(LinearGroup group) override;

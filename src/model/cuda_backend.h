@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
+  bool host_memory() const override { return false; }
   std::string name() const override;
 
   std::unique_ptr<BackendLinear> upload_linear(LinearGroup group) override;

@@ -220,10 +220,14 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   float* selected = b.workspace(kSelected, logit_rows * hidden);
   b.gather_rows(x, hidden, flat.logit_rows, selected);
   b.rms_norm(selected, *final_norm_, logit_rows, hidden, c.rms_norm_eps, selected);
-  float* logits_dev = b.workspace(kLogits, logit_rows * lm_head_->out_features);
-  b.linear(*lm_head_, selected, logit_rows, logits_dev);
   std::vector<float> logits(static_cast<size_t>(logit_rows * lm_head_->out_features));
-  b.to_host(logits_dev, static_cast<int64_t>(logits.size()), logits.data());
+  if (b.host_memory()) {
+    b.linear(*lm_head_, selected, logit_rows, logits.data());
+  } else {
+    float* logits_dev = b.workspace(kLogits, logit_rows * lm_head_->out_features);
+    b.linear(*lm_head_, selected, logit_rows, logits_dev);
+    b.to_host(logits_dev, static_cast<int64_t>(logits.size()), logits.data());
+  }
   if (c.logits_scaling != 1.0f) {
     for (float& v : logits) v /= c.logits_scaling;
   }
