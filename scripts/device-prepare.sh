@@ -29,7 +29,7 @@ grep -q '^FP4SERVE_CUDA_ARCHS.*90' "$build/CMakeCache.txt" ||
 
 # Cheap, quick tests first: a call cut short by its deadline still reports the basics.
 order=(cuda_device_test cuda_fp4_math_test cuda_partition_test cuda_mma_fragment_test cuda_ops_test cuda_linear_test
-       cuda_decoder_test cuda_greedy_check_test)
+       backend_parity_test cuda_greedy_check_test)
 mapfile -t all_tests < <(ninja -C "$build" -t targets all | grep -Eo '^cuda_[a-z0-9_]+_test' | sort -u)
 tests=("${order[@]}")
 for t in "${all_tests[@]}"; do case " ${order[*]} " in *" $t "*) ;; *) tests+=("$t") ;; esac; done

@@ -80,7 +80,8 @@ constexpr int64_t kSampleTokens = 512;
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                                int64_t hadamard_block, const CalibrationProgress& progress) {
+                                                int64_t hadamard_block, const std::string& device,
+                                                const CalibrationProgress& progress) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
   std::ostringstream text;
@@ -89,6 +90,7 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
 
   model::LoadOptions options;
   options.progress = false;
+  options.device = device;
   const model::LoadedModel loaded = model::load_model(source.root(), options);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(text.str(), true);

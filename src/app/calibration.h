@@ -22,13 +22,15 @@ namespace fp4serve::app {
 /// --hadamard b`) the observer sees each input after the online QuIP transform the written checkpoint will
 /// declare (x · H_b/√b per b-wide block, kernels::fwht_blocks), as llm-compressor's observer sees it behind the
 /// transform's pre-hook (compressed-tensors registers it with prepend=True). Throws UsageError when the text file is
-/// unreadable, empty or yields fewer than 2 tokens; what load_model throws for the source model; FormatError when
-/// a requested module is never run by the model. `progress` (optional) is called as each decoder layer of each
-/// sample finishes, with (done, total) layer passes, total = samples × layers; the caller draws it.
+/// unreadable, empty or yields fewer than 2 tokens; what load_model throws for the source model on `device`
+/// (cpu or cuda); FormatError when a requested module is never run by the model. `progress` (optional) is called
+/// as each decoder layer of each sample finishes, with (done, total) layer passes, total = samples × layers; the
+/// caller draws it.
 using CalibrationProgress = std::function<void(int64_t done, int64_t total)>;
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                                int64_t hadamard_block = 0, const CalibrationProgress& progress = {});
+                                                int64_t hadamard_block = 0, const std::string& device = "cpu",
+                                                const CalibrationProgress& progress = {});
 
 }  // namespace fp4serve::app

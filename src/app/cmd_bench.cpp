@@ -62,7 +62,7 @@ void register_bench_model(CLI::App& bench) {
       "model", "Offline prefill/decode speed of one or more checkpoints, interleaved in one run (llama-bench style)");
   cmd->add_option("-m,--model", opts->models, "checkpoint folder (repeat to compare; ratios are vs the first)")
       ->required();
-  cmd->add_option("--device", opts->load.device, "cpu")->capture_default_str();
+  cmd->add_option("--device", opts->load.device, "cpu, or cuda (run on the GPU found)")->capture_default_str();
   cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();

@@ -35,14 +35,14 @@ constexpr const char* kHelp =
     "conversation is kept) or clears the line\n";
 
 void run_chat(const ChatOptions& opts) {
-  const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/true);
+  const model::LoadedModel loaded = load_model_for(opts.model);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   const auto templates =
       load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
   const runtime::ChatTemplate& tmpl = templates.select(false);
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
-  model::KvCache cache = loaded.forward_model().make_cache(max_len, 1);
+  model::KvCache cache = loaded.decoder->make_cache(max_len, 1);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
   if (opts.temperature) sampling.temperature = *opts.temperature;
   sampling.seed = opts.seed;
@@ -92,7 +92,7 @@ void run_chat(const ChatOptions& opts) {
     }
     request.eos_token_ids = eos;
     // The flag is not cleared here: a Ctrl-C pressed right after Enter belongs to this reply.
-    const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [](std::string_view piece) {
+    const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
       return !LineEditor::interrupted();

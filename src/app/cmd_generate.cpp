@@ -59,7 +59,7 @@ std::string prompt_text(const GenerateOptions& opts) {
 void run_generate(const GenerateOptions& opts) {
   const std::string prompt = prompt_text(opts);
   if (prompt.empty()) throw UsageError("the prompt is empty (-p TEXT, -p - for stdin, or -f FILE)");
-  const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/true);
+  const model::LoadedModel loaded = load_model_for(opts.model);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::string text = prompt;
   if (opts.chat) {
@@ -98,13 +98,13 @@ void run_generate(const GenerateOptions& opts) {
         opts.model.max_model_len > 0 ? fmt::format("--max-model-len; the model allows {}", limit.tokens) : limit.source));
   }
   // The cache holds what this request can use, not the whole context: one sequence, allocated up front.
-  model::KvCache cache = loaded.forward_model().make_cache(prompt_tokens + opts.max_new_tokens, 1);
+  model::KvCache cache = *loaded.decoder.make_cache(prompt_tokens + opts.max_new_tokens, 1);
   if (!opts.chat && !opts.json) {  // a completion continues the prompt; a chat reply stands on its own
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
   }
   const bool stream = !opts.json;
-  const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [stream](std::string_view piece) {
+  const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [stream](std::string_view piece) {
     if (stream) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);

@@ -35,7 +35,7 @@ std::string read_file(const std::string& path) {
 }
 
 void run_perplexity(const PerplexityCliOptions& opts) {
-  const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/false);
+  const model::LoadedModel loaded = load_model_for(opts.model);
   const ContextLimit limit = context_limit(loaded.config);
   if (opts.context > limit.tokens) {
     throw UsageError(fmt::format("--ctx {} is above this model's maximum context length of {} tokens ({})", opts.context,
@@ -45,7 +45,7 @@ void run_perplexity(const PerplexityCliOptions& opts) {
   if (!opts.kld_base.empty()) {
     ModelOptions base_opts = opts.model;
     base_opts.model = opts.kld_base;
-    base.emplace(load_model_for(base_opts, /*gpu_run=*/false));
+    base.emplace(load_model_for(base_opts));
   }
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);

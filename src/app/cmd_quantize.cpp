@@ -29,6 +29,7 @@ struct QuantizeCliOptions {
   std::string scheme;
   int64_t group_size = 0;
   int64_t hadamard = 0;
+  std::string device = "cpu";  // where calibration runs the source model
   std::vector<std::string> ignore;
   std::string calibration;
   int64_t calibration_tokens = 512;
@@ -175,7 +176,7 @@ void run_quantize(const QuantizeCliOptions& cli) {
       if (lin.quantized) modules.push_back(lin.module);
     }
     options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard,
-                                            [&bar](int64_t done, int64_t total) {
+                                            cli.device, [&bar](int64_t done, int64_t total) {
                                               check_stop();
                                               bar.update("calibrate", static_cast<size_t>(done),
                                                          static_cast<size_t>(total), "layer passes");
@@ -208,6 +209,8 @@ void register_quantize(CLI::App& root) {
       ->required();
   cmd->add_option("--scheme", opts->scheme, "nvfp4 | nvfp4a16 | mxfp4 | mxfp4a16 | w4a16 (any case: NVFP4A16 as llm-compressor names it)")->required();
   cmd->add_option("--group-size", opts->group_size, "int4 group size for w4a16 (default 128)");
+  cmd->add_option("--device", opts->device, "where W4A4 calibration runs the source model: cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--hadamard", opts->hadamard,
                   "QuIP-style Hadamard block (16|32|64|128): rotate weights offline, declare the online input transform");
   cmd->add_option("--ignore", opts->ignore,

@@ -42,7 +42,7 @@ void run_serve(ServeOptions opts) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const model::LoadedModel loaded = load_model_for(opts.model, /*gpu_run=*/false);
+  const model::LoadedModel loaded = load_model_for(opts.model);
   // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
   const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);

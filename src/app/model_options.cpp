@@ -90,7 +90,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
   add_model_path_option(cmd, opts.model,
                         "checkpoint folder (config.json + safetensors), or ORG/NAME from the local Hugging Face cache");
   cmd.add_option("--device", opts.load.device,
-                 "cpu, or cuda (the GPU found: generate and chat); smNN names are for `explain --device smNN`")
+                 "cpu, or cuda (run on the GPU found); smNN names are for `explain --device smNN`")
       ->capture_default_str();
   cmd.add_option("--activation-quant", opts.load.activation_quant,
                  "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
@@ -201,11 +201,10 @@ void require_runnable_device(const std::string& device) {
   }
 }
 
-model::LoadedModel load_model_for(const ModelOptions& opts, bool gpu_run) {
+model::LoadedModel load_model_for(const ModelOptions& opts) {
   require_runnable_device(opts.load.device);
   const fs::path dir = resolve_model_path(opts.model);
   model::LoadOptions load = opts.load;
-  load.gpu_run = gpu_run;
   load.progress = load.progress && log_enabled(LogLevel::Info);
   model::LoadedModel loaded = model::load_model(dir, load);
   for (const std::string& w : loaded.warnings) log_warning("{}", w);

@@ -58,6 +58,6 @@ void require_runnable_device(const std::string& device);
 
 /// Loads opts.model (resolve_model_path, require_runnable_device, model::load_model) and prints the plan's
 /// warnings on stderr unless the log level hides warnings.
-model::LoadedModel load_model_for(const ModelOptions& opts, bool gpu_run);
+model::LoadedModel load_model_for(const ModelOptions& opts);
 
 }  // namespace fp4serve::app

@@ -9,10 +9,8 @@
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
+#include "model/backend.h"
 #include "model/planned_weights.h"
-#if FP4SERVE_HAVE_CUDA
-#include "model/cuda_decoder.h"
-#endif
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
 
@@ -40,30 +38,19 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), lines));
 }
 
-// --device cuda runs the model on the GPU; refuse early (before reading weights) what cannot do that.
-void check_gpu_run(const LoadOptions& options) {
-  if (options.device != "cuda") return;
-#if !FP4SERVE_HAVE_CUDA
-  throw UnsupportedError("--device cuda: this fp4serve was built without the CUDA backend (no nvcc at configure time, "
-                         "or FP4SERVE_CUDA=OFF); use --device cpu, or --device sm80 … sm120 for a dry-run plan");
-#endif
-  if (!options.gpu_run) {
-    throw UnsupportedError("--device cuda: only `generate` and `chat` run on the GPU so far; this command runs the CPU "
-                           "decoder: use --device cpu (or --device sm80 … sm120 to plan for a GPU)");
-  }
-}
-
 }  // namespace
 
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  check_gpu_run(options);
+  // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
+  // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
+  plan::PlanOptions plan_options;
+  plan_options.device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
+  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
   if (options.threads > 0) core::set_num_threads(options.threads);
-  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, nullptr, {}, 0.0};
+  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
 
-  plan::PlanOptions plan_options;
-  plan_options.device = plan::resolve_device(options.device);
   plan_options.activation_quant = parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
@@ -89,15 +76,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
-#if FP4SERVE_HAVE_CUDA
-  if (options.device == "cuda") {
-    loaded.gpu_decoder = std::make_unique<CudaDecoder>(loaded.config, weights);
-  } else {
-    loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
-  }
-#else
-  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
-#endif
+  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend));
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loaded;

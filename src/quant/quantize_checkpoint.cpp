@@ -15,6 +15,7 @@
 #include <memory>
 
 
+#include "checkpoint/architecture.h"
 #include "fp4serve/error.h"
 #include "quant/name_match.h"
 #include "quant/dequant.h"
@@ -32,15 +33,6 @@ using nlohmann::json;
 // compressed-tensors version whose on-disk layout we reproduce (the one that wrote tests/data/ref/*). Loaders
 // read `version` only to pick the int 3/5/6/7-bit packing (FORMATS.md §0.4), which we never write.
 constexpr std::string_view kCompressedTensorsVersion = "0.19.0";
-
-// Sibling modules whose NVFP4 global scale llm-compressor computes jointly (LLMC observers/helpers.py
-// FUSED_LAYER_NAMES): runtimes fuse them into one GEMM that can carry only one global scale.
-constexpr std::array<std::array<std::string_view, 3>, 4> kFusedLayerNames{{
-    {"gate_proj", "up_proj", ""},
-    {"q_proj", "k_proj", "v_proj"},
-    {"q_a_proj", "kv_a_proj_with_mqa", ""},
-    {"w1", "w3", ""},
-}};
 
 // Side files copied verbatim: tokenizer, chat template and generation settings as transformers saves them.
 constexpr std::array<std::string_view, 10> kSideFiles{
@@ -299,27 +291,35 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
   const std::vector<IgnorePattern> ignore = compile_ignore(options.ignore.value_or(default_ignore_patterns()));
 
   std::optional<LinearPlan> misfit;  // the first quantized layer the group size does not divide
-  for (const std::string& name : source.tensor_names()) {
-    const core::TensorView t = source.tensor(name);
-    const bool in_layers = name.starts_with("model.layers.");
-    if (in_layers && t.shape.size() >= 3) {
-      throw UnsupportedError(fmt::format("{}: {}-D tensor {} under model.layers (fused experts); quantize handles "
-                                         "2-D linear weights only", src, t.shape.size(), name));
+  // The linears are the architecture's (checkpoint/architecture.h), never inferred from tensor names; their fusion
+  // groups are the ones runtimes fuse into one GEMM, which llm-compressor gives one NVFP4 global scale
+  // (LLMC observers/helpers.py FUSED_LAYER_NAMES: q/k/v, gate/up, w1/w3).
+  const checkpoint::ModelDims dims = checkpoint::read_model_dims(source.config());
+  const checkpoint::ExpertNaming naming = checkpoint::detect_expert_naming(dims, [&](std::string_view prefix) {
+    const auto& names = source.tensor_names();
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.starts_with(prefix); });
+  });
+  const checkpoint::ModelLayout layout = checkpoint::describe_model(source.config(), naming);
+  for (const checkpoint::ModuleInfo& module : layout.modules) {
+    if (module.role == checkpoint::ModuleRole::Embedding) continue;
+    if (module.tied) continue;  // lm_head reading the embedding: no weight of its own (see the ignore list below)
+    const std::string& name = module.dense_weight;
+    if (!source.contains(name)) {
+      throw FormatError(fmt::format("{}: {} module {} has no weight tensor {}", src, layout.dims.architecture,
+                                    module.name, name));
     }
-    if (!name.ends_with(".weight") || t.shape.size() != 2 || !(in_layers || name == "lm_head.weight")) continue;
+    const core::TensorView t = source.tensor(name);
+    if (module.experts > 0 || t.shape.size() != 2) {
+      throw UnsupportedError(fmt::format("{}: {}-D tensor {} (fused experts); quantize handles 2-D linear weights "
+                                         "only", src, t.shape.size(), name));
+    }
     LinearPlan lin;
-    lin.module = name.substr(0, name.size() - std::string_view(".weight").size());
+    lin.module = module.name;
     lin.dtype = t.dtype;
     lin.rows = t.shape[0];
     lin.cols = t.shape[1];
     lin.quantized = std::none_of(ignore.begin(), ignore.end(), [&](const auto& p) { return p.matches(lin.module); });
-    const size_t dot = lin.module.rfind('.');
-    const std::string leaf = dot == std::string::npos ? lin.module : lin.module.substr(dot + 1);
-    for (size_t g = 0; g < kFusedLayerNames.size(); ++g) {
-      for (std::string_view member : kFusedLayerNames[g]) {
-        if (!member.empty() && leaf == member) lin.fused_group = fmt::format("{}#{}", lin.module.substr(0, dot), g);
-      }
-    }
+    lin.fused_group = module.fusion_group;
     if (lin.quantized) {
       if (lin.dtype != DType::BF16 && lin.dtype != DType::F16 && lin.dtype != DType::F32) {
         throw UnsupportedError(fmt::format("{}: weight dtype {}; quantize reads BF16, F16 or F32", name,

@@ -80,11 +80,10 @@ void check_model(const fs::path& dir, std::vector<int32_t> prompt, int steps) {
   options.progress = false;
   const model::LoadedModel cpu = model::load_model(dir, options);
   options.device = "cuda";
-  options.gpu_run = true;
   const model::LoadedModel gpu = model::load_model(dir, options);
-  const int64_t vocab = cpu.forward_model().config().vocab_size;
+  const int64_t vocab = cpu.decoder->config().vocab_size;
   for (auto& id : prompt) id = static_cast<int32_t>(id % vocab);
-  const GreedySummary s = teacher_forced(cpu.forward_model(), gpu.forward_model(), prompt, steps);
+  const GreedySummary s = teacher_forced(*cpu.decoder, *gpu.decoder, prompt, steps);
   std::cout << "[cuda-greedy] " << dir.filename().string() << ": " << steps << " steps, " << s.agreed
             << " agree, " << s.ties << " near ties, " << s.failed << " fail; worst margin "
             << s.worst_relative_margin << " of max|logit|\n"
