@@ -32,7 +32,7 @@ std::string join(const std::vector<std::string>& names) {
 struct GpuLinearGroup {
   std::vector<kc::DeviceLinear> parts;
   std::vector<int64_t> part_out;
-  std::vector<bool> emulate_w4a4;  // per part: ActivationQuant::EmulateNvfp4
+  std::vector<bool> emulate_w4a4;  // per part: ActivationQuant::EmulateNvfp4 or EmulateMxfp4
   std::vector<std::string> modules;
   int64_t in_features = 0;
   int64_t out_features = 0;
@@ -49,9 +49,10 @@ GpuLinearGroup upload_group(const LinearGroup& group, kc::Stream& stream, int64_
                                          "yet; run this checkpoint with --device cpu",
                                          join(g.modules)));
     }
-    g.parts.push_back(kc::upload_linear(part.weight, stream));
+    const bool mxfp4_w4a4 = part.activation_quant == kernels::ActivationQuant::EmulateMxfp4;
+    g.parts.push_back(kc::upload_linear(part.weight, stream, mxfp4_w4a4));
     g.part_out.push_back(part.weight.out_features);
-    g.emulate_w4a4.push_back(part.activation_quant == kernels::ActivationQuant::EmulateNvfp4);
+    g.emulate_w4a4.push_back(mxfp4_w4a4 || part.activation_quant == kernels::ActivationQuant::EmulateNvfp4);
     weight_bytes += g.parts.back().weight_bytes();
   }
   return g;
