@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "fp4serve/error.h"
@@ -20,7 +21,7 @@ namespace {
 // after the online Hadamard transform when the checkpoint being written declares one.
 class AmaxObserver final : public model::ActivationObserver {
  public:
-  explicit AmaxObserver(int64_t hadamard_block) : hadamard_block_(hadamard_block) {}
+  AmaxObserver(int64_t hadamard_block, bool hessians) : hadamard_block_(hadamard_block), hessians_(hessians) {}
 
   void observe(const std::vector<std::string>& modules, const float* x, int64_t m, int64_t k) override {
     // A layer whose width the block does not divide cannot be quantized with the transform (the quantize plan
@@ -36,13 +37,23 @@ class AmaxObserver final : public model::ActivationObserver {
       float& slot = amax_[name];
       slot = std::max(slot, amax);
     }
+    if (!hessians_ || modules.empty()) return;
+    // One accumulator per distinct input (a fused group's modules all read this x).
+    std::shared_ptr<quant::GptqHessian>& h = shared_[modules.front()];
+    if (h == nullptr) h = std::make_shared<quant::GptqHessian>(k);
+    h->add(x, m);
+    for (const std::string& name : modules) hessian_[name] = h;
   }
   const std::map<std::string, float>& amax() const { return amax_; }
+  const quant::HessianMap& hessians() const { return hessian_; }
 
  private:
   int64_t hadamard_block_;
+  bool hessians_;
   std::vector<float> rotated_;
   std::map<std::string, float> amax_;
+  std::map<std::string, std::shared_ptr<quant::GptqHessian>> shared_;
+  quant::HessianMap hessian_;
 };
 
 // Calibration samples are independent sequences of this many tokens, as llm-compressor feeds its dataset.
@@ -54,6 +65,12 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
                                                 int64_t hadamard_block) {
+  return observe_inputs(source, modules, calibration_text, max_tokens, hadamard_block, false).input_amax;
+}
+
+CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std::vector<std::string>& modules,
+                                const std::filesystem::path& calibration_text, int64_t max_tokens,
+                                int64_t hadamard_block, bool hessians) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
   std::ostringstream text;
@@ -71,7 +88,7 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                  tokens.size()));
   }
 
-  AmaxObserver observer(hadamard_block);
+  AmaxObserver observer(hadamard_block, hessians);
   loaded.decoder->set_observer(&observer);
   model::KvCache cache = loaded.decoder->make_cache(kSampleTokens, 1);
   for (size_t begin = 0; begin < tokens.size(); begin += kSampleTokens) {
@@ -83,14 +100,15 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
   }
   loaded.decoder->set_observer(nullptr);
 
-  std::map<std::string, float> out;
+  CalibrationStats out;
   for (const std::string& name : modules) {
     const auto it = observer.amax().find(name);
     if (it == observer.amax().end()) {
       throw FormatError(fmt::format("calibration: module '{}' was never run by the model, so its input was not observed",
                                     name));
     }
-    out[name] = it->second;
+    out.input_amax[name] = it->second;
+    if (hessians) out.hessians[name] = observer.hessians().at(name);
   }
   return out;
 }

@@ -14,61 +14,23 @@
 namespace fp4serve::quant {
 namespace {
 
-// In-place lower Cholesky factor of the symmetric positive definite a [n, n] (row-major, lower triangle used).
-// False when a pivot is not positive (LLMC's cholesky_ex info ≠ 0).
+// In-place lower Cholesky factor of the symmetric positive definite a [n, n] (row-major, lower triangle used),
+// row by row so the inner products run over contiguous memory. False when a pivot is not positive (LLMC's
+// cholesky_ex info ≠ 0).
 bool cholesky_lower(std::vector<double>& a, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    double* rj = a.data() + j * n;
-    double d = rj[j];
-    for (int64_t p = 0; p < j; ++p) d -= rj[p] * rj[p];
-    if (!(d > 0.0) || !std::isfinite(d)) return false;
-    d = std::sqrt(d);
-    rj[j] = d;
-    for (int64_t i = j + 1; i < n; ++i) {
-      double* ri = a.data() + i * n;
+  for (int64_t i = 0; i < n; ++i) {
+    double* ri = a.data() + i * n;
+    for (int64_t j = 0; j <= i; ++j) {
+      const double* rj = a.data() + j * n;
       double s = ri[j];
       for (int64_t p = 0; p < j; ++p) s -= ri[p] * rj[p];
-      ri[j] = s / d;
+      if (j < i) {
+        ri[j] = s / rj[j];
+      } else {
+        if (!(s > 0.0) || !std::isfinite(s)) return false;
+        ri[i] = std::sqrt(s);
+      }
     }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = i + 1; j < n; ++j) a[static_cast<size_t>(i * n + j)] = 0.0;
-  }
-  return true;
-}
-
-// U upper with Uᵀ·U = H⁻¹ (LLMC: cholesky_inverse, then cholesky(upper=True)), from H's lower factor L:
-// H⁻¹ = L⁻ᵀ·L⁻¹, whose upper Cholesky factor is computed directly.
-bool inverse_upper_factor(std::vector<double>& l, int64_t n, std::vector<float>& u_out) {
-  // Linv = L⁻¹ (lower), column by column of the identity.
-  std::vector<double> linv(static_cast<size_t>(n * n), 0.0);
-  for (int64_t c = 0; c < n; ++c) {
-    linv[static_cast<size_t>(c * n + c)] = 1.0 / l[static_cast<size_t>(c * n + c)];
-    for (int64_t i = c + 1; i < n; ++i) {
-      double s = 0.0;
-      const double* li = l.data() + i * n;
-      for (int64_t p = c; p < i; ++p) s += li[p] * linv[static_cast<size_t>(p * n + c)];
-      linv[static_cast<size_t>(i * n + c)] = -s / li[i];
-    }
-  }
-  // Hinv = Linvᵀ · Linv (symmetric; Linv lower, so the sum runs from max(i, j)).
-  std::vector<double> hinv(static_cast<size_t>(n * n), 0.0);
-  for (int64_t p = 0; p < n; ++p) {
-    const double* lp = linv.data() + p * n;
-    for (int64_t i = 0; i <= p; ++i) {
-      const double v = lp[i];
-      if (v == 0.0) continue;
-      double* hi = hinv.data() + i * n;
-      for (int64_t j = i; j <= p; ++j) hi[j] += v * lp[j];
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < i; ++j) hinv[static_cast<size_t>(i * n + j)] = hinv[static_cast<size_t>(j * n + i)];
-  }
-  if (!cholesky_lower(hinv, n)) return false;
-  u_out.assign(static_cast<size_t>(n * n), 0.f);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = i; j < n; ++j) u_out[static_cast<size_t>(i * n + j)] = static_cast<float>(hinv[static_cast<size_t>(j * n + i)]);
   }
   return true;
 }
@@ -108,61 +70,94 @@ std::vector<float> GptqHessian::normalized() const {
   return out;
 }
 
-std::vector<float> gptq_quantize(std::span<const float> w_in, int64_t rows, int64_t cols, std::span<const float> h,
-                                 const GptqOptions& options, const GptqColumnQuantizer& quantize, GptqStats* stats) {
-  if (rows <= 0 || cols <= 0 || static_cast<int64_t>(w_in.size()) != rows * cols ||
-      static_cast<int64_t>(h.size()) != cols * cols) {
-    throw UsageError(fmt::format("gptq_quantize: weight of {} values for [{}, {}] with a Hessian of {} values", w_in.size(),
-                                 rows, cols, h.size()));
+GptqFactor gptq_factorize(std::span<const float> h, int64_t cols, const GptqOptions& options) {
+  if (cols <= 0 || static_cast<int64_t>(h.size()) != cols * cols) {
+    throw UsageError(fmt::format("gptq_factorize: a Hessian of {} values for {} columns", h.size(), cols));
   }
-  if (options.block_size < 1) throw UsageError(fmt::format("gptq_quantize: block size {} < 1", options.block_size));
-  GptqStats local;
-  GptqStats& st = stats != nullptr ? *stats : local;
-  st = {};
-
+  GptqFactor f;
+  f.cols = cols;
   // Column order: descending H_jj (LLMC apply_activation_ordering: torch.argsort(descending=True); stable here,
   // so equal diagonals keep their natural order).
-  std::vector<int64_t> perm(static_cast<size_t>(cols));
-  std::iota(perm.begin(), perm.end(), 0);
+  f.perm.resize(static_cast<size_t>(cols));
+  std::iota(f.perm.begin(), f.perm.end(), 0);
   if (options.actorder) {
-    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    std::stable_sort(f.perm.begin(), f.perm.end(), [&](int64_t a, int64_t b) {
       return h[static_cast<size_t>(a * cols + a)] > h[static_cast<size_t>(b * cols + b)];
     });
   }
-  // Permuted working copies: W [rows, cols] fp32, H [cols, cols] float64.
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  for (int64_t n = 0; n < rows; ++n) {
-    for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(n * cols + j)] = w_in[static_cast<size_t>(n * cols + perm[static_cast<size_t>(j)])];
-  }
-  std::vector<double> hp(static_cast<size_t>(cols * cols));
+  // The reversed permuted matrix J·Hp·J, so that its lower factor L̃ gives Hp = R·Rᵀ with R = J·L̃·J upper.
+  const auto at = [cols](int64_t i, int64_t j) { return static_cast<size_t>(i * cols + j); };
+  std::vector<double> rev(static_cast<size_t>(cols * cols));
+  f.dead.assign(static_cast<size_t>(cols), false);
+  double mean_diag = 0.0;
   for (int64_t i = 0; i < cols; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
-      hp[static_cast<size_t>(i * cols + j)] = h[static_cast<size_t>(perm[static_cast<size_t>(i)] * cols + perm[static_cast<size_t>(j)])];
+      rev[at(cols - 1 - i, cols - 1 - j)] = h[at(f.perm[static_cast<size_t>(i)], f.perm[static_cast<size_t>(j)])];
     }
   }
-  // LLMC factorize_hessian: dead columns (H_jj = 0) get H_jj = 1 and a zero weight; then the dampening.
-  double mean_diag = 0.0;
-  for (int64_t j = 0; j < cols; ++j) {
-    double& d = hp[static_cast<size_t>(j * cols + j)];
-    if (d == 0.0) {
+  for (int64_t i = 0; i < cols; ++i) {
+    double& d = rev[at(cols - 1 - i, cols - 1 - i)];
+    if (d == 0.0) {  // LLMC factorize_hessian: a dead column gets H_jj = 1 (its weight is zeroed in gptq_quantize)
       d = 1.0;
-      ++st.dead_columns;
-      for (int64_t n = 0; n < rows; ++n) w[static_cast<size_t>(n * cols + j)] = 0.f;
+      f.dead[static_cast<size_t>(i)] = true;
     }
     mean_diag += d;
   }
   mean_diag /= static_cast<double>(cols);
-  for (int64_t j = 0; j < cols; ++j) hp[static_cast<size_t>(j * cols + j)] += options.dampening_frac * mean_diag;
-  std::vector<float> u;  // upper factor of H⁻¹ [cols, cols]
-  if (!cholesky_lower(hp, cols) || !inverse_upper_factor(hp, cols, u)) {
-    st.rtn_fallback = true;  // LLMC replaces the factor by the identity: every error stays in its column
-    u.assign(static_cast<size_t>(cols * cols), 0.f);
-    for (int64_t j = 0; j < cols; ++j) u[static_cast<size_t>(j * cols + j)] = 1.f;
+  for (int64_t i = 0; i < cols; ++i) rev[at(i, i)] += options.dampening_frac * mean_diag;
+  f.upper.assign(static_cast<size_t>(cols * cols), 0.f);
+  if (!cholesky_lower(rev, cols)) {
+    f.rtn_fallback = true;  // LLMC replaces the factor by the identity: every error stays in its column
+    for (int64_t j = 0; j < cols; ++j) f.upper[at(j, j)] = 1.f;
+    return f;
   }
+  // M = L̃⁻¹ (lower), row by row: M[i, c] = −Σ_{p=c}^{i−1} L̃[i, p]·M[p, c] / L̃[i, i], M[i, i] = 1/L̃[i, i].
+  std::vector<double> inv(static_cast<size_t>(cols * cols), 0.0);
+  for (int64_t i = 0; i < cols; ++i) {
+    const double* li = rev.data() + i * cols;
+    double* mi = inv.data() + i * cols;
+    for (int64_t p = 0; p < i; ++p) {
+      const double l = li[p];
+      if (l == 0.0) continue;
+      const double* mp = inv.data() + p * cols;
+      for (int64_t c = 0; c <= p; ++c) mi[c] -= l * mp[c];
+    }
+    const double d = li[i];
+    for (int64_t c = 0; c < i; ++c) mi[c] /= d;
+    mi[i] = 1.0 / d;
+  }
+  // U = R⁻¹ = J·M·J: U[i, j] = M[n−1−i, n−1−j], upper because M is lower.
+  for (int64_t i = 0; i < cols; ++i) {
+    for (int64_t j = i; j < cols; ++j) f.upper[at(i, j)] = static_cast<float>(inv[at(cols - 1 - i, cols - 1 - j)]);
+  }
+  return f;
+}
 
-  std::vector<float> err(static_cast<size_t>(rows * options.block_size));
-  for (int64_t i1 = 0; i1 < cols; i1 += options.block_size) {
-    const int64_t i2 = std::min(i1 + options.block_size, cols);
+std::vector<float> gptq_quantize(std::span<const float> w_in, int64_t rows, int64_t cols, const GptqFactor& factor,
+                                 int64_t block_size, const GptqColumnQuantizer& quantize, GptqStats* stats) {
+  if (rows <= 0 || cols <= 0 || static_cast<int64_t>(w_in.size()) != rows * cols || factor.cols != cols) {
+    throw UsageError(fmt::format("gptq_quantize: weight of {} values for [{}, {}] with a factor of {} columns",
+                                 w_in.size(), rows, cols, factor.cols));
+  }
+  if (block_size < 1) throw UsageError(fmt::format("gptq_quantize: block size {} < 1", block_size));
+  GptqStats local;
+  GptqStats& st = stats != nullptr ? *stats : local;
+  st = {};
+  st.rtn_fallback = factor.rtn_fallback;
+  const std::vector<int64_t>& perm = factor.perm;
+  const std::vector<float>& u = factor.upper;
+  // Permuted working copy W [rows, cols] fp32; dead columns zeroed (LLMC factorize_hessian).
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t j = 0; j < cols; ++j) {
+      w[static_cast<size_t>(n * cols + j)] =
+          factor.dead[static_cast<size_t>(j)] ? 0.f : w_in[static_cast<size_t>(n * cols + perm[static_cast<size_t>(j)])];
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) st.dead_columns += factor.dead[static_cast<size_t>(j)] ? 1 : 0;
+  std::vector<float> err(static_cast<size_t>(rows * block_size));
+  for (int64_t i1 = 0; i1 < cols; i1 += block_size) {
+    const int64_t i2 = std::min(i1 + block_size, cols);
     const int64_t width = i2 - i1;
     for (int64_t i = i1; i < i2; ++i) {
       const float d = u[static_cast<size_t>(i * cols + i)];
@@ -210,13 +205,13 @@ void set_nibble(std::vector<uint8_t>& packed, int64_t index, uint8_t code) {
 }  // namespace
 
 QuantizedNvfp4 gptq_nvfp4(std::span<const float> w, int64_t rows, int64_t cols, float global_scale, core::DType source,
-                          std::span<const float> h, const GptqOptions& options, GptqStats* stats) {
+                          const GptqFactor& factor, const GptqOptions& options, GptqStats* stats) {
   QuantizedNvfp4 out = quantize_nvfp4(w, rows, cols, global_scale, source);  // the grid: RTN's scales
   const int64_t groups = cols / kNvfp4GroupSize;
   // LLMC column_scale_window: the effective scale is weight_scale / global_scale in float32.
   std::vector<float> eff(out.scales.size());
   for (size_t i = 0; i < eff.size(); ++i) eff[i] = e4m3_to_float(out.scales[i]) / global_scale;
-  gptq_quantize(w, rows, cols, h, options, [&](int64_t n, int64_t j, float v) {
+  gptq_quantize(w, rows, cols, factor, options.block_size, [&](int64_t n, int64_t j, float v) {
     const float s = eff[static_cast<size_t>(n * groups + j / kNvfp4GroupSize)];
     const uint8_t c = fp4_code(v / s);
     set_nibble(out.packed, n * cols + j, c);
@@ -226,10 +221,10 @@ QuantizedNvfp4 gptq_nvfp4(std::span<const float> w, int64_t rows, int64_t cols, 
 }
 
 QuantizedMxfp4 gptq_mxfp4(std::span<const float> w, int64_t rows, int64_t cols, core::DType source,
-                          std::span<const float> h, const GptqOptions& options, GptqStats* stats) {
+                          const GptqFactor& factor, const GptqOptions& options, GptqStats* stats) {
   QuantizedMxfp4 out = quantize_mxfp4(w, rows, cols, source);
   const int64_t groups = cols / kMxfp4GroupSize;
-  gptq_quantize(w, rows, cols, h, options, [&](int64_t n, int64_t j, float v) {
+  gptq_quantize(w, rows, cols, factor, options.block_size, [&](int64_t n, int64_t j, float v) {
     const float s = e8m0_to_float(out.scales[static_cast<size_t>(n * groups + j / kMxfp4GroupSize)]);
     const uint8_t c = fp4_code(v / s);
     set_nibble(out.packed, n * cols + j, c);
@@ -239,11 +234,11 @@ QuantizedMxfp4 gptq_mxfp4(std::span<const float> w, int64_t rows, int64_t cols, 
 }
 
 QuantizedInt4 gptq_int4(std::span<const float> w, int64_t rows, int64_t cols, int64_t group_size, core::DType source,
-                        std::span<const float> h, const GptqOptions& options, GptqStats* stats) {
+                        const GptqFactor& factor, const GptqOptions& options, GptqStats* stats) {
   QuantizedInt4 out = quantize_int4(w, rows, cols, group_size, source);
   const int64_t groups = cols / group_size;
   std::vector<int8_t> q(static_cast<size_t>(rows * cols));
-  gptq_quantize(w, rows, cols, h, options, [&](int64_t n, int64_t j, float v) {
+  gptq_quantize(w, rows, cols, factor, options.block_size, [&](int64_t n, int64_t j, float v) {
     // CT fake_quantize in float32 on the float32 working weight: clamp(x / scale, −8, 7), round half to even.
     const float s = out.scales[static_cast<size_t>(n * groups + j / group_size)];
     const float r = std::nearbyint(std::clamp(v / s, -8.f, 7.f));

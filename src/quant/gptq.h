@@ -47,6 +47,22 @@ class GptqHessian {
   std::vector<float> sum_;  // [K, K]
 };
 
+/// What GPTQ derives from a Hessian alone, shared by every layer that reads the same input (q|k|v, gate|up):
+/// the column order, the dead columns and the upper factor U of the dampened inverse (Uᵀ·U = (H + λI)⁻¹).
+struct GptqFactor {
+  int64_t cols = 0;
+  std::vector<int64_t> perm;   ///< position → checkpoint column (identity without actorder)
+  std::vector<bool> dead;      ///< by position: H_jj = 0
+  std::vector<float> upper;    ///< U [cols, cols] row-major, in permuted order (identity on RTN fallback)
+  bool rtn_fallback = false;
+};
+
+/// LLMC factorize_hessian after apply_activation_ordering: dead columns get H_jj = 1, then H += λ·I with
+/// λ = dampening_frac · mean(diag H), then U. Computed in float64 as H = R·Rᵀ with R upper (the Cholesky factor
+/// of the reversed matrix), U = R⁻¹: the same U that LLMC's cholesky → cholesky_inverse → cholesky(upper) gives.
+/// Throws UsageError when h.size() ≠ cols².
+GptqFactor gptq_factorize(std::span<const float> h, int64_t cols, const GptqOptions& options);
+
 /// Per column quantizer of one weight: given row n, column j (checkpoint order) and the current value w, returns the
 /// dequantized value the grid gives w and stores the element's code wherever the caller keeps it.
 using GptqColumnQuantizer = std::function<float(int64_t n, int64_t j, float w)>;
@@ -57,21 +73,36 @@ struct GptqStats {
   int64_t dead_columns = 0;  ///< columns with H_jj = 0 (never activated): weight zeroed, as LLMC does
 };
 
-/// Runs GPTQ over w [rows, cols] (values exact in fp32) with the normalized Hessian h [cols, cols] and the
-/// element quantizer `q`; returns the quantized-dequantized weight [rows, cols] (what LLMC writes back before
-/// compression). The factorization is done in float64 (LLMC: float32 LAPACK); the column updates in float32 as
-/// LLMC does them. Throws UsageError on shape mismatches or a block size < 1.
-std::vector<float> gptq_quantize(std::span<const float> w, int64_t rows, int64_t cols, std::span<const float> h,
-                                 const GptqOptions& options, const GptqColumnQuantizer& q, GptqStats* stats = nullptr);
+/// Runs GPTQ over w [rows, cols] (values exact in fp32) with the factorized Hessian and the element quantizer `q`;
+/// returns the quantized-dequantized weight [rows, cols] (what LLMC writes back before compression). The column
+/// updates run in float32 as LLMC does them, `block_size` columns at a time. Throws UsageError on shape
+/// mismatches or a block size < 1.
+std::vector<float> gptq_quantize(std::span<const float> w, int64_t rows, int64_t cols, const GptqFactor& factor,
+                                 int64_t block_size, const GptqColumnQuantizer& q, GptqStats* stats = nullptr);
 
 /// GPTQ for the formats of quantize.h. The grid (scales, global scale) is exactly quantize_nvfp4 / quantize_mxfp4 /
 /// quantize_int4's for the same `w`; only the codes differ. `w` holds values exact in `source`, as for RTN.
 /// Throws what the RTN quantizer and gptq_quantize throw.
+/// The `h` overloads factorize first; the GptqFactor ones reuse a factorization (same input, same options).
 QuantizedNvfp4 gptq_nvfp4(std::span<const float> w, int64_t rows, int64_t cols, float global_scale, core::DType source,
-                          std::span<const float> h, const GptqOptions& options, GptqStats* stats = nullptr);
+                          const GptqFactor& factor, const GptqOptions& options, GptqStats* stats = nullptr);
 QuantizedMxfp4 gptq_mxfp4(std::span<const float> w, int64_t rows, int64_t cols, core::DType source,
-                          std::span<const float> h, const GptqOptions& options, GptqStats* stats = nullptr);
+                          const GptqFactor& factor, const GptqOptions& options, GptqStats* stats = nullptr);
 QuantizedInt4 gptq_int4(std::span<const float> w, int64_t rows, int64_t cols, int64_t group_size, core::DType source,
-                        std::span<const float> h, const GptqOptions& options, GptqStats* stats = nullptr);
+                        const GptqFactor& factor, const GptqOptions& options, GptqStats* stats = nullptr);
+inline QuantizedNvfp4 gptq_nvfp4(std::span<const float> w, int64_t rows, int64_t cols, float global_scale,
+                                 core::DType source, std::span<const float> h, const GptqOptions& options,
+                                 GptqStats* stats = nullptr) {
+  return gptq_nvfp4(w, rows, cols, global_scale, source, gptq_factorize(h, cols, options), options, stats);
+}
+inline QuantizedMxfp4 gptq_mxfp4(std::span<const float> w, int64_t rows, int64_t cols, core::DType source,
+                                 std::span<const float> h, const GptqOptions& options, GptqStats* stats = nullptr) {
+  return gptq_mxfp4(w, rows, cols, source, gptq_factorize(h, cols, options), options, stats);
+}
+inline QuantizedInt4 gptq_int4(std::span<const float> w, int64_t rows, int64_t cols, int64_t group_size,
+                               core::DType source, std::span<const float> h, const GptqOptions& options,
+                               GptqStats* stats = nullptr) {
+  return gptq_int4(w, rows, cols, group_size, source, gptq_factorize(h, cols, options), options, stats);
+}
 
 }  // namespace fp4serve::quant

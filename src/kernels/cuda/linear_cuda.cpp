@@ -171,8 +171,8 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxf
       int device = 0;
       FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
       const auto info = cuda_device(device);
-      const bool native = info && native_fp4_available(*info);
-      if (w.layout == WeightLayout::Mxfp4 && mxfp4_w4a4 && native) {
+      const bool has_native = info && native_fp4_available(*info);
+      if (w.layout == WeightLayout::Mxfp4 && mxfp4_w4a4 && has_native) {
         const NativeFp4Weight n = pack_native_fp4(w);
         d.native_codes = DeviceBuffer<uint8_t>::from_host(n.codes);
         d.native_scales = DeviceBuffer<uint8_t>::from_host(n.scales);
@@ -184,7 +184,7 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxf
                            " global scales, expected " + std::to_string(w.out_features));
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
-        if (w.input_global_scale > 0.f && native) {
+        if (w.input_global_scale > 0.f && has_native) {
           const NativeFp4Weight native = pack_native_fp4(w);
           d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
           d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
