@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "fp4serve/error.h"
@@ -21,8 +22,8 @@ namespace {
 // after the online Hadamard transform when the checkpoint being written declares one.
 class AmaxObserver final : public model::ActivationObserver {
  public:
-  AmaxObserver(int64_t hadamard_block, int64_t layers, const CalibrationProgress& progress)
-      : hadamard_block_(hadamard_block), layers_(layers), progress_(progress) {}
+  AmaxObserver(int64_t hadamard_block, bool hessians, int64_t layers, const CalibrationProgress& progress)
+      : hadamard_block_(hadamard_block), hessians_(hessians), layers_(layers), progress_(progress) {}
 
   /// Starts sample `index` of `count` (progress counts layer passes).
   void start_sample(int64_t index, int64_t count) {
@@ -50,8 +51,15 @@ class AmaxObserver final : public model::ActivationObserver {
       float& slot = amax_[name];
       slot = std::max(slot, amax);
     }
+    if (!hessians_ || modules.empty()) return;
+    // One accumulator per distinct input (a fused group's modules all read this x).
+    std::shared_ptr<quant::GptqHessian>& h = shared_[modules.front()];
+    if (h == nullptr) h = std::make_shared<quant::GptqHessian>(k);
+    h->add(x, m);
+    for (const std::string& name : modules) hessian_[name] = h;
   }
   const std::map<std::string, float>& amax() const { return amax_; }
+  const quant::HessianMap& hessians() const { return hessian_; }
 
  private:
   // The first input seen of layer L (model.layers.L.…) means layers 0 … L−1 of this sample are done.
@@ -65,11 +73,14 @@ class AmaxObserver final : public model::ActivationObserver {
   }
 
   int64_t hadamard_block_;
+  bool hessians_;
   int64_t layers_;
   const CalibrationProgress& progress_;
   int64_t sample_ = 0, samples_ = 1, layer_ = -1;
   std::vector<float> rotated_;
   std::map<std::string, float> amax_;
+  std::map<std::string, std::shared_ptr<quant::GptqHessian>> shared_;
+  quant::HessianMap hessian_;
 };
 
 // Calibration samples are independent sequences of this many tokens, as llm-compressor feeds its dataset.
@@ -82,6 +93,14 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
                                                 int64_t hadamard_block, const std::string& device,
                                                 const CalibrationProgress& progress) {
+  return observe_inputs(source, modules, calibration_text, max_tokens, hadamard_block, false, device, progress)
+      .input_amax;
+}
+
+CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std::vector<std::string>& modules,
+                                const std::filesystem::path& calibration_text, int64_t max_tokens,
+                                int64_t hadamard_block, bool hessians, const std::string& device,
+                                const CalibrationProgress& progress) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));
   std::ostringstream text;
@@ -100,7 +119,7 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
                                  tokens.size()));
   }
 
-  AmaxObserver observer(hadamard_block, loaded.config.num_layers, progress);
+  AmaxObserver observer(hadamard_block, hessians, loaded.config.num_layers, progress);
   loaded.decoder->set_observer(&observer);
   model::KvCache cache = loaded.decoder->make_cache(kSampleTokens, 1);
   const int64_t samples = (static_cast<int64_t>(tokens.size()) + kSampleTokens - 1) / kSampleTokens;
@@ -115,14 +134,15 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
   }
   loaded.decoder->set_observer(nullptr);
 
-  std::map<std::string, float> out;
+  CalibrationStats out;
   for (const std::string& name : modules) {
     const auto it = observer.amax().find(name);
     if (it == observer.amax().end()) {
       throw FormatError(fmt::format("calibration: module '{}' was never run by the model, so its input was not observed",
                                     name));
     }
-    out[name] = it->second;
+    out.input_amax[name] = it->second;
+    if (hessians) out.hessians[name] = observer.hessians().at(name);
   }
   return out;
 }

@@ -27,6 +27,7 @@ struct QuantizeCliOptions {
   std::string model;
   std::string out;
   std::string scheme;
+  std::string method = "rtn";
   int64_t group_size = 0;
   int64_t hadamard = 0;
   std::string device = "cpu";  // where calibration runs the source model
@@ -144,8 +145,11 @@ void run_quantize(const QuantizeCliOptions& cli) {
     throw UsageError(fmt::format("--scheme {}: expected nvfp4, nvfp4a16, mxfp4, mxfp4a16 or w4a16 (any case, as "
                                  "llm-compressor spells its presets: NVFP4, NVFP4A16, MXFP4, W4A16)", cli.scheme));
   }
+  const auto method = quant::parse_quant_method(cli.method);
+  if (!method) throw UsageError(fmt::format("--method {}: expected rtn or gptq", cli.method));
+  const bool gptq = *method == quant::QuantMethod::Gptq;
   const bool w4a4_nvfp4 = *scheme == quant::QuantScheme::Nvfp4;
-  if (!w4a4_nvfp4 && !cli.calibration.empty()) {
+  if (!w4a4_nvfp4 && !gptq && !cli.calibration.empty()) {
     throw UsageError(fmt::format("--calibration: scheme {} quantizes weights only and needs no calibration text",
                                  scheme_name));
   }
@@ -160,6 +164,7 @@ void run_quantize(const QuantizeCliOptions& cli) {
   options.group_size = cli.group_size;
   options.hadamard = cli.hadamard;
   if (!cli.ignore.empty()) options.ignore = cli.ignore;
+  options.method = *method;
 
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -167,26 +172,30 @@ void run_quantize(const QuantizeCliOptions& cli) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   ProgressBar bar;
-  if (w4a4_nvfp4) {
+  if (w4a4_nvfp4 || gptq) {
     // Plan once without activations to learn which layers need calibrating, then calibrate (see calibration.h).
     quant::QuantizeOptions weights_only = options;
-    weights_only.scheme = quant::QuantScheme::Nvfp4A16;
+    weights_only.method = quant::QuantMethod::Rtn;
+    if (w4a4_nvfp4) weights_only.scheme = quant::QuantScheme::Nvfp4A16;
     std::vector<std::string> modules;
     for (const auto& lin : quant::plan_quantization(source, weights_only).linears) {
       if (lin.quantized) modules.push_back(lin.module);
     }
-    options.input_amax = observe_input_amax(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard,
+    if (cli.calibration.empty()) throw UsageError("--method gptq needs --calibration FILE (a text file)");
+    CalibrationStats stats = observe_inputs(source, modules, cli.calibration, cli.calibration_tokens, cli.hadamard, gptq,
                                             cli.device, [&bar](int64_t done, int64_t total) {
                                               check_stop();
                                               bar.update("calibrate", static_cast<size_t>(done),
                                                          static_cast<size_t>(total), "layer passes");
                                             });
+    options.input_amax = std::move(stats.input_amax);
+    options.hessians = std::move(stats.hessians);
   }
   const quant::QuantizePlan plan = quant::plan_quantization(source, options);
   size_t quantized = 0;
   for (const auto& lin : plan.linears) quantized += lin.quantized ? 1 : 0;
-  log_info("quantize: {} of {} linear layers to {} (group {}), {} kept unquantized\n", quantized, plan.linears.size(),
-           scheme_name, plan.group_size, plan.linears.size() - quantized);
+  log_info("quantize: {} of {} linear layers to {} (group {}, {}), {} kept unquantized\n", quantized,
+           plan.linears.size(), scheme_name, plan.group_size, cli.method, plan.linears.size() - quantized);
   StagedOutput staged(cli.out);
   quant::quantize_checkpoint(source, plan, staged.path(), options.max_shard_bytes,
                              [&bar](size_t done, size_t total, std::string_view name) {
@@ -208,6 +217,10 @@ void register_quantize(CLI::App& root) {
   cmd->add_option("-o,--out", opts->out, "output folder (written as OUT.tmp and renamed when complete; must not already hold model*.safetensors)")
       ->required();
   cmd->add_option("--scheme", opts->scheme, "nvfp4 | nvfp4a16 | mxfp4 | mxfp4a16 | w4a16 (any case: NVFP4A16 as llm-compressor names it)")->required();
+  cmd->add_option("--method", opts->method,
+                  "rtn (round to nearest, default) | gptq (GPTQ on the --calibration text's Hessians, llm-compressor "
+                  "GPTQModifier defaults: block 128, dampening 0.01, activation order)")
+      ->check(CLI::IsMember({"rtn", "gptq"}));
   cmd->add_option("--group-size", opts->group_size, "int4 group size for w4a16 (default 128)");
   cmd->add_option("--device", opts->device, "where W4A4 calibration runs the source model: cpu or cuda")
       ->capture_default_str();
@@ -217,7 +230,8 @@ void register_quantize(CLI::App& root) {
                   "linear modules to keep unquantized: exact names or re:REGEX, comma-separated; replaces the "
                   "default (lm_head and MoE routers)")
       ->delimiter(',');
-  cmd->add_option("--calibration", opts->calibration, "text file for W4A4 activation calibration (--scheme nvfp4)");
+  cmd->add_option("--calibration", opts->calibration,
+                  "text file for W4A4 activation calibration (--scheme nvfp4) and GPTQ Hessians (--method gptq)");
   cmd->add_option("--calibration-tokens", opts->calibration_tokens, "calibration tokens to use (default 512)");
   cmd->callback([opts] { run_quantize(*opts); });
 }

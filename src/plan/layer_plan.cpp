@@ -397,7 +397,9 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
   std::unordered_set<std::string> consumed;
   const SharedTransforms shared_transforms(headers);
   for (ModulePlan& mp : plan.modules) {
-    const SchemeId contract_scheme = mp.scheme ? *mp.scheme : scheme_candidates(mp.variant, options.activation_quant).front();
+    std::vector<SchemeId> table = scheme_candidates(mp.variant, options.activation_quant);
+    if (table.empty()) table = scheme_candidates(mp.variant, ActivationQuant::Auto);  // refused emulate: check as stored
+    const SchemeId contract_scheme = mp.scheme ? *mp.scheme : table.front();
     auto contract = parameter_contract(contract_scheme, mp.variant, mp.quant, mp.module, problems);
     for (TensorContract& c : contract) {
       if ((c.role == TensorRole::TransformMatrix || c.role == TensorRole::TransformPerm) && !headers.contains(c.name)) {

@@ -143,17 +143,42 @@ json transform_config(const QuantizePlan& plan) {
 }
 
 // The compressed-tensors tensors of one quantized linear, in the order CT's compressors name them.
+// Factorized Hessians of the last few distinct inputs: a layer's k, o, q, v and down, gate, up come in name order,
+// so four entries keep every factor of a layer until its last user.
+class FactorCache {
+ public:
+  const GptqFactor& get(const GptqHessian* h, int64_t cols, const GptqOptions& options) {
+    for (auto& e : entries_) {
+      if (e.first == h) return e.second;
+    }
+    if (entries_.size() == 4) entries_.erase(entries_.begin());
+    entries_.emplace_back(h, gptq_factorize(h->normalized(), cols, options));
+    return entries_.back().second;
+  }
+
+ private:
+  std::vector<std::pair<const GptqHessian*, GptqFactor>> entries_;
+};
+
 std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, const QuantizePlan& plan,
-                                          const LinearPlan& lin, bool carries_transform) {
+                                          const LinearPlan& lin, bool carries_transform, FactorCache& factors) {
   const std::string weight_name = lin.module + ".weight";
   const std::vector<float> w = linear_weight(source, plan, lin);
   abs_max(w, weight_name);  // rejects NaN/inf with the tensor's name before any scale is computed
   const std::string& m = lin.module;
   std::vector<TensorRecord> out;
+  // GPTQ keeps round-to-nearest's grid and re-chooses the codes against the calibration Hessian.
+  const bool gptq = plan.method == QuantMethod::Gptq;
+  const GptqFactor* factor = nullptr;
+  if (gptq) {
+    // q|k|v and gate|up read one input: factorize its Hessian once.
+    factor = &factors.get(plan.hessians.at(m).get(), lin.cols, plan.gptq);
+  }
   switch (plan.scheme) {
     case QuantScheme::Nvfp4:
     case QuantScheme::Nvfp4A16: {
-      const QuantizedNvfp4 q = quantize_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype);
+      const QuantizedNvfp4 q = gptq ? gptq_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype, *factor, plan.gptq)
+                                    : quantize_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype);
       out.push_back({m + ".weight_packed", DType::U8, {lin.rows, lin.cols / 2}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", DType::F8_E4M3, {lin.rows, lin.cols / kNvfp4GroupSize}, as_bytes(q.scales)});
       out.push_back({m + ".weight_global_scale", DType::F32, {1}, as_bytes(std::vector<float>{q.global_scale})});
@@ -165,13 +190,15 @@ std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, 
     }
     case QuantScheme::Mxfp4:
     case QuantScheme::Mxfp4A16: {
-      const QuantizedMxfp4 q = quantize_mxfp4(w, lin.rows, lin.cols, lin.dtype);
+      const QuantizedMxfp4 q = gptq ? gptq_mxfp4(w, lin.rows, lin.cols, lin.dtype, *factor, plan.gptq)
+                                    : quantize_mxfp4(w, lin.rows, lin.cols, lin.dtype);
       out.push_back({m + ".weight_packed", DType::U8, {lin.rows, lin.cols / 2}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", DType::U8, {lin.rows, lin.cols / kMxfp4GroupSize}, as_bytes(q.scales)});
       break;
     }
     case QuantScheme::W4A16: {
-      const QuantizedInt4 q = quantize_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype);
+      const QuantizedInt4 q = gptq ? gptq_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype, *factor, plan.gptq)
+                                   : quantize_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype);
       out.push_back({m + ".weight_packed", DType::I32, {lin.rows, (lin.cols + 7) / 8}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", q.scale_dtype, {lin.rows, lin.cols / plan.group_size},
                      scales_in(q.scale_dtype, q.scales)});
@@ -226,6 +253,20 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view name) {
     if (quant_scheme_name(s) == name) return s;
   }
   return std::nullopt;
+}
+
+std::optional<QuantMethod> parse_quant_method(std::string_view name) {
+  if (name == "rtn") return QuantMethod::Rtn;
+  if (name == "gptq") return QuantMethod::Gptq;
+  return std::nullopt;
+}
+
+std::string_view quant_method_name(QuantMethod method) {
+  switch (method) {
+    case QuantMethod::Rtn: return "rtn";
+    case QuantMethod::Gptq: return "gptq";
+  }
+  return "?";
 }
 
 std::string_view quant_scheme_name(QuantScheme scheme) {
@@ -384,6 +425,23 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
     }
   }
 
+  plan.method = options.method;
+  plan.gptq = options.gptq;
+  if (plan.method == QuantMethod::Gptq) {
+    for (const LinearPlan& lin : plan.linears) {
+      if (!lin.quantized) continue;
+      const auto it = options.hessians.find(lin.module);
+      if (it == options.hessians.end() || it->second == nullptr) {
+        throw UsageError(fmt::format("{}: no calibration Hessian; --method gptq needs one per quantized layer", lin.module));
+      }
+      if (it->second->width() != lin.cols) {
+        throw UsageError(fmt::format("{}: the calibration Hessian is {}×{}, the layer's in_features is {}", lin.module,
+                                     it->second->width(), it->second->width(), lin.cols));
+      }
+      plan.hessians[lin.module] = it->second;
+    }
+  }
+
   // llm-compressor lists every unquantized Linear by exact name in module order: layers first, lm_head last.
   bool lm_head_listed = false;
   for (const LinearPlan& lin : plan.linears) {
@@ -400,6 +458,8 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
 }
 
 json quantization_config(const QuantizePlan& plan) {
+  // GPTQModifier records its column order on the weight args ("static", its default); activations have none.
+  const json weight_actorder = plan.method == QuantMethod::Gptq && plan.gptq.actorder ? json("static") : json(nullptr);
   const auto args = [](int64_t group, std::string_view type, std::string_view strategy, json scale_dtype,
                        json dynamic, json observer) {
     return json{{"actorder", nullptr}, {"block_structure", nullptr}, {"dynamic", std::move(dynamic)},
@@ -429,6 +489,7 @@ json quantization_config(const QuantizePlan& plan) {
       weights = args(plan.group_size, "int", "group", nullptr, false, "memoryless_minmax");
       break;
   }
+  weights["actorder"] = weight_actorder;
   const json group = {{"format", format}, {"input_activations", inputs}, {"output_activations", nullptr},
                       {"targets", {"Linear"}}, {"weights", weights}};
   return json{{"config_groups", {{"group_0", group}}}, {"format", format}, {"global_compression_ratio", nullptr},
@@ -495,6 +556,7 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
   uint64_t total_bytes = 0;
   size_t done = 0;
   const size_t total = quantized_index.size();
+  FactorCache factors;
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string file = checkpoint::shard_file_name(s + 1, shards.size());
     std::vector<TensorRecord> records;
@@ -507,7 +569,7 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
         auto it = cache.find(o.linear);
         if (it == cache.end()) {
           const LinearPlan& lin = plan.linears[static_cast<size_t>(o.linear)];
-          it = cache.emplace(o.linear, quantize_linear(source, plan, lin, o.linear == transform_carrier)).first;
+          it = cache.emplace(o.linear, quantize_linear(source, plan, lin, o.linear == transform_carrier, factors)).first;
           if (progress) progress(++done, total, lin.module);
         }
         auto rec = std::find_if(it->second.begin(), it->second.end(), [&](const auto& r) { return r.name == o.name; });

@@ -46,6 +46,15 @@ void launch_quantize_nvfp4(const __nv_bfloat16* x, int64_t m, int64_t k, float i
 void launch_quantize_nvfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
                                   uint8_t* codes, uint8_t* scales, cudaStream_t stream);
 
+/// MXFP4 W4A4 activation fake quant: out = bf16(E2M1(x/s)·s) per 32-element group with the E8M0 scale
+/// s = 2^(e − 127) of fp4_math.h (exact in bf16; a NaN quotient stays NaN); m·k/32 groups. Checks the launch.
+void launch_quantize_mxfp4(const __nv_bfloat16* x, int64_t m, int64_t k, __nv_bfloat16* out, cudaStream_t stream);
+
+/// Native MXFP4 W4A4 activation quantization: codes [m, K/2] and the E8M0 exponents e in the tiled 128×4 layout
+/// of a [m, K/32] matrix (cuBLASLt VEC32_UE8M0); `scales` must be zeroed first.
+void launch_quantize_mxfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, uint8_t* codes, uint8_t* scales,
+                                  cudaStream_t stream);
+
 /// y[i, n] = ((d[i, n] / activation_divisor) ⊘ gs[n]) + bias[n] (⊘ = divide or multiply by the convention),
 /// the W4A4 epilogue after cuBLASLt; gs and bias may be null.
 void launch_w4a4_epilogue(const float* d, int64_t m, int64_t n, float activation_divisor, const float* global_scale,
