@@ -98,7 +98,7 @@ void run_generate(const GenerateOptions& opts) {
         opts.model.max_model_len > 0 ? fmt::format("--max-model-len; the model allows {}", limit.tokens) : limit.source));
   }
   // The cache holds what this request can use, not the whole context: one sequence, allocated up front.
-  model::KvCache cache = *loaded.decoder.make_cache(prompt_tokens + opts.max_new_tokens, 1);
+  model::KvCache cache = loaded.decoder->make_cache(prompt_tokens + opts.max_new_tokens, 1);
   if (!opts.chat && !opts.json) {  // a completion continues the prompt; a chat reply stands on its own
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
