@@ -200,8 +200,21 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
       ASSERT_EQ(native.scales[static_cast<size_t>(block_scale_offset(r, g, 36))], ck_scales[r * 36 + g]);
     }
   }
-  const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 8, 64, false);
-  EXPECT_THROW(pack_native_fp4(mx.prepared), UsageError);
+  // MXFP4 (cuBLASLt VEC32_UE8M0): the same layout with one E8M0 exponent per 32, as stored.
+  const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 40, 352, false);
+  const NativeFp4Weight mx_native = pack_native_fp4(mx.prepared);
+  const auto* mx_codes = reinterpret_cast<const uint8_t*>(mx.checkpoint.weight.data.data());
+  const auto* mx_scales = reinterpret_cast<const uint8_t*>(mx.checkpoint.scale.data.data());
+  ASSERT_EQ(mx_native.codes.size(), mx.checkpoint.weight.data.size());
+  for (size_t i = 0; i < mx_native.codes.size(); ++i) ASSERT_EQ(mx_native.codes[i], mx_codes[i]) << i;
+  ASSERT_EQ(static_cast<int64_t>(mx_native.scales.size()), block_scale_bytes(40, 352 / 32));
+  for (int64_t r = 0; r < 40; ++r) {
+    for (int64_t g = 0; g < 352 / 32; ++g) {
+      ASSERT_EQ(mx_native.scales[static_cast<size_t>(block_scale_offset(r, g, 352 / 32))], mx_scales[r * 11 + g]);
+    }
+  }
+  const TestLayer dense = make_layer(Scheme::DenseBf16, rng, 8, 32, false);
+  EXPECT_THROW(pack_native_fp4(dense.prepared), UsageError);
 }
 
 // ---- GPU: consistency with the CPU ------------------------------------------------------------------------
