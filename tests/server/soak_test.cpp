@@ -119,7 +119,13 @@ TEST(ServerSoak, ThirtyTwoClientsMixedTrafficNo5xxSameTokensMemoryBack) {
   EXPECT_EQ(t.mismatched.load(), 0);
   EXPECT_EQ(t.ok.load() + t.abandoned.load(), 32 * 20);
   EXPECT_GE(t.ok.load(), 32 * 20 / 2);
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in its quarantine (256 MiB by default), so RSS says nothing here; LeakSanitizer checks
+  // for leaks at exit instead.
+  (void)after;
+#else
   EXPECT_LT(after - baseline, int64_t{10} << 20) << "RSS " << baseline / 1048576.0 << " MiB → " << after / 1048576.0 << " MiB";
+#endif
   EXPECT_EQ(server.metrics().slots_used(), 0);
 }
 
