@@ -138,7 +138,9 @@ enum class SlidingWindowRule : uint8_t {
   None,                    ///< full attention
   FromConfig,              ///< `sliding_window` on every layer (Mistral, Mixtral; null / absent = full)
   LayerTypes,              ///< `layer_types` marks each layer sliding_attention / full_attention (GPT-OSS)
-  RefuseUseSlidingWindow,  ///< Qwen families: a config with `use_sliding_window: true` (windows on the layers from `max_window_layers` on) is refused by name, as before this table; every published Qwen2/Qwen3 checkpoint has it false
+  /// Qwen families: a config with `use_sliding_window: true` (windows on the layers from `max_window_layers` on)
+  /// is refused by name, as before this table; published Qwen2/Qwen3 checkpoints set it false.
+  RefuseUseSlidingWindow,
 };
 
 /// Static description of one supported `architectures[0]`: everything the plan, the quantizer and the model need
