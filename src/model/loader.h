@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "dist/communicator.h"
 #include "model/decoder.h"
 #include "model/forward_model.h"
 #include "model/model_config.h"
@@ -20,9 +21,16 @@ struct LoadOptions {
   /// cpu | cuda | sm80 … sm120. "cuda" plans for the GPU found and runs the model on it (model::CudaBackend,
   /// which needs a build with the CUDA backend); a GPU name plans only (dry run: the CPU backend runs).
   std::string device = "cpu";
+  int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
   bool progress = true;                   ///< loading progress bar on stderr
+  /// Tensor parallelism (plan/shard.h): this process loads and runs rank `rank`'s shard of
+  /// `tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank. nullptr = 1.
+  int tensor_parallel_size = 1;
+  int rank = 0;
+  bool expert_parallel = false;  ///< MoE layers: whole experts per rank instead of split experts
+  dist::Communicator* comm = nullptr;
 };
 
 struct LoadedModel {
