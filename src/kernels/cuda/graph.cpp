@@ -49,6 +49,15 @@ void StepGraphs::reset() {
   capture_error_.clear();
 }
 
+void StepGraphs::reset_except(int64_t bucket) {
+  for (auto& [b, entry] : entries_) {
+    if (b != bucket && entry.exec != nullptr) {
+      cudaGraphExecDestroy(entry.exec);
+      entry.exec = nullptr;
+    }
+  }
+}
+
 size_t StepGraphs::graphs() const {
   size_t n = 0;
   for (const auto& [bucket, entry] : entries_) n += entry.exec != nullptr ? 1 : 0;
