@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kernels/cuda/graph.h"
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -74,7 +75,7 @@ void StepGraphs::capture(int64_t bucket, cudaStream_t stream, const Step& step, 
     set_thread_capturing(true);
     try {
       step(bucket, stream);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // any exception: the capture must end before anything else runs
       failure = e.what();
     }
     set_thread_capturing(false);
