@@ -54,6 +54,7 @@ class Decoder final : public ForwardModel {
   void set_observer(ActivationObserver* observer) { observer_ = observer; }
 
   const Backend& backend() const { return *backend_; }
+  Backend& backend() { return *backend_; }
 
  private:
   struct Layer {
@@ -74,6 +75,7 @@ class Decoder final : public ForwardModel {
   std::unique_ptr<BackendLinear> lm_head_;
   std::unique_ptr<BackendRope> rope_;
   ActivationObserver* observer_ = nullptr;
+  bool capturable_ = false;  // decode steps may be captured (FlatBatch::capturable): no MoE layer
 };
 
 /// Reads a [n] BF16/F16/F32 tensor as fp32. Throws FormatError when the shape is not [n].
