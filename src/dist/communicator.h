@@ -57,7 +57,7 @@ struct NcclOptions {
 /// it, then ncclCommInitRank. The collectives take device pointers and are stream-ordered: they are enqueued on
 /// options.cuda_stream and done for later work on that stream (barrier() also waits on the host). Every rank
 /// checks the library and its device first and all ranks agree over `bootstrap`, so a failure on one rank throws
-/// on every rank (DeviceError naming the failing rank and what is missing: the library with dlopen's reason, or
+/// on every rank (DeviceError naming each failing rank and what is missing: the library with dlopen's reason, or
 /// the CUDA device with the runtime's error) instead of leaving the others waiting. UnsupportedError in a build
 /// without the CUDA toolkit. Collective bodies throw DeviceError with ncclGetErrorString's text.
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const NcclOptions& options = {});

@@ -84,18 +84,20 @@ std::string select_device(int device) {
   return {};
 }
 
-// Every rank learns whether every rank succeeded: all ranks throw, naming the first failing rank and its reason.
+// Every rank learns whether every rank succeeded: all ranks throw, naming each failing rank and its reason.
 void agree(Communicator& bootstrap, const std::string& local_error, const char* stage) {
   std::array<char, 512> mine{};
   std::memcpy(mine.data(), local_error.data(), std::min(local_error.size(), mine.size() - 1));
   std::vector<char> all(mine.size() * static_cast<size_t>(bootstrap.size()));
   bootstrap.all_gather(mine.data(), all.data(), mine.size());
+  std::string failures;
   for (int r = 0; r < bootstrap.size(); ++r) {
     const char* msg = all.data() + static_cast<size_t>(r) * mine.size();
-    if (msg[0] != '\0') {
-      throw DeviceError(fmt::format("NCCL communicator ({}) on rank {} of {}: rank {}: {}", stage, bootstrap.rank(),
-                                    bootstrap.size(), r, msg));
-    }
+    if (msg[0] != '\0') failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, msg);
+  }
+  if (!failures.empty()) {
+    throw DeviceError(fmt::format("NCCL communicator ({}) on rank {} of {}: {}", stage, bootstrap.rank(),
+                                  bootstrap.size(), failures));
   }
 }
 

@@ -168,6 +168,21 @@ TEST(RankZeroModel, EveryRankRunsTheSamePlan) {
   EXPECT_GT(local.log.size(), 200u);
 }
 
+TEST(KvCache, AcquireASpecificSlot) {
+  model::KvCache cache(2, 1, 3, 5, 3);
+  EXPECT_TRUE(cache.acquire(1));
+  EXPECT_FALSE(cache.acquire(1));  // already in use
+  cache.key(1, 1, 4)[2] = 7.0f;    // its memory exists
+  EXPECT_EQ(cache.acquire(), 0);   // the lowest free slot, around the taken one
+  EXPECT_EQ(cache.acquire(), 2);
+  EXPECT_EQ(cache.acquire(), -1);
+  cache.release(1);
+  EXPECT_EQ(cache.free_slots(), 1);
+  EXPECT_TRUE(cache.acquire(1));
+  EXPECT_THROW(cache.acquire(3), UsageError);
+  EXPECT_THROW(cache.acquire(-1), UsageError);
+}
+
 TEST(RankZeroModel, RoleChecks) {
   auto single = dist::make_single_communicator();
   RecordingModel local;
