@@ -19,18 +19,34 @@ namespace {
 struct ModelBenchOptions {
   std::vector<std::string> models;
   model::LoadOptions load;
+  std::vector<std::string> activation_precisions{"fp32"};  // every model runs with each (interleaved)
+  std::vector<std::string> lm_head_dtypes{"bf16"};
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
   std::vector<runtime::ModelBenchTarget> targets;
-  for (const std::string& dir : opts.models) targets.push_back({dir, dir, opts.load});
+  std::vector<std::string> names;
+  for (const std::string& dir : opts.models) {
+    for (const std::string& precision : opts.activation_precisions) {
+      for (const std::string& lm_head : opts.lm_head_dtypes) {
+        model::LoadOptions load = opts.load;
+        load.activation_precision = precision;
+        load.lm_head_dtype = lm_head;
+        std::string name = dir;
+        if (opts.activation_precisions.size() > 1) name += " a:" + precision;
+        if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
+        names.push_back(name);
+        targets.push_back({name, dir, load});
+      }
+    }
+  }
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
-    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
+    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, names[m],
                s.prefill_seconds, s.decode_seconds);
   });
-  const auto rows = runtime::summarize_model_bench(opts.models, samples, opts.bench);
+  const auto rows = runtime::summarize_model_bench(names, samples, opts.bench);
   if (!opts.json) {
     fmt::print("{}", runtime::format_model_bench(rows, opts.bench));
     return;
@@ -63,6 +79,15 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--device", opts->load.device, "cpu, or a GPU generation for planning only")->capture_default_str();
   cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
+      ->capture_default_str();
+  cmd->add_option("--activation-precision", opts->activation_precisions,
+                  "fp32 and/or int8 (comma-separated: each model runs with each, interleaved)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "int8"}))
+      ->capture_default_str();
+  cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
       ->capture_default_str();
   cmd->add_option("--threads", opts->load.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()

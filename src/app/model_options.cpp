@@ -14,6 +14,14 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts) {
                  "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
+  cmd.add_option("--activation-precision", opts.load.activation_precision,
+                 "fp32, or int8: NVFP4/MXFP4 linears quantize their input to int8 per weight group and use integer dot products")
+      ->check(CLI::IsMember({"fp32", "int8"}))
+      ->capture_default_str();
+  cmd.add_option("--lm-head-dtype", opts.load.lm_head_dtype,
+                 "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")
+      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
+      ->capture_default_str();
   cmd.add_option("--threads", opts.load.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd.add_option("--max-model-len", opts.max_model_len, "context length to allocate (0 = min(model limit, 4096))");
 }

@@ -15,7 +15,7 @@ struct ModelOptions {
   int64_t max_model_len = 0;  ///< 0: min(config max_position_embeddings, 4096)
 };
 
-/// Adds -m/--model, --device, --activation-quant, --threads and --max-model-len to `cmd`.
+/// Adds -m/--model, --device, --activation-quant, --activation-precision, --lm-head-dtype, --threads and --max-model-len to `cmd`.
 void add_model_options(CLI::App& cmd, ModelOptions& opts);
 
 /// The context length to allocate: --max-model-len, else min(max_position_embeddings, 4096).

@@ -53,6 +53,23 @@ void check_gpu_run(const LoadOptions& options) {
   }
 }
 
+PrepareOptions prepare_options(const LoadOptions& options) {
+  PrepareOptions out;
+  if (options.activation_precision == "int8") {
+    out.activation_precision = prepare::ActivationPrecision::Int8;
+  } else if (options.activation_precision != "fp32") {
+    throw UsageError(fmt::format("--activation-precision: '{}' is not fp32 or int8", options.activation_precision));
+  }
+  if (options.lm_head_dtype == "fp8") {
+    out.lm_head_dtype = LmHeadDtype::Fp8;
+  } else if (options.lm_head_dtype == "int8") {
+    out.lm_head_dtype = LmHeadDtype::Int8;
+  } else if (options.lm_head_dtype != "bf16") {
+    throw UsageError(fmt::format("--lm-head-dtype: '{}' is not bf16, fp8 or int8", options.lm_head_dtype));
+  }
+  return out;
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
@@ -89,7 +106,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
-  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, prepare_options(options));
 #if FP4SERVE_HAVE_CUDA
   if (options.device == "cuda") {
     loaded.gpu_decoder = std::make_unique<CudaDecoder>(loaded.config, weights);

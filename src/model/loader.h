@@ -23,6 +23,10 @@ struct LoadOptions {
   std::string device = "cpu";
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
+  /// fp32 | int8: how NVFP4 / MXFP4 linears take their activations on the CPU (prepare::ActivationPrecision).
+  std::string activation_precision = "fp32";
+  /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
+  std::string lm_head_dtype = "bf16";
   bool progress = true;                   ///< loading progress bar on stderr
   /// The caller drives the model through ForwardModel only (generate, chat) and so can run it on the GPU; the
   /// others (perplexity, serve, calibration) need the CPU decoder and get an UnsupportedError for "cuda".
