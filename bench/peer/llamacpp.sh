@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side CPU benchmark: fp4serve vs llama.cpp on the same source weights (models/default-src).
 #
-#   bench/peer/llamacpp.sh [--threads "1 2"] [--reps 5] [--prompt 128] [--gen 64]
+#   bench/peer/llamacpp.sh [--threads "1 2"] [--reps 5] [--prompt 128] [--gen 64] [--prepare-only]
+#
+# (--prepare-only: build, convert and quantize, no measurement. PEER_DIR, PEER_VENV and PEER_JOBS override the
+# work folder, the Python venv and the build parallelism.)
 #
 # 1. llama.cpp is built from the llama-cpp-python 0.3.36 sdist on PyPI (it vendors llama.cpp), CPU only,
 #    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
@@ -31,12 +34,14 @@ THREADS="1 2"
 REPS=5
 PROMPT=128
 GEN=64
+PREPARE_ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --threads) THREADS="$2"; shift 2 ;;
         --reps) REPS="$2"; shift 2 ;;
         --prompt) PROMPT="$2"; shift 2 ;;
         --gen) GEN="$2"; shift 2 ;;
+        --prepare-only) PREPARE_ONLY=1; shift ;;
         -h|--help) sed -n 2,20p "$0"; exit 0 ;;
         *) echo "llamacpp.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -44,12 +49,11 @@ done
 log() { echo "peer: $*" >&2; }
 die() { echo "peer: error: $*" >&2; exit 1; }
 
-[ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
-[ -f "$SRC/model.safetensors" ] && [ -f "$NVFP4/config.json" ] || die "run scripts/get-default-model.sh first"
+[ -f "$SRC/model.safetensors" ] || die "run scripts/get-default-model.sh first"
 mkdir -p "$PEER/gguf" "$PEER/results"
 
 # ---- the Python side: a venv for pip download (scikit-build-core reads the sdist's metadata) and the converter
-VENV="$PEER/venv"
+VENV="${PEER_VENV:-$PEER/venv}"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
@@ -106,9 +110,16 @@ QTYPE=Q4_0 quantize q4_0
 QTYPE=Q4_K_M quantize q4_k_m
 QTYPE=F16 quantize nvfp4 --tensor-type 'blk\.=nvfp4'
 QTYPE=F16 quantize mxfp4 --tensor-type 'blk\.=mxfp4'
+[ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
+[ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
 if [ ! -f "$MXFP4/config.json" ]; then
     log "quantizing $SRC to MXFP4A16 with fp4serve"
     "$FP4SERVE" quantize -m "$SRC" -o "$MXFP4" --scheme mxfp4a16
+fi
+
+if [ "$PREPARE_ONLY" = 1 ]; then
+    log "prepared: $(ls "$PEER/gguf")"
+    exit 0
 fi
 
 # ---- bytes of weights read per token: every tensor once (tied models read the embedding as lm_head)

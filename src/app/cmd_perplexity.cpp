@@ -34,7 +34,13 @@ std::string read_file(const std::string& path) {
 void run_perplexity(const PerplexityCliOptions& opts) {
   const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
   std::optional<model::LoadedModel> base;
-  if (!opts.kld_base.empty()) base.emplace(model::load_model(opts.kld_base, opts.model.load));
+  if (!opts.kld_base.empty()) {
+    // The base is the reference: the run-time approximations (int8 activations, a cheaper lm_head copy) stay off.
+    model::LoadOptions base_load = opts.model.load;
+    base_load.activation_precision = "fp32";
+    base_load.lm_head_dtype = "bf16";
+    base.emplace(model::load_model(opts.kld_base, base_load));
+  }
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);
   if (opts.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(static_cast<size_t>(opts.max_tokens));
@@ -62,7 +68,9 @@ void register_perplexity(CLI::App& root) {
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", opts->context, "window length in tokens")->capture_default_str();
   cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();
-  cmd->add_option("--kld-base", opts->kld_base, "base model folder: report mean KL divergence and top-1 agreement");
+  cmd->add_option("--kld-base", opts->kld_base,
+                  "base model folder: report mean KL divergence and top-1 agreement (the base runs with fp32 "
+                  "activations and the stored lm_head)");
   cmd->add_option("--max-tokens", opts->max_tokens, "score only the first N tokens of the file (0 = all)");
   cmd->callback([opts] { run_perplexity(*opts); });
 }
