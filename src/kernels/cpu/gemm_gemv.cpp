@@ -253,22 +253,32 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
   const int64_t k_total = w.in_features;
   const int8_t* src = w.codes.as<int8_t>() + tile * k_total * kTileRows;
   const auto keep = hn::Set(di8, static_cast<int32_t>(0x87F00000u));
-  (void)keep;
-  hn::Vec<decltype(d8)> a[kM][2];
-  for (int i = 0; i < kM; ++i) a[i][0] = a[i][1] = hn::Zero(d8);
-  for (int64_t k = 0; k < k_total; ++k) {
+  const auto column = [&](int64_t k) HWY_ATTR {
     const auto b = hn::PromoteTo(di8, hn::LoadU(hn::FixedTag<int8_t, 8>(), src + k * kTileRows));
-    hn::Vec<decltype(d8)> f;
     if constexpr (kInt8) {
-      f = hn::ConvertTo(d8, b);
+      return hn::ConvertTo(d8, b);
     } else {
       // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
-      f = hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
+      return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
     }
-    for (int i = 0; i < kM; ++i) a[i][k & 1] = hn::MulAdd(f, hn::Set(d8, x[i * k_total + k]), a[i][k & 1]);
+  };
+  // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
+  hn::Vec<decltype(d8)> a0[kM], a1[kM];
+  for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
+  int64_t k = 0;
+  for (; k + 2 <= k_total; k += 2) {
+    const auto f0 = column(k), f1 = column(k + 1);
+    for (int i = 0; i < kM; ++i) {
+      a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
+      a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
+    }
+  }
+  if (k < k_total) {
+    const auto f0 = column(k);
+    for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
   }
   const auto scale = hn::Load(d8, w.scales.as<float>() + tile * kTileRows);
-  for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a[i][0], a[i][1]), scale), d8, acc + i * kTileRows);
+  for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a0[i], a1[i]), scale), d8, acc + i * kTileRows);
 }
 
 template <int kM>
