@@ -54,7 +54,8 @@ void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_globa
 
 /// The activation quantization of ActivationPrecision::Int8, per row of x [m, k] and block of `block` columns
 /// (llama.cpp's Q8_0 rule on the weight's group): d[i, g] = amax/127, q[i, k] = round-to-nearest-even(x[i, k] ·
-/// 127/amax) ∈ [−127, 127], q = 0 and d = 0 for an all-zero block. q: [m, k] int8, d: [m, k/block] fp32.
+/// 127/amax) ∈ [−127, 127], q = 0 and d = 0 for an all-zero block; a block holding a NaN (an inf) gets q = 0 and
+/// d = NaN (inf), so non-finite inputs reach the outputs. q: [m, k] int8, d: [m, k/block] fp32.
 /// Throws UsageError when block < 1 or k is not a multiple of block.
 void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, int8_t* q, float* d);
 

@@ -149,6 +149,26 @@ TEST(LinearInt8, Mxfp4MatchesFloat64) {
   }
 }
 
+TEST(LinearInt8, NanAndInfInputsReachTheOutputs) {
+  std::mt19937 rng(204);
+  const Layer l = testing::make_nvfp4(rng, 24, 64, true);
+  PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                            prepare::GlobalScaleConvention::Divisor, "t");
+  w.activation_precision = ActivationPrecision::Int8;
+  auto x = random_x(rng, 3, 64);
+  x[5] = std::numeric_limits<float>::quiet_NaN();          // row 0
+  x[64 + 20] = std::numeric_limits<float>::infinity();     // row 1
+  std::vector<float> y(3 * 24);
+  for_each_int8_target([&] {
+    linear(w, x.data(), 3, y.data());
+    for (int64_t n = 0; n < 24; ++n) {
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(n)])) << "row 0, n " << n;
+      EXPECT_FALSE(std::isfinite(y[static_cast<size_t>(24 + n)])) << "row 1, n " << n;
+      EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(48 + n)])) << "row 2, n " << n;
+    }
+  });
+}
+
 TEST(LinearInt8, FusedRowsKeepThePrecisionAndRefuseAMix) {
   std::mt19937 rng(203);
   const Layer a = testing::make_mxfp4(rng, 16, 64), b = testing::make_mxfp4(rng, 8, 64);

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/fp4_scales-inl.h"
@@ -52,13 +53,19 @@ void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, b
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = xi + g * block;
       float amax = 0.f;
-      for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(xg[j]));
-      const float scale = amax / 127.f;
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      bool nan = false;
+      for (int64_t j = 0; j < block; ++j) {
+        amax = std::max(amax, std::fabs(xg[j]));
+        nan = nan || std::isnan(xg[j]);
+      }
+      // A NaN input makes its block's scale NaN (q = 0), so it reaches the outputs as in the fp32 path.
+      const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.f;
+      const bool degenerate = nan || !std::isfinite(amax) || !(amax > 0.f);  // q = 0; d = NaN, inf or 0
+      const float inv = degenerate ? 0.f : 127.f / amax;
       int32_t sum = 0;
       for (int64_t j = 0; j < block; ++j) {
-        // |x·inv| ≤ 127 up to one rounding; the clamp keeps a NaN-free input inside int8 whatever the rounding.
-        const float r = std::nearbyint(std::clamp(xg[j] * inv, -127.f, 127.f));
+        // |x·inv| ≤ 127 up to one rounding; the clamp keeps it inside int8 whatever the rounding.
+        const float r = degenerate ? 0.f : std::nearbyint(std::clamp(xg[j] * inv, -127.f, 127.f));
         const auto v = static_cast<int8_t>(r);
         const int64_t col = g * block + j;
         qi[octet_order ? (col & ~int64_t{7}) + kOctetSlot[col & 7] : col] = v;
