@@ -10,9 +10,10 @@
 #    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
 # 2. models/default-src is converted with that llama.cpp's convert_hf_to_gguf.py to F16, then llama-quantize
 #    makes Q4_0, Q4_K_M, and NVFP4 / MXFP4: this llama.cpp has no NVFP4 or dense-MXFP4 file type (its MXFP4_MOE
-#    turns a dense model's linears into Q8_0), so those two are `--tensor-type 'blk\.=nvfp4'` (resp. mxfp4) on
-#    an F16 base: every linear of the blocks in that type, the tied embedding / output kept F16 (the bytes
-#    fp4serve's checkpoints keep in bf16).
+#    turns a dense model's linears into Q8_0), so those two are `--tensor-type 'blk\.=nvfp4'` (resp. mxfp4) on a
+#    Q8_0 base with `--token-embedding-type f16 --output-tensor-type f16`: every linear of the blocks in that type,
+#    the tied embedding / output F16 (the bytes fp4serve's checkpoints keep in bf16). (An F16 base type would
+#    copy every tensor unchanged, overrides included.)
 # 3. fp4serve runs models/default-nvfp4 and an MXFP4A16 quantization of default-src, with fp32 and int8
 #    activations. Every (model, T) sample is a fresh process, interleaved A B A B … over --reps rounds, one
 #    llama-bench -p P -n N -r 1 per llama.cpp sample and one `fp4serve bench model -r 1` per fp4serve sample.
@@ -108,8 +109,9 @@ quantize() {  # name, then llama-quantize arguments after the input/output pair
 }
 QTYPE=Q4_0 quantize q4_0
 QTYPE=Q4_K_M quantize q4_k_m
-QTYPE=F16 quantize nvfp4 --tensor-type 'blk\.=nvfp4'
-QTYPE=F16 quantize mxfp4 --tensor-type 'blk\.=mxfp4'
+# An F16 base type makes llama-quantize copy every tensor, overrides included: base Q8_0, embedding/output F16.
+QTYPE=Q8_0 quantize nvfp4 --tensor-type 'blk\.=nvfp4' --token-embedding-type f16 --output-tensor-type f16
+QTYPE=Q8_0 quantize mxfp4 --tensor-type 'blk\.=mxfp4' --token-embedding-type f16 --output-tensor-type f16
 [ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
 [ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
 if [ ! -f "$MXFP4/config.json" ]; then
