@@ -9,12 +9,19 @@
 //                 (cudaMemcpyAsync of 1 GiB, bytes read + written per second);
 //   vs_cublas     cuBLAS bf16 time / this kernel's time at the same shape and M (cuBLAS runs first).
 // Weight bytes are constant patterns (valid E4M3 / E8M0 scales): the kernels' speed does not depend on values.
+// Before timing, each FP4 kernel path (M = 1, 16: decode; 64: tiled split over K; 256: tiled) is verified once
+// at 4096×4096 on random checkpoint tensors (tests/prepare/checkpoint_tensors.h, uploaded through the real
+// upload_linear) against a float64 reference on the host, with the bound of tests/kernels/cuda/
+// linear_cuda_test.cpp; a failure makes the exit status 1. After the runs a table gives, per shape and M, the
+// time of each kind, its copy_ratio and vs_cublas (all measured in this process).
 // Without a GPU it prints a message and exits 0. A full run takes well under 90 s on an H200.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
 #include <map>
 #include <string>
 #include <tuple>
@@ -23,6 +30,9 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "prepare/checkpoint_tensors.h"
+#include "prepare/repack.h"
+#include "quant/formats.h"
 
 namespace fp4serve::bench {
 namespace {
@@ -39,6 +49,55 @@ constexpr const char* kKindNames[] = {"cublas_bf16", "nvfp4", "mxfp4"};
 double g_copy_bytes_per_s = 0;
 int64_t g_l2_bytes = 0;
 std::map<std::tuple<int64_t, int64_t, int64_t>, double> g_cublas_seconds;  // (N, K, M) → seconds per launch
+struct Result {
+  double seconds = 0, copy_ratio = 0, vs_cublas = 0;
+};
+std::map<std::tuple<int64_t, int64_t, int64_t, int>, Result> g_results;  // (N, K, M, kind)
+
+// One FP4 layer of random checkpoint tensors through the real repack and upload, y = x·Wᵀ on the GPU (bf16
+// output, as timed) for m tokens, compared on tokens 0, m/2, m − 1 with a float64 reference. Returns the worst
+// |GPU − ref| / bound (≤ 1 passes).
+double verify(Kind kind, int64_t n, int64_t k, int64_t m, Stream& stream) {
+  std::mt19937 rng(static_cast<unsigned>(7 * n + 3 * m + static_cast<int>(kind)));
+  const fp4serve::testing::Layer l =
+      kind == Kind::Nvfp4 ? fp4serve::testing::make_nvfp4(rng, n, k, true) : fp4serve::testing::make_mxfp4(rng, n, k);
+  const prepare::PreparedLinear p =
+      kind == Kind::Nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                                   prepare::GlobalScaleConvention::Divisor, "bench")
+                          : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "bench");
+  const DeviceLinear w = kernels::cuda::upload_linear(p, stream);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  std::vector<bf16> xb(x.size());
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    __nv_bfloat16_raw raw;
+    raw.x = quant::float_to_bf16(dist(rng));
+    x[i] = quant::bf16_to_float(raw.x);
+    xb[i] = raw;
+  }
+  auto dx = DeviceBuffer<bf16>::from_host(xb);
+  DeviceBuffer<bf16> dy(static_cast<size_t>(m * n));
+  FP4SERVE_CUDA_CHECK(cudaMemset(dy.data(), 0xFF, dy.bytes()));  // NaN: an unwritten output fails
+  kernels::cuda::linear(w, dx.data(), m, dy.data(), stream);
+  stream.sync();
+  const std::vector<bf16> y = dy.download();
+  double worst = 0;
+  for (const int64_t tok : {int64_t{0}, m / 2, m - 1}) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, mag = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        const double prod = static_cast<double>(x[static_cast<size_t>(tok * k + q)]) * l.w[static_cast<size_t>(j * k + q)];
+        want += prod;
+        mag += std::fabs(prod);
+      }
+      const double got = quant::bf16_to_float(static_cast<__nv_bfloat16_raw>(y[static_cast<size_t>(tok * n + j)]).x);
+      const double bound = 8.0 * static_cast<double>(k + 16) * 0x1p-24 * mag + 0x1p-8 * std::fabs(want) + 1e-30;
+      const double ratio = std::isnan(got) ? INFINITY : std::fabs(got - want) / bound;
+      worst = std::max(worst, ratio);
+    }
+  }
+  return worst;
+}
 
 // Device-to-device copy of 1 GiB: the achievable streaming bandwidth (read + write) on this GPU.
 double measure_copy_bandwidth(Stream& stream) {
@@ -164,10 +223,14 @@ void bm_gemm(benchmark::State& state, Kind kind, int64_t n, int64_t k, int64_t m
   state.counters["weight_GBps"] = gbps;
   state.counters["copy_ratio"] = gbps * 1e9 / g_copy_bytes_per_s;
   state.counters["TFLOPs"] = 2.0 * static_cast<double>(m * n * k) / seconds * 1e-12;
+  Result& r = g_results[{n, k, m, static_cast<int>(kind)}];
+  r.seconds = seconds;
+  r.copy_ratio = gbps * 1e9 / g_copy_bytes_per_s;
   if (kind == Kind::Cublas) {
     g_cublas_seconds[{n, k, m}] = seconds;
   } else if (auto it = g_cublas_seconds.find({n, k, m}); it != g_cublas_seconds.end()) {
     state.counters["vs_cublas"] = it->second / seconds;
+    r.vs_cublas = it->second / seconds;
   }
 }
 
@@ -189,6 +252,19 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d, %d SMs, L2 %lld MiB); D2D copy bandwidth %.0f GB/s (read + write)\n",
               device->name.c_str(), device->sm, device->multiprocessors,
               static_cast<long long>(device->l2_bytes >> 20), g_copy_bytes_per_s * 1e-9);
+  int status = 0;
+  {
+    Stream stream;
+    for (const Kind kind : {Kind::Nvfp4, Kind::Mxfp4}) {
+      for (const int64_t m : {1, 16, 64, 256}) {
+        const double worst = verify(kind, 4096, 4096, m, stream);
+        const bool ok = worst <= 1.0;
+        std::printf("verify %s N4096 K4096 M%lld: worst |GPU - float64| / bound = %.3g %s\n",
+                    kKindNames[static_cast<int>(kind)], static_cast<long long>(m), worst, ok ? "ok" : "FAIL");
+        if (!ok) status = 1;
+      }
+    }
+  }
   const std::pair<int64_t, int64_t> shapes[] = {{4096, 4096}, {8192, 8192}, {28672, 8192}};
   for (const auto& [n, k] : shapes) {
     for (const int64_t m : {1, 4, 16, 64, 256, 4096}) {
@@ -207,5 +283,21 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  return 0;
+  // One table of what ran: time per launch, share of the copy bandwidth, speed-up over cuBLAS bf16.
+  std::printf("| gemm N x K, M | cublas_bf16 us | nvfp4 us | nvfp4 copy_ratio | nvfp4 vs_cublas | mxfp4 us | "
+              "mxfp4 copy_ratio | mxfp4 vs_cublas |\n");
+  for (const auto& [n, k] : shapes) {
+    for (const int64_t m : {1, 4, 16, 64, 256, 4096}) {
+      auto get = [&](Kind kind) {
+        auto it = g_results.find({n, k, m, static_cast<int>(kind)});
+        return it == g_results.end() ? Result{} : it->second;
+      };
+      const Result c = get(Kind::Cublas), nv = get(Kind::Nvfp4), mx = get(Kind::Mxfp4);
+      if (c.seconds == 0 && nv.seconds == 0 && mx.seconds == 0) continue;
+      std::printf("| gemm %lldx%lld, M%lld | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f |\n",
+                  static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), c.seconds * 1e6,
+                  nv.seconds * 1e6, nv.copy_ratio, nv.vs_cublas, mx.seconds * 1e6, mx.copy_ratio, mx.vs_cublas);
+    }
+  }
+  return status;
 }

@@ -9,6 +9,8 @@ find_package(Threads REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(HTTPLIB IMPORTED_TARGET cpp-httplib)
+# The chat REPL's line editing and history (BSD-licensed libedit, Debian libedit-dev; not GPL readline).
+pkg_check_modules(LIBEDIT REQUIRED IMPORTED_TARGET libedit)
 find_library(UTF8PROC_LIBRARY NAMES utf8proc REQUIRED)
 if(FP4SERVE_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian packages fp4serve builds against (docs: ../shared/docs/DEPENDENCIES.md). Idempotent:
+# Installs the Debian packages fp4serve builds against (cmake/Deps.cmake finds each one; README "Build options").
+# tmux runs the chat REPL test (tests/app/chat_repl_tmux_test.sh); libedit-dev is the REPL's line editor. Idempotent:
 # does nothing when every package is already installed. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libspdlog-dev libfmt-dev
-  libpcre2-dev libutf8proc-dev libopenblas-dev
+  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libspdlog-dev libfmt-dev
+  libpcre2-dev libutf8proc-dev libopenblas-dev libedit-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev xz-utils
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev tmux
 )
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_options.h"
 #include "model/loader.h"
 #include "runtime/model_bench.h"
 #include "server/bench_client.h"
@@ -26,9 +27,11 @@ struct ModelBenchOptions {
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
+  require_runnable_device(opts.load.device);
   std::vector<runtime::ModelBenchTarget> targets;
   std::vector<std::string> names;
   for (const std::string& dir : opts.models) {
+    const std::string path = resolve_model_path(dir).string();
     for (const std::string& precision : opts.activation_precisions) {
       for (const std::string& lm_head : opts.lm_head_dtypes) {
         model::LoadOptions load = opts.load;
@@ -38,7 +41,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
         if (opts.activation_precisions.size() > 1) name += " a:" + precision;
         if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
         names.push_back(name);
-        targets.push_back({name, dir, load});
+        targets.push_back({name, path, load});
       }
     }
   }
@@ -76,7 +79,7 @@ void register_bench_model(CLI::App& bench) {
       "model", "Offline prefill/decode speed of one or more checkpoints, interleaved in one run (llama-bench style)");
   cmd->add_option("-m,--model", opts->models, "checkpoint folder (repeat to compare; ratios are vs the first)")
       ->required();
-  cmd->add_option("--device", opts->load.device, "cpu, or a GPU generation for planning only")->capture_default_str();
+  cmd->add_option("--device", opts->load.device, "cpu, or cuda (run on the GPU found)")->capture_default_str();
   cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
@@ -89,7 +92,7 @@ void register_bench_model(CLI::App& bench) {
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
       ->capture_default_str();
-  cmd->add_option("--threads", opts->load.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  add_threads_option(*cmd, opts->load.threads);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("-n,--gen-tokens", opts->bench.gen_tokens, "decode steps (≥ 2)")->capture_default_str()

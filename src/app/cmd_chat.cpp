@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // `fp4serve chat`: an interactive REPL over the model's chat template, keeping the conversation history.
-// Commands: /reset clears the history, /exit (or end of input) quits.
+// Commands: /help, /reset, /exit and /quit are handled here, never sent to the model. Line editing and history
+// come from libedit when stdin is a terminal (line_editor.h); Ctrl-C stops a reply and keeps the conversation.
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <iostream>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
+#include "app/line_editor.h"
+#include "app/log.h"
 #include "app/model_options.h"
+#include "app/threads.h"
 #include "runtime/chat_template.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
@@ -21,53 +26,88 @@ struct ChatOptions {
   int64_t max_new_tokens = 512;
   std::optional<float> temperature;
   std::optional<uint64_t> seed;
+  ChatTemplateOptions chat_template;
 };
 
+constexpr const char* kHelp =
+    "commands: /help this list | /reset clear the conversation | /exit or /quit (or Ctrl-D) leave\n"
+    "keys: arrows and Emacs keys edit the line, Up/Down recall earlier lines, Ctrl-C stops a reply (the\n"
+    "conversation is kept) or clears the line\n";
+
 void run_chat(const ChatOptions& opts) {
-  model::LoadOptions load = opts.model.load;
-  load.gpu_run = true;  // driven through ForwardModel only, so --device cuda can run on the GPU
-  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, load);
+  const model::LoadedModel loaded = load_model_for(opts.model);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
-  const auto context = runtime::template_context(tokenizer, loaded.checkpoint);
+  const auto templates =
+      load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
+  const runtime::ChatTemplate& tmpl = templates.select(false);
+  const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
-  model::KvCache cache = loaded.forward_model().make_cache(max_len, 1);
+  model::KvCache cache = loaded.decoder->make_cache(max_len, 1);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
   if (opts.temperature) sampling.temperature = *opts.temperature;
   sampling.seed = opts.seed;
+  const std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
 
-  std::vector<runtime::ChatMessage> history;
-  if (!opts.system.empty()) history.push_back({"system", opts.system});
-  fmt::print(stderr, "fp4serve chat — {} (load {:.2f} s). /reset clears the history, /exit quits.\n",
-             opts.model.model_dir, loaded.load_seconds);
-  std::string line;
+  nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  auto turn = [](const char* role, const std::string& content) {
+    return nlohmann::ordered_json{{"role", role}, {"content", content}};
+  };
+  if (!opts.system.empty()) history.push_back(turn("system", opts.system));
+  const size_t kept = history.size();
+  log_info("fp4serve chat — {} (load {:.2f} s, context {} tokens, {}). /help lists the commands.\n", opts.model.model,
+           loaded.load_seconds, max_len, thread_summary());
+  LineEditor editor;
   while (true) {
-    fmt::print(stderr, "> ");
-    if (!std::getline(std::cin, line) || line == "/exit") break;
-    if (line == "/reset") {
-      history.resize(opts.system.empty() ? 0 : 1);
-      fmt::print(stderr, "(history cleared)\n");
+    const LineEditor::Input in = editor.read("> ");
+    if (in.status == LineEditor::Status::End) break;
+    if (in.status == LineEditor::Status::Interrupted) continue;
+    const std::string& line = in.line;
+    if (line.empty()) continue;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/help") {
+      fmt::print(stderr, "{}", kHelp);
       continue;
     }
-    if (line.empty()) continue;
-    history.push_back({"user", line});
+    if (line == "/reset") {
+      fmt::print(stderr, "(history cleared: {} message{} dropped)\n", history.size() - kept,
+                 history.size() - kept == 1 ? "" : "s");
+      while (history.size() > kept) history.erase(history.size() - 1);
+      continue;
+    }
+    if (line.starts_with('/') && !line.starts_with("//")) {
+      fmt::print(stderr, "(unknown command {}; /help lists them; start with // to send a line that begins with /)\n",
+                 line.substr(0, line.find(' ')));
+      continue;
+    }
+    history.push_back(turn("user", line.starts_with("//") ? line.substr(1) : line));
     runtime::GenerationRequest request;
-    request.prompt = tokenizer.encode(tmpl.render(history, true, context), false);
+    request.prompt = tokenizer.encode(tmpl.render_messages(history, true, variables), false);
     request.sampling = sampling;
     request.max_new_tokens = std::min<int64_t>(opts.max_new_tokens, max_len - static_cast<int64_t>(request.prompt.size()));
     if (request.max_new_tokens <= 0) {
-      fmt::print(stderr, "(the conversation is longer than the context of {} tokens; /reset to start over)\n", max_len);
-      history.pop_back();
+      fmt::print(stderr, "(the conversation, {} tokens, fills the context of {} tokens; /reset to start over)\n",
+                 request.prompt.size(), max_len);
+      history.erase(history.size() - 1);
       continue;
     }
-    request.eos_token_ids = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
-    const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [](std::string_view piece) {
+    request.eos_token_ids = eos;
+    // The flag is not cleared here: a Ctrl-C pressed right after Enter belongs to this reply.
+    const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
-      return true;
+      return !LineEditor::interrupted();
     });
     std::fputc('\n', stdout);
-    history.push_back({"assistant", result.text});
+    std::fflush(stdout);
+    if (result.finish_reason == "abort") {
+      fmt::print(stderr, "[interrupted after {} tokens; the partial reply stays in the conversation]\n",
+                 result.tokens.size());
+    } else if (result.finish_reason == "length") {
+      fmt::print(stderr, "[reply cut at {} tokens: {}]\n", result.tokens.size(),
+                 request.max_new_tokens < opts.max_new_tokens ? "the context is full, /reset to start over"
+                                                              : "the -n/--max-tokens limit; raise it for longer replies");
+    }
+    history.push_back(turn("assistant", result.text));
   }
 }
 
@@ -81,6 +121,7 @@ void register_chat(CLI::App& root) {
   cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens per reply")->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json)");
   cmd->add_option("--seed", opts->seed, "sampling seed");
+  add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });
 }
 

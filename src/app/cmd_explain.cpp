@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "app/commands.h"
+#include "app/model_options.h"
 #include "checkpoint/checkpoint.h"
 #include "plan/explain.h"
 #include "plan/layer_plan.h"
@@ -26,7 +27,7 @@ void run_explain(const ExplainOptions& opts) {
   plan::PlanOptions options;
   options.device = plan::resolve_device(opts.device);
   options.activation_quant = plan::parse_activation_quant(opts.activation_quant);
-  const auto ckpt = checkpoint::Checkpoint::open(opts.model);
+  const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(opts.model, /*allow_file=*/true));
   const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
   if (opts.check_scales) plan::check_scale_values(layer_plan, ckpt);
   if (opts.json) {
@@ -43,7 +44,7 @@ void register_explain(CLI::App& root) {
   auto opts = std::make_shared<ExplainOptions>();
   CLI::App* cmd = root.add_subcommand("explain", "Show which execution scheme each layer gets on a device, and why "
                                                  "(reads config files and headers only)");
-  cmd->add_option("-m,--model", opts->model, "checkpoint folder or .safetensors file")->required();
+  add_model_path_option(*cmd, opts->model, "checkpoint folder, .safetensors file, or ORG/NAME from the local Hugging Face cache");
   cmd->add_option("--device", opts->device, "auto | cpu | cuda | sm80 | sm86 | sm89 | sm90 | sm100 | sm120 (dry run)")
       ->capture_default_str();
   cmd->add_option("--activation-quant", opts->activation_quant, "auto | weight-only | emulate")->capture_default_str();

@@ -3,9 +3,17 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
+#include "app/log.h"
 #include "app/model_options.h"
+#include "app/threads.h"
+#include "core/threading.h"
 #include "fp4serve/error.h"
 #include "runtime/chat_template.h"
 #include "runtime/generator.h"
@@ -18,6 +26,7 @@ namespace {
 struct GenerateOptions {
   ModelOptions model;
   std::string prompt;
+  std::string prompt_file;
   int64_t max_new_tokens = 64;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int> top_k;
@@ -25,18 +34,40 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool chat = false;
+  ChatTemplateOptions chat_template;
   bool ignore_eos = false;
+  bool json = false;
 };
 
+std::string read_all(std::istream& in) {
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// -p TEXT, -p - (stdin) or -f FILE, as llama.cpp takes them.
+std::string prompt_text(const GenerateOptions& opts) {
+  if (!opts.prompt_file.empty()) {
+    std::ifstream in(opts.prompt_file, std::ios::binary);
+    if (!in) throw UsageError(fmt::format("-f {}: cannot open for reading", opts.prompt_file));
+    return read_all(in);
+  }
+  if (opts.prompt == "-") return read_all(std::cin);
+  return opts.prompt;
+}
+
 void run_generate(const GenerateOptions& opts) {
-  model::LoadOptions load = opts.model.load;
-  load.gpu_run = true;  // driven through ForwardModel only, so --device cuda can run on the GPU
-  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, load);
+  const std::string prompt = prompt_text(opts);
+  if (prompt.empty()) throw UsageError("the prompt is empty (-p TEXT, -p - for stdin, or -f FILE)");
+  const model::LoadedModel loaded = load_model_for(opts.model);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  std::string text = opts.prompt;
+  std::string text = prompt;
   if (opts.chat) {
-    const auto tmpl = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
-    text = tmpl.render({{"user", opts.prompt}}, true, runtime::template_context(tokenizer, loaded.checkpoint));
+    const auto templates =
+        load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
+    const nlohmann::ordered_json messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
+    text = templates.select(false).render_messages(
+        messages, true, template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template));
   }
   runtime::GenerationRequest request;
   request.prompt = tokenizer.encode(text, /*add_special_tokens=*/!opts.chat);
@@ -54,26 +85,58 @@ void run_generate(const GenerateOptions& opts) {
   request.eos_token_ids = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
   request.ignore_eos = opts.ignore_eos;
 
-  const int64_t context = std::max<int64_t>(effective_max_model_len(opts.model, loaded.config),
-                                            static_cast<int64_t>(request.prompt.size()) + opts.max_new_tokens);
-  model::KvCache cache = loaded.forward_model().make_cache(context, 1);
-  if (!opts.chat) {  // a completion continues the prompt; a chat reply stands on its own
-    std::fputs(opts.prompt.c_str(), stdout);
+  // Refused before generating, like vLLM's "This model's maximum context length is …" (never a mid-output
+  // failure at the end of the RoPE table).
+  const int64_t context = effective_max_model_len(opts.model, loaded.config);
+  const auto prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  if (prompt_tokens + opts.max_new_tokens > context) {
+    const ContextLimit limit = context_limit(loaded.config);
+    throw UsageError(fmt::format(
+        "the prompt ({} tokens) plus --max-tokens {} is {} tokens, above the context length of {} tokens ({}); "
+        "shorten the prompt or lower -n",
+        prompt_tokens, opts.max_new_tokens, prompt_tokens + opts.max_new_tokens, context,
+        opts.model.max_model_len > 0 ? fmt::format("--max-model-len; the model allows {}", limit.tokens) : limit.source));
+  }
+  // The cache holds what this request can use, not the whole context: one sequence, allocated up front.
+  model::KvCache cache = loaded.decoder->make_cache(prompt_tokens + opts.max_new_tokens, 1);
+  if (!opts.chat && !opts.json) {  // a completion continues the prompt; a chat reply stands on its own
+    std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  const auto result = runtime::generate(loaded.forward_model(), cache, tokenizer, request, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+  const bool stream = !opts.json;
+  const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [stream](std::string_view piece) {
+    if (stream) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
     return true;
   });
+  const auto generated = static_cast<double>(result.tokens.size());
+  const double prefill_tps = static_cast<double>(result.prompt_tokens) / std::max(result.prefill_seconds, 1e-9);
+  const double decode_tps = generated > 1 ? (generated - 1) / std::max(result.decode_seconds, 1e-9) : 0.0;
+  const std::string device = opts.model.load.device == "cuda" ? std::string("GPU") : thread_summary();
+  if (opts.json) {
+    const nlohmann::json out = {{"model", opts.model.model},
+                                {"text", result.text},
+                                {"prompt_tokens", result.prompt_tokens},
+                                {"completion_tokens", result.tokens.size()},
+                                {"finish_reason", result.finish_reason},
+                                {"load_seconds", loaded.load_seconds},
+                                {"ttft_seconds", result.prefill_seconds},
+                                {"prefill_tokens_per_s", prefill_tps},
+                                {"decode_tokens_per_s", decode_tps},
+                                {"device", opts.model.load.device},
+                                {"threads", core::num_threads()},
+                                {"threads_note", device}};
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
   std::fputc('\n', stdout);
   std::fflush(stdout);  // before the stderr summary, so the two streams do not interleave
-  const auto generated = static_cast<double>(result.tokens.size());
-  fmt::print(stderr, "load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | finish: {}\n",
-             loaded.load_seconds, result.prompt_tokens,
-             static_cast<double>(result.prompt_tokens) / std::max(result.prefill_seconds, 1e-9),
-             result.prefill_seconds, result.tokens.size(),
-             generated > 1 ? (generated - 1) / std::max(result.decode_seconds, 1e-9) : 0.0, result.finish_reason);
+  log_info("load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | "
+           "finish: {} | {}\n",
+           loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
+           decode_tps, result.finish_reason, device);
 }
 
 }  // namespace
@@ -82,7 +145,11 @@ void register_generate(CLI::App& root) {
   auto opts = std::make_shared<GenerateOptions>();
   CLI::App* cmd = root.add_subcommand("generate", "Generate text from a prompt (streams to stdout)");
   add_model_options(*cmd, opts->model);
-  cmd->add_option("-p,--prompt", opts->prompt, "prompt text")->required();
+  auto* prompt = cmd->add_option("-p,--prompt", opts->prompt, "prompt text; - reads it from stdin");
+  auto* file = cmd->add_option("-f,--file", opts->prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
+  prompt->excludes(file);
+  file->excludes(prompt);
+  cmd->add_flag("--json", opts->json, "print one JSON object (text, token counts, finish reason, speed) instead of streaming");
   cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json, else greedy)");
   cmd->add_option("--top-p", opts->top_p, "nucleus sampling mass");
@@ -94,8 +161,12 @@ void register_generate(CLI::App& root) {
   cmd->add_option("--seed", opts->seed, "sampling seed");
   cmd->add_option("--stop", opts->stop, "stop string (repeatable)");
   cmd->add_flag("--chat", opts->chat, "wrap the prompt in the model's chat template as a user message");
+  add_chat_template_options(*cmd, opts->chat_template);
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after an end-of-sequence token");
-  cmd->callback([opts] { run_generate(*opts); });
+  cmd->callback([opts, prompt, file] {
+    if (prompt->count() == 0 && file->count() == 0) throw UsageError("generate needs a prompt: -p TEXT, -p - (stdin) or -f FILE");
+    run_generate(*opts);
+  });
 }
 
 }  // namespace fp4serve::app

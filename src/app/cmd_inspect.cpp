@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_options.h"
 #include "checkpoint/checkpoint.h"
 #include "quant/producer.h"
 
@@ -24,7 +25,7 @@ struct DTypeTotal {
 };
 
 void run_inspect(const InspectOptions& opts) {
-  const auto ckpt = checkpoint::Checkpoint::open(opts.path);
+  const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(opts.path, /*allow_file=*/true));
   const auto producer = quant::detect_producer(ckpt.config(), ckpt.hf_quant_config());
   std::map<std::string, DTypeTotal> totals;
   uint64_t total_bytes = 0;
@@ -86,7 +87,7 @@ void run_inspect(const InspectOptions& opts) {
 void register_inspect(CLI::App& root) {
   auto opts = std::make_shared<InspectOptions>();
   CLI::App* cmd = root.add_subcommand("inspect", "List the tensors of a checkpoint folder or .safetensors file (reads headers only)");
-  cmd->add_option("path", opts->path, "checkpoint folder or .safetensors file")->required();
+  add_model_path_option(*cmd, opts->path, "checkpoint folder, .safetensors file, or ORG/NAME from the local Hugging Face cache");
   cmd->add_flag("--json", opts->json, "print JSON instead of a table");
   cmd->callback([opts] { run_inspect(*opts); });
 }

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "app/commands.h"
+#include "app/log.h"
 #include "app/model_options.h"
 #include "fp4serve/error.h"
 #include "runtime/perplexity.h"
@@ -21,6 +23,7 @@ struct PerplexityCliOptions {
   int64_t context = 512;
   int64_t stride = 256;
   int64_t max_tokens = 0;
+  bool json = false;
 };
 
 std::string read_file(const std::string& path) {
@@ -32,14 +35,20 @@ std::string read_file(const std::string& path) {
 }
 
 void run_perplexity(const PerplexityCliOptions& opts) {
-  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
+  const model::LoadedModel loaded = load_model_for(opts.model);
+  const ContextLimit limit = context_limit(loaded.config);
+  if (opts.context > limit.tokens) {
+    throw UsageError(fmt::format("--ctx {} is above this model's maximum context length of {} tokens ({})", opts.context,
+                                 limit.tokens, limit.source));
+  }
   std::optional<model::LoadedModel> base;
   if (!opts.kld_base.empty()) {
     // The base is the reference: the run-time approximations (int8 activations, a cheaper lm_head copy) stay off.
-    model::LoadOptions base_load = opts.model.load;
-    base_load.activation_precision = "fp32";
-    base_load.lm_head_dtype = "bf16";
-    base.emplace(model::load_model(opts.kld_base, base_load));
+    ModelOptions base_opts = opts.model;
+    base_opts.model = opts.kld_base;
+    base_opts.load.activation_precision = "fp32";
+    base_opts.load.lm_head_dtype = "bf16";
+    base.emplace(load_model_for(base_opts));
   }
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);
@@ -47,11 +56,26 @@ void run_perplexity(const PerplexityCliOptions& opts) {
   runtime::PerplexityOptions po{opts.context, opts.stride};
   const auto result = runtime::perplexity(*loaded.decoder, base ? base->decoder.get() : nullptr, tokens, po,
                                           [](int64_t done, int64_t total) {
+                                            if (!log_enabled(LogLevel::Info)) return;
                                             fmt::print(stderr, "\rperplexity: window {}/{}", done, total);
                                             if (done == total) fmt::print(stderr, "\n");
                                           });
+  if (opts.json) {
+    nlohmann::json out = {{"model", opts.model.model},      {"file", opts.file},
+                          {"tokens", tokens.size()},        {"context", opts.context},
+                          {"stride", opts.stride},          {"perplexity", result.perplexity},
+                          {"tokens_scored", result.tokens_scored}};
+    if (base) {
+      out["base"] = {{"model", opts.kld_base},
+                     {"perplexity", result.base_perplexity},
+                     {"mean_kld", result.mean_kld},
+                     {"top1_agreement", result.top1_agreement}};
+    }
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
   fmt::print("model: {}\nfile: {} ({} tokens, context {}, stride {})\nperplexity: {:.4f} over {} scored tokens\n",
-             opts.model.model_dir, opts.file, tokens.size(), opts.context, opts.stride, result.perplexity,
+             opts.model.model, opts.file, tokens.size(), opts.context, opts.stride, result.perplexity,
              result.tokens_scored);
   if (base) {
     fmt::print("base: {} perplexity {:.4f}\nmean KLD vs base: {:.6f}\ntop-1 agreement vs base: {:.2f}%\n", opts.kld_base,
@@ -64,14 +88,15 @@ void run_perplexity(const PerplexityCliOptions& opts) {
 void register_perplexity(CLI::App& root) {
   auto opts = std::make_shared<PerplexityCliOptions>();
   CLI::App* cmd = root.add_subcommand("perplexity", "Sliding-window perplexity of a text file (and KLD vs a base model)");
-  add_model_options(*cmd, opts->model);
+  add_model_options(*cmd, opts->model, /*context_option=*/false);
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--ctx", opts->context, "window length in tokens")->capture_default_str();
+  cmd->add_option("-c,--ctx,--ctx-size", opts->context, "window length in tokens (at most the model's context length)")->capture_default_str();
   cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();
   cmd->add_option("--kld-base", opts->kld_base,
                   "base model folder: report mean KL divergence and top-1 agreement (the base runs with fp32 "
                   "activations and the stored lm_head)");
   cmd->add_option("--max-tokens", opts->max_tokens, "score only the first N tokens of the file (0 = all)");
+  cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
   cmd->callback([opts] { run_perplexity(*opts); });
 }
 

@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <thread>
 
+#include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/threads.h"
 #include "fp4serve/error.h"
 #include "model/loader.h"
 #include "runtime/chat_template.h"
@@ -28,6 +30,7 @@ struct ServeOptions {
   server::HttpConfig http;
   server::SchedulerConfig scheduler;
   int64_t kv_cache_mib = 4096;
+  ChatTemplateOptions chat_template;
 };
 
 void run_serve(ServeOptions opts) {
@@ -39,25 +42,27 @@ void run_serve(ServeOptions opts) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const model::LoadedModel loaded = model::load_model(opts.model.model_dir, opts.model.load);
+  const model::LoadedModel loaded = load_model_for(opts.model);
+  // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
+  const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  std::optional<runtime::ChatTemplate> chat_template;
+  std::optional<runtime::ChatTemplates> chat_templates;
   try {
-    chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
+    chat_templates = load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
   } catch (const Error& e) {
+    if (!opts.chat_template.chat_template.empty()) throw;  // an explicit --chat-template must work
     fmt::print(stderr, "warning: no usable chat template ({}); /v1/chat/completions will answer 400\n", e.what());
   }
-  const nlohmann::json context = runtime::template_context(tokenizer, loaded.checkpoint);
+  const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
-  const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_template), context, std::move(eos));
+  const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos));
 
-  const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
                                                 opts.scheduler.max_num_seqs);
   server::DecoderStepModel step_model(*loaded.decoder, context_length, slots);
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
-  const std::string name = opts.served_model_name.empty() ? opts.model.model_dir : opts.served_model_name;
+  const std::string name = opts.served_model_name.empty() ? opts.model.model : opts.served_model_name;
   server::HttpServer http(opts.http,
                           server::ServeLimits{name, context_length,
                                               runtime::sampling_defaults(loaded.checkpoint.generation_config())},
@@ -65,9 +70,9 @@ void run_serve(ServeOptions opts) {
   const int port = http.bind();
   scheduler.start();
   fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget) | "
-                     "{} tokens per step | queue {}\n",
+                     "{} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue);
+             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {
     int sig = 0;
@@ -102,6 +107,7 @@ void register_serve(CLI::App& root) {
   cmd->add_option("--kv-cache-mib", opts->kv_cache_mib, "KV-cache memory budget; decides how many sequences run")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--max-body-bytes", opts->http.max_body_bytes, "larger request bodies get 400")->capture_default_str();
+  add_chat_template_options(*cmd, opts->chat_template);  // kwargs: defaults that a request's chat_template_kwargs override
   cmd->callback([opts] {
     // Every streaming or queued request holds a handler thread; keep a few spare for /health and /metrics.
     opts->http.threads = opts->scheduler.max_num_seqs + opts->scheduler.max_queue + 8;

@@ -1,14 +1,96 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "app/model_options.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+#include "app/log.h"
+#include "fp4serve/error.h"
 
 namespace fp4serve::app {
+namespace fs = std::filesystem;
+namespace {
 
-void add_model_options(CLI::App& cmd, ModelOptions& opts) {
-  cmd.add_option("-m,--model", opts.model_dir, "checkpoint folder (config.json + safetensors)")->required();
+bool has_safetensors(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "model.safetensors", ec) || fs::is_regular_file(dir / "model.safetensors.index.json", ec);
+}
+
+// The first bytes of a file (fewer when it is shorter).
+std::string file_head(const fs::path& path, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(n, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(n));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return head;
+}
+
+// The hub cache folder as huggingface_hub computes it: HF_HUB_CACHE, else HF_HOME/hub, else
+// XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
+fs::path hub_cache() {
+  if (const char* v = std::getenv("HF_HUB_CACHE"); v != nullptr && *v != '\0') return v;
+  if (const char* v = std::getenv("HF_HOME"); v != nullptr && *v != '\0') return fs::path(v) / "hub";
+  if (const char* v = std::getenv("XDG_CACHE_HOME"); v != nullptr && *v != '\0') return fs::path(v) / "huggingface" / "hub";
+  const char* home = std::getenv("HOME");
+  return fs::path(home != nullptr ? home : "") / ".cache" / "huggingface" / "hub";
+}
+
+// ORG/NAME with the characters the Hub allows in each part and exactly one slash.
+bool looks_like_repo_id(const std::string& s) {
+  const size_t slash = s.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == s.size() || s.find('/', slash + 1) != std::string::npos) {
+    return false;
+  }
+  if (s.starts_with('.')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.' || c == '/';
+  });
+}
+
+// models--ORG--NAME/snapshots/<commit in refs/main>/, else the only snapshot; empty when not cached.
+fs::path cached_snapshot(const fs::path& repo_dir, std::string& detail) {
+  std::error_code ec;
+  if (!fs::is_directory(repo_dir, ec)) return {};
+  std::ifstream ref(repo_dir / "refs" / "main");
+  std::string commit;
+  if (ref && std::getline(ref, commit)) {
+    const fs::path snap = repo_dir / "snapshots" / commit;
+    if (fs::is_directory(snap, ec)) return snap;
+    detail = fmt::format("refs/main names {}, which is not in snapshots/", commit);
+    return {};
+  }
+  std::vector<fs::path> snapshots;
+  for (const auto& e : fs::directory_iterator(repo_dir / "snapshots", ec)) {
+    if (e.is_directory(ec)) snapshots.push_back(e.path());
+  }
+  if (snapshots.size() == 1) return snapshots.front();
+  detail = snapshots.empty() ? "no snapshot" : fmt::format("{} snapshots and no refs/main", snapshots.size());
+  return {};
+}
+
+}  // namespace
+
+CLI::Option* add_model_path_option(CLI::App& cmd, std::string& model, const std::string& help) {
+  return cmd.add_option("-m,--model,MODEL", model, help)->required();
+}
+
+void add_threads_option(CLI::App& cmd, int& threads) {
+  cmd.add_option("-t,--threads", threads,
+                 "CPU threads (0 = one per online CPU; OpenMP threads wait passively unless OMP_WAIT_POLICY is set)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+}
+
+void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
+  add_model_path_option(cmd, opts.model,
+                        "checkpoint folder (config.json + safetensors), or ORG/NAME from the local Hugging Face cache");
   cmd.add_option("--device", opts.load.device,
-                 "cpu; cuda (run on the GPU found: generate and chat); or a GPU generation for a dry-run plan (sm80, sm86, sm89, sm90, sm100, sm120)")
+                 "cpu, or cuda (run on the GPU found); smNN names are for `explain --device smNN`")
       ->capture_default_str();
   cmd.add_option("--activation-quant", opts.load.activation_quant,
                  "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
@@ -22,13 +104,119 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts) {
                  "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")
       ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
       ->capture_default_str();
-  cmd.add_option("--threads", opts.load.threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd.add_option("--max-model-len", opts.max_model_len, "context length to allocate (0 = min(model limit, 4096))");
+  add_threads_option(cmd, opts.load.threads);
+  if (!context_option) return;
+  cmd.add_option("-c,--ctx-size,--max-model-len", opts.max_model_len,
+                 "context length: prompt + generated tokens (0 = the model's max_position_embeddings, also the maximum)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+}
+
+fs::path resolve_model_path(const std::string& arg, bool allow_file) {
+  std::error_code ec;
+  const fs::path path(arg);
+  if (fs::is_regular_file(path, ec)) {
+    const std::string head = file_head(path, 4);
+    if (head == "GGUF") {
+      throw UsageError(fmt::format("{}: this is a GGUF file; fp4serve reads Hugging Face safetensors folders "
+                                   "(config.json + *.safetensors, e.g. as `huggingface-cli download` fetches them)",
+                                   arg));
+    }
+    if (path.filename() == "config.json") {
+      throw UsageError(fmt::format("{}: this is a config.json file; pass the folder that holds it and the "
+                                   "safetensors files: -m {}", arg, path.parent_path().empty() ? "." : path.parent_path().string()));
+    }
+    if (!allow_file) {
+      throw UsageError(fmt::format("{}: a single file; this command needs the checkpoint folder (config.json + "
+                                   "safetensors): -m {}", arg,
+                                   path.parent_path().empty() ? "." : path.parent_path().string()));
+    }
+    return path;
+  }
+  if (fs::is_directory(path, ec)) {
+    if (!has_safetensors(path)) {
+      std::vector<std::string> gguf;
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        if (e.path().extension() == ".gguf") gguf.push_back(e.path().filename().string());
+      }
+      throw UsageError(fmt::format("{}: no model.safetensors or model.safetensors.index.json in this folder{}", arg,
+                                   gguf.empty() ? ""
+                                                : fmt::format(" (it holds {}: GGUF files, which fp4serve does not "
+                                                              "read; it reads Hugging Face safetensors folders)",
+                                                              fmt::join(gguf, ", "))));
+    }
+    if (!fs::is_regular_file(path / "config.json", ec) && !allow_file) {
+      throw UsageError(fmt::format("{}: no config.json in this folder (a Hugging Face checkpoint folder has "
+                                   "config.json next to its safetensors)", arg));
+    }
+    return path;
+  }
+  if (!looks_like_repo_id(arg)) throw UsageError(fmt::format("{}: no such file or folder", arg));
+  const fs::path cache = hub_cache();
+  std::string repo_folder = "models--" + arg;
+  repo_folder.replace(repo_folder.find('/'), 1, "--");
+  const fs::path repo_dir = cache / repo_folder;
+  std::string detail;
+  const fs::path snapshot = cached_snapshot(repo_dir, detail);
+  if (snapshot.empty()) {
+    throw UsageError(fmt::format("{}: no such folder, and not in the local Hugging Face cache (looked in {}{}; the "
+                                 "cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). "
+                                 "Download it with `huggingface-cli download {}`, or pass a folder",
+                                 arg, repo_dir.string(), detail.empty() ? "" : ": " + detail, arg));
+  }
+  if (!has_safetensors(snapshot)) {
+    throw UsageError(fmt::format("{}: the cached snapshot {} holds no model.safetensors or "
+                                 "model.safetensors.index.json (fp4serve reads safetensors checkpoints)",
+                                 arg, snapshot.string()));
+  }
+  log_debug("fp4serve: {} resolved to {}\n", arg, snapshot.string());
+  return snapshot;
+}
+
+ContextLimit context_limit(const model::ModelConfig& config) {
+  ContextLimit limit{config.max_position_embeddings, fmt::format("max_position_embeddings {}", config.max_position_embeddings)};
+  using Kind = kernels::RopeScaling::Kind;
+  const auto& rs = config.rope_scaling;
+  // vLLM's derived length: yarn from original_max_position_embeddings × factor, linear from
+  // max_position_embeddings × factor; llama3 configs already state the extended length.
+  double scaled = 0;
+  switch (rs.kind) {
+    case Kind::Yarn: scaled = rs.original_max_position_embeddings * rs.factor; break;
+    case Kind::Linear: scaled = static_cast<double>(config.max_position_embeddings) * rs.factor; break;
+    case Kind::Llama3:
+    case Kind::None: break;
+  }
+  if (scaled > static_cast<double>(config.max_position_embeddings)) {
+    limit.source += fmt::format(" (rope_scaling factor {} would reach {:.0f} positions; fp4serve's RoPE table stops at "
+                                "max_position_embeddings)", rs.factor, scaled);
+  }
+  return limit;
 }
 
 int64_t effective_max_model_len(const ModelOptions& opts, const model::ModelConfig& config) {
-  if (opts.max_model_len > 0) return opts.max_model_len;
-  return std::min<int64_t>(config.max_position_embeddings, 4096);
+  const ContextLimit limit = context_limit(config);
+  if (opts.max_model_len > limit.tokens) {
+    throw UsageError(fmt::format("--max-model-len {} is above this model's maximum context length of {} tokens ({})",
+                                 opts.max_model_len, limit.tokens, limit.source));
+  }
+  return opts.max_model_len > 0 ? opts.max_model_len : limit.tokens;
+}
+
+void require_runnable_device(const std::string& device) {
+  if (device.size() > 2 && device.starts_with("sm") &&
+      std::all_of(device.begin() + 2, device.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    throw UsageError(fmt::format("--device {}: a dry-run device: use `explain --device {}` to see its plan; "
+                                 "to run the model use --device cpu or --device cuda", device, device));
+  }
+}
+
+model::LoadedModel load_model_for(const ModelOptions& opts) {
+  require_runnable_device(opts.load.device);
+  const fs::path dir = resolve_model_path(opts.model);
+  model::LoadOptions load = opts.load;
+  load.progress = load.progress && log_enabled(LogLevel::Info);
+  model::LoadedModel loaded = model::load_model(dir, load);
+  for (const std::string& w : loaded.warnings) log_warning("{}", w);
+  return loaded;
 }
 
 }  // namespace fp4serve::app

@@ -17,23 +17,28 @@ using nlohmann::json;
 // Module names follow the Hugging Face checkpoints of each family (FORMATS.md §4, §5).
 constexpr std::array<ArchitectureSpec, 10> kSpecs{{
     {.name = "LlamaForCausalLM"},
-    {.name = "MistralForCausalLM"},
-    {.name = "Qwen2ForCausalLM", .qkv_bias_always = true},
-    {.name = "Qwen3ForCausalLM", .qk_norm = true},
-    {.name = "GraniteForCausalLM"},
+    {.name = "MistralForCausalLM", .sliding_window = SlidingWindowRule::FromConfig},
+    {.name = "Qwen2ForCausalLM", .qkv_bias_always = true, .sliding_window = SlidingWindowRule::RefuseUseSlidingWindow},
+    {.name = "Qwen3ForCausalLM", .qk_norm = true, .sliding_window = SlidingWindowRule::RefuseUseSlidingWindow},
+    {.name = "GraniteForCausalLM", .granite_multipliers = true},
     {.name = "MixtralForCausalLM", .experts = ExpertLayout::PerExpert, .experts_key = "num_local_experts",
-     .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.gate"},
+     .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.gate", .renormalize = TopKRenormalize::Always,
+     .sliding_window = SlidingWindowRule::FromConfig},
     {.name = "Qwen2MoeForCausalLM", .experts = ExpertLayout::PerExpert, .qkv_bias_always = true,
      .shared_expert = true, .experts_key = "num_experts", .experts_key_alias = "num_local_experts",
-     .moe_prefix = "mlp", .router = "mlp.gate"},
+     .moe_prefix = "mlp", .router = "mlp.gate", .renormalize = TopKRenormalize::FromConfig,
+     .sliding_window = SlidingWindowRule::RefuseUseSlidingWindow},
     {.name = "Qwen3MoeForCausalLM", .experts = ExpertLayout::PerExpert, .qk_norm = true,
      .experts_key = "num_experts", .experts_key_alias = "num_local_experts", .moe_prefix = "mlp",
-     .router = "mlp.gate"},
+     .router = "mlp.gate", .renormalize = TopKRenormalize::FromConfig,
+     .sliding_window = SlidingWindowRule::RefuseUseSlidingWindow},
     {.name = "GraniteMoeForCausalLM", .experts = ExpertLayout::Fused3d, .gate_up = GateUpLayout::ConcatenatedHalves,
-     .experts_key = "num_local_experts", .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.router.layer"},
+     .experts_key = "num_local_experts", .moe_prefix = "block_sparse_moe", .router = "block_sparse_moe.router.layer",
+     .router_kind = RouterKind::TopKSoftmax, .granite_multipliers = true},
     {.name = "GptOssForCausalLM", .experts = ExpertLayout::Fused3d, .gate_up = GateUpLayout::InterleavedRows,
      .attention_sinks = true, .attention_bias_default = true, .experts_key = "num_local_experts",
-     .moe_prefix = "mlp", .router = "mlp.router"},
+     .moe_prefix = "mlp", .router = "mlp.router", .router_kind = RouterKind::TopKSoftmax,
+     .expert_activation = ExpertActivation::SwigluOai, .sliding_window = SlidingWindowRule::LayerTypes},
 }};
 
 int64_t read_int(const json& config, const char* key, std::string_view arch, std::optional<int64_t> fallback) {
@@ -59,7 +64,79 @@ void require_positive(int64_t value, const char* key, std::string_view arch) {
   if (value <= 0) throw FormatError(fmt::format("config.json: '{}' is {}, expected a positive integer ({})", key, value, arch));
 }
 
+// Module and tensor names of the Llama-family checkpoints, every architecture in kSpecs (transformers'
+// modeling_llama.py and its copies). A family with other names gets its own table here.
+constexpr std::string_view kLayers = "model.layers.";
+constexpr std::string_view kAttention = "self_attn";
+
+std::string_view leaf_name(ModuleRole role) {
+  switch (role) {
+    case ModuleRole::QProj: return "self_attn.q_proj";
+    case ModuleRole::KProj: return "self_attn.k_proj";
+    case ModuleRole::VProj: return "self_attn.v_proj";
+    case ModuleRole::OProj: return "self_attn.o_proj";
+    case ModuleRole::GateProj: return "mlp.gate_proj";
+    case ModuleRole::UpProj: return "mlp.up_proj";
+    case ModuleRole::DownProj: return "mlp.down_proj";
+    case ModuleRole::SharedExpertGate: return "mlp.shared_expert.gate_proj";
+    case ModuleRole::SharedExpertUp: return "mlp.shared_expert.up_proj";
+    case ModuleRole::SharedExpertDown: return "mlp.shared_expert.down_proj";
+    case ModuleRole::SharedExpertRouter: return "mlp.shared_expert_gate";
+    case ModuleRole::Embedding:
+    case ModuleRole::LmHead:
+    case ModuleRole::ExpertGate:
+    case ModuleRole::ExpertUp:
+    case ModuleRole::ExpertDown:
+    case ModuleRole::ExpertsGateUp:
+    case ModuleRole::ExpertsDown:
+    case ModuleRole::Router: break;
+  }
+  return {};
+}
+
 }  // namespace
+
+bool is_gated(ExpertActivation a) {
+  switch (a) {
+    case ExpertActivation::SiluGated:
+    case ExpertActivation::SwigluOai: return true;
+    case ExpertActivation::ReluSquared:
+    case ExpertActivation::Silu: return false;
+  }
+  return true;
+}
+
+std::string layer_name(const ArchitectureSpec& /*spec*/, int64_t layer) {
+  return std::string(kLayers) + std::to_string(layer);
+}
+
+std::string attention_module(const ArchitectureSpec& spec, int64_t layer) {
+  return layer_name(spec, layer) + "." + std::string(kAttention);
+}
+
+std::string module_name(const ArchitectureSpec& spec, ModuleRole role, int64_t layer) {
+  if (role == ModuleRole::Embedding) return "model.embed_tokens";
+  if (role == ModuleRole::LmHead) return "lm_head";
+  const std::string_view leaf = leaf_name(role);
+  if (leaf.empty()) {
+    throw UsageError(fmt::format("{}: {} modules are listed by describe_model, not named by role", spec.name,
+                                 module_role_name(role)));
+  }
+  return layer_name(spec, layer) + "." + std::string(leaf);
+}
+
+std::string tensor_name(const ArchitectureSpec& spec, TensorRole role, int64_t layer) {
+  switch (role) {
+    case TensorRole::Embedding: return module_name(spec, ModuleRole::Embedding, -1) + ".weight";
+    case TensorRole::InputNorm: return layer_name(spec, layer) + ".input_layernorm.weight";
+    case TensorRole::PostAttentionNorm: return layer_name(spec, layer) + ".post_attention_layernorm.weight";
+    case TensorRole::QNorm: return attention_module(spec, layer) + ".q_norm.weight";
+    case TensorRole::KNorm: return attention_module(spec, layer) + ".k_norm.weight";
+    case TensorRole::Sinks: return attention_module(spec, layer) + ".sinks";
+    case TensorRole::FinalNorm: return "model.norm.weight";
+  }
+  return {};
+}
 
 std::string_view module_role_name(ModuleRole role) {
   switch (role) {
@@ -188,29 +265,33 @@ struct Builder {
 
   void norm(std::string name, int64_t size) { out.others.push_back({std::move(name), {size}, "rmsnorm weight", false, false}); }
 
-  void attention(const std::string& p, int64_t layer) {
+  void attention(int64_t layer) {
     const int64_t q = d.num_attention_heads * d.head_dim;
     const int64_t kv = d.num_key_value_heads * d.head_dim;
     const bool qkv_bias = spec.qkv_bias_always || d.attention_bias;
-    const std::string a = p + ".self_attn";
-    add(a + ".q_proj", ModuleRole::QProj, layer, q, d.hidden_size, a + ".qkv_proj", qkv_bias);
-    add(a + ".k_proj", ModuleRole::KProj, layer, kv, d.hidden_size, a + ".qkv_proj", qkv_bias);
-    add(a + ".v_proj", ModuleRole::VProj, layer, kv, d.hidden_size, a + ".qkv_proj", qkv_bias);
-    add(a + ".o_proj", ModuleRole::OProj, layer, d.hidden_size, q, {}, d.attention_bias);
+    const std::string a = attention_module(spec, layer);
+    const auto name = [&](ModuleRole r) { return module_name(spec, r, layer); };
+    add(name(ModuleRole::QProj), ModuleRole::QProj, layer, q, d.hidden_size, a + ".qkv_proj", qkv_bias);
+    add(name(ModuleRole::KProj), ModuleRole::KProj, layer, kv, d.hidden_size, a + ".qkv_proj", qkv_bias);
+    add(name(ModuleRole::VProj), ModuleRole::VProj, layer, kv, d.hidden_size, a + ".qkv_proj", qkv_bias);
+    add(name(ModuleRole::OProj), ModuleRole::OProj, layer, d.hidden_size, q, {}, d.attention_bias);
     if (spec.qk_norm) {
-      norm(a + ".q_norm.weight", d.head_dim);
-      norm(a + ".k_norm.weight", d.head_dim);
+      norm(tensor_name(spec, TensorRole::QNorm, layer), d.head_dim);
+      norm(tensor_name(spec, TensorRole::KNorm, layer), d.head_dim);
     }
-    if (spec.attention_sinks) out.others.push_back({a + ".sinks", {d.num_attention_heads}, "attention sinks", false, false});
+    if (spec.attention_sinks) {
+      out.others.push_back({tensor_name(spec, TensorRole::Sinks, layer), {d.num_attention_heads}, "attention sinks", false, false});
+    }
     // Some older exports saved the rotary buffer; it is recomputed from rope_theta, so it is dropped.
     out.others.push_back({a + ".rotary_emb.inv_freq", {d.head_dim / 2}, "rotary inv_freq buffer", true, true});
   }
 
-  void dense_mlp(const std::string& m, int64_t layer, int64_t width, ModuleRole gate, ModuleRole up, ModuleRole down,
-                 bool bias) {
-    add(m + ".gate_proj", gate, layer, width, d.hidden_size, m + ".gate_up_proj", bias);
-    add(m + ".up_proj", up, layer, width, d.hidden_size, m + ".gate_up_proj", bias);
-    add(m + ".down_proj", down, layer, d.hidden_size, width, {}, bias);
+  void dense_mlp(int64_t layer, int64_t width, ModuleRole gate, ModuleRole up, ModuleRole down, bool bias) {
+    const std::string g = module_name(spec, gate, layer);
+    const std::string fused = g.substr(0, g.rfind('.')) + ".gate_up_proj";
+    add(g, gate, layer, width, d.hidden_size, fused, bias);
+    add(module_name(spec, up, layer), up, layer, width, d.hidden_size, fused, bias);
+    add(module_name(spec, down, layer), down, layer, d.hidden_size, width, {}, bias);
   }
 
   void per_expert(const std::string& p, int64_t layer) {
@@ -260,9 +341,9 @@ struct Builder {
       fused_experts(p, layer);
     }
     if (spec.shared_expert) {
-      dense_mlp(p + ".mlp.shared_expert", layer, d.shared_expert_intermediate_size, ModuleRole::SharedExpertGate,
-                ModuleRole::SharedExpertUp, ModuleRole::SharedExpertDown, false);
-      add(p + ".mlp.shared_expert_gate", ModuleRole::SharedExpertRouter, layer, 1, d.hidden_size);
+      dense_mlp(layer, d.shared_expert_intermediate_size, ModuleRole::SharedExpertGate, ModuleRole::SharedExpertUp,
+                ModuleRole::SharedExpertDown, false);
+      add(module_name(spec, ModuleRole::SharedExpertRouter, layer), ModuleRole::SharedExpertRouter, layer, 1, d.hidden_size);
     }
   }
 };
@@ -297,24 +378,26 @@ ModelLayout describe_model(const json& config, ExpertNaming naming) {
   out.expert_naming = naming;
   const ModelDims& d = out.dims;
   Builder b{*out.spec, d, out, naming};
-  b.add("model.embed_tokens", ModuleRole::Embedding, -1, d.vocab_size, d.hidden_size, {}, false, "Embedding");
+  const ArchitectureSpec& spec = *out.spec;
+  b.add(module_name(spec, ModuleRole::Embedding, -1), ModuleRole::Embedding, -1, d.vocab_size, d.hidden_size, {},
+        false, "Embedding");
   for (int64_t layer = 0; layer < d.num_hidden_layers; ++layer) {
-    const std::string p = "model.layers." + std::to_string(layer);
-    b.norm(p + ".input_layernorm.weight", d.hidden_size);
-    b.norm(p + ".post_attention_layernorm.weight", d.hidden_size);
-    b.attention(p, layer);
+    const std::string p = layer_name(spec, layer);
+    b.norm(tensor_name(spec, TensorRole::InputNorm, layer), d.hidden_size);
+    b.norm(tensor_name(spec, TensorRole::PostAttentionNorm, layer), d.hidden_size);
+    b.attention(layer);
     if (d.is_moe_layer(layer)) {
       b.moe(p, layer);
     } else {
-      b.dense_mlp(p + ".mlp", layer, d.intermediate_size, ModuleRole::GateProj, ModuleRole::UpProj, ModuleRole::DownProj,
-                  d.mlp_bias);
+      b.dense_mlp(layer, d.intermediate_size, ModuleRole::GateProj, ModuleRole::UpProj, ModuleRole::DownProj, d.mlp_bias);
     }
   }
-  b.norm("model.norm.weight", d.hidden_size);
-  ModuleInfo& head = out.modules[b.add("lm_head", ModuleRole::LmHead, -1, d.vocab_size, d.hidden_size)];
+  b.norm(tensor_name(spec, TensorRole::FinalNorm, -1), d.hidden_size);
+  ModuleInfo& head =
+      out.modules[b.add(module_name(spec, ModuleRole::LmHead, -1), ModuleRole::LmHead, -1, d.vocab_size, d.hidden_size)];
   if (d.tie_word_embeddings) {
     head.tied = true;
-    head.dense_weight = "model.embed_tokens.weight";
+    head.dense_weight = tensor_name(spec, TensorRole::Embedding, -1);
   }
   return out;
 }

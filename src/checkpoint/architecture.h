@@ -51,6 +51,16 @@ enum class ModuleRole : uint8_t {
 };
 std::string_view module_role_name(ModuleRole role);
 
+/// What a non-linear tensor does.
+enum class TensorRole : uint8_t {
+  Embedding,           ///< the token embedding table [vocab, H]
+  InputNorm,           ///< a decoder layer's pre-attention RMSNorm [H]
+  PostAttentionNorm,   ///< its pre-MLP RMSNorm [H]
+  QNorm, KNorm,        ///< Qwen3 per-head RMSNorm on q and k [head_dim]
+  Sinks,               ///< GPT-OSS attention sinks [num_attention_heads]
+  FinalNorm,           ///< the RMSNorm before lm_head [H]
+};
+
 /// How experts are stored (FORMATS.md §4, §5).
 enum class ExpertLayout : uint8_t { None, PerExpert, Fused3d };
 /// How the gate and up projections of an expert are laid out: separate modules (fused at run time into w13),
@@ -101,7 +111,41 @@ struct OtherTensor {
   bool dropped = false;    ///< read-and-ignored when present (recomputed at run time)
 };
 
-/// Static description of one supported `architectures[0]`.
+/// How a router turns its logits [E] into k expert weights (all fp32, in transformers' order of operations).
+enum class RouterKind : uint8_t {
+  SoftmaxTopK,  ///< softmax over all E, top-k of the probabilities, optional renormalization (Mixtral, Qwen-MoE)
+  TopKSoftmax,  ///< top-k of the logits (+ router bias), softmax over the k (GraniteMoe, GPT-OSS)
+};
+
+/// Whether SoftmaxTopK divides the k probabilities by their sum.
+enum class TopKRenormalize : uint8_t {
+  Never,
+  Always,      ///< MixtralSparseMoeBlock
+  FromConfig,  ///< config `norm_topk_prob` (default false; Qwen-MoE)
+};
+
+/// The expert MLP's activation. Gated forms read gate|up halves (w13 = 2·I rows); the others one projection.
+enum class ExpertActivation : uint8_t {
+  SiluGated,    ///< silu(gate) · up
+  SwigluOai,    ///< GPT-OSS: (clamp(up) + 1) · g · sigmoid(alpha · g), g = min(gate, limit)
+  ReluSquared,  ///< non-gated: relu(x)²
+  Silu,         ///< non-gated: silu(x)
+};
+bool is_gated(ExpertActivation a);
+
+/// Where an architecture's attention window comes from.
+enum class SlidingWindowRule : uint8_t {
+  None,                    ///< full attention
+  FromConfig,              ///< `sliding_window` on every layer (Mistral, Mixtral; null / absent = full)
+  LayerTypes,              ///< `layer_types` marks each layer sliding_attention / full_attention (GPT-OSS)
+  /// Qwen families: a config with `use_sliding_window: true` (windows on the layers from `max_window_layers` on)
+  /// is refused by name, as before this table; published Qwen2/Qwen3 checkpoints set it false.
+  RefuseUseSlidingWindow,
+};
+
+/// Static description of one supported `architectures[0]`: everything the plan, the quantizer and the model need
+/// to know about a family besides config.json's numbers. Module and tensor names come from module_name /
+/// tensor_name below.
 struct ArchitectureSpec {
   std::string_view name = {};
   ExpertLayout experts = ExpertLayout::None;
@@ -117,7 +161,26 @@ struct ArchitectureSpec {
                                             ///< configs write num_local_experts)
   std::string_view moe_prefix = {};  ///< submodule of a decoder layer holding router and experts
   std::string_view router = {};    ///< router module template, "" for dense
+  RouterKind router_kind = RouterKind::SoftmaxTopK;
+  TopKRenormalize renormalize = TopKRenormalize::Never;
+  ExpertActivation expert_activation = ExpertActivation::SiluGated;  ///< gated_experts == is_gated(this)
+  SlidingWindowRule sliding_window = SlidingWindowRule::None;
+  /// Granite: embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale) and
+  /// logits_scaling (logits are divided by it) from config.json.
+  bool granite_multipliers = false;
 };
+
+/// "model.layers.<layer>": the prefix of decoder layer `layer`'s modules and tensors.
+std::string layer_name(const ArchitectureSpec& spec, int64_t layer);
+/// The attention module of decoder layer `layer` ("model.layers.<layer>.self_attn"; online q_attn / k_cache
+/// transforms and sinks hang off it).
+std::string attention_module(const ArchitectureSpec& spec, int64_t layer);
+/// The checkpoint name of the one linear module of `role` in decoder layer `layer` (ignored for Embedding and
+/// LmHead): attention projections, dense MLP projections, the shared expert's. Throws UsageError for the
+/// per-expert and router roles, whose names describe_model lists (they depend on the expert naming).
+std::string module_name(const ArchitectureSpec& spec, ModuleRole role, int64_t layer);
+/// The checkpoint name of the tensor of `role` in decoder layer `layer` (ignored for Embedding / FinalNorm).
+std::string tensor_name(const ArchitectureSpec& spec, TensorRole role, int64_t layer);
 
 /// The architectures fp4serve describes, in a stable order.
 std::span<const ArchitectureSpec> supported_architectures();

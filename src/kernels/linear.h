@@ -14,6 +14,7 @@ namespace fp4serve::kernels {
 enum class ActivationQuant : uint8_t {
   None,          ///< activations stay fp32
   EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
+  EmulateMxfp4,  ///< W4A4 emulation: x is quantized to MXFP4 (E8M0 per 32, dynamic) as compressed-tensors does
 };
 
 /// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
@@ -33,8 +34,10 @@ enum class ActivationQuant : uint8_t {
 /// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
-/// Throws UsageError when x or y is null with m > 0, m < 0, or EmulateNvfp4 is asked for a layer that is not
-/// NVFP4 or has no input_global_scale.
+/// EmulateMxfp4 (W4A4 MXFP4): per row and 32-column group, emulate_mxfp4_activations, then the GEMM on the
+/// fake-quantized x (the MXFP4 weights are exact in the reference's BF16 decompression, so no dense copy).
+/// Throws UsageError when x or y is null with m > 0, m < 0, EmulateNvfp4 is asked for a layer that is not
+/// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
 void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
             ActivationQuant aq = ActivationQuant::None);
 
@@ -63,6 +66,22 @@ void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t blo
 /// supports, best first, and the one they dispatch to now.
 std::vector<int64_t> int8_gemm_targets();
 const char* int8_gemm_target_name();
+
+/// In place, rows of x [m, K]: the MXFP4 activation quantize–dequantize of compressed-tensors 0.19 for dynamic
+/// `group` activations with group_size 32 and uint8 (E8M0) scales (`calculate_qparams` → `generate_mx_scales`,
+/// `_quantize_dequantize`), per 32-column group:
+///   amax = max |x| (NaN propagates); p = bits(amax) + 2^21 masked to sign+exponent (`round_to_power_2`:
+///   rounds up from mantissa 1.75); e = clamp(127 + log2(p) − 2, 0, 255) (p = 0 → 0, p = inf → 255);
+///   s = 2^(e − 127) (e = 0: the fp32 subnormal 2^-127; e = 255: +inf); x ← E2M1(clamp(x / s, ±6)) · s,
+///   a NaN quotient staying NaN. So a group whose amax rounds to inf (an ±inf element, or amax ≥ 1.75·2^127)
+///   becomes all NaN, and a group holding a NaN gets e = 0 (what torch's NaN → uint8 cast gives on x86): its NaN
+///   stays NaN and every other element saturates to ±6·2^-127 — both as the reference computes them.
+/// K must be a multiple of 32 (throws UsageError).
+void emulate_mxfp4_activations(float* x, int64_t m, int64_t k);
+
+/// The E8M0 exponent byte compressed-tensors' MXFP4 activation observer derives from a group's amax (above;
+/// NaN → 0).
+uint8_t mxfp4_activation_exponent(float amax);
 
 /// Highway targets (HWY_AVX3, HWY_AVX2, HWY_EMU128, ...) compiled into the GEMM and supported by this CPU,
 /// best first; tests iterate over them with hwy::SetSupportedTargetsForTest.

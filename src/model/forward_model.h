@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the text side (runtime::generate, `generate`, `chat`) needs from a model: its config, a KV cache shaped
-// for it, and the batched forward step. model::Decoder runs it on the CPU, model::CudaDecoder on a GPU
-// (cuda_decoder.h); both follow the same contract so that callers do not care which one they hold.
+// for it, and the batched forward step. model::Decoder implements it on any model::Backend (CPU or GPU), so
+// callers do not care where the model runs.
 #pragma once
 
 #include <cstdint>

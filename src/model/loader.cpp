@@ -9,10 +9,8 @@
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
+#include "model/backend.h"
 #include "model/planned_weights.h"
-#if FP4SERVE_HAVE_CUDA
-#include "model/cuda_decoder.h"
-#endif
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
 
@@ -40,19 +38,6 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), lines));
 }
 
-// --device cuda runs the model on the GPU; refuse early (before reading weights) what cannot do that.
-void check_gpu_run(const LoadOptions& options) {
-  if (options.device != "cuda") return;
-#if !FP4SERVE_HAVE_CUDA
-  throw UnsupportedError("--device cuda: this fp4serve was built without the CUDA backend (no nvcc at configure time, "
-                         "or FP4SERVE_CUDA=OFF); use --device cpu, or --device sm80 … sm120 for a dry-run plan");
-#endif
-  if (!options.gpu_run) {
-    throw UnsupportedError("--device cuda: only `generate` and `chat` run on the GPU so far; this command runs the CPU "
-                           "decoder: use --device cpu (or --device sm80 … sm120 to plan for a GPU)");
-  }
-}
-
 PrepareOptions prepare_options(const LoadOptions& options) {
   PrepareOptions out;
   if (options.activation_precision == "int8") {
@@ -74,13 +59,22 @@ PrepareOptions prepare_options(const LoadOptions& options) {
 
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  check_gpu_run(options);
+  // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
+  // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
+  const PrepareOptions prepare = prepare_options(options);  // a bad choice is refused before anything is read
+  if (options.device == "cuda" && (prepare.activation_precision != prepare::ActivationPrecision::Fp32 ||
+                                   prepare.lm_head_dtype != LmHeadDtype::Bf16)) {
+    throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; the "
+                                 "GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
+                                 options.activation_precision, options.lm_head_dtype));
+  }
+  plan::PlanOptions plan_options;
+  plan_options.device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
+  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
   if (options.threads > 0) core::set_num_threads(options.threads);
-  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, nullptr, {}, 0.0};
+  LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
 
-  plan::PlanOptions plan_options;
-  plan_options.device = plan::resolve_device(options.device);
   plan_options.activation_quant = parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
@@ -88,7 +82,6 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   for (const plan::Notice& notice : layer_plan.notices) {
     if (notice.severity != plan::Severity::Warning) continue;
     loaded.warnings.push_back(fmt::format("{} ({} layers)", notice.text, notice.layers));
-    fmt::print(stderr, "fp4serve: warning: {}\n", loaded.warnings.back());
   }
 
   uint64_t tensors = 0, bytes = 0;
@@ -106,16 +99,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
-  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, prepare_options(options));
-#if FP4SERVE_HAVE_CUDA
-  if (options.device == "cuda") {
-    loaded.gpu_decoder = std::make_unique<CudaDecoder>(loaded.config, weights);
-  } else {
-    loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
-  }
-#else
-  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights);
-#endif
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, prepare);
+  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend));
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loaded;

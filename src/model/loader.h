@@ -17,9 +17,8 @@
 namespace fp4serve::model {
 
 struct LoadOptions {
-  /// cpu | cuda | sm80 … sm120. "cuda" plans for the GPU found and runs the model on it (model::CudaDecoder),
-  /// which needs a build with the CUDA backend and a caller that sets gpu_run; a GPU name plans only (dry run:
-  /// CPU kernels run).
+  /// cpu | cuda | sm80 … sm120. "cuda" plans for the GPU found and runs the model on it (model::CudaBackend,
+  /// which needs a build with the CUDA backend); a GPU name plans only (dry run: the CPU backend runs).
   std::string device = "cpu";
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
@@ -28,28 +27,21 @@ struct LoadOptions {
   /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
   std::string lm_head_dtype = "bf16";
   bool progress = true;                   ///< loading progress bar on stderr
-  /// The caller drives the model through ForwardModel only (generate, chat) and so can run it on the GPU; the
-  /// others (perplexity, serve, calibration) need the CPU decoder and get an UnsupportedError for "cuda".
-  bool gpu_run = false;
 };
 
 struct LoadedModel {
   checkpoint::Checkpoint checkpoint;
   ModelConfig config;
-  std::unique_ptr<Decoder> decoder;            ///< the CPU decoder; null when the model runs on the GPU
-  std::unique_ptr<ForwardModel> gpu_decoder;  ///< model::CudaDecoder for --device cuda; null otherwise
-  std::vector<std::string> warnings;  ///< plan warnings, already printed once to stderr
+  std::unique_ptr<Decoder> decoder;   ///< the model on its backend (CPU, or CUDA for --device cuda)
+  std::vector<std::string> warnings;  ///< plan warnings (downgrades), for the caller to show (the CLI: unless -q)
   double load_seconds = 0.0;
-
-  /// The decoder that runs this model, CPU or GPU.
-  const ForwardModel& forward_model() const { return gpu_decoder ? *gpu_decoder : *decoder; }
 };
 
 /// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
-/// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda: UnsupportedError when the build has
-/// no CUDA backend or the caller did not set gpu_run, UsageError when no GPU is found, and what
-/// model::CudaDecoder throws (MoE, online transforms, W4A4 emulation).
+/// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
+/// UnsupportedError when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
+/// backend throws for an op it does not have (naming the op and the layer).
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
 
 }  // namespace fp4serve::model

@@ -13,19 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-struct ArchitectureRow {
-  const char* name;
-  Architecture architecture;
-};
-
-constexpr ArchitectureRow kArchitectures[] = {
-    {"LlamaForCausalLM", Architecture::Llama},     {"MistralForCausalLM", Architecture::Mistral},
-    {"Qwen2ForCausalLM", Architecture::Qwen2},     {"Qwen3ForCausalLM", Architecture::Qwen3},
-    {"GraniteForCausalLM", Architecture::Granite}, {"MixtralForCausalLM", Architecture::Mixtral},
-    {"Qwen2MoeForCausalLM", Architecture::Qwen2Moe}, {"Qwen3MoeForCausalLM", Architecture::Qwen3Moe},
-    {"GraniteMoeForCausalLM", Architecture::GraniteMoe}, {"GptOssForCausalLM", Architecture::GptOss},
-};
-
 int64_t require_int(const json& c, const char* key) {
   if (!c.contains(key) || !c[key].is_number_integer()) {
     throw FormatError(fmt::format("config.json: '{}' must be an integer, found {}", key,
@@ -63,52 +50,28 @@ int64_t sliding_window_or_zero(const json& c) {
   return c.contains("sliding_window") && c["sliding_window"].is_number_integer() ? c["sliding_window"].get<int64_t>() : 0;
 }
 
-// The MoE rules of each family (transformers' modeling files): expert count key, router, activation.
-void parse_moe(const json& c, ModelConfig& m) {
+// The MoE settings: counts from the dimensions the plan also reads, rules from the architecture's row.
+void parse_moe(const json& c, const checkpoint::ArchitectureSpec& spec, const checkpoint::ModelDims& d, ModelConfig& m) {
   MoeConfig& moe = m.moe;
-  const bool qwen = m.architecture == Architecture::Qwen2Moe || m.architecture == Architecture::Qwen3Moe;
-  const char* experts_key = qwen && c.contains("num_experts") ? "num_experts" : "num_local_experts";
-  moe.num_experts = require_int(c, experts_key);
+  moe.num_experts = d.num_experts;
   moe.top_k = require_int(c, "num_experts_per_tok");
   if (moe.top_k > moe.num_experts) {
-    throw FormatError(fmt::format("config.json: num_experts_per_tok {} exceeds {} {}", moe.top_k, experts_key,
+    throw FormatError(fmt::format("config.json: num_experts_per_tok {} exceeds the {} experts", moe.top_k,
                                   moe.num_experts));
   }
-  moe.intermediate_size = c.contains("moe_intermediate_size") ? require_int(c, "moe_intermediate_size") : m.intermediate_size;
+  moe.intermediate_size = d.moe_intermediate_size;
   moe.routed_scaling_factor = static_cast<float>(number_or(c, "routed_scaling_factor", 1.0));
-  switch (m.architecture) {
-    case Architecture::Mixtral:
-      moe.renormalize = true;  // MixtralSparseMoeBlock always divides the top-k probabilities by their sum
-      break;
-    case Architecture::Qwen2Moe:
-    case Architecture::Qwen3Moe:
-      moe.renormalize = bool_or(c, "norm_topk_prob", false);
-      moe.decoder_sparse_step = c.contains("decoder_sparse_step") ? require_int(c, "decoder_sparse_step") : 1;
-      if (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array()) {
-        for (const auto& v : c["mlp_only_layers"]) {
-          if (!v.is_number_integer()) throw FormatError("config.json: 'mlp_only_layers' holds a non-integer");
-          moe.mlp_only_layers.push_back(v.get<int64_t>());
-        }
-      }
-      if (m.architecture == Architecture::Qwen2Moe) {
-        moe.shared_expert_intermediate_size = require_int(c, "shared_expert_intermediate_size");
-      }
-      break;
-    case Architecture::GraniteMoe:
-      moe.router = RouterKind::TopKSoftmax;
-      break;
-    case Architecture::GptOss:
-      moe.router = RouterKind::TopKSoftmax;
-      moe.activation = ExpertActivation::SwigluOai;
-      moe.swiglu_limit = static_cast<float>(number_or(c, "swiglu_limit", 7.0));
-      break;
-    case Architecture::Llama:
-    case Architecture::Mistral:
-    case Architecture::Qwen2:
-    case Architecture::Qwen3:
-    case Architecture::Granite:
-      break;
+  moe.router = spec.router_kind;
+  switch (spec.renormalize) {
+    case checkpoint::TopKRenormalize::Never: moe.renormalize = false; break;
+    case checkpoint::TopKRenormalize::Always: moe.renormalize = true; break;
+    case checkpoint::TopKRenormalize::FromConfig: moe.renormalize = bool_or(c, "norm_topk_prob", false); break;
   }
+  moe.activation = spec.expert_activation;
+  if (moe.activation == ExpertActivation::SwigluOai) moe.swiglu_limit = static_cast<float>(number_or(c, "swiglu_limit", 7.0));
+  moe.decoder_sparse_step = d.decoder_sparse_step;
+  moe.mlp_only_layers = d.mlp_only_layers;
+  moe.shared_expert_intermediate_size = d.shared_expert_intermediate_size;
 }
 
 // GPT-OSS alternates sliding and full attention as `layer_types` lists them.
@@ -138,16 +101,6 @@ void parse_layer_types(const json& c, ModelConfig& m) {
 
 }  // namespace
 
-bool is_gated(ExpertActivation a) {
-  switch (a) {
-    case ExpertActivation::SiluGated:
-    case ExpertActivation::SwigluOai: return true;
-    case ExpertActivation::ReluSquared:
-    case ExpertActivation::Silu: return false;
-  }
-  return true;
-}
-
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (moe.num_experts == 0) return false;
   if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) != moe.mlp_only_layers.end()) return false;
@@ -159,53 +112,24 @@ int64_t ModelConfig::sliding_window_of(int64_t layer) const {
   return layer_sliding_window.at(static_cast<size_t>(layer));
 }
 
-const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& row : kArchitectures) out.emplace_back(row.name);
-    return out;
-  }();
-  return names;
-}
-
 ModelConfig parse_model_config(const json& c) {
-  if (!c.is_object()) throw FormatError("config.json: missing or not an object");
-  if (!c.contains("architectures") || !c["architectures"].is_array() || c["architectures"].empty() ||
-      !c["architectures"][0].is_string()) {
-    throw FormatError("config.json: 'architectures' must be a non-empty list of strings");
-  }
+  // Dimensions (and the unknown-architecture refusal listing the table) come from the parser the plan uses.
+  const checkpoint::ModelDims d = checkpoint::read_model_dims(c);
+  const checkpoint::ArchitectureSpec& spec = checkpoint::architecture_spec(d.architecture);
   ModelConfig m;
-  m.architecture_name = c["architectures"][0].get<std::string>();
-  bool known = false;
-  for (const auto& row : kArchitectures) {
-    if (m.architecture_name == row.name) {
-      m.architecture = row.architecture;
-      known = true;
-    }
-  }
-  if (!known) {
-    throw UnsupportedError(fmt::format("config.json: architecture '{}' is not supported; supported: {}",
-                                       m.architecture_name, fmt::join(supported_architectures(), ", ")));
-  }
+  m.architecture_name = d.architecture;
   const std::string act = c.value("hidden_act", std::string("silu"));
   if (act != "silu") {
     throw UnsupportedError(fmt::format("config.json: hidden_act '{}' is not supported for {} (expected silu)", act,
                                        m.architecture_name));
   }
-  m.hidden_size = require_int(c, "hidden_size");
-  m.intermediate_size = require_int(c, "intermediate_size");
-  m.num_layers = require_int(c, "num_hidden_layers");
-  m.num_heads = require_int(c, "num_attention_heads");
-  m.num_kv_heads = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
-                       ? require_int(c, "num_key_value_heads")
-                       : m.num_heads;
-  m.vocab_size = require_int(c, "vocab_size");
-  m.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? require_int(c, "head_dim")
-                                                                  : m.hidden_size / m.num_heads;
-  if (!c.contains("head_dim") && m.hidden_size % m.num_heads != 0) {
-    throw FormatError(fmt::format("config.json: hidden_size {} is not divisible by num_attention_heads {}",
-                                  m.hidden_size, m.num_heads));
-  }
+  m.hidden_size = d.hidden_size;
+  m.intermediate_size = d.intermediate_size;
+  m.num_layers = d.num_hidden_layers;
+  m.num_heads = d.num_attention_heads;
+  m.num_kv_heads = d.num_key_value_heads;
+  m.vocab_size = d.vocab_size;
+  m.head_dim = d.head_dim;
   if (m.num_heads % m.num_kv_heads != 0) {
     throw FormatError(fmt::format("config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                   m.num_heads, m.num_kv_heads));
@@ -217,72 +141,33 @@ ModelConfig parse_model_config(const json& c) {
     m.rope_theta = number_or(c["rope_parameters"], "rope_theta", m.rope_theta);
   }
   m.rope_scaling = kernels::parse_rope_scaling(c);
-  m.tie_word_embeddings = bool_or(c, "tie_word_embeddings", false);
-  m.mlp_bias = bool_or(c, "mlp_bias", false);
-  switch (m.architecture) {
-    case Architecture::Llama:
-    case Architecture::Granite:
-    case Architecture::GraniteMoe:
-      m.attention_bias = bool_or(c, "attention_bias", false);
-      m.o_proj_bias = m.attention_bias;
-      break;
-    case Architecture::Mistral:
-    case Architecture::Mixtral:
-      m.sliding_window = sliding_window_or_zero(c);
-      break;
-    case Architecture::GptOss:
-      m.attention_bias = bool_or(c, "attention_bias", true);
-      m.o_proj_bias = m.attention_bias;
-      m.attention_sinks = true;
-      parse_layer_types(c, m);
-      break;
-    case Architecture::Qwen2Moe:
-      m.attention_bias = true;
+  m.tie_word_embeddings = d.tie_word_embeddings;
+  m.mlp_bias = d.mlp_bias;
+  m.qk_norm = spec.qk_norm;
+  m.attention_sinks = spec.attention_sinks;
+  if (spec.qkv_bias_always) {
+    m.attention_bias = true;  // Qwen2 families always have q/k/v biases and no o_proj bias
+  } else {
+    m.attention_bias = d.attention_bias;
+    m.o_proj_bias = m.attention_bias;
+  }
+  switch (spec.sliding_window) {
+    case checkpoint::SlidingWindowRule::None: break;
+    case checkpoint::SlidingWindowRule::FromConfig: m.sliding_window = sliding_window_or_zero(c); break;
+    case checkpoint::SlidingWindowRule::LayerTypes: parse_layer_types(c, m); break;
+    case checkpoint::SlidingWindowRule::RefuseUseSlidingWindow:
       if (bool_or(c, "use_sliding_window", false)) {
-        throw UnsupportedError("config.json: Qwen2-MoE use_sliding_window=true is not supported yet");
-      }
-      break;
-    case Architecture::Qwen3Moe:
-      m.qk_norm = true;
-      m.attention_bias = bool_or(c, "attention_bias", false);
-      m.o_proj_bias = m.attention_bias;
-      if (bool_or(c, "use_sliding_window", false)) {
-        throw UnsupportedError("config.json: Qwen3-MoE use_sliding_window=true is not supported yet");
-      }
-      break;
-    case Architecture::Qwen2:
-      m.attention_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
-      if (bool_or(c, "use_sliding_window", false)) {
-        throw UnsupportedError("config.json: Qwen2 use_sliding_window=true is not supported yet");
-      }
-      break;
-    case Architecture::Qwen3:
-      m.qk_norm = true;
-      m.attention_bias = bool_or(c, "attention_bias", false);
-      m.o_proj_bias = m.attention_bias;
-      if (bool_or(c, "use_sliding_window", false)) {
-        throw UnsupportedError("config.json: Qwen3 use_sliding_window=true is not supported yet");
+        throw UnsupportedError(fmt::format("config.json: {} use_sliding_window=true is not supported yet", m.architecture_name));
       }
       break;
   }
-  if (m.architecture == Architecture::Granite || m.architecture == Architecture::GraniteMoe) {
+  if (spec.granite_multipliers) {
     m.embedding_multiplier = static_cast<float>(number_or(c, "embedding_multiplier", 1.0));
     m.residual_multiplier = static_cast<float>(number_or(c, "residual_multiplier", 1.0));
     m.attention_scale = static_cast<float>(number_or(c, "attention_multiplier", 0.0));
     m.logits_scaling = static_cast<float>(number_or(c, "logits_scaling", 1.0));
   }
-  switch (m.architecture) {
-    case Architecture::Mixtral:
-    case Architecture::Qwen2Moe:
-    case Architecture::Qwen3Moe:
-    case Architecture::GraniteMoe:
-    case Architecture::GptOss: parse_moe(c, m); break;
-    case Architecture::Llama:
-    case Architecture::Mistral:
-    case Architecture::Qwen2:
-    case Architecture::Qwen3:
-    case Architecture::Granite: break;
-  }
+  if (spec.experts != checkpoint::ExpertLayout::None) parse_moe(c, spec, d, m);
   if (m.attention_scale == 0.0f) m.attention_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   if (c.contains("eos_token_id")) m.eos_token_ids = token_ids(c["eos_token_id"]);
   if (c.contains("bos_token_id") && c["bos_token_id"].is_number_integer()) m.bos_token_id = c["bos_token_id"].get<int32_t>();

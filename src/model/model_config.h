@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The numeric description of a decoder model, read from config.json with one explicit rule set per
-// architecture (`architectures[0]`), never inferred from which tensors exist.
+// The numeric description of a decoder model, read from config.json: the dimensions by
+// checkpoint::read_model_dims (the plan reads the same), the rules of each architecture (`architectures[0]`) from
+// its row of the architecture table (checkpoint/architecture.h), never inferred from which tensors exist.
 #pragma once
 
 #include <cstdint>
@@ -9,38 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/architecture.h"
 #include "kernels/rope.h"
 
 namespace fp4serve::model {
 
-enum class Architecture {
-  Llama,    ///< LlamaForCausalLM (SmolLM2, TinyLlama, Llama 2/3)
-  Mistral,  ///< MistralForCausalLM (optional sliding window)
-  Qwen2,    ///< Qwen2ForCausalLM: q/k/v projections carry biases
-  Qwen3,    ///< Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE
-  Granite,  ///< GraniteForCausalLM: embedding/residual/attention multipliers, logits scaling
-  Mixtral,     ///< MixtralForCausalLM: every layer MoE, softmax → top-k → renormalize
-  Qwen2Moe,    ///< Qwen2MoeForCausalLM: q/k/v biases, shared expert with a sigmoid gate, sparse-step layers
-  Qwen3Moe,    ///< Qwen3MoeForCausalLM: Qwen3 attention, softmax → top-k → optional renormalize
-  GraniteMoe,  ///< GraniteMoeForCausalLM: Granite multipliers, top-k → softmax over the k
-  GptOss,      ///< GptOssForCausalLM: biased router top-k → softmax, swiglu-oai experts with biases, attention
-               ///< sinks, sliding window on the layers `layer_types` marks "sliding_attention"
-};
-
-/// How a router turns its logits [E] into k expert weights (all fp32, in transformers' order of operations).
-enum class RouterKind : uint8_t {
-  SoftmaxTopK,  ///< softmax over all E, top-k of the probabilities, optional renormalization (Mixtral, Qwen-MoE)
-  TopKSoftmax,  ///< top-k of the logits (+ router bias), softmax over the k (GraniteMoe, GPT-OSS)
-};
-
-/// The expert MLP's activation. Gated forms read gate|up halves (w13 = 2·I rows); the others one projection.
-enum class ExpertActivation : uint8_t {
-  SiluGated,    ///< silu(gate) · up
-  SwigluOai,    ///< GPT-OSS: (clamp(up) + 1) · g · sigmoid(alpha · g), g = min(gate, limit)
-  ReluSquared,  ///< non-gated: relu(x)²
-  Silu,         ///< non-gated: silu(x)
-};
-bool is_gated(ExpertActivation a);
+// The architecture facts (router kind, expert activation, …) are the checkpoint module's, written once there.
+using checkpoint::ExpertActivation;
+using checkpoint::is_gated;
+using checkpoint::RouterKind;
 
 /// Mixture-of-experts settings; num_experts = 0 for dense models.
 struct MoeConfig {
@@ -58,12 +36,8 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;
 };
 
-/// The architectures this build runs, as config.json names them.
-const std::vector<std::string>& supported_architectures();
-
 struct ModelConfig {
-  Architecture architecture = Architecture::Llama;
-  std::string architecture_name;  ///< config.json `architectures[0]`
+  std::string architecture_name;  ///< config.json `architectures[0]`, a row of checkpoint::supported_architectures()
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_layers = 0;

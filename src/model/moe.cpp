@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fp4serve/error.h"
@@ -44,21 +45,20 @@ void expert_activation(const MoeSettings& s, const float* x, int64_t m, int64_t 
 }
 
 MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
-                   std::optional<SharedExpertWeights> shared)
-    : name_(std::move(name)), settings_(settings), router_(std::move(router)), experts_(std::move(experts)),
-      shared_(std::move(shared)) {
+                   std::optional<SharedExpertWeights> shared, Backend* backend)
+    : name_(std::move(name)), settings_(settings) {
   const int64_t e = settings_.router.num_experts;
-  if (router_.out_features() != e || static_cast<int64_t>(experts_.size()) != e) {
+  if (router.out_features() != e || static_cast<int64_t>(experts.size()) != e) {
     throw FormatError(fmt::format("{}: router has {} outputs and there are {} experts where config.json has {}", name_,
-                                  router_.out_features(), experts_.size(), e));
+                                  router.out_features(), experts.size(), e));
   }
   if (settings_.router.top_k < 1 || settings_.router.top_k > e) {
     throw FormatError(fmt::format("{}: num_experts_per_tok {} outside 1 … {}", name_, settings_.router.top_k, e));
   }
-  hidden_ = router_.in_features();
-  intermediate_ = experts_.front().down.in_features();
-  for (size_t i = 0; i < experts_.size(); ++i) {
-    const ExpertWeights& x = experts_[i];
+  hidden_ = router.in_features();
+  intermediate_ = experts.front().down.in_features();
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const ExpertWeights& x = experts[i];
     if (x.w13.in_features() != hidden_ || x.w13.out_features() != w13_rows(settings_.activation, intermediate_) ||
         x.down.in_features() != intermediate_ || x.down.out_features() != hidden_) {
       throw FormatError(fmt::format(
@@ -68,85 +68,100 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
           is_gated(settings_.activation) ? "gated" : "non-gated", intermediate_));
     }
   }
-  if (shared_) {
-    const int64_t si = shared_->down.in_features();
-    if (shared_->w13.in_features() != hidden_ || shared_->w13.out_features() != 2 * si ||
-        shared_->down.out_features() != hidden_ || shared_->gate.out_features() != 1 || shared_->gate.in_features() != hidden_) {
+  if (shared) {
+    const int64_t si = shared->down.in_features();
+    if (shared->w13.in_features() != hidden_ || shared->w13.out_features() != 2 * si ||
+        shared->down.out_features() != hidden_ || shared->gate.out_features() != 1 || shared->gate.in_features() != hidden_) {
       throw FormatError(fmt::format("{}: shared expert sizes disagree (w13 [{}, {}], down [{}, {}], gate [{}, {}], H = {})",
-                                    name_, shared_->w13.out_features(), shared_->w13.in_features(),
-                                    shared_->down.out_features(), si, shared_->gate.out_features(),
-                                    shared_->gate.in_features(), hidden_));
+                                    name_, shared->w13.out_features(), shared->w13.in_features(),
+                                    shared->down.out_features(), si, shared->gate.out_features(),
+                                    shared->gate.in_features(), hidden_));
     }
+  }
+  if (backend == nullptr) {
+    own_backend_ = make_cpu_backend();
+    backend = own_backend_.get();
+  }
+  backend_ = backend;
+  router_ = backend_->upload_linear(std::move(router));
+  experts_.reserve(experts.size());
+  for (ExpertWeights& x : experts) experts_.push_back({backend_->upload_linear(std::move(x.w13)), backend_->upload_linear(std::move(x.down))});
+  if (shared) {
+    shared_intermediate_ = shared->down.in_features();
+    shared_w13_ = backend_->upload_linear(std::move(shared->w13));
+    shared_down_ = backend_->upload_linear(std::move(shared->down));
+    shared_gate_ = backend_->upload_linear(std::move(shared->gate));
   }
 }
 
+MoeBlock::~MoeBlock() = default;
+
 void MoeBlock::forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const {
+  Backend& b = *backend_;
   const int64_t e_count = settings_.router.num_experts;
   const int64_t k = settings_.router.top_k;
   const int64_t inter = intermediate_;
-  std::vector<float> scratch;
+  const int64_t w13_width = w13_rows(settings_.activation, inter);
 
   // Routing stays in fp32 end to end (logits, softmax, top-k, renormalization).
-  std::vector<float> logits(static_cast<size_t>(m * e_count));
-  if (observer != nullptr) observer->observe(router_.modules(), h, m, hidden_);
-  router_.forward(h, m, logits.data(), scratch);
+  float* logits = b.workspace(kMoeWorkspace, m * e_count);
+  observe(observer, b, *router_, h, m);
+  b.linear(*router_, h, m, logits);
   std::vector<int32_t> chosen(static_cast<size_t>(m * k));
   std::vector<float> weights(static_cast<size_t>(m * k));
-  route(settings_.router, logits.data(), m, chosen.data(), weights.data());
+  b.route(settings_.router, logits, m, chosen.data(), weights.data());
 
-  // Tokens grouped by expert: (token, weight) lists in token order.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(e_count));
+  // Tokens grouped by expert: token rows and weights in token order.
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(e_count));
+  std::vector<std::vector<float>> row_weights(static_cast<size_t>(e_count));
+  int64_t widest = 0;
   for (int64_t t = 0; t < m; ++t) {
-    for (int64_t j = 0; j < k; ++j) routed[static_cast<size_t>(chosen[t * k + j])].push_back({t, weights[t * k + j]});
+    for (int64_t j = 0; j < k; ++j) {
+      const auto e = static_cast<size_t>(chosen[static_cast<size_t>(t * k + j)]);
+      rows[e].push_back(t);
+      row_weights[e].push_back(weights[static_cast<size_t>(t * k + j)]);
+      widest = std::max(widest, static_cast<int64_t>(rows[e].size()));
+    }
   }
 
-  std::fill(out, out + m * hidden_, 0.0f);
-  std::vector<float> x, w13, act, y;
+  // Sized for the busiest expert (and the shared expert's m rows) before any expert runs.
+  const int64_t rows_max = std::max(widest, shared_w13_ ? m : int64_t{0});
+  float* x = b.workspace(kMoeWorkspace + 1, widest * hidden_);
+  float* w13 = b.workspace(kMoeWorkspace + 2, rows_max * std::max(w13_width, 2 * shared_intermediate_));
+  float* act = b.workspace(kMoeWorkspace + 3, rows_max * std::max(inter, shared_intermediate_));
+  float* y = b.workspace(kMoeWorkspace + 4, rows_max * hidden_);
+  float* gate = b.workspace(kMoeWorkspace + 5, m);
+
+  b.fill(out, m * hidden_, 0.0f);
   for (int64_t e = 0; e < e_count; ++e) {
-    const auto& tokens = routed[static_cast<size_t>(e)];
+    const auto& tokens = rows[static_cast<size_t>(e)];
     if (tokens.empty()) continue;
-    const ExpertWeights& expert = experts_[static_cast<size_t>(e)];
+    const Expert& expert = experts_[static_cast<size_t>(e)];
     const auto me = static_cast<int64_t>(tokens.size());
-    x.resize(static_cast<size_t>(me * hidden_));
-    for (int64_t r = 0; r < me; ++r) {
-      std::copy(h + tokens[r].first * hidden_, h + (tokens[r].first + 1) * hidden_, x.begin() + r * hidden_);
-    }
-    w13.resize(static_cast<size_t>(me * expert.w13.out_features()));
-    act.resize(static_cast<size_t>(me * inter));
-    y.resize(static_cast<size_t>(me * hidden_));
-    if (observer != nullptr) observer->observe(expert.w13.modules(), x.data(), me, hidden_);
-    expert.w13.forward(x.data(), me, w13.data(), scratch);
-    expert_activation(settings_, w13.data(), me, inter, act.data());
-    if (observer != nullptr) observer->observe(expert.down.modules(), act.data(), me, inter);
-    expert.down.forward(act.data(), me, y.data(), scratch);
-    for (int64_t r = 0; r < me; ++r) {
-      float* o = out + tokens[r].first * hidden_;
-      const float wt = tokens[r].second;
-      for (int64_t c = 0; c < hidden_; ++c) o[c] += y[r * hidden_ + c] * wt;
-    }
+    b.gather_rows(h, hidden_, tokens, x);
+    observe(observer, b, *expert.w13, x, me);
+    b.linear(*expert.w13, x, me, w13);
+    b.activation(settings_.activation, settings_.swiglu_alpha, settings_.swiglu_limit, w13, me, inter, act);
+    observe(observer, b, *expert.down, act, me);
+    b.linear(*expert.down, act, me, y);
+    b.scatter_add_rows(y, hidden_, tokens, row_weights[static_cast<size_t>(e)], out);
   }
 
-  if (shared_) {
-    const int64_t si = shared_->down.in_features();
-    w13.resize(static_cast<size_t>(m * 2 * si));
-    act.resize(static_cast<size_t>(m * si));
-    y.resize(static_cast<size_t>(m * hidden_));
-    std::vector<float> gate(static_cast<size_t>(m));
-    if (observer != nullptr) observer->observe(shared_->w13.modules(), h, m, hidden_);
-    shared_->w13.forward(h, m, w13.data(), scratch);
-    kernels::silu_and_mul(w13.data(), m, si, act.data());
-    if (observer != nullptr) observer->observe(shared_->down.modules(), act.data(), m, si);
-    shared_->down.forward(act.data(), m, y.data(), scratch);
-    if (observer != nullptr) observer->observe(shared_->gate.modules(), h, m, hidden_);
-    shared_->gate.forward(h, m, gate.data(), scratch);
-    for (int64_t t = 0; t < m; ++t) {
-      const float g = 1.0f / (1.0f + std::exp(-gate[static_cast<size_t>(t)]));
-      for (int64_t c = 0; c < hidden_; ++c) out[t * hidden_ + c] += g * y[t * hidden_ + c];
-    }
+  if (shared_w13_) {
+    const int64_t si = shared_intermediate_;
+    observe(observer, b, *shared_w13_, h, m);
+    b.linear(*shared_w13_, h, m, w13);
+    b.activation(ExpertActivation::SiluGated, 0.0f, 0.0f, w13, m, si, act);
+    observe(observer, b, *shared_down_, act, m);
+    b.linear(*shared_down_, act, m, y);
+    observe(observer, b, *shared_gate_, h, m);
+    b.linear(*shared_gate_, h, m, gate);
+    b.add_sigmoid_gated(y, gate, m, hidden_, out);
   }
 }
 
-std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer) {
+std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer,
+                                         Backend* backend) {
   const MoeConfig& mc = config.moe;
   const std::string where = fmt::format("model.layers.{} MoE", layer);
   const checkpoint::ArchitectureSpec& spec = checkpoint::architecture_spec(config.architecture_name);
@@ -206,7 +221,8 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
     shared = SharedExpertWeights{weights.linear_group({sg.front().name, su.front().name}),
                                  weights.linear_group({sd.front().name}), weights.linear_group({sr.front().name})};
   }
-  auto block = std::make_unique<MoeBlock>(where, settings, std::move(router), std::move(experts), std::move(shared));
+  auto block = std::make_unique<MoeBlock>(where, settings, std::move(router), std::move(experts), std::move(shared),
+                                          backend);
   if (block->intermediate_size() != mc.intermediate_size || block->hidden_size() != config.hidden_size) {
     throw FormatError(fmt::format("{}: experts are [I = {}, H = {}] where config.json gives [{}, {}]", where,
                                   block->intermediate_size(), block->hidden_size(), mc.intermediate_size, config.hidden_size));

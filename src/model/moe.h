@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The sparse mixture-of-experts feed-forward block (Mixtral, Qwen2/3-MoE, GraniteMoe, GPT-OSS) on CPU.
+// The sparse mixture-of-experts feed-forward block (Mixtral, Qwen2/3-MoE, GraniteMoe, GPT-OSS), written against
+// model::Backend (router GEMM, routing, row gather, expert GEMMs, activation, weighted scatter-add), so it runs
+// on every backend.
 // Whatever the checkpoint layout (split per expert, fused 3-D with gate|up halves, GPT-OSS interleaved rows),
 // each expert is prepared into one layout: a LinearGroup w13 = gate | up halves ([2I, H], or [I, H] for
 // non-gated experts) and a LinearGroup down [H, I], each keeping its own scheme and per-shard global scales.
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/backend.h"
 #include "model/decoder.h"
 #include "model/linear_group.h"
 #include "model/model_config.h"
@@ -44,12 +47,16 @@ struct MoeSettings {
 class MoeBlock final : public FeedForward {
  public:
   /// `router`: [E, H] (with bias for GPT-OSS); `experts`: E entries. `name` (e.g. "model.layers.3 MoE") prefixes
-  /// errors. Throws FormatError when the expert count differs from settings.router.num_experts or an expert's
-  /// sizes disagree with the router's H or with the other experts (w13 rows = 2·I gated, I non-gated).
+  /// errors. The weights are uploaded to `backend` (which must outlive the block), or to a CPU backend the block
+  /// owns when null. Throws FormatError when the expert count differs from settings.router.num_experts or an
+  /// expert's sizes disagree with the router's H or with the other experts (w13 rows = 2·I gated, I non-gated);
+  /// what Backend::upload_linear throws.
   MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
-           std::optional<SharedExpertWeights> shared = std::nullopt);
+           std::optional<SharedExpertWeights> shared = std::nullopt, Backend* backend = nullptr);
+  ~MoeBlock() override;
 
-  /// out[m, H] = Σ_k weight_k · expert_k(h) (+ sigmoid(gate(h)) · shared(h)). h, out: [m, H] fp32.
+  /// out[m, H] = Σ_k weight_k · expert_k(h) (+ sigmoid(gate(h)) · shared(h)). h, out: [m, H] fp32 in the
+  /// backend's memory.
   void forward(const float* h, int64_t m, float* out, ActivationObserver* observer) const override;
 
   int64_t num_experts() const { return static_cast<int64_t>(experts_.size()); }
@@ -57,21 +64,32 @@ class MoeBlock final : public FeedForward {
   int64_t hidden_size() const { return hidden_; }
 
  private:
+  struct Expert {
+    std::unique_ptr<BackendLinear> w13, down;
+  };
   std::string name_;
   MoeSettings settings_;
-  LinearGroup router_;
-  std::vector<ExpertWeights> experts_;
-  std::optional<SharedExpertWeights> shared_;
+  std::unique_ptr<Backend> own_backend_;  // only when constructed without a backend
+  Backend* backend_ = nullptr;
+  std::unique_ptr<BackendLinear> router_;
+  std::vector<Expert> experts_;
+  std::unique_ptr<BackendLinear> shared_w13_, shared_down_, shared_gate_;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
+  int64_t shared_intermediate_ = 0;
 };
 
-/// y[m, I] = the expert activation of w13 output x[m, W] (W = 2I gated, I otherwise).
+/// y[m, I] = the expert activation of w13 output x[m, W] (W = 2I gated, I otherwise), host memory (CPU kernels).
 void expert_activation(const MoeSettings& settings, const float* x, int64_t m, int64_t inter, float* y);
 
-/// Builds decoder layer `layer`'s MoE block from the modules the plan lists for it (router, per-expert or fused
-/// 3-D experts, shared expert), with the routing and activation rules of `config`. Throws FormatError naming the
-/// layer when the checkpoint's expert count or sizes disagree with config.json, and what `weights` throws.
-std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer);
+/// Builds decoder layer `layer`'s MoE block on `backend` (a CPU backend of its own when null) from the modules the
+/// plan lists for it (router, per-expert or fused 3-D experts, shared expert), with the routing and activation
+/// rules of `config`. Throws FormatError naming the layer when the checkpoint's expert count or sizes disagree
+/// with config.json, and what `weights` and the backend throw.
+std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer,
+                                         Backend* backend = nullptr);
+
+/// The first workspace slot the MoE block uses (the decoder's slots lie below).
+inline constexpr int kMoeWorkspace = 16;
 
 }  // namespace fp4serve::model

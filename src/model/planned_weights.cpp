@@ -152,7 +152,11 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       break;
     }
     case SchemeId::W4A16Mxfp4:
+    case SchemeId::W4A4Mxfp4Emulated:
+      // MXFP4 weights are exact in the reference's BF16 decompression (2-bit mantissa × power of two), so the
+      // emulation keeps the packed layout and only fake-quantizes the activations.
       part.weight = prepare::prepare_mxfp4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale), name);
+      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationQuant::EmulateMxfp4;
       break;
     case SchemeId::W4A16Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
@@ -243,6 +247,7 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
     }
     case SchemeId::W4A16Nvfp4:
     case SchemeId::W4A4Nvfp4Emulated:
+    case SchemeId::W4A4Mxfp4Emulated:
     case SchemeId::W4A16Int4:
     case SchemeId::W8A16Fp8:
     case SchemeId::W4A4Nvfp4:

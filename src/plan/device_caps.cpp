@@ -55,7 +55,9 @@ std::optional<DeviceCaps> detect_cuda() {
   // The driver API has a stable C ABI; loading it at run time keeps the binary free of a CUDA dependency and
   // lets a CPU-only build report the GPU in `explain`. Attribute ids 75/76 are
   // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR (cuda.h).
-  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  // The handle is opened once and never closed: after cuInit the driver keeps threads and callbacks that point
+  // into the library, so unloading it (dlclose) can crash the process later, at the next CUDA call or at exit.
+  static void* const lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
   if (lib == nullptr) return std::nullopt;
   using InitFn = int (*)(unsigned);
   using CountFn = int (*)(int*);
@@ -86,7 +88,6 @@ std::optional<DeviceCaps> detect_cuda() {
     if (mem != nullptr && mem(&bytes, dev) == 0) caps.memory_bytes = bytes;
     result = caps;
   }
-  dlclose(lib);
   return result;
 }
 

@@ -51,7 +51,8 @@ struct DeviceCaps {
 DeviceCaps detect_cpu();
 
 /// The first CUDA device, read through the driver library (libcuda.so.1, loaded at run time); std::nullopt when
-/// no driver or no device is present. Never throws.
+/// no driver or no device is present. Never throws. The driver library stays loaded for the rest of the process
+/// (it is never dlclose-d after cuInit).
 std::optional<DeviceCaps> detect_cuda();
 
 /// Parses `--device`: "auto" (a GPU when one is present, else the CPU), "cpu", "cuda" (the detected GPU), or

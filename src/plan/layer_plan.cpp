@@ -210,7 +210,7 @@ void plan_attention_transforms(const quant::QuantConfig& qc, const SharedTransfo
   const std::array<std::string_view, 1> classes{cls};
   const int64_t head_dim = plan.dims.head_dim;
   for (int64_t layer = 0; layer < plan.dims.num_hidden_layers; ++layer) {
-    const std::string module = fmt::format("model.layers.{}.self_attn", layer);
+    const std::string module = checkpoint::attention_module(checkpoint::architecture_spec(plan.dims.architecture), layer);
     const quant::LayerQuant lq = quant::resolve_layer_quant(qc, {module, classes});
     for (const quant::TransformUse& t : lq.transforms) {
       if (t.location != "q_attn" && t.location != "k_cache") {
@@ -397,7 +397,9 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
   std::unordered_set<std::string> consumed;
   const SharedTransforms shared_transforms(headers);
   for (ModulePlan& mp : plan.modules) {
-    const SchemeId contract_scheme = mp.scheme ? *mp.scheme : scheme_candidates(mp.variant, options.activation_quant).front();
+    std::vector<SchemeId> table = scheme_candidates(mp.variant, options.activation_quant);
+    if (table.empty()) table = scheme_candidates(mp.variant, ActivationQuant::Auto);  // refused emulate: check as stored
+    const SchemeId contract_scheme = mp.scheme ? *mp.scheme : table.front();
     auto contract = parameter_contract(contract_scheme, mp.variant, mp.quant, mp.module, problems);
     for (TensorContract& c : contract) {
       if ((c.role == TensorRole::TransformMatrix || c.role == TensorRole::TransformPerm) && !headers.contains(c.name)) {
@@ -417,7 +419,7 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
     std::vector<std::vector<int64_t>> shapes = per_head ? std::vector<std::vector<int64_t>>{{plan.dims.num_key_value_heads, 1, 1}}
                                                         : std::vector<std::vector<int64_t>>{{1}, {}};
     for (int64_t layer = 0; layer < plan.dims.num_hidden_layers; ++layer) {
-      const std::string a = fmt::format("model.layers.{}.self_attn", layer);
+      const std::string a = checkpoint::attention_module(checkpoint::architecture_spec(plan.dims.architecture), layer);
       add_other(modelopt ? a + ".k_proj.k_scale" : a + ".k_scale", shapes, false, false, "KV-cache scale", headers, plan, consumed, problems);
       add_other(modelopt ? a + ".v_proj.v_scale" : a + ".v_scale", shapes, false, false, "KV-cache scale", headers, plan, consumed, problems);
     }

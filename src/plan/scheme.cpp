@@ -18,11 +18,12 @@ using quant::ScaleDtype;
 using quant::StorageFormat;
 using quant::Strategy;
 
-constexpr std::array<SchemeTraits, 9> kSchemes{{
+constexpr std::array<SchemeTraits, 10> kSchemes{{
     {SchemeId::W4A4Nvfp4, "W4A4_NVFP4", true, "sm100+, sm120+"},
     {SchemeId::W4A16Nvfp4, "W4A16_NVFP4", false, "cpu, sm80+"},
     {SchemeId::W4A4Nvfp4Emulated, "W4A4_NVFP4_EMULATED", true, "cpu, sm80+ (opt-in)"},
     {SchemeId::W4A4Mxfp4, "W4A4_MXFP4", true, "sm100 family"},
+    {SchemeId::W4A4Mxfp4Emulated, "W4A4_MXFP4_EMULATED", true, "cpu, sm80+ (opt-in)"},
     {SchemeId::W4A16Mxfp4, "W4A16_MXFP4", false, "cpu, sm80+"},
     {SchemeId::W4A16Int4, "W4A16_INT4", false, "cpu, sm80+"},
     {SchemeId::W8A8Fp8, "W8A8_FP8", true, "sm89+"},
@@ -180,6 +181,7 @@ bool scheme_supported(SchemeId id, const DeviceCaps& d, std::string* why_not) {
       break;
     case SchemeId::W4A16Nvfp4:
     case SchemeId::W4A4Nvfp4Emulated:
+    case SchemeId::W4A4Mxfp4Emulated:
     case SchemeId::W4A16Mxfp4:
     case SchemeId::W4A16Int4:
     case SchemeId::W8A16Fp8:

@@ -21,6 +21,7 @@ enum class SchemeId : uint8_t {
   W4A16Nvfp4,         ///< NVFP4 weights, 16/32-bit activations
   W4A4Nvfp4Emulated,  ///< NVFP4 weights, activations quantized→dequantized exactly as the reference; fp32 math
   W4A4Mxfp4,          ///< MXFP4 weights and dynamic MXFP4 activations (FP4 MMA)
+  W4A4Mxfp4Emulated,  ///< MXFP4 weights, activations quantized→dequantized to MXFP4 exactly as the reference; fp32 math
   W4A16Mxfp4,         ///< MXFP4 weights, 16/32-bit activations
   W4A16Int4,          ///< int4 pack-quantized weights, 16/32-bit activations
   W8A8Fp8,            ///< FP8 weights and activations (FP8 MMA)

@@ -71,11 +71,13 @@ std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode) {
     case Variant::Nvfp4W4A16: return {SchemeId::W4A16Nvfp4};  // never made W4A4 (rule 3)
     case Variant::Mxfp4W4A4:
       if (weight_only) return {SchemeId::W4A16Mxfp4};
+      if (mode == ActivationQuant::Emulate) return {SchemeId::W4A4Mxfp4Emulated};
       return {SchemeId::W4A4Mxfp4, SchemeId::W4A16Mxfp4};
     case Variant::Mxfp4W4A16: return {SchemeId::W4A16Mxfp4};
     case Variant::Int4W4A16: return {SchemeId::W4A16Int4};
     case Variant::Fp8W8A8:
       if (weight_only) return {SchemeId::W8A16Fp8};
+      if (mode == ActivationQuant::Emulate) return {};  // no FP8 activation emulation: refused, never substituted
       return {SchemeId::W8A8Fp8, SchemeId::W8A16Fp8};
     case Variant::Fp8W8A16: return {SchemeId::W8A16Fp8};
     case Variant::Unquantized: return {SchemeId::Unquantized};
@@ -86,6 +88,15 @@ std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode) {
 Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode) {
   Selection s;
   const std::vector<SchemeId> candidates = scheme_candidates(variant, mode);
+  if (candidates.empty()) {
+    // Only `emulate` on a layer whose activation format has no emulation gets here: serving it weight-only or
+    // natively instead would silently compute something other than what was asked.
+    s.reason = Reason::EmulateNotAvailable;
+    s.reason_text = fmt::format("--activation-quant emulate: fp4serve has no emulation of {} activations (emulated: "
+                                "NVFP4 and MXFP4 W4A4); use --activation-quant auto or weight-only",
+                                variant_name(variant));
+    return s;
+  }
   size_t chosen = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string why;
@@ -142,13 +153,13 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
     s.reason = Reason::UserWeightOnly;
     s.reason_text = "--activation-quant weight-only: activations stay 16-bit; stored activation scales are validated "
                     "and dropped";
-  } else if (mode == ActivationQuant::Emulate && acts && id != SchemeId::W4A4Nvfp4Emulated) {
-    s.reason = Reason::EmulateNotAvailable;
-    s.reason_text = fmt::format("--activation-quant emulate exists for NVFP4 W4A4 only; {} follows the table",
-                                variant_name(variant));
   } else if (id == SchemeId::W4A4Nvfp4Emulated) {
     s.reason = Reason::Emulated;
     s.reason_text = "--activation-quant emulate: activations quantized to NVFP4 and dequantized as the reference does";
+  } else if (id == SchemeId::W4A4Mxfp4Emulated) {
+    s.reason = Reason::Emulated;
+    s.reason_text = "--activation-quant emulate: activations quantized to MXFP4 (E8M0 per 32) and dequantized as the "
+                    "reference does";
   } else if (id == SchemeId::W4A4Nvfp4 || id == SchemeId::W4A4Mxfp4) {
     s.reason = Reason::NativeW4A4;
     s.reason_text = fmt::format("{} has FP4 matrix units; activations quantized at run time", device.label());

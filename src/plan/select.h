@@ -18,7 +18,8 @@ namespace fp4serve::plan {
 enum class ActivationQuant : uint8_t {
   Auto,        ///< follow the decision table
   WeightOnly,  ///< serve W4A4/W8A8 checkpoints weight-only (their activation scales are validated, then dropped)
-  Emulate,     ///< NVFP4 W4A4 layers run W4A4_NVFP4_EMULATED (the numerical reference) on any device
+  Emulate,     ///< W4A4 layers run W4A4_NVFP4_EMULATED / W4A4_MXFP4_EMULATED (the numerical reference) on any
+               ///< device; a layer whose activation format has no emulation (FP8 W8A8) gets no scheme
 };
 std::string_view activation_quant_name(ActivationQuant a);
 /// Parses "auto", "weight-only" or "emulate"; throws UsageError otherwise.
@@ -33,8 +34,8 @@ enum class Reason : uint8_t {
   NativeFp8,           ///< FP8 W8A8 on FP8 matrix units
   WeightOnlyByDesign,  ///< the checkpoint has no activation scales (NVFP4A16, MXFP4A16, int4 W4A16, FP8 weight-only)
   UserWeightOnly,      ///< --activation-quant weight-only on a checkpoint with activation quant
-  Emulated,            ///< --activation-quant emulate on an NVFP4 W4A4 checkpoint
-  EmulateNotAvailable, ///< --activation-quant emulate on MXFP4/FP8 W4A4/W8A8: no emulated scheme, table applies
+  Emulated,            ///< --activation-quant emulate on an NVFP4 or MXFP4 W4A4 checkpoint
+  EmulateNotAvailable, ///< --activation-quant emulate on FP8 W8A8: no emulated scheme, the layer has none (refused)
   NotQuantized,        ///< ignored, excluded, not targeted, not listed, or a plain checkpoint
   DeviceTooOld,        ///< no scheme: below sm80
   OnlineTransform,     ///< no scheme: an online transform the module cannot run (q_attn / k_cache on a Linear, one
@@ -58,11 +59,12 @@ struct Selection {
   std::vector<RejectedCandidate> rejected;
 };
 
-/// Candidates in preference order for `variant` under `mode` (first = what the checkpoint describes).
+/// Candidates in preference order for `variant` under `mode` (first = what the checkpoint describes); empty for
+/// `emulate` on a variant without an emulation.
 std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode);
 
 /// Chooses the scheme for one layer. Never throws; a layer nothing can run gets scheme = nullopt and
-/// Reason::DeviceTooOld.
+/// Reason::DeviceTooOld (or Reason::EmulateNotAvailable when `emulate` was asked for a layer without emulation).
 Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode);
 
 }  // namespace fp4serve::plan

@@ -15,6 +15,7 @@
 #include <memory>
 
 
+#include "checkpoint/architecture.h"
 #include "fp4serve/error.h"
 #include "quant/name_match.h"
 #include "quant/dequant.h"
@@ -32,15 +33,6 @@ using nlohmann::json;
 // compressed-tensors version whose on-disk layout we reproduce (the one that wrote tests/data/ref/*). Loaders
 // read `version` only to pick the int 3/5/6/7-bit packing (FORMATS.md §0.4), which we never write.
 constexpr std::string_view kCompressedTensorsVersion = "0.19.0";
-
-// Sibling modules whose NVFP4 global scale llm-compressor computes jointly (LLMC observers/helpers.py
-// FUSED_LAYER_NAMES): runtimes fuse them into one GEMM that can carry only one global scale.
-constexpr std::array<std::array<std::string_view, 3>, 4> kFusedLayerNames{{
-    {"gate_proj", "up_proj", ""},
-    {"q_proj", "k_proj", "v_proj"},
-    {"q_a_proj", "kv_a_proj_with_mqa", ""},
-    {"w1", "w3", ""},
-}};
 
 // Side files copied verbatim: tokenizer, chat template and generation settings as transformers saves them.
 constexpr std::array<std::string_view, 10> kSideFiles{
@@ -151,17 +143,42 @@ json transform_config(const QuantizePlan& plan) {
 }
 
 // The compressed-tensors tensors of one quantized linear, in the order CT's compressors name them.
+// Factorized Hessians of the last few distinct inputs: a layer's k, o, q, v and down, gate, up come in name order,
+// so four entries keep every factor of a layer until its last user.
+class FactorCache {
+ public:
+  const GptqFactor& get(const GptqHessian* h, int64_t cols, const GptqOptions& options) {
+    for (auto& e : entries_) {
+      if (e.first == h) return e.second;
+    }
+    if (entries_.size() == 4) entries_.erase(entries_.begin());
+    entries_.emplace_back(h, gptq_factorize(h->normalized(), cols, options));
+    return entries_.back().second;
+  }
+
+ private:
+  std::vector<std::pair<const GptqHessian*, GptqFactor>> entries_;
+};
+
 std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, const QuantizePlan& plan,
-                                          const LinearPlan& lin, bool carries_transform) {
+                                          const LinearPlan& lin, bool carries_transform, FactorCache& factors) {
   const std::string weight_name = lin.module + ".weight";
   const std::vector<float> w = linear_weight(source, plan, lin);
   abs_max(w, weight_name);  // rejects NaN/inf with the tensor's name before any scale is computed
   const std::string& m = lin.module;
   std::vector<TensorRecord> out;
+  // GPTQ keeps round-to-nearest's grid and re-chooses the codes against the calibration Hessian.
+  const bool gptq = plan.method == QuantMethod::Gptq;
+  const GptqFactor* factor = nullptr;
+  if (gptq) {
+    // q|k|v and gate|up read one input: factorize its Hessian once.
+    factor = &factors.get(plan.hessians.at(m).get(), lin.cols, plan.gptq);
+  }
   switch (plan.scheme) {
     case QuantScheme::Nvfp4:
     case QuantScheme::Nvfp4A16: {
-      const QuantizedNvfp4 q = quantize_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype);
+      const QuantizedNvfp4 q = gptq ? gptq_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype, *factor, plan.gptq)
+                                    : quantize_nvfp4(w, lin.rows, lin.cols, lin.global_scale, lin.dtype);
       out.push_back({m + ".weight_packed", DType::U8, {lin.rows, lin.cols / 2}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", DType::F8_E4M3, {lin.rows, lin.cols / kNvfp4GroupSize}, as_bytes(q.scales)});
       out.push_back({m + ".weight_global_scale", DType::F32, {1}, as_bytes(std::vector<float>{q.global_scale})});
@@ -173,13 +190,15 @@ std::vector<TensorRecord> quantize_linear(const checkpoint::Checkpoint& source, 
     }
     case QuantScheme::Mxfp4:
     case QuantScheme::Mxfp4A16: {
-      const QuantizedMxfp4 q = quantize_mxfp4(w, lin.rows, lin.cols, lin.dtype);
+      const QuantizedMxfp4 q = gptq ? gptq_mxfp4(w, lin.rows, lin.cols, lin.dtype, *factor, plan.gptq)
+                                    : quantize_mxfp4(w, lin.rows, lin.cols, lin.dtype);
       out.push_back({m + ".weight_packed", DType::U8, {lin.rows, lin.cols / 2}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", DType::U8, {lin.rows, lin.cols / kMxfp4GroupSize}, as_bytes(q.scales)});
       break;
     }
     case QuantScheme::W4A16: {
-      const QuantizedInt4 q = quantize_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype);
+      const QuantizedInt4 q = gptq ? gptq_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype, *factor, plan.gptq)
+                                   : quantize_int4(w, lin.rows, lin.cols, plan.group_size, lin.dtype);
       out.push_back({m + ".weight_packed", DType::I32, {lin.rows, (lin.cols + 7) / 8}, as_bytes(q.packed)});
       out.push_back({m + ".weight_scale", q.scale_dtype, {lin.rows, lin.cols / plan.group_size},
                      scales_in(q.scale_dtype, q.scales)});
@@ -234,6 +253,20 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view name) {
     if (quant_scheme_name(s) == name) return s;
   }
   return std::nullopt;
+}
+
+std::optional<QuantMethod> parse_quant_method(std::string_view name) {
+  if (name == "rtn") return QuantMethod::Rtn;
+  if (name == "gptq") return QuantMethod::Gptq;
+  return std::nullopt;
+}
+
+std::string_view quant_method_name(QuantMethod method) {
+  switch (method) {
+    case QuantMethod::Rtn: return "rtn";
+    case QuantMethod::Gptq: return "gptq";
+  }
+  return "?";
 }
 
 std::string_view quant_scheme_name(QuantScheme scheme) {
@@ -298,37 +331,42 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
   plan.group_size = fixed != 0 ? fixed : options.group_size != 0 ? options.group_size : kInt4DefaultGroupSize;
   const std::vector<IgnorePattern> ignore = compile_ignore(options.ignore.value_or(default_ignore_patterns()));
 
-  for (const std::string& name : source.tensor_names()) {
-    const core::TensorView t = source.tensor(name);
-    const bool in_layers = name.starts_with("model.layers.");
-    if (in_layers && t.shape.size() >= 3) {
-      throw UnsupportedError(fmt::format("{}: {}-D tensor {} under model.layers (fused experts); quantize handles "
-                                         "2-D linear weights only", src, t.shape.size(), name));
+  std::optional<LinearPlan> misfit;  // the first quantized layer the group size does not divide
+  // The linears are the architecture's (checkpoint/architecture.h), never inferred from tensor names; their fusion
+  // groups are the ones runtimes fuse into one GEMM, which llm-compressor gives one NVFP4 global scale
+  // (LLMC observers/helpers.py FUSED_LAYER_NAMES: q/k/v, gate/up, w1/w3).
+  const checkpoint::ModelDims dims = checkpoint::read_model_dims(source.config());
+  const checkpoint::ExpertNaming naming = checkpoint::detect_expert_naming(dims, [&](std::string_view prefix) {
+    const auto& names = source.tensor_names();
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.starts_with(prefix); });
+  });
+  const checkpoint::ModelLayout layout = checkpoint::describe_model(source.config(), naming);
+  for (const checkpoint::ModuleInfo& module : layout.modules) {
+    if (module.role == checkpoint::ModuleRole::Embedding) continue;
+    if (module.tied) continue;  // lm_head reading the embedding: no weight of its own (see the ignore list below)
+    const std::string& name = module.dense_weight;
+    if (!source.contains(name)) {
+      throw FormatError(fmt::format("{}: {} module {} has no weight tensor {}", src, layout.dims.architecture,
+                                    module.name, name));
     }
-    if (!name.ends_with(".weight") || t.shape.size() != 2 || !(in_layers || name == "lm_head.weight")) continue;
+    const core::TensorView t = source.tensor(name);
+    if (module.experts > 0 || t.shape.size() != 2) {
+      throw UnsupportedError(fmt::format("{}: {}-D tensor {} (fused experts); quantize handles 2-D linear weights "
+                                         "only", src, t.shape.size(), name));
+    }
     LinearPlan lin;
-    lin.module = name.substr(0, name.size() - std::string_view(".weight").size());
+    lin.module = module.name;
     lin.dtype = t.dtype;
     lin.rows = t.shape[0];
     lin.cols = t.shape[1];
     lin.quantized = std::none_of(ignore.begin(), ignore.end(), [&](const auto& p) { return p.matches(lin.module); });
-    const size_t dot = lin.module.rfind('.');
-    const std::string leaf = dot == std::string::npos ? lin.module : lin.module.substr(dot + 1);
-    for (size_t g = 0; g < kFusedLayerNames.size(); ++g) {
-      for (std::string_view member : kFusedLayerNames[g]) {
-        if (!member.empty() && leaf == member) lin.fused_group = fmt::format("{}#{}", lin.module.substr(0, dot), g);
-      }
-    }
+    lin.fused_group = module.fusion_group;
     if (lin.quantized) {
       if (lin.dtype != DType::BF16 && lin.dtype != DType::F16 && lin.dtype != DType::F32) {
         throw UnsupportedError(fmt::format("{}: weight dtype {}; quantize reads BF16, F16 or F32", name,
                                            core::dtype_name(lin.dtype)));
       }
-      if (lin.cols % plan.group_size != 0) {
-        throw UsageError(fmt::format("{}: in_features {} is not a multiple of the {} group size {}; keep the layer "
-                                     "unquantized with --ignore {}", lin.module, lin.cols,
-                                     quant_scheme_name(plan.scheme), plan.group_size, lin.module));
-      }
+      if (lin.cols % plan.group_size != 0 && !misfit) misfit = lin;
       if (plan.hadamard != 0 && lin.cols % plan.hadamard != 0) {
         throw UsageError(fmt::format("{}: in_features {} is not a multiple of the Hadamard block {}; choose a smaller "
                                      "--hadamard or keep the layer unquantized with --ignore {}", lin.module, lin.cols,
@@ -336,6 +374,28 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
       }
     }
     plan.linears.push_back(std::move(lin));
+  }
+  if (misfit) {
+    // W4A16's group size is a choice: name the largest one that fits every quantized layer (as --group-size 64
+    // does for a hidden size of 576); the FP4 schemes' groups are fixed, so only --ignore remains.
+    int64_t fits = 0;
+    if (plan.scheme == QuantScheme::W4A16) {
+      for (const int64_t g : {128, 64, 32, 16, 8}) {  // the group sizes int4 W4A16 checkpoints use
+        if (g < plan.group_size && std::all_of(plan.linears.begin(), plan.linears.end(), [g](const LinearPlan& l) {
+              return !l.quantized || l.cols % g == 0;
+            })) {
+          fits = g;
+          break;
+        }
+      }
+    }
+    throw UsageError(fmt::format("{}: in_features {} is not a multiple of the {} group size {}; {}keep the layer "
+                                 "unquantized with --ignore {}", misfit->module, misfit->cols,
+                                 quant_scheme_name(plan.scheme), plan.group_size,
+                                 fits > 0 ? fmt::format("use --group-size {} (it divides every quantized layer's "
+                                                        "in_features), or ", fits)
+                                          : "",
+                                 misfit->module));
   }
   std::sort(plan.linears.begin(), plan.linears.end(),
             [](const LinearPlan& a, const LinearPlan& b) { return natural_less(a.module, b.module); });
@@ -365,6 +425,23 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
     }
   }
 
+  plan.method = options.method;
+  plan.gptq = options.gptq;
+  if (plan.method == QuantMethod::Gptq) {
+    for (const LinearPlan& lin : plan.linears) {
+      if (!lin.quantized) continue;
+      const auto it = options.hessians.find(lin.module);
+      if (it == options.hessians.end() || it->second == nullptr) {
+        throw UsageError(fmt::format("{}: no calibration Hessian; --method gptq needs one per quantized layer", lin.module));
+      }
+      if (it->second->width() != lin.cols) {
+        throw UsageError(fmt::format("{}: the calibration Hessian is {}×{}, the layer's in_features is {}", lin.module,
+                                     it->second->width(), it->second->width(), lin.cols));
+      }
+      plan.hessians[lin.module] = it->second;
+    }
+  }
+
   // llm-compressor lists every unquantized Linear by exact name in module order: layers first, lm_head last.
   bool lm_head_listed = false;
   for (const LinearPlan& lin : plan.linears) {
@@ -381,6 +458,8 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
 }
 
 json quantization_config(const QuantizePlan& plan) {
+  // GPTQModifier records its column order on the weight args ("static", its default); activations have none.
+  const json weight_actorder = plan.method == QuantMethod::Gptq && plan.gptq.actorder ? json("static") : json(nullptr);
   const auto args = [](int64_t group, std::string_view type, std::string_view strategy, json scale_dtype,
                        json dynamic, json observer) {
     return json{{"actorder", nullptr}, {"block_structure", nullptr}, {"dynamic", std::move(dynamic)},
@@ -410,6 +489,7 @@ json quantization_config(const QuantizePlan& plan) {
       weights = args(plan.group_size, "int", "group", nullptr, false, "memoryless_minmax");
       break;
   }
+  weights["actorder"] = weight_actorder;
   const json group = {{"format", format}, {"input_activations", inputs}, {"output_activations", nullptr},
                       {"targets", {"Linear"}}, {"weights", weights}};
   return json{{"config_groups", {{"group_0", group}}}, {"format", format}, {"global_compression_ratio", nullptr},
@@ -476,6 +556,7 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
   uint64_t total_bytes = 0;
   size_t done = 0;
   const size_t total = quantized_index.size();
+  FactorCache factors;
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string file = checkpoint::shard_file_name(s + 1, shards.size());
     std::vector<TensorRecord> records;
@@ -488,7 +569,7 @@ void quantize_checkpoint(const checkpoint::Checkpoint& source, const QuantizePla
         auto it = cache.find(o.linear);
         if (it == cache.end()) {
           const LinearPlan& lin = plan.linears[static_cast<size_t>(o.linear)];
-          it = cache.emplace(o.linear, quantize_linear(source, plan, lin, o.linear == transform_carrier)).first;
+          it = cache.emplace(o.linear, quantize_linear(source, plan, lin, o.linear == transform_carrier, factors)).first;
           if (progress) progress(++done, total, lin.module);
         }
         auto rec = std::find_if(it->second.begin(), it->second.end(), [&](const auto& r) { return r.name == o.name; });

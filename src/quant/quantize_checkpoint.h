@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors_writer.h"
 #include "core/dtype.h"
+#include "quant/gptq.h"
 
 namespace fp4serve::quant {
 
@@ -35,6 +37,17 @@ enum class QuantScheme {
 std::optional<QuantScheme> parse_quant_scheme(std::string_view name);
 /// The CLI spelling of `scheme`.
 std::string_view quant_scheme_name(QuantScheme scheme);
+
+/// How the codes are chosen: round-to-nearest (llm-compressor QuantizationModifier) or GPTQ (GPTQModifier,
+/// quant/gptq.h) on the same grid.
+enum class QuantMethod { Rtn, Gptq };
+/// Parses "rtn" / "gptq"; std::nullopt when unknown.
+std::optional<QuantMethod> parse_quant_method(std::string_view name);
+std::string_view quant_method_name(QuantMethod method);
+
+/// Hessians of the inputs of the quantized linears by module name; modules that share an input (q|k|v, gate|up)
+/// share one accumulator.
+using HessianMap = std::map<std::string, std::shared_ptr<const GptqHessian>>;
 
 /// Modules left unquantized unless the caller gives its own list: the output head and MoE routers, which
 /// llm-compressor recipes exclude (`"lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"`, …).
@@ -57,6 +70,11 @@ struct QuantizeOptions {
   /// stored ±1 Sylvester matrix (compressed-tensors ties same-size matrices). With NVFP4 W4A4, `input_amax` must
   /// be observed on the transformed activations (app/calibration.h does).
   int64_t hadamard = 0;
+  QuantMethod method = QuantMethod::Rtn;
+  GptqOptions gptq;  ///< GPTQ settings (method Gptq)
+  /// GPTQ only: the calibration Hessian of every quantized module's input, observed after the `hadamard` transform
+  /// when there is one (app/calibration.h). Required for every quantized module with method Gptq.
+  HessianMap hessians;
 };
 
 /// One linear layer (a 2-D `<module>.weight` under `model.layers.`, or `lm_head`).
@@ -77,6 +95,9 @@ struct QuantizePlan {
   std::vector<LinearPlan> linears;       ///< in natural name order
   std::vector<std::string> ignore;       ///< every unquantized linear by exact name, as llm-compressor lists them
   int64_t hadamard = 0;                  ///< QuantizeOptions::hadamard
+  QuantMethod method = QuantMethod::Rtn; ///< QuantizeOptions::method
+  GptqOptions gptq;                      ///< QuantizeOptions::gptq
+  HessianMap hessians;                   ///< QuantizeOptions::hessians
 };
 
 /// `w` [rows, cols] ← w · blockdiag(H_b)/√b, computed in float64 and rounded to `dtype` (BF16/F16 via f32, as
@@ -90,7 +111,8 @@ void rotate_weight_hadamard(std::vector<float>& w, int64_t rows, int64_t cols, i
 /// gate/up, q_a/kv_a_with_mqa, w1/w3 siblings), and the W4A4 input global scales from `input_amax`.
 /// Throws UsageError when the source already carries a quantization config, a quantized layer's in_features is
 /// not a multiple of the group size (the message suggests --ignore), an option is out of range, an ignore
-/// regex is invalid, or an `input_amax` entry is missing for W4A4; UnsupportedError for a weight dtype other than
+/// regex is invalid, an `input_amax` entry is missing for W4A4, or a Hessian is missing (or of the wrong width)
+/// for GPTQ; UnsupportedError for a weight dtype other than
 /// BF16/F16/F32 or a 3-D (fused-expert) weight under `model.layers.`.
 QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const QuantizeOptions& options);
 
@@ -98,7 +120,7 @@ QuantizePlan plan_quantization(const checkpoint::Checkpoint& source, const Quant
 /// version, format, quantization_status "compressed", one config group targeting "Linear", the ignore list.
 nlohmann::json quantization_config(const QuantizePlan& plan);
 
-/// Called after each quantized linear with (done, total, module name).
+/// Called after each quantized linear with (done, total, module name); with GPTQ after that layer's GPTQ.
 using QuantizeProgress = std::function<void(size_t, size_t, std::string_view)>;
 
 /// Writes the quantized checkpoint into `out_dir` (created if missing): shards + index when more than one shard,

@@ -4,7 +4,9 @@
 // off, loopcontrols). Constructs outside the subset are rejected at parse time with UnsupportedError naming them.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,7 +25,8 @@ struct Expr {
     GetAttr,    // args[0].name
     GetItem,    // args[0][args[1]]
     Slice,      // args[0][args[1]:args[2]:args[3]]; absent bounds are nullptr
-    Call,       // name(args, kwargs) for a global function, or args[0].name(args[1..], kwargs) when is_method
+    Call,       // name(args, kwargs) for a global function or a macro (is_macro), or args[0].name(args[1..], kwargs)
+                // when is_method
     Filter,     // args[0] | name(args[1..], kwargs)
     Test,       // args[0] is [not] name(args[1..])
     Not,        // not args[0]
@@ -39,6 +42,8 @@ struct Expr {
   std::vector<std::unique_ptr<Expr>> args;
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;
   bool is_method = false;
+  bool is_tuple = false;  // ListLit written as a tuple: (a, b)
+  bool is_macro = false;  // Call of a {% macro %} (or `caller`), looked up by name when rendered
   bool negated = false;
   int line = 0;
 };
@@ -57,6 +62,8 @@ struct Node {
     Break,
     Continue,
     Block,     // {% generation %} body: rendered as is
+    Macro,     // {% macro targets[0](params = defaults) %} body: binds a macro value to the name
+    CallBlock, // {% call(params) expr %} body {% endcall %}: expr (a macro Call) runs with `caller` = body
   };
   Kind kind = Kind::Text;
   std::string text;
@@ -66,16 +73,19 @@ struct Node {
   std::vector<std::unique_ptr<Expr>> conditions;
   std::vector<Body> bodies;
   Body body, else_body;
+  std::vector<std::string> params;                // Macro / CallBlock parameters
+  std::vector<std::unique_ptr<Expr>> defaults;    // aligned with params; nullptr where there is none
   int line = 0;
 };
 
 /// Parses `source`. Throws FormatError for syntax errors and UnsupportedError for Jinja features outside the
-/// subset (macro, call blocks, include, unknown filters, tests, functions or methods), each naming the
-/// construct and the template line.
+/// subset (include, import, extends, unknown filters, tests, functions or methods, calls of names that are
+/// neither a global function nor a macro the template defines), each naming the construct and the line.
 Body parse_template(std::string_view source);
 
 /// Renders a parsed template with `context` as its outermost scope. Throws UsageError for raise_exception and
 /// for errors the data causes (undefined attribute access, type errors), naming the template line.
-std::string render_template(const Body& body, Mapping context);
+/// `now_unix` fixes the clock strftime_now reads (formatted as UTC), for reproducible renders.
+std::string render_template(const Body& body, Mapping context, std::optional<int64_t> now_unix = std::nullopt);
 
 }  // namespace fp4serve::runtime::jinja

@@ -178,7 +178,9 @@ int64_t py_len(const Value& v, const BuiltinContext& ctx) {
     case Value::Kind::String: return static_cast<int64_t>(code_points(v.s).size());
     case Value::Kind::List: return static_cast<int64_t>(v.list->size());
     case Value::Kind::Dict: case Value::Kind::Namespace: return static_cast<int64_t>(v.dict->items.size());
-    case Value::Kind::None: case Value::Kind::Bool: case Value::Kind::Int: case Value::Kind::Float: break;
+    case Value::Kind::None: case Value::Kind::Bool: case Value::Kind::Int: case Value::Kind::Float:
+    case Value::Kind::Macro:
+      break;
   }
   fail(ctx, "object of type '" + kind_name(v) + "' has no len()");
 }
@@ -198,7 +200,7 @@ Items as_list(const Value& v, const BuiltinContext& ctx) {
       return out;
     }
     case Value::Kind::None: case Value::Kind::Bool: case Value::Kind::Int: case Value::Kind::Float:
-    case Value::Kind::Namespace:
+    case Value::Kind::Namespace: case Value::Kind::Macro:
       break;
   }
   fail(ctx, "'" + kind_name(v) + "' object is not iterable");
@@ -225,7 +227,11 @@ Value items_of(const Value& v, const BuiltinContext& ctx) {
   if (v.is_undefined()) return Value::make_list();
   if (v.kind != Value::Kind::Dict && v.kind != Value::Kind::Namespace) fail(ctx, "items() of a " + kind_name(v));
   Items out;
-  for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({Value::string(k), x}));
+  for (const auto& [k, x] : v.dict->items) {
+    Value pair = Value::make_list({Value::string(k), x});
+    pair.tuple = true;  // dict.items() yields tuples
+    out.push_back(std::move(pair));
+  }
   return Value::make_list(std::move(out));
 }
 
@@ -253,7 +259,8 @@ Value filter_items(const Value& v, const Args& args, bool by_attribute, bool kee
 
 Value apply_filter(const std::string& name, const Value& v, const Args& args, const Kwargs& kwargs,
                    const BuiltinContext& ctx) {
-  if (name == "trim") return Value::string(py_strip(need_string(v, ctx, "trim"), arg(args, kwargs, 0, "chars"), true, true, ctx));
+  // jinja2's do_trim strips str(value), so a list of content parts trims to its repr.
+  if (name == "trim") return Value::string(py_strip(to_str(v), arg(args, kwargs, 0, "chars"), true, true, ctx));
   if (name == "length" || name == "count") return Value::integer(py_len(v, ctx));
   if (name == "upper") return Value::string(map_case(to_str(v), true));
   if (name == "lower") return Value::string(map_case(to_str(v), false));
@@ -267,9 +274,17 @@ Value apply_filter(const std::string& name, const Value& v, const Args& args, co
     const auto indent = arg(args, kwargs, 1, "indent");
     const auto separators = arg(args, kwargs, 2, "separators");
     const auto sort_keys = arg(args, kwargs, 3, "sort_keys");
-    if ((ensure_ascii && ensure_ascii->truthy()) || (separators && separators->kind != Value::Kind::None)) {
-      throw UnsupportedError("chat template line " + std::to_string(ctx.line) +
-                             ": tojson with ensure_ascii or separators is not supported");
+    if (ensure_ascii && ensure_ascii->truthy()) {
+      throw UnsupportedError("chat template line " + std::to_string(ctx.line) + ": tojson with ensure_ascii is not supported");
+    }
+    std::optional<std::string> item_sep, key_sep;
+    if (separators && separators->kind != Value::Kind::None) {
+      if (separators->kind != Value::Kind::List || separators->list->size() != 2 ||
+          (*separators->list)[0].kind != Value::Kind::String || (*separators->list)[1].kind != Value::Kind::String) {
+        fail(ctx, "tojson separators must be a pair of strings, found " + to_repr(*separators));
+      }
+      item_sep = (*separators->list)[0].s;
+      key_sep = (*separators->list)[1].s;
     }
     int width = -1;
     if (indent && indent->kind == Value::Kind::Int) width = static_cast<int>(std::clamp<int64_t>(indent->i, 0, 64));
@@ -291,7 +306,7 @@ Value apply_filter(const std::string& name, const Value& v, const Args& args, co
       subject = sorted(v);
     }
     try {
-      return Value::string(to_json_text(subject, width));
+      return Value::string(to_json_text(subject, width, item_sep ? &*item_sep : nullptr, key_sep ? &*key_sep : nullptr));
     } catch (const UsageError& e) {
       fail(ctx, e.what());
     }
@@ -342,6 +357,54 @@ Value apply_filter(const std::string& name, const Value& v, const Args& args, co
   }
   if (name == "list") return Value::make_list(as_list(v, ctx));
   if (name == "items") return items_of(v, ctx);
+  if (name == "dictsort") {
+    // dictsort(case_sensitive=False, by='key', reverse=False): (key, value) pairs sorted by key or value.
+    const auto case_sensitive = arg(args, kwargs, 0, "case_sensitive");
+    const auto by = arg(args, kwargs, 1, "by");
+    const auto reverse = arg(args, kwargs, 2, "reverse");
+    const bool by_value = by && to_str(*by) == "value";
+    if (by && !by_value && to_str(*by) != "key") fail(ctx, "dictsort: You can only sort by either 'key' or 'value'");
+    Items pairs = *items_of(v, ctx).list;
+    auto key = [&](const Value& pair) {
+      Value k = (*pair.list)[by_value ? 1 : 0];
+      if (k.kind == Value::Kind::String && !(case_sensitive && case_sensitive->truthy())) k.s = map_case(k.s, false);
+      return k;
+    };
+    try {
+      std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& a, const Value& b) { return less(key(a), key(b)); });
+    } catch (const UsageError& e) {
+      fail(ctx, e.what());
+    }
+    if (reverse && reverse->truthy()) std::reverse(pairs.begin(), pairs.end());
+    return Value::make_list(std::move(pairs));
+  }
+  if (name == "indent") {
+    // indent(width=4, first=False, blank=False): indents every line after the first (and blank lines only
+    // when asked), as jinja2's do_indent.
+    const auto width_v = arg(args, kwargs, 0, "width");
+    const auto first = arg(args, kwargs, 1, "first");
+    const auto blank = arg(args, kwargs, 2, "blank");
+    std::string pad = "    ";
+    if (width_v && width_v->kind == Value::Kind::String) pad = width_v->s;
+    if (width_v && width_v->kind == Value::Kind::Int) pad.assign(static_cast<size_t>(std::clamp<int64_t>(width_v->i, 0, 256)), ' ');
+    std::string text = to_str(v);
+    std::string out;
+    const bool indent_blank = blank && blank->truthy();
+    size_t start = 0;
+    bool first_line = true;
+    while (true) {
+      const size_t nl = text.find('\n', start);
+      const std::string line = text.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+      const bool pad_it = first_line ? (first && first->truthy()) : (indent_blank || !line.empty());
+      if (pad_it) out += pad;
+      out += line;
+      if (nl == std::string::npos) break;
+      out += '\n';
+      start = nl + 1;
+      first_line = false;
+    }
+    return Value::string(std::move(out));
+  }
   if (name == "replace") {
     const auto old_v = arg(args, kwargs, 0, "old"), new_v = arg(args, kwargs, 1, "new");
     if (!old_v || !new_v) fail(ctx, "replace needs old and new strings");
@@ -419,6 +482,23 @@ bool apply_test(const std::string& name, const Value& v, const Args& args, const
   if (name == "defined") return !v.is_undefined();
   if (name == "undefined") return v.is_undefined();
   if (name == "none") return v.kind == K::None;
+  if (name == "callable") return v.kind == K::Macro;
+  if (name == "sameas") {
+    if (args.empty()) fail(ctx, "'sameas' test needs an argument");
+    const Value& o = args[0];
+    if (v.kind != o.kind) return false;
+    switch (v.kind) {
+      case K::Undefined: case K::None: return true;
+      case K::Bool: return v.b == o.b;
+      case K::Int: return v.i == o.i;
+      case K::Float: return v.f == o.f;
+      case K::String: return v.s == o.s;
+      case K::List: return v.list == o.list;
+      case K::Dict: case K::Namespace: return v.dict == o.dict;
+      case K::Macro: return v.macro == o.macro;
+    }
+    return false;
+  }
   if (name == "string") return v.kind == K::String;
   if (name == "number") return v.kind == K::Int || v.kind == K::Float || v.kind == K::Bool;
   if (name == "integer") return v.kind == K::Int;
@@ -567,9 +647,14 @@ Value call_function(const std::string& name, const Args& args, const Kwargs& kwa
   }
   if (name == "strftime_now") {
     if (args.empty() || args[0].kind != Value::Kind::String) fail(ctx, "strftime_now() needs a format string");
-    const std::time_t now = std::time(nullptr);
     std::tm local{};
-    localtime_r(&now, &local);
+    if (ctx.now_unix) {
+      const auto fixed = static_cast<std::time_t>(*ctx.now_unix);
+      gmtime_r(&fixed, &local);
+    } else {
+      const std::time_t now = std::time(nullptr);
+      localtime_r(&now, &local);
+    }
     char buf[256];
     const size_t n = std::strftime(buf, sizeof(buf), args[0].s.c_str(), &local);
     return Value::string(std::string(buf, n));

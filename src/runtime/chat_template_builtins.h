@@ -3,6 +3,8 @@
 // and Python 3 semantics. The names each dispatcher accepts are exactly those in chat_template_names.h.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@ namespace fp4serve::runtime::jinja {
 
 struct BuiltinContext {
   int line = 0;  // template line, for error messages
+  std::optional<int64_t> now_unix;  // fixed clock for strftime_now (formatted as UTC); unset: local time now
 };
 
 using Args = std::vector<Value>;

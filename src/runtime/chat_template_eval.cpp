@@ -2,12 +2,14 @@
 // Tree-walking evaluator for the chat-template subset: statements, scoping (each loop iteration is a fresh
 // scope, as in jinja2), expressions and Python operator semantics. Filters, tests and methods live in
 // chat_template_builtins.cpp.
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
 #include "fp4serve/error.h"
 #include "runtime/chat_template_ast.h"
 #include "runtime/chat_template_builtins.h"
+#include "runtime/chat_template_names.h"
 #include "runtime/tokenizer_unicode.h"
 
 namespace fp4serve::runtime::jinja {
@@ -23,7 +25,8 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 class Interpreter {
  public:
-  explicit Interpreter(Mapping context) {
+  Interpreter(Mapping context, std::optional<int64_t> now_unix) {
+    ctx_.now_unix = now_unix;
     scopes_.emplace_back();
     for (auto& [k, v] : context.items) scopes_.back()[k] = std::move(v);
   }
@@ -75,8 +78,56 @@ class Interpreter {
         return Flow::Continue;
       case Node::Kind::Block:
         return exec(n.body, out);
+      case Node::Kind::Macro:
+        scopes_.back()[n.targets[0]] = Value::make_macro(&n, 0);
+        return Flow::Normal;
+      case Node::Kind::CallBlock: {
+        // `caller` is the block's body; it sees the variables of this call site.
+        const Value caller = Value::make_macro(&n, scopes_.size());
+        out += to_str(call(*n.expr, &caller));
+        return Flow::Normal;
+      }
     }
     return Flow::Normal;
+  }
+
+  // Runs a macro (or a call block's body, for `caller`) in a fresh frame: its parameters over the template's
+  // top-level variables (a call block's body sees its call site instead), as jinja2 scopes macros.
+  Value invoke(const Value& m, const std::string& name, const std::vector<Value>& args,
+               const std::vector<std::pair<std::string, Value>>& kwargs, const Value* caller) {
+    const Node& def = *m.macro;
+    const bool is_caller = def.kind == Node::Kind::CallBlock;
+    if (args.size() > def.params.size()) {
+      fail("macro '" + name + "' takes not more than " + std::to_string(def.params.size()) + " argument(s)");
+    }
+    for (const auto& [key, value] : kwargs) {
+      if (std::find(def.params.begin(), def.params.end(), key) == def.params.end()) {
+        fail("macro '" + name + "' takes no keyword argument '" + key + "'");
+      }
+    }
+    frames_.push_back({scopes_.size(), is_caller ? m.macro_scope : size_t{1}});
+    scopes_.emplace_back();
+    for (size_t k = 0; k < def.params.size(); ++k) {
+      const std::string& param = def.params[k];
+      Value v = Value::undefined(param);
+      if (k < args.size()) {
+        v = args[k];
+      } else if (auto kw = std::find_if(kwargs.begin(), kwargs.end(), [&](const auto& p) { return p.first == param; });
+                 kw != kwargs.end()) {
+        v = kw->second;
+      } else if (def.defaults[k]) {
+        v = eval(*def.defaults[k]);  // defaults see the parameters bound before them
+      }
+      scopes_.back()[param] = std::move(v);
+    }
+    if (caller) scopes_.back()["caller"] = *caller;
+    std::string out;
+    const int saved_line = line_;
+    exec(def.body, out);
+    line_ = saved_line;
+    scopes_.pop_back();
+    frames_.pop_back();
+    return Value::string(std::move(out));
   }
 
   void assign(const Node& n, Value v) {
@@ -153,10 +204,20 @@ class Interpreter {
   }
 
   Value lookup(const std::string& name) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      const auto found = it->find(name);
-      if (found != it->end()) return found->second;
+    // Inside a macro: its own scopes, then the scopes below its frame's visibility limit.
+    const size_t own_start = frames_.empty() ? 0 : frames_.back().start;
+    for (size_t k = scopes_.size(); k-- > own_start;) {
+      const auto found = scopes_[k].find(name);
+      if (found != scopes_[k].end()) return found->second;
     }
+    if (!frames_.empty()) {
+      for (size_t k = std::min(frames_.back().outer_limit, own_start); k-- > 0;) {
+        const auto found = scopes_[k].find(name);
+        if (found != scopes_[k].end()) return found->second;
+      }
+    }
+    // The global functions are defined names too (`{% if strftime_now is defined %}`).
+    if (kFunctions.count(name)) return Value::make_macro(nullptr, 0);
     return Value::undefined(name);
   }
 
@@ -183,7 +244,7 @@ class Interpreter {
         return chars;
       }
       case Value::Kind::None: case Value::Kind::Bool: case Value::Kind::Int: case Value::Kind::Float:
-      case Value::Kind::Namespace:
+      case Value::Kind::Namespace: case Value::Kind::Macro:
         break;
     }
     fail("'" + kind_name(v) + "' object is not iterable");
@@ -203,7 +264,9 @@ class Interpreter {
       case Expr::Kind::ListLit: {
         Items items;
         for (const auto& a : e.args) items.push_back(eval(*a));
-        return Value::make_list(std::move(items));
+        Value list = Value::make_list(std::move(items));
+        list.tuple = e.is_tuple;
+        return list;
       }
       case Expr::Kind::DictLit: {
         Mapping d;
@@ -217,7 +280,7 @@ class Interpreter {
       case Expr::Kind::GetAttr: return get_attr(eval(*e.args[0]), e.name, *e.args[0]);
       case Expr::Kind::GetItem: return get_item(eval(*e.args[0]), eval(*e.args[1]), *e.args[0]);
       case Expr::Kind::Slice: return slice(e);
-      case Expr::Kind::Call: return call(e);
+      case Expr::Kind::Call: return call(e, nullptr);
       case Expr::Kind::Filter: {
         std::vector<Value> args;
         for (size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
@@ -317,10 +380,17 @@ class Interpreter {
     return Value::string(std::move(s));
   }
 
-  Value call(const Expr& e) {
+  Value call(const Expr& e, const Value* caller) {
     std::vector<Value> args;
     for (size_t k = e.is_method ? 1 : 0; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
     const auto kwargs = eval_kwargs(e);
+    if (e.is_macro) {
+      const Value m = lookup(e.name);
+      if (m.kind != Value::Kind::Macro || m.macro == nullptr) {
+        fail(m.is_undefined() ? "'" + e.name + "' is undefined" : "'" + kind_name(m) + "' object is not callable");
+      }
+      return invoke(m, e.name, args, kwargs, caller);
+    }
     if (e.is_method) {
       const Value obj = eval(*e.args[0]);
       if (obj.is_undefined()) fail("'" + describe(*e.args[0]) + "' is undefined (calling ." + e.name + "())");
@@ -401,10 +471,10 @@ class Interpreter {
       case Value::Kind::Dict:
       case Value::Kind::Namespace:
         return item.kind == Value::Kind::String && container.dict->find(item.s) != nullptr;
-      case Value::Kind::Undefined:
-        require_defined(container);
+      case Value::Kind::Undefined:  // jinja2's Undefined iterates as empty: `x in undefined` is False
         return false;
       case Value::Kind::None: case Value::Kind::Bool: case Value::Kind::Int: case Value::Kind::Float:
+      case Value::Kind::Macro:
         break;
     }
     fail("argument of type '" + kind_name(container) + "' is not iterable");
@@ -440,15 +510,21 @@ class Interpreter {
     return Value::boolean(true);
   }
 
-  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  using Scope = std::unordered_map<std::string, Value>;
+  struct Frame {
+    size_t start;        // first scope of the running macro
+    size_t outer_limit;  // scopes [0, outer_limit) stay visible below it
+  };
+  std::vector<Scope> scopes_;
+  std::vector<Frame> frames_;
   int line_ = 0;
   BuiltinContext ctx_;
 };
 
 }  // namespace
 
-std::string render_template(const Body& body, Mapping context) {
-  Interpreter interpreter(std::move(context));
+std::string render_template(const Body& body, Mapping context, std::optional<int64_t> now_unix) {
+  Interpreter interpreter(std::move(context), now_unix);
   return interpreter.render(body);
 }
 

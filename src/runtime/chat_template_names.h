@@ -9,13 +9,13 @@
 namespace fp4serve::runtime::jinja {
 
 inline const std::set<std::string> kFilters = {
-    "abs",   "capitalize", "count", "d",       "default", "first",   "float",  "int",        "items",
+    "abs",   "capitalize", "count", "d",       "default", "dictsort", "indent", "first",   "float",  "int",        "items",
     "join",  "last",       "length", "list",   "lower",   "map",     "reject", "rejectattr", "replace",
     "reverse", "safe",     "select", "selectattr", "sort", "string", "title",  "tojson",     "trim",
     "unique", "upper"};
 
 inline const std::set<std::string> kTests = {
-    "boolean", "defined", "divisibleby", "eq",     "equalto",  "even",   "false",  "float", "in",
+    "boolean", "callable", "defined", "sameas", "divisibleby", "eq",     "equalto",  "even",   "false",  "float", "in",
     "integer", "iterable", "lower",      "mapping", "ne",      "none",   "number", "odd",   "sequence",
     "string",  "true",    "undefined",   "upper"};
 

@@ -246,6 +246,14 @@ class Parser {
     std::string stop;
     Body body = parse_body({}, stop);
     if (peek().type != Token::Type::End) syntax_error(peek().line, "unexpected {% " + stop + " %}");
+    // A call of a name that is neither a global function nor a macro of this template can never render.
+    for (const auto& [name, line] : macro_calls_) {
+      if (!macro_names_.count(name) && name != "caller") {
+        std::set<std::string> known = kFunctions;
+        known.insert(macro_names_.begin(), macro_names_.end());
+        unsupported(line, "function " + name + "()", known);
+      }
+    }
     return body;
   }
 
@@ -426,14 +434,56 @@ class Parser {
       expect_block_end();
       return n;
     }
+    if (kw == "macro") {
+      n->kind = Node::Kind::Macro;
+      n->targets.push_back(expect_name());
+      macro_names_.insert(n->targets[0]);
+      parse_params(*n);
+      expect_block_end();
+      n->body = parse_body({"endmacro"}, stop);
+      consume_tag("endmacro");
+      if (peek().type == Token::Type::Name) ++k_;  // {% endmacro name %}
+      expect_block_end();
+      return n;
+    }
+    if (kw == "call") {
+      n->kind = Node::Kind::CallBlock;
+      if (is_op("(")) parse_params(*n);
+      n->expr = parse_expression(true);
+      if (n->expr->kind != Expr::Kind::Call || !n->expr->is_macro) {
+        syntax_error(line, "{% call %} needs a macro call");
+      }
+      expect_block_end();
+      n->body = parse_body({"endcall"}, stop);
+      consume_tag("endcall");
+      expect_block_end();
+      return n;
+    }
     static const std::set<std::string> kKnownUnsupported = {
-        "macro", "call", "filter", "include", "import", "from", "extends", "block", "with", "raw", "autoescape", "do"};
+        "filter", "include", "import", "from", "extends", "block", "with", "raw", "autoescape", "do"};
     if (kKnownUnsupported.count(kw)) {
       throw UnsupportedError("chat template line " + std::to_string(line) + ": {% " + kw +
                              " %} is not supported by fp4serve's Jinja subset (supported statements: if/elif/else, "
-                             "for/else, set, set-block, break, continue, generation)");
+                             "for/else, set, set-block, macro, call, break, continue, generation)");
     }
     syntax_error(line, "unknown statement {% " + kw + " %}");
+  }
+
+  // (name, name = default, ...) of a macro or call block.
+  void parse_params(Node& n) {
+    expect_op("(");
+    while (!is_op(")")) {
+      n.params.push_back(expect_name());
+      if (is_op("=")) {
+        ++k_;
+        n.defaults.push_back(parse_expression(true));
+      } else {
+        n.defaults.emplace_back();
+      }
+      if (!is_op(",")) break;
+      ++k_;
+    }
+    expect_op(")");
   }
 
   // ------------------------------------------------------------------------------------------ expressions
@@ -594,7 +644,9 @@ class Parser {
           ++k_;
           if (is_op(")")) {
             ++k_;
-            return make(Expr::Kind::ListLit, tok.line);
+            auto empty = make(Expr::Kind::ListLit, tok.line);
+            empty->is_tuple = true;
+            return empty;
           }
           auto first = parse_expression(true);
           if (!is_op(",")) {
@@ -602,6 +654,7 @@ class Parser {
             return first;
           }
           auto tuple = make(Expr::Kind::ListLit, tok.line);
+          tuple->is_tuple = true;
           tuple->args.push_back(std::move(first));
           while (is_op(",")) {
             ++k_;
@@ -699,7 +752,10 @@ class Parser {
         auto call = make(Expr::Kind::Call, line);
         if (e->kind == Expr::Kind::Name) {
           call->name = e->name;
-          if (!kFunctions.count(call->name)) unsupported(line, "function " + call->name + "()", kFunctions);
+          if (!kFunctions.count(call->name)) {  // a macro, possibly defined further down; checked at the end
+            call->is_macro = true;
+            macro_calls_.emplace_back(call->name, line);
+          }
         } else if (e->kind == Expr::Kind::GetAttr) {
           call->name = e->name;
           call->is_method = true;
@@ -762,6 +818,8 @@ class Parser {
 
   std::vector<Token> t_;
   size_t k_ = 0;
+  std::set<std::string> macro_names_;
+  std::vector<std::pair<std::string, int>> macro_calls_;
 };
 
 }  // namespace

@@ -35,7 +35,7 @@ bool Value::truthy() const {
     case Kind::String: return !s.empty();
     case Kind::List: return !list->empty();
     case Kind::Dict: return !dict->items.empty();
-    case Kind::Namespace: return true;
+    case Kind::Namespace: case Kind::Macro: return true;
   }
   return false;
 }
@@ -51,6 +51,7 @@ std::string kind_name(const Value& v) {
     case Value::Kind::List: return "list";
     case Value::Kind::Dict: return "dict";
     case Value::Kind::Namespace: return "Namespace";
+    case Value::Kind::Macro: return "Macro";
   }
   return "?";
 }
@@ -143,14 +144,22 @@ void json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-void json_dump(std::string& out, const Value& v, int indent, int depth) {
+struct JsonStyle {
+  int indent;
+  std::string item_sep, key_sep;
+};
+
+void json_dump(std::string& out, const Value& v, const JsonStyle& style, int depth) {
+  const int indent = style.indent;
   std::string nl, nl_end;
   if (indent >= 0) {
     nl.append(1, '\n').append(static_cast<size_t>(indent * (depth + 1)), ' ');
     nl_end.append(1, '\n').append(static_cast<size_t>(indent * depth), ' ');
   }
-  const char* item_sep = indent >= 0 ? "," : ", ";
+  const std::string& item_sep = style.item_sep;
   switch (v.kind) {
+    case Value::Kind::Macro:
+      throw UsageError("chat template: Object of type Macro is not JSON serializable");
     case Value::Kind::Undefined:
       throw UsageError("chat template: tojson of an undefined value" +
                        (v.undefined_name.empty() ? std::string() : " ('" + v.undefined_name + "')"));
@@ -170,7 +179,7 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
       for (size_t k = 0; k < v.list->size(); ++k) {
         out += k ? item_sep : "";
         out += nl;
-        json_dump(out, (*v.list)[k], indent, depth + 1);
+        json_dump(out, (*v.list)[k], style, depth + 1);
       }
       out += nl_end + "]";
       return;
@@ -185,8 +194,8 @@ void json_dump(std::string& out, const Value& v, int indent, int depth) {
         out += k ? item_sep : "";
         out += nl;
         json_string(out, v.dict->items[k].first);
-        out += ": ";
-        json_dump(out, v.dict->items[k].second, indent, depth + 1);
+        out += style.key_sep;
+        json_dump(out, v.dict->items[k].second, style, depth + 1);
       }
       out += nl_end + "}";
       return;
@@ -212,8 +221,9 @@ std::string to_str(const Value& v) {
     case Value::Kind::Float: return float_repr(v.f);
     case Value::Kind::String: return v.s;
     case Value::Kind::List: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + to_repr((*v.list)[k]);
+      if (v.tuple) return out + (v.list->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Value::Kind::Dict:
@@ -224,32 +234,38 @@ std::string to_str(const Value& v) {
       }
       return out + (v.kind == Value::Kind::Namespace ? "}>" : "}");
     }
+    case Value::Kind::Macro: return "<Macro>";
   }
   return "";
 }
 
-std::string to_json_text(const Value& v, int indent) {
+std::string to_json_text(const Value& v, int indent, const std::string* item_sep, const std::string* key_sep) {
+  JsonStyle style{indent, indent >= 0 ? "," : ", ", ": "};
+  if (item_sep) style.item_sep = *item_sep;
+  if (key_sep) style.key_sep = *key_sep;
   std::string out;
-  json_dump(out, v, indent, 0);
+  json_dump(out, v, style, 0);
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+namespace {
+template <class Json>
+Value from_json_any(const Json& j) {
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: return Value::floating(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::json::value_t::boolean: return Value::boolean(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.template get<uint64_t>()));
+    case nlohmann::json::value_t::number_float: return Value::floating(j.template get<double>());
+    case nlohmann::json::value_t::string: return Value::string(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       Items items;
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_any(e));
       return Value::make_list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Mapping d;
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json_any(e));
       return Value::make_dict(std::move(d));
     }
     case nlohmann::json::value_t::binary:
@@ -258,6 +274,10 @@ Value from_json(const nlohmann::json& j) {
   }
   throw UsageError("chat template: extra_context holds a JSON value of unsupported type");
 }
+}  // namespace
+
+Value from_json(const nlohmann::json& j) { return from_json_any(j); }
+Value from_json(const nlohmann::ordered_json& j) { return from_json_any(j); }
 
 bool equals(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
@@ -279,6 +299,7 @@ bool equals(const Value& a, const Value& b) {
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       }
       return true;
+    case Value::Kind::Macro: return a.macro == b.macro;
     case Value::Kind::Dict:
     case Value::Kind::Namespace:
       if (a.dict->items.size() != b.dict->items.size()) return false;

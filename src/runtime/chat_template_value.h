@@ -15,6 +15,7 @@
 namespace fp4serve::runtime::jinja {
 
 struct Value;
+struct Node;
 using Items = std::vector<Value>;
 /// Insertion-ordered mapping (Python dicts keep insertion order; dict literals in templates rely on it).
 struct Mapping {
@@ -24,15 +25,20 @@ struct Mapping {
 };
 
 struct Value {
-  enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace };
+  enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Macro };
   Kind kind = Kind::Undefined;
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
   std::string s;
   std::shared_ptr<Items> list;  // Items
+  bool tuple = false;           // a List that Python would hold as a tuple: only its repr differs, "(a, b)"
   std::shared_ptr<Mapping> dict;  // Mapping and Namespace (a namespace is mutable through `set ns.x = ...`)
   std::string undefined_name;  // for "'x' is undefined" messages
+  // Macro: the {% macro %} (or {% call %} block, for `caller`) node it runs, and for `caller` the scope depth
+  // of the call site whose variables its body sees. Nodes outlive values (the template owns its tree).
+  const Node* macro = nullptr;
+  size_t macro_scope = 0;
 
   static Value undefined(std::string name = "") {
     Value v;
@@ -70,6 +76,12 @@ struct Value {
     v.dict = std::make_shared<Mapping>(std::move(d));
     return v;
   }
+  static Value make_macro(const Node* node, size_t scope) {
+    Value v = make(Kind::Macro);
+    v.macro = node;
+    v.macro_scope = scope;
+    return v;
+  }
   static Value make_namespace(Mapping d = {}) {
     Value v = make(Kind::Namespace);
     v.dict = std::make_shared<Mapping>(std::move(d));
@@ -96,12 +108,16 @@ std::string to_repr(const Value& v);
 /// Python float repr (shortest round-trip digits; exponent form outside 1e-4 <= |x| < 1e16).
 std::string float_repr(double x);
 
-/// json.dumps(v, ensure_ascii=False, indent=indent, separators=None, sort_keys=false) as transformers' tojson
-/// filter calls it. `indent` < 0 means None (one line with ", " and ": "). Throws UsageError for undefined.
-std::string to_json_text(const Value& v, int indent);
+/// json.dumps(v, ensure_ascii=False, indent=indent, separators=(item_sep, key_sep), sort_keys=false) as
+/// transformers' tojson filter calls it. `indent` < 0 means None; null separators mean json.dumps' defaults
+/// ("," with an indent, ", " without; ": "). Throws UsageError for undefined values and macros.
+std::string to_json_text(const Value& v, int indent, const std::string* item_sep = nullptr,
+                         const std::string* key_sep = nullptr);
 
 /// nlohmann::json → Value (objects keep nlohmann's key order, which is sorted).
 Value from_json(const nlohmann::json& j);
+/// nlohmann::ordered_json → Value, objects in their insertion (file) order, as Python's json.loads keeps them.
+Value from_json(const nlohmann::ordered_json& j);
 
 /// Python ==, with 1 == 1.0 == True and element-wise containers; undefined equals only undefined.
 bool equals(const Value& a, const Value& b);

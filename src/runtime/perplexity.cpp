@@ -21,7 +21,7 @@ void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
   for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_sum;
 }
 
-std::vector<float> window_logits(const model::Decoder& decoder, model::KvCache& cache, std::span<const int32_t> window) {
+std::vector<float> window_logits(const model::ForwardModel& decoder, model::KvCache& cache, std::span<const int32_t> window) {
   const int slot = cache.acquire();
   model::SequenceChunk chunk{slot, 0, window, true};
   std::vector<float> logits = decoder.forward(std::span(&chunk, 1), cache);
@@ -31,7 +31,7 @@ std::vector<float> window_logits(const model::Decoder& decoder, model::KvCache& 
 
 }  // namespace
 
-PerplexityResult perplexity(const model::Decoder& decoder, const model::Decoder* base, std::span<const int32_t> tokens,
+PerplexityResult perplexity(const model::ForwardModel& decoder, const model::ForwardModel* base, std::span<const int32_t> tokens,
                             const PerplexityOptions& options, const std::function<void(int64_t, int64_t)>& progress) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n < 2) throw UsageError(fmt::format("perplexity: need at least 2 tokens, got {}", n));

@@ -7,7 +7,7 @@
 #include <functional>
 #include <span>
 
-#include "model/decoder.h"
+#include "model/forward_model.h"
 
 namespace fp4serve::runtime {
 
@@ -28,7 +28,7 @@ struct PerplexityResult {
 /// 0, stride, 2·stride, …; window [b, e) scores the tokens after the previous window's end, each predicted from
 /// all tokens before it inside the window. `progress(done, total)` is called after each window.
 /// Throws UsageError when there are fewer than 2 tokens, stride ≤ 0 or stride > context, or the vocabularies differ.
-PerplexityResult perplexity(const model::Decoder& decoder, const model::Decoder* base, std::span<const int32_t> tokens,
+PerplexityResult perplexity(const model::ForwardModel& decoder, const model::ForwardModel* base, std::span<const int32_t> tokens,
                             const PerplexityOptions& options, const std::function<void(int64_t, int64_t)>& progress);
 
 }  // namespace fp4serve::runtime

@@ -43,12 +43,13 @@ SamplingParams sampling_defaults(const nlohmann::json& g) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   params_.validate();
-  rng_.seed(params_.seed ? *params_.seed : std::random_device{}());
+  seed_ = params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
 void Sampler::observe_prompt(std::span<const int32_t> tokens) { seen_.insert(tokens.begin(), tokens.end()); }
 
 void Sampler::observe(int32_t token) {
+  ++observed_;
   seen_.insert(token);
   output_counts_[token] += 1;
 }
@@ -59,6 +60,14 @@ void Sampler::prepare(std::span<float> logits) const {
   // practice) and win or lose argmax by position; a broken row must neither crash nor be sampled from.
   for (float& v : logits) {
     if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  }
+  for (const auto& [t, bias] : params_.logit_bias) {
+    if (t >= 0 && t < vocab) logits[static_cast<size_t>(t)] += bias;
+  }
+  if (observed_ < params_.min_tokens) {
+    for (const int32_t t : params_.min_tokens_blocked) {
+      if (t >= 0 && t < vocab) logits[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+    }
   }
   if (params_.repetition_penalty != 1.0f) {
     for (int32_t t : seen_) {
@@ -76,6 +85,15 @@ void Sampler::prepare(std::span<float> logits) const {
 }
 
 namespace {
+
+// A counter-based generator (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", 2014):
+// the draw for (seed, step, token) needs no state shared with any other token or request.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
 // First maximum wins, so ties resolve to the lowest id (as torch.argmax).
 int32_t argmax(std::span<const float> logits) {
@@ -156,15 +174,54 @@ int32_t Sampler::sample(std::span<float> logits) {
   prepare(logits);
   if (params_.temperature == 0.0f) return argmax(logits);
   filter(logits);
-  double mass = 0.0;
-  for (const auto& c : candidates_) mass += c.first;
-  std::uniform_real_distribution<double> uniform(0.0, mass);
-  double r = uniform(rng_);
-  for (const auto& c : candidates_) {
-    r -= c.first;
-    if (r <= 0.0) return c.second;
+  // Exponential race (the Gumbel-max trick in ratio form): token = argmax p_i / E_i with E_i ~ Exp(1) drawn per
+  // (seed, draw, token id). It samples p exactly, and since each token's noise is its own, logits perturbed in
+  // their last bits (another batch shape runs other kernels) move a draw only when two tokens' ratios lie within
+  // that perturbation; inverting the cumulative distribution moved a draw whenever near-equal tokens swapped
+  // places or the mass before it shifted.
+  const uint64_t draw_key = splitmix64(seed_ ^ splitmix64(draws_++));
+  int32_t best = candidates_.front().second;
+  double best_score = -1.0;
+  for (const auto& [p, id] : candidates_) {
+    if (p <= 0.0f) continue;
+    const uint64_t bits = splitmix64(draw_key + static_cast<uint64_t>(id) * 0xD1B54A32D192ED03ull);
+    const double u = (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+    const double score = static_cast<double>(p) / -std::log(u);
+    if (score > best_score) {
+      best_score = score;
+      best = id;
+    }
   }
-  return candidates_.back().second;
+  return best;
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top_n) {
+  require_logits(logits);
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    throw UsageError(fmt::format("token_logprobs: token {} is outside the logits row [0, {})", token, logits.size()));
+  }
+  auto value = [&](size_t i) {
+    const double v = logits[i];
+    return std::isnan(v) ? -std::numeric_limits<double>::infinity() : v;
+  };
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) max_logit = std::max(max_logit, value(i));
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) total += std::exp(value(i) - max_logit);
+  const double log_z = max_logit + std::log(total);
+  TokenLogprobs out;
+  out.logprob = value(static_cast<size_t>(token)) - log_z;
+  const size_t n = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
+      const double va = value(static_cast<size_t>(a)), vb = value(static_cast<size_t>(b));
+      return va > vb || (va == vb && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], value(static_cast<size_t>(ids[i])) - log_z);
+  }
+  return out;
 }
 
 }  // namespace fp4serve::runtime

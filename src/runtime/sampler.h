@@ -24,6 +24,11 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;     ///< none → a random seed
+  /// OpenAI logit_bias: added to these tokens' logits before anything else (ids outside the row are skipped).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  /// vLLM min_tokens: until this many tokens were observed, `min_tokens_blocked` (EOS, stop ids) get −inf.
+  int64_t min_tokens = 0;
+  std::vector<int32_t> min_tokens_blocked;
 
   /// Throws UsageError naming the field when a value is out of range (temperature < 0, top_p ∉ (0, 1],
   /// min_p ∉ [0, 1], repetition_penalty ≤ 0, penalties ∉ [−2, 2]).
@@ -45,12 +50,15 @@ class Sampler {
   void observe(int32_t token);
 
   /// Picks the next token from `logits` [vocab] fp32 (modified in place: penalties applied), drawn from
-  /// `distribution(logits)` with the seeded RNG. Throws UsageError when `logits` is empty.
+  /// `distribution(logits)` by an exponential race (argmax p_i / E_i, E_i ~ Exp(1) from a counter-based generator
+  /// keyed by seed, call number and token id), so a seeded sequence of calls is reproducible and logits perturbed
+  /// in their last bits (another batch shape runs other kernels) almost never change a draw. Throws UsageError
+  /// when `logits` is empty.
   int32_t sample(std::span<float> logits);
 
   /// The distribution `sample` draws from, [vocab] probabilities summing to 1 (0 for filtered tokens), for
-  /// `logits` [vocab] fp32 (modified in place like `sample`). Order as transformers' generate: repetition
-  /// penalty, presence/frequency penalties, then temperature, top-k (tokens tied with the k-th logit are kept,
+  /// `logits` [vocab] fp32 (modified in place like `sample`). Order: logit_bias, the min_tokens block, then as
+  /// transformers' generate: repetition penalty, presence/frequency penalties, then temperature, top-k (tokens tied with the k-th logit are kept,
   /// as TopKLogitsWarper and vLLM do), top-p (the smallest most-likely set whose mass reaches top_p; among
   /// equal probabilities the lower id ranks first), min-p. Temperature 0 gives a one-hot at the greedy token.
   /// NaN logits count as −inf; when no logit is finite the result is one-hot at the lowest id.
@@ -65,10 +73,23 @@ class Sampler {
   void filter(std::span<const float> logits);
 
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  uint64_t seed_ = 0;
+  uint64_t draws_ = 0;
   std::unordered_set<int32_t> seen_;               // prompt + output
   std::unordered_map<int32_t, int> output_counts_;  // output only
+  int64_t observed_ = 0;                            // output tokens so far (for min_tokens)
   std::vector<std::pair<float, int32_t>> candidates_;
 };
+
+/// A token's log-probability under the model's raw logits and the best alternatives, as the OpenAI API reports
+/// them (vLLM's default: before penalties, temperature and filtering).
+struct TokenLogprobs {
+  double logprob = 0.0;
+  std::vector<std::pair<int32_t, double>> top;  ///< (id, logprob), highest first, ties by lower id
+};
+
+/// log_softmax(logits)[token] and the `top_n` highest entries, in float64 (max-subtracted log-sum-exp).
+/// Throws UsageError when `logits` is empty or `token` is outside it.
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top_n);
 
 }  // namespace fp4serve::runtime

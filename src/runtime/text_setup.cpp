@@ -39,16 +39,31 @@ Tokenizer load_tokenizer(const checkpoint::Checkpoint& ckpt) {
 }
 
 json template_context(const Tokenizer& tokenizer, const checkpoint::Checkpoint& ckpt) {
+  return template_context(ckpt.tokenizer_config(), &tokenizer);
+}
+
+json template_context(const json& tc, const Tokenizer* tokenizer) {
   json ctx = json::object();
-  const json& tc = ckpt.tokenizer_config();
   if (tc.is_object()) {
     for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
-      if (tc.contains(key)) ctx[key] = token_string(tc[key]);
+      // transformers' special_tokens_map leaves out tokens that are null.
+      if (tc.contains(key) && !tc[key].is_null()) ctx[key] = token_string(tc[key]);
     }
   }
-  if (!ctx.contains("bos_token") && tokenizer.bos_id()) ctx["bos_token"] = tokenizer.id_to_token(*tokenizer.bos_id());
-  if (!ctx.contains("eos_token") && tokenizer.eos_id()) ctx["eos_token"] = tokenizer.id_to_token(*tokenizer.eos_id());
+  if (tokenizer != nullptr) {
+    if (!ctx.contains("bos_token") && tokenizer->bos_id()) ctx["bos_token"] = tokenizer->id_to_token(*tokenizer->bos_id());
+    if (!ctx.contains("eos_token") && tokenizer->eos_id()) ctx["eos_token"] = tokenizer->id_to_token(*tokenizer->eos_id());
+  }
   return ctx;
+}
+
+nlohmann::ordered_json parse_chat_template_kwargs(const std::string& text) {
+  if (text.empty()) return nlohmann::ordered_json::object();
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw UsageError("--chat-template-kwargs must be a JSON object such as '{\"enable_thinking\": false}', got: " + text);
+  }
+  return j;
 }
 
 std::vector<int32_t> eos_token_ids(const model::ModelConfig& config, const checkpoint::Checkpoint& ckpt,

@@ -21,7 +21,7 @@ struct Tokenizer::Impl {
   std::string source;
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
-  std::unique_ptr<BpeModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<PostProcessor> post_processor;
   std::unique_ptr<Decoder> decoder;
   std::vector<AddedToken> added;                   // in tokenizer.json order
@@ -118,7 +118,7 @@ Tokenizer Tokenizer::from_json(const json& tok, const json& config, std::string_
     static const json kNull;
     return tok.contains(key) ? tok.at(key) : kNull;
   };
-  impl->model = BpeModel::from_json(require(tok, "model", src), src + " model");
+  impl->model = parse_model(require(tok, "model", src), src + " model");
   impl->normalizer = parse_normalizer(field("normalizer"), src + " normalizer");
   impl->pre_tokenizer = parse_pre_tokenizer(field("pre_tokenizer"), src + " pre_tokenizer");
   impl->post_processor = parse_post_processor(field("post_processor"), src + " post_processor");

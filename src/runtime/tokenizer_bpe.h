@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/tokenizer_model.h"
+
 namespace fp4serve::runtime::detail {
 
 /// Heterogeneous-lookup hash so maps keyed by std::string can be searched with a string_view.
@@ -25,7 +27,7 @@ struct StringHash {
 };
 using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
-class BpeModel {
+class BpeModel final : public Model {
  public:
   /// Parses the "model" object. Merges may be "a b" strings or ["a", "b"] pairs; a merge whose parts or result
   /// are not in the vocabulary is a FormatError (as in the library). Throws UnsupportedError for a model type
@@ -34,13 +36,13 @@ class BpeModel {
 
   /// Appends the ids of one pre-tokenized word to `out`. Characters that are neither in the vocabulary nor
   /// covered by byte fallback become `unk_token` (fused when fuse_unk) or are dropped when there is none.
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
 
-  std::optional<int32_t> token_to_id(std::string_view token) const;
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
   /// The vocabulary string of `id`, or nullptr when no token has that id.
-  const std::string* id_to_token(int32_t id) const;
+  const std::string* id_to_token(int32_t id) const override;
   /// Largest id in the vocabulary, -1 if empty.
-  int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
+  int32_t max_id() const override { return static_cast<int32_t>(id_to_token_.size()) - 1; }
 
  private:
   struct Merge {

@@ -292,6 +292,7 @@ std::unique_ptr<Decoder> parse_decoder(const json& j, const std::string& where) 
     return std::make_unique<ReplaceDecoder>(get_pattern(j, where), get_string(j, "content", where), where);
   }
   if (type == "BPEDecoder") return std::make_unique<BpeSuffixDecoder>(get_string(j, "suffix", where));
+  if (type == "WordPiece") return make_wordpiece_decoder(j, where);
   throw UnsupportedError(where + ": decoder type \"" + type +
                          "\" is not supported (supported: Sequence, ByteLevel, Metaspace, ByteFallback, Fuse, "
                          "Strip, Replace, BPEDecoder)");

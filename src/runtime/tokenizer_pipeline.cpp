@@ -513,9 +513,11 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const std::string& w
   if (type == "Replace") {
     return std::make_unique<ReplaceNormalizer>(get_pattern(j, where), get_string(j, "content", where), where);
   }
+  if (type == "BertNormalizer") return make_bert_normalizer(j, where);
+  if (type == "Precompiled") return make_precompiled_normalizer(j, where);
   throw UnsupportedError(where + ": normalizer type \"" + type +
                          "\" is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Strip, "
-                         "Prepend, Replace)");
+                         "Prepend, Replace, BertNormalizer, Precompiled)");
 }
 
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const std::string& where) {
@@ -556,9 +558,16 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const std::stri
   if (type == "WhitespaceSplit") {
     return std::make_unique<CharSplitPreTokenizer>(unicode::is_white_space, SplitBehavior::Removed);
   }
+  if (type == "BertPreTokenizer") {
+    // Whitespace removed, then every punctuation character isolated.
+    std::vector<std::unique_ptr<PreTokenizer>> parts;
+    parts.push_back(std::make_unique<CharSplitPreTokenizer>(unicode::is_white_space, SplitBehavior::Removed));
+    parts.push_back(std::make_unique<CharSplitPreTokenizer>(is_bert_punctuation, SplitBehavior::Isolated));
+    return std::make_unique<SequencePreTokenizer>(std::move(parts));
+  }
   throw UnsupportedError(where + ": pre_tokenizer type \"" + type +
                          "\" is not supported (supported: Sequence, ByteLevel, Split, Digits, Metaspace, "
-                         "Whitespace, WhitespaceSplit)");
+                         "Whitespace, WhitespaceSplit, BertPreTokenizer)");
 }
 
 }  // namespace fp4serve::runtime::detail

@@ -57,11 +57,18 @@ class PostProcessor {
 
 /// Parsers: `where` names the JSON path for error messages, e.g. "tokenizer.json normalizer.normalizers[1]".
 /// A JSON null gives nullptr (the stage is absent). Throws UnsupportedError naming a component type fp4serve
-/// does not implement (e.g. "Precompiled", "WordPiece") and FormatError for malformed fields.
+/// does not implement (e.g. "UnicodeScripts", "CTC") and FormatError for malformed fields.
 std::unique_ptr<Normalizer> parse_normalizer(const nlohmann::json& j, const std::string& where);
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const nlohmann::json& j, const std::string& where);
 std::unique_ptr<Decoder> parse_decoder(const nlohmann::json& j, const std::string& where);
 std::unique_ptr<PostProcessor> parse_post_processor(const nlohmann::json& j, const std::string& where);
+
+/// BERT / SentencePiece components (tokenizer_bert.cpp), used by the parsers above.
+std::unique_ptr<Normalizer> make_bert_normalizer(const nlohmann::json& j, const std::string& where);
+std::unique_ptr<Normalizer> make_precompiled_normalizer(const nlohmann::json& j, const std::string& where);
+std::unique_ptr<Decoder> make_wordpiece_decoder(const nlohmann::json& j, const std::string& where);
+/// BertPreTokenizer's punctuation: ASCII punctuation or a Unicode P* category.
+bool is_bert_punctuation(char32_t c);
 
 /// GPT-2's reversible map from bytes to printable code points (the ByteLevel alphabet).
 char32_t byte_to_char(unsigned char b);

@@ -161,4 +161,23 @@ std::string lowercase(std::string_view s) {
   return out;
 }
 
+std::vector<std::string_view> graphemes(std::string_view s) {
+  std::vector<std::string_view> out;
+  utf8proc_int32_t state = 0;
+  size_t start = 0;
+  char32_t prev = 0;
+  for (size_t pos = 0; pos < s.size();) {
+    size_t len = 0;
+    const char32_t c = decode_at(s, pos, len);
+    if (pos > 0 && utf8proc_grapheme_break_stateful(static_cast<utf8proc_int32_t>(prev), static_cast<utf8proc_int32_t>(c), &state)) {
+      out.push_back(s.substr(start, pos - start));
+      start = pos;
+    }
+    prev = c;
+    pos += len;
+  }
+  if (start < s.size()) out.push_back(s.substr(start));
+  return out;
+}
+
 }  // namespace fp4serve::runtime::unicode

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fp4serve::runtime::unicode {
 
@@ -46,6 +47,9 @@ bool is_numeric(char32_t cp);
 /// Throws FormatError naming `what` if utf8proc rejects the input (only possible for invalid UTF-8).
 enum class NormalForm { NFC, NFD, NFKC, NFKD };
 std::string normalize(std::string_view s, NormalForm form);
+
+/// The extended grapheme clusters of valid UTF-8 `s` (UAX #29, utf8proc's rules), as views into `s`.
+std::vector<std::string_view> graphemes(std::string_view s);
 
 /// Lower-cases every code point with utf8proc's simple case mapping. Rust's `str::to_lowercase` uses the
 /// full mapping; the two differ only for U+0130 (İ → "i̇" in Rust, "i" here) and final-sigma context.

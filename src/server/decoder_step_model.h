@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The production StepModel: a model::ForwardModel's batched forward (the CPU model::Decoder today) over a
+// The production StepModel: a model::ForwardModel's batched forward (model::Decoder on any backend) over a
 // model::KvCache owned here and made by that model. Only the scheduler thread uses it.
 #pragma once
 

@@ -2,17 +2,20 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
+#include <sys/resource.h>
 
-#include <atomic>
 #include <csignal>
 #include <ctime>
+#include <map>
+#include <mutex>
 #include <random>
-
-#include <sys/socket.h>
+#include <thread>
+#include <unordered_map>
 
 #include "fp4serve/error.h"
-#include "runtime/generator.h"
+#include "server/http_connection.h"
+#include "server/output_text.h"
+#include "server/tokenize_api.h"
 
 namespace fp4serve::server {
 namespace {
@@ -20,12 +23,23 @@ namespace {
 using nlohmann::json;
 constexpr auto kPoll = std::chrono::milliseconds(200);
 constexpr int kListenBacklog = 512;
+constexpr int kRetryAfterSeconds = 1;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status();
-  res.set_content(dump(e.body()), "application/json");
+StringResponse json_response(int status, const json& body, unsigned version, bool keep_alive) {
+  StringResponse res{static_cast<http::status>(status), version};
+  res.set(http::field::content_type, "application/json");
+  res.set(http::field::server, "fp4serve");
+  res.keep_alive(keep_alive);
+  res.body() = dump(body);
+  return res;
+}
+
+StringResponse error_response(const ApiError& e, unsigned version, bool keep_alive) {
+  StringResponse res = json_response(e.status(), e.body(), version, keep_alive);
+  if (e.status() == 429) res.set(http::field::retry_after, std::to_string(kRetryAfterSeconds));
+  return res;
 }
 
 std::string make_id(Endpoint endpoint) {
@@ -33,177 +47,187 @@ std::string make_id(Endpoint endpoint) {
   return fmt::format("{}-{:016x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl", rng());
 }
 
-// Generated ids → text for one request: incremental detokenization, then stop strings held back until they can
-// no longer match (runtime::StopMatcher), so a stop string is never partially sent.
-class OutputText {
- public:
-  OutputText(const TextCodec& codec, std::vector<std::string> stop)
-      : detok_(codec.detokenizer()), stops_(std::move(stop)) {}
+std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
-  std::string push(const std::vector<int32_t>& ids) {
-    std::string out;
-    for (const int32_t id : ids) {
-      if (stops_.stopped()) break;
-      ++tokens_;
-      if (keep_ids_) ids_.push_back(id);
-      out += stops_.push(detok_->push(id));
-    }
-    return out;
-  }
-  std::string finish() {
-    std::string tail = stops_.stopped() ? std::string() : stops_.push(detok_->flush());
-    return tail + stops_.finish();
-  }
-  bool stopped() const { return stops_.stopped(); }
-  int64_t tokens() const { return tokens_; }
-  void keep_ids() { keep_ids_ = true; }
-  /// Ids since the last call (for token_ids in stream chunks).
-  std::vector<int32_t> take_ids() { return std::exchange(ids_, {}); }
-  const std::vector<int32_t>& ids() const { return ids_; }
+bool is_api(std::string_view target) { return path_of(target).rfind("/v1/", 0) == 0; }
 
- private:
-  std::unique_ptr<Detokenizer> detok_;
-  runtime::StopMatcher stops_;
-  int64_t tokens_ = 0;
-  bool keep_ids_ = false;
-  std::vector<int32_t> ids_;
-};
-
-// What the stream provider carries between calls.
-struct StreamState {
-  std::shared_ptr<RequestChannel> channel;
-  OutputText text;
-  Endpoint endpoint;
-  std::string id, model;
-  int64_t created = 0;
-  int64_t prompt_tokens = 0;
-  bool include_usage = false;
-  bool return_ids = false;
-  bool first = true;
-};
+// The file-descriptor limit leaves room for the model's files and the listener.
+int connection_cap(int configured) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return configured;
+  const auto room = static_cast<int64_t>(lim.rlim_cur) - 64;
+  return static_cast<int>(std::max<int64_t>(16, std::min<int64_t>(configured, room)));
+}
 
 }  // namespace
 
-struct HttpServer::Impl {
+struct HttpServer::Impl final : Routes {
   HttpConfig config;
-  ServeLimits limits;
+  ServeLimits serve_limits;
   const TextCodec& codec;
   Scheduler& scheduler;
   Metrics& metrics;
-  httplib::Server http;
-  std::atomic<bool> bound{false};
-  int listen_fd = -1;
+  Routes::Limits io_limits;
+  int max_connections;
+
+  std::mutex conn_mutex;
+  std::unordered_map<std::string, int> per_client;
+  std::map<uint64_t, std::weak_ptr<Connection>> live;
+  uint64_t next_id = 0;
+  int open_connections = 0;
+
+  std::once_flag stopped;
+  bool bound = false;
+  net::thread_pool handlers;
+  // Last, so that it is destroyed first: pending handlers hold connections that call back into the members above.
+  net::io_context io;
+  tcp::acceptor acceptor{net::make_strand(io)};
 
   Impl(HttpConfig c, ServeLimits l, const TextCodec& tc, Scheduler& s, Metrics& m)
-      : config(std::move(c)), limits(std::move(l)), codec(tc), scheduler(s), metrics(m) {}
+      : config(std::move(c)), serve_limits(std::move(l)), codec(tc), scheduler(s), metrics(m),
+        io_limits{config.max_body_bytes, std::chrono::seconds(std::max(config.header_timeout_seconds, 1)),
+                  std::chrono::seconds(std::max(config.io_timeout_seconds, 1))},
+        max_connections(connection_cap(config.max_connections)),
+        handlers(static_cast<size_t>(std::max(config.threads, 4))) {}
 
-  void install();
-  void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void respond_whole(const ApiRequest& api, std::shared_ptr<RequestChannel> channel, int64_t prompt_tokens,
-                     httplib::Response& res);
-  void respond_stream(const ApiRequest& api, std::shared_ptr<RequestChannel> channel, int64_t prompt_tokens,
-                      httplib::Response& res);
+  const Limits& limits() const override { return io_limits; }
+  std::optional<StringResponse> check_headers(const http::request_header<>& header) override;
+  void dispatch(std::shared_ptr<Connection> conn, StringRequest request) override;
+  void responded(const std::string& target, int status) override {
+    if (is_api(target)) metrics.count_request(status);
+  }
+  void released(const std::string& client) override {
+    std::lock_guard lock(conn_mutex);
+    --open_connections;
+    if (--per_client[client] <= 0) per_client.erase(client);
+  }
+
+  void accept();
+  void on_accept(beast::error_code ec, tcp::socket socket);
+  void generate(const std::shared_ptr<Connection>& conn, Endpoint endpoint, const StringRequest& req);
+  void respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
+                     const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens);
+  void respond_stream(Connection& conn, const StringRequest& req, const ApiRequest& api,
+                      const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens);
+  void shutdown();
 };
 
-void HttpServer::Impl::install() {
-  const int threads = std::max(config.threads, 4);
-  // The library listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed in Debian's shared build); a burst
-  // of concurrent clients then overflows the accept queue and some connections fail. Keep the socket so that
-  // bind() can listen again with a deeper queue.
-  http.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd = sock;
-  });
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http.set_payload_max_length(config.max_body_bytes);
-  http.set_read_timeout(config.io_timeout_seconds);
-  http.set_write_timeout(config.io_timeout_seconds);
-  http.set_keep_alive_timeout(2);  // also bounds how long shutdown waits for idle connections
-
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + config.api_key) {
-      return httplib::Server::HandlerResponse::Unhandled;
+std::optional<StringResponse> HttpServer::Impl::check_headers(const http::request_header<>& header) {
+  const std::string_view path = path_of(to_std(header.target()));
+  const unsigned version = header.version();
+  if (!config.api_key.empty() && is_api(path) &&
+      header[http::field::authorization] != "Bearer " + config.api_key) {
+    return error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", {},
+                                   "invalid_api_key"), version, false);
+  }
+  const beast::string_view encoding = header[http::field::content_encoding];
+  if (!encoding.empty() && !beast::iequals(encoding, "identity")) {
+    // A compressed body's size says nothing about what it inflates to; the limit is on what is parsed.
+    return error_response(ApiError(415, fmt::format("Content-Encoding '{}' is not supported; send the body "
+                                                    "uncompressed", std::string(encoding))), version, false);
+  }
+  const auto length = to_std(header[http::field::content_length]);
+  if (!length.empty()) {
+    const auto n = std::strtoull(std::string(length).c_str(), nullptr, 10);
+    if (n > config.max_body_bytes) {
+      return error_response(ApiError(400, fmt::format("the request body exceeds {} bytes", config.max_body_bytes)),
+                            version, false);
     }
-    send_error(res, ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // httplib answers malformed requests itself (413 for an oversized body, 404 for unknown routes, 400 for a bad
-  // request line); give those an OpenAI error object too, and make an oversized body a 400 as OpenAI does.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (res.status == 413) {
-      send_error(res, ApiError(400, fmt::format("the request body exceeds {} bytes", config.max_body_bytes)));
-    } else if (res.status == 404) {
-      send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path)));
-    } else {
-      send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError(500, fmt::format("internal error: {}", what)));
-  });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0) metrics.count_request(res.status);
-  });
-
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json model = {{"id", limits.model_name},   {"object", "model"},
-                        {"created", static_cast<int64_t>(std::time(nullptr))},
-                        {"owned_by", "fp4serve"},    {"max_model_len", limits.context_length},
-                        {"vocab_size", codec.vocab_size()}};
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
-  });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::kCompletions, req, res);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::kChatCompletions, req, res);
-  });
+  }
+  const bool known = (header.method() == http::verb::get &&
+                      (path == "/health" || path == "/metrics" || path == "/v1/models")) ||
+                     (header.method() == http::verb::post &&
+                      (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
+                       path == "/detokenize"));
+  if (!known) {
+    return error_response(ApiError(404, fmt::format("no route {} {}", std::string(header.method_string()),
+                                                    std::string(path))), version, false);
+  }
+  return std::nullopt;
 }
 
-void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  const auto arrival = Clock::now();
-  try {
-    const ApiRequest api = parse_request(endpoint, req.body);
-    SequenceRequest seq = to_sequence_request(api, codec, limits, arrival);
-    const auto prompt_tokens = static_cast<int64_t>(seq.prompt.size());
-    auto channel = scheduler.submit(std::move(seq));
-    if (channel == nullptr) throw ApiError(429, "the server is at capacity (request queue full); retry later");
-    if (api.stream) {
-      respond_stream(api, std::move(channel), prompt_tokens, res);
-    } else {
-      respond_whole(api, std::move(channel), prompt_tokens, res);
-    }
-  } catch (const ApiError& e) {
-    send_error(res, e);
+void HttpServer::Impl::dispatch(std::shared_ptr<Connection> conn, StringRequest req) {
+  const std::string_view path = path_of(to_std(req.target()));
+  const unsigned version = req.version();
+  const bool keep_alive = req.keep_alive();
+  if (path == "/health") {
+    conn->respond(json_response(200, json{{"status", "ok"}}, version, keep_alive));
+  } else if (path == "/metrics") {
+    StringResponse res{http::status::ok, version};
+    res.set(http::field::content_type, "text/plain; version=0.0.4");
+    res.keep_alive(keep_alive);
+    res.body() = metrics.render();
+    conn->respond(std::move(res));
+  } else if (path == "/v1/models") {
+    const json model = {{"id", serve_limits.model_name}, {"object", "model"},
+                        {"created", static_cast<int64_t>(std::time(nullptr))},
+                        {"owned_by", "fp4serve"}, {"max_model_len", serve_limits.context_length},
+                        {"vocab_size", codec.vocab_size()}};
+    conn->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}, version, keep_alive));
+  } else if (path == "/tokenize" || path == "/detokenize") {
+    // vLLM's prompt inspection endpoints; a chat template render is work for a handler thread.
+    net::post(handlers, [this, conn = std::move(conn), r = std::move(req)] {
+      const std::string_view body(r.body());
+      bool keep = r.keep_alive();
+      try {
+        const json answer = path_of(to_std(r.target())) == "/tokenize" ? tokenize_request(body, codec, serve_limits)
+                                                                         : detokenize_request(body, codec, serve_limits);
+        StringResponse res = json_response(200, answer, r.version(), keep);
+        keep = conn->write_response(res) && keep;
+      } catch (const ApiError& e) {
+        StringResponse res = error_response(e, r.version(), keep);
+        keep = conn->write_response(res) && keep;
+      } catch (const std::exception& e) {
+        StringResponse res = error_response(ApiError(500, fmt::format("internal error: {}", e.what())), r.version(), false);
+        conn->write_response(res);
+        keep = false;
+      }
+      conn->finish(keep);
+    });
+  } else {
+    // Parsing, tokenizing and waiting for tokens happen on a handler thread, never on an I/O thread.
+    const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    net::post(handlers, [this, conn = std::move(conn), endpoint, r = std::move(req)] {
+      generate(conn, endpoint, r);
+    });
   }
 }
 
-void HttpServer::Impl::respond_whole(const ApiRequest& api, std::shared_ptr<RequestChannel> channel,
-                                     int64_t prompt_tokens, httplib::Response& res) {
-  OutputText out(codec, api.stop);
-  if (api.return_token_ids) out.keep_ids();
+void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoint endpoint, const StringRequest& req) {
+  bool keep_alive = req.keep_alive();
+  try {
+    const ApiRequest api = parse_request(endpoint, std::string_view(req.body()));
+    SequenceRequest seq = to_sequence_request(api, codec, serve_limits, conn->request_started());
+    const auto prompt_tokens = static_cast<int64_t>(seq.prompt.size());
+    auto channel = scheduler.submit(std::move(seq));
+    if (channel == nullptr) {
+      throw ApiError(429, "the server is at capacity (request queue full); retry later", {}, "rate_limit_exceeded");
+    }
+    if (api.stream) {
+      respond_stream(*conn, req, api, channel, prompt_tokens);
+      keep_alive = keep_alive && req.version() >= 11;
+    } else {
+      respond_whole(*conn, req, api, channel, prompt_tokens);
+    }
+  } catch (const ApiError& e) {
+    StringResponse res = error_response(e, req.version(), keep_alive);
+    keep_alive = conn->write_response(res) && keep_alive;
+  } catch (const std::exception& e) {
+    StringResponse res = error_response(ApiError(500, fmt::format("internal error: {}", e.what())), req.version(), false);
+    conn->write_response(res);
+    keep_alive = false;
+  }
+  conn->finish(keep_alive);
+}
+
+void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
+                                     const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens) {
+  OutputText out(codec, api);
   std::string text;
-  ChannelUpdate update;
   std::string reason;
   for (;;) {
-    update = channel->wait(kPoll);
-    text += out.push(update.tokens);
+    const ChannelUpdate update = channel->wait(kPoll);
+    text += out.push(update);
     if (out.stopped()) {
       channel->cancel(FinishReason::kStop);
       reason = "stop";
@@ -215,103 +239,193 @@ void HttpServer::Impl::respond_whole(const ApiRequest& api, std::shared_ptr<Requ
       text += out.finish();
       break;
     }
+    if (conn.client_gone()) {  // nobody will read the answer: free the batch slot now
+      channel->cancel();
+      throw ApiError(499, "the client closed the connection");
+    }
   }
   const Usage usage{prompt_tokens, out.tokens()};
-  res.set_content(dump(response_json(api.endpoint, make_id(api.endpoint), limits.model_name,
-                                     static_cast<int64_t>(std::time(nullptr)), text, reason, usage,
-                                     api.return_token_ids ? &out.ids() : nullptr)),
-                  "application/json");
+  json body = response_json(api.endpoint, make_id(api.endpoint), serve_limits.model_name,
+                            static_cast<int64_t>(std::time(nullptr)), text, reason, usage,
+                            api.return_token_ids ? &out.ids() : nullptr);
+  if (api.logprobs) body["choices"][0]["logprobs"] = logprobs_json(api.endpoint, out.take_logprobs(), 0);
+  StringResponse res = json_response(200, body, req.version(), req.keep_alive());
+  conn.write_response(res);
 }
 
-void HttpServer::Impl::respond_stream(const ApiRequest& api, std::shared_ptr<RequestChannel> channel,
-                                      int64_t prompt_tokens, httplib::Response& res) {
-  auto state = std::make_shared<StreamState>(StreamState{std::move(channel), OutputText(codec, api.stop), api.endpoint,
-                                                         make_id(api.endpoint), limits.model_name,
-                                                         static_cast<int64_t>(std::time(nullptr)), prompt_tokens,
-                                                         api.include_usage, api.return_token_ids});
-  if (state->return_ids) state->text.keep_ids();
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [state](size_t, httplib::DataSink& sink) {
-        StreamState& s = *state;
-        const ChannelUpdate update = s.channel->wait(kPoll);
-        std::string piece = s.text.push(update.tokens);
-        bool finished = update.finished;
-        std::string reason = finish_reason_name(update.reason);
-        if (s.text.stopped()) {
-          if (!finished) s.channel->cancel(FinishReason::kStop);
-          finished = true;
-          reason = "stop";
-        }
-        std::string out;
-        if (finished && update.reason == FinishReason::kError && !s.text.stopped()) {
-          out += sse_event(ApiError(500, update.error).body());
-        } else if (finished) {
-          piece += s.text.finish();
-          auto ids = s.text.take_ids();
-          out += sse_event(chunk_json(s.endpoint, s.id, s.model, s.created, piece, reason, s.first,
-                                      s.return_ids ? &ids : nullptr));
-          if (s.include_usage) {
-            out += sse_event(usage_chunk_json(s.endpoint, s.id, s.model, s.created, {s.prompt_tokens, s.text.tokens()}));
-          }
-        } else if (!piece.empty() || (s.return_ids && !update.tokens.empty())) {
-          auto ids = s.text.take_ids();
-          out += sse_event(chunk_json(s.endpoint, s.id, s.model, s.created, piece, std::nullopt, s.first,
-                                      s.return_ids ? &ids : nullptr));
-          s.first = false;
-        }
-        if (finished) out += kSseDone;
-        if (out.empty()) {
-          // Nothing new (queued, or a multi-byte character still incomplete): notice a client that has gone.
-          if (sink.is_writable()) return true;
-          s.channel->cancel();
-          return false;
-        }
-        if (!sink.write(out.data(), out.size())) {
-          s.channel->cancel();
-          return false;
-        }
-        if (finished) sink.done();
-        return true;
-      },
-      [state](bool success) {
-        // Also reached when the connection drops between provider calls.
-        if (!success) state->channel->cancel();
-      });
+void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req, const ApiRequest& api,
+                                      const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens) {
+  OutputText out(codec, api);
+  const std::string id = make_id(api.endpoint);
+  const auto created = static_cast<int64_t>(std::time(nullptr));
+  const std::string& model = serve_limits.model_name;
+  http::response<http::empty_body> header{http::status::ok, req.version()};
+  header.set(http::field::content_type, "text/event-stream");
+  header.set(http::field::cache_control, "no-cache");
+  header.set(http::field::server, "fp4serve");
+  header.keep_alive(req.keep_alive());
+  if (!conn.write_stream_header(header)) {
+    channel->cancel();
+    return;
+  }
+  bool first = true;
+  int64_t text_offset = 0;
+  auto chunk = [&](std::string piece, const std::optional<std::string>& reason) {
+    auto ids = out.take_ids();
+    json c = chunk_json(api.endpoint, id, model, created, piece, reason, first,
+                        api.return_token_ids ? &ids : nullptr);
+    if (api.logprobs) {
+      auto entries = out.take_logprobs();
+      c["choices"][0]["logprobs"] = logprobs_json(api.endpoint, entries, text_offset);
+      for (const auto& e : entries) text_offset += static_cast<int64_t>(e.token.size());
+    }
+    first = false;
+    return sse_event(c);
+  };
+  for (;;) {
+    const ChannelUpdate update = channel->wait(kPoll);
+    std::string piece = out.push(update);
+    bool finished = update.finished;
+    std::string reason = finish_reason_name(update.reason);
+    if (out.stopped()) {
+      if (!finished) channel->cancel(FinishReason::kStop);
+      finished = true;
+      reason = "stop";
+    }
+    std::string data;
+    if (finished && update.reason == FinishReason::kError && !out.stopped()) {
+      data += sse_event(ApiError(500, update.error).body());
+    } else if (finished) {
+      piece += out.finish();
+      data += chunk(piece, reason);
+      if (api.include_usage) {
+        data += sse_event(usage_chunk_json(api.endpoint, id, model, created, {prompt_tokens, out.tokens()}));
+      }
+    } else if (!piece.empty() || out.has_pending()) {
+      data += chunk(piece, std::nullopt);
+    }
+    if (finished) data += kSseDone;
+    if (data.empty() ? conn.client_gone() : !conn.write_stream_data(data)) {
+      channel->cancel();
+      return;
+    }
+    if (finished) {
+      conn.write_stream_end();
+      return;
+    }
+  }
+}
+
+void HttpServer::Impl::accept() {
+  acceptor.async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
+    on_accept(ec, std::move(socket));
+  });
+}
+
+void HttpServer::Impl::on_accept(beast::error_code ec, tcp::socket socket) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of file descriptors (or another transient failure): retry shortly rather than spin.
+    auto timer = std::make_shared<net::steady_timer>(acceptor.get_executor(), std::chrono::milliseconds(50));
+    timer->async_wait([this, timer](beast::error_code) {
+      if (acceptor.is_open()) accept();
+    });
+    return;
+  }
+  {
+    beast::error_code addr_ec;
+    const auto remote = socket.remote_endpoint(addr_ec);
+    const std::string client = addr_ec ? std::string("?") : remote.address().to_string();
+    bool over_client = false;
+    bool over_total = false;
+    std::shared_ptr<Connection> conn;
+    {
+      std::lock_guard lock(conn_mutex);
+      over_total = open_connections >= max_connections;
+      over_client = per_client[client] >= config.max_connections_per_client;
+      if (!over_total) {
+        ++open_connections;
+        ++per_client[client];
+        conn = std::make_shared<Connection>(*this, std::move(socket), client);
+        live[next_id++] = conn;
+        if (live.size() > 2 * static_cast<size_t>(open_connections) + 64) std::erase_if(live, [](const auto& kv) { return kv.second.expired(); });
+      }
+    }
+    if (conn == nullptr) {
+      beast::error_code ignored;
+      socket.close(ignored);  // beyond the file-descriptor budget: no answer is affordable
+    } else if (over_client) {
+      conn->refuse_now(error_response(ApiError(503, fmt::format("too many connections from {} (at most {})", client,
+                                                                config.max_connections_per_client)), 11, false));
+    } else {
+      conn->start();
+    }
+  }
+  accept();
+}
+
+void HttpServer::Impl::shutdown() {
+  net::post(acceptor.get_executor(), [this] {
+    beast::error_code ignored;
+    acceptor.close(ignored);
+  });
+  std::vector<std::shared_ptr<Connection>> open;
+  {
+    std::lock_guard lock(conn_mutex);
+    for (auto& [id, weak] : live) {
+      if (auto c = weak.lock()) open.push_back(std::move(c));
+    }
+    live.clear();
+  }
+  for (auto& c : open) c->close_from_outside();
+  open.clear();
+  handlers.join();  // each handler sees its client gone (or its request finished) within one poll
+  io.stop();
 }
 
 HttpServer::HttpServer(HttpConfig config, ServeLimits limits, const TextCodec& codec, Scheduler& scheduler,
                        Metrics& metrics)
     : impl_(std::make_unique<Impl>(std::move(config), std::move(limits), codec, scheduler, metrics)) {
   std::signal(SIGPIPE, SIG_IGN);
-  impl_->install();
+  metrics.set_model_name(impl_->serve_limits.model_name);
 }
 
 HttpServer::~HttpServer() { stop(); }
 
 int HttpServer::bind() {
-  int port = impl_->config.port;
-  if (port == 0) {
-    port = impl_->http.bind_to_any_port(impl_->config.host);
-    if (port < 0) port = 0;
-  } else if (!impl_->http.bind_to_port(impl_->config.host, port)) {
-    port = 0;
+  const HttpConfig& c = impl_->config;
+  beast::error_code ec;
+  tcp::resolver resolver(impl_->io);
+  const auto endpoints = resolver.resolve(c.host, std::to_string(c.port), tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) {
+    throw IoError(fmt::format("cannot listen on {}:{}: the address does not resolve ({})", c.host, c.port, ec.message()));
   }
-  if (port == 0) {
-    throw IoError(fmt::format("cannot listen on {}:{} (address in use or not local?)", impl_->config.host,
-                              impl_->config.port));
+  const tcp::endpoint endpoint = *endpoints.begin();
+  tcp::acceptor& acceptor = impl_->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (ec == net::error::address_in_use) {
+    throw IoError(fmt::format("port {} is in use (another process listens on {}:{}); choose another --port", c.port,
+                              c.host, c.port));
   }
-  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
+  if (!ec) acceptor.listen(kListenBacklog, ec);
+  if (ec) throw IoError(fmt::format("cannot listen on {}:{}: {}", c.host, c.port, ec.message()));
   impl_->bound = true;
-  return port;
+  return acceptor.local_endpoint().port();
 }
 
 void HttpServer::serve() {
   if (!impl_->bound) throw UsageError("HttpServer::serve: call bind() first");
-  impl_->http.listen_after_bind();
+  impl_->accept();
+  std::vector<std::thread> extra;
+  for (int i = 1; i < std::max(impl_->config.io_threads, 1); ++i) extra.emplace_back([this] { impl_->io.run(); });
+  impl_->io.run();
+  for (auto& t : extra) t.join();
 }
 
-void HttpServer::stop() { impl_->http.stop(); }
+void HttpServer::stop() {
+  std::call_once(impl_->stopped, [this] { impl_->shutdown(); });
+}
 
 }  // namespace fp4serve::server

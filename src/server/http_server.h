@@ -1,7 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// The HTTP transport of the OpenAI-compatible server (cpp-httplib): routes, API-key check, body-size limit,
-// JSON and server-sent-event responses, request counting. Handlers parse and tokenize on their own thread, hand
-// the sequence to the Scheduler, and wait on its RequestChannel; they never touch the model.
+// The HTTP transport of the OpenAI-compatible server (Boost.Beast over Boost.Asio). Connections are read
+// asynchronously on a few I/O threads, so slow or idle clients hold no thread; a complete generation request is
+// handed to a handler thread, which parses and tokenizes it, gives the sequence to the Scheduler and waits on its
+// RequestChannel; handlers never touch the model.
+//
+// Transport rules (issue 19): the request line and headers must arrive within header_timeout_seconds of the
+// connection's previous request (or its opening), the body within io_timeout_seconds; a request refused before
+// its body is read (wrong API key, a body over max_body_bytes, a Content-Encoding other than identity → 415)
+// is answered with `Connection: close` and its connection is drained and closed, so its body is never parsed as
+// a request; pipelined requests are answered in order; HTTP/1.0 clients get no chunked encoding (a stream ends
+// with the connection); a client that closes its socket cancels its request, streamed or not; one client
+// address holds at most max_connections_per_client connections (more get 503).
 //
 // Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
 // POST /v1/chat/completions. Only /v1/* requires the API key when one is set.
@@ -22,9 +31,13 @@ struct HttpConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                         ///< 0: any free port (bind() returns it)
   std::string api_key;                     ///< empty: no authentication
-  size_t max_body_bytes = size_t{1} << 20; ///< larger bodies get 400
+  size_t max_body_bytes = size_t{1} << 20; ///< larger bodies get 400 (chunked bodies: counted decoded)
   int threads = 64;                        ///< handler threads: every streaming or queued request holds one
-  int io_timeout_seconds = 30;             ///< socket read/write timeout (slow or stuck clients)
+  int io_timeout_seconds = 30;             ///< reading a body; writing one response part
+  int header_timeout_seconds = 10;         ///< request line + headers, from the end of the previous request
+  int max_connections_per_client = 256;    ///< open connections per client address
+  int max_connections = 4096;              ///< in all (also bounded by the process's file-descriptor limit)
+  int io_threads = 2;                      ///< threads reading and writing sockets
 };
 
 class HttpServer {
@@ -36,15 +49,19 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  /// Binds the listening socket and returns its port. Throws IoError naming host:port when binding fails.
+  /// Binds the listening socket (SO_REUSEADDR, never SO_REUSEPORT: two servers must not share a port) and
+  /// returns its port. Throws IoError "port N is in use" when another socket listens there, IoError naming
+  /// host:port for other failures.
   int bind();
   /// Accepts and serves connections until stop(); call bind() first.
   void serve();
-  /// Makes serve() return; safe from any thread, idempotent.
+  /// Closes the listener and every connection (their requests are cancelled), waits for the handlers, and makes
+  /// serve() return; safe from any thread, idempotent.
   void stop();
 
- private:
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

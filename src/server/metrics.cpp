@@ -15,6 +15,11 @@ const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
                                          0.5,  0.75,  1.0,  2.5,   5.0, 7.5,  10.0, 20.0};
 const std::vector<double> kE2eBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0};
 
+const std::vector<double> kPhaseBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
+// Token counts: vLLM's 1-2-5 series up to the context length.
+const std::vector<double> kTokenBuckets = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+const std::vector<double> kIterationBuckets = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
 // Prometheus floats: shortest round-trip form, +Inf spelled as the format requires.
 std::string number(double v) { return fmt::format("{}", v); }
 
@@ -34,18 +39,56 @@ void Histogram::observe(double value) {
   ++count_;
 }
 
-void Histogram::render(std::string& out, const std::string& name) const {
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  const std::string sep = labels.empty() ? "" : ",";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, number(bounds_[i]), cumulative);
+    out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, number(bounds_[i]), cumulative);
   }
   cumulative += counts_.back();
-  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
-  out += fmt::format("{}_sum {}\n{}_count {}\n", name, number(sum_), name, count_);
+  out += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, cumulative);
+  out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, labels, number(sum_), name, labels, count_);
 }
 
-Metrics::Metrics() : ttft_(kTtftBuckets), itl_(kItlBuckets), e2e_(kE2eBuckets) {}
+Metrics::Metrics()
+    : ttft_(kTtftBuckets), itl_(kItlBuckets), e2e_(kE2eBuckets), queue_(kE2eBuckets), prefill_(kPhaseBuckets),
+      decode_(kPhaseBuckets), inference_(kPhaseBuckets), prompt_hist_(kTokenBuckets), generation_hist_(kTokenBuckets),
+      iteration_(kIterationBuckets) {}
+
+void Metrics::set_model_name(std::string name) {
+  // Label values escape backslash, quote and newline (exposition format 0.0.4).
+  std::string escaped;
+  for (const char c : name) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  std::lock_guard lock(mutex_);
+  labels_ = "model_name=\"" + escaped + "\"";
+}
+
+void Metrics::observe_queue_time(double seconds) {
+  std::lock_guard lock(mutex_);
+  queue_.observe(seconds);
+}
+
+void Metrics::observe_iteration_tokens(int64_t tokens) {
+  std::lock_guard lock(mutex_);
+  iteration_.observe(static_cast<double>(tokens));
+}
+
+void Metrics::observe_request(const RequestTimes& t) {
+  std::lock_guard lock(mutex_);
+  prefill_.observe(t.prefill);
+  decode_.observe(t.decode);
+  inference_.observe(t.inference);
+  prompt_hist_.observe(static_cast<double>(t.prompt_tokens));
+  generation_hist_.observe(static_cast<double>(t.generation_tokens));
+}
 
 void Metrics::count_request(int status) {
   std::lock_guard lock(mutex_);
@@ -120,39 +163,56 @@ uint64_t Metrics::finished(const std::string& reason) const {
 std::string Metrics::render() const {
   std::lock_guard lock(mutex_);
   std::string out;
+  const std::string& l = labels_;
+  auto value = [&](const char* name, auto v) { out += fmt::format("{}{{{}}} {}\n", name, l, v); };
   header(out, "fp4serve_requests_total", "counter", "HTTP requests to the API endpoints by response status.");
   for (const auto& [status, n] : requests_by_status_) {
-    out += fmt::format("fp4serve_requests_total{{status=\"{}\"}} {}\n", status, n);
+    out += fmt::format("fp4serve_requests_total{{{},status=\"{}\"}} {}\n", l, status, n);
   }
   header(out, "fp4serve_request_success_total", "counter", "Finished sequences by finish reason.");
   for (const auto& [reason, n] : finished_by_reason_) {
-    out += fmt::format("fp4serve_request_success_total{{finished_reason=\"{}\"}} {}\n", reason, n);
+    out += fmt::format("fp4serve_request_success_total{{{},finished_reason=\"{}\"}} {}\n", l, reason, n);
   }
   header(out, "fp4serve_prompt_tokens_total", "counter", "Prompt tokens admitted to the batch.");
-  out += fmt::format("fp4serve_prompt_tokens_total {}\n", prompt_tokens_);
+  value("fp4serve_prompt_tokens_total", prompt_tokens_);
   header(out, "fp4serve_generation_tokens_total", "counter", "Generated tokens.");
-  out += fmt::format("fp4serve_generation_tokens_total {}\n", generation_tokens_);
-  header(out, "fp4serve_time_to_first_token_seconds", "histogram",
-         "From request arrival to the first generated token.");
-  ttft_.render(out, "fp4serve_time_to_first_token_seconds");
-  header(out, "fp4serve_inter_token_latency_seconds", "histogram", "Between consecutive tokens of a sequence.");
-  itl_.render(out, "fp4serve_inter_token_latency_seconds");
-  header(out, "fp4serve_e2e_request_latency_seconds", "histogram", "From request arrival to the end of generation.");
-  e2e_.render(out, "fp4serve_e2e_request_latency_seconds");
+  value("fp4serve_generation_tokens_total", generation_tokens_);
+  header(out, "fp4serve_num_preemptions_total", "counter",
+         "Sequences preempted; always 0: a request waits in the queue until a whole KV-cache slot is free.");
+  value("fp4serve_num_preemptions_total", 0);
+  struct Named {
+    const char* name;
+    const char* help;
+    const Histogram& h;
+  };
+  for (const Named& n : {
+           Named{"fp4serve_time_to_first_token_seconds", "From request arrival to the first generated token.", ttft_},
+           Named{"fp4serve_inter_token_latency_seconds", "Between consecutive tokens of a sequence.", itl_},
+           Named{"fp4serve_e2e_request_latency_seconds", "From request arrival to the end of generation.", e2e_},
+           Named{"fp4serve_request_queue_time_seconds", "From request arrival to admission to the batch.", queue_},
+           Named{"fp4serve_request_prefill_time_seconds", "From admission to the first generated token.", prefill_},
+           Named{"fp4serve_request_decode_time_seconds", "From the first generated token to the end.", decode_},
+           Named{"fp4serve_request_inference_time_seconds", "From admission to the end of generation.", inference_},
+           Named{"fp4serve_request_prompt_tokens", "Prompt tokens per finished request.", prompt_hist_},
+           Named{"fp4serve_request_generation_tokens", "Generated tokens per finished request.", generation_hist_},
+           Named{"fp4serve_iteration_tokens_total", "Tokens per forward step (decodes and prompt chunks).", iteration_},
+       }) {
+    header(out, n.name, "histogram", n.help);
+    n.h.render(out, n.name, l);
+  }
   header(out, "fp4serve_num_requests_running", "gauge", "Sequences in the running batch.");
-  out += fmt::format("fp4serve_num_requests_running {}\n", running_);
+  value("fp4serve_num_requests_running", running_);
   header(out, "fp4serve_num_requests_waiting", "gauge", "Requests queued for admission.");
-  out += fmt::format("fp4serve_num_requests_waiting {}\n", waiting_);
+  value("fp4serve_num_requests_waiting", waiting_);
   header(out, "fp4serve_kv_cache_usage_perc", "gauge",
          "Fraction of KV-cache slots in use (each slot reserves max-model-len positions).");
-  out += fmt::format("fp4serve_kv_cache_usage_perc {}\n",
-                     number(slots_total_ > 0 ? static_cast<double>(slots_used_) / slots_total_ : 0.0));
+  value("fp4serve_kv_cache_usage_perc", number(slots_total_ > 0 ? static_cast<double>(slots_used_) / slots_total_ : 0.0));
   header(out, "fp4serve_kv_cache_slots_used", "gauge", "KV-cache slots held by running sequences.");
-  out += fmt::format("fp4serve_kv_cache_slots_used {}\n", slots_used_);
+  value("fp4serve_kv_cache_slots_used", slots_used_);
   header(out, "fp4serve_kv_cache_slots_total", "gauge", "KV-cache slots the memory budget allows.");
-  out += fmt::format("fp4serve_kv_cache_slots_total {}\n", slots_total_);
+  value("fp4serve_kv_cache_slots_total", slots_total_);
   header(out, "fp4serve_kv_cache_tokens", "gauge", "Positions filled in the KV-cache slots in use.");
-  out += fmt::format("fp4serve_kv_cache_tokens {}\n", cached_tokens_);
+  value("fp4serve_kv_cache_tokens", cached_tokens_);
   return out;
 }
 

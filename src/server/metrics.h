@@ -18,8 +18,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
-  /// `name`_bucket{le=…}, `name`_sum and `name`_count lines.
-  void render(std::string& out, const std::string& name) const;
+  /// `name`_bucket{`labels`,le=…}, `name`_sum{`labels`} and `name`_count{`labels`} lines; `labels` is
+  /// `key="value"` pairs joined by commas (may be empty).
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
   uint64_t count() const { return count_; }
 
  private:
@@ -29,10 +30,21 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+/// One finished request's phases (seconds) and token counts, as vLLM's per-request histograms.
+struct RequestTimes {
+  double prefill = 0.0;    ///< admitted to the batch → first token
+  double decode = 0.0;     ///< first token → end
+  double inference = 0.0;  ///< admitted → end
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+};
+
 class Metrics {
  public:
   Metrics();
 
+  /// The `model_name` label every series carries (the served model name).
+  void set_model_name(std::string name);
   /// One HTTP response with `status` (200, 400, 401, 429 …) on any endpoint but /metrics and /health.
   void count_request(int status);
   /// One finished sequence and why ("stop", "length", "abort", "error").
@@ -42,6 +54,11 @@ class Metrics {
   void observe_ttft(double seconds);
   void observe_inter_token(double seconds);
   void observe_e2e(double seconds);
+  /// Arrival → admission to the running batch.
+  void observe_queue_time(double seconds);
+  /// Tokens (decodes + prompt chunks) one forward step ran.
+  void observe_iteration_tokens(int64_t tokens);
+  void observe_request(const RequestTimes& times);
   /// Scheduler state after each step: sequences in the running batch, waiting in the queue, KV-cache slots
   /// in use out of the total, and positions held in them.
   void set_scheduler_state(int running, int waiting, int slots_used, int slots_total, int64_t cached_tokens);
@@ -65,6 +82,9 @@ class Metrics {
   Histogram ttft_;
   Histogram itl_;
   Histogram e2e_;
+  Histogram queue_, prefill_, decode_, inference_;
+  Histogram prompt_hist_, generation_hist_, iteration_;
+  std::string labels_ = "model_name=\"\"";
   int running_ = 0;
   int waiting_ = 0;
   int slots_used_ = 0;

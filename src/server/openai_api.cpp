@@ -3,8 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <random>
 
 #include "fp4serve/error.h"
 
@@ -150,36 +153,155 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (const json* b = field(body, "best_of"); b != nullptr && get_int(*b, "best_of") != 1) {
     bad("best_of", "only best_of = 1 is supported");
   }
-  if (const json* l = field(body, "logprobs"); l != nullptr) {
-    const bool wants = endpoint == Endpoint::kChatCompletions ? get_bool(*l, "logprobs") : get_int(*l, "logprobs") != 0;
-    if (wants) bad("logprobs", "is not supported");
-  }
   if (const json* e = field(body, "echo"); e != nullptr && get_bool(*e, "echo")) bad("echo", "is not supported");
   if (const json* s = field(body, "suffix"); s != nullptr) bad("suffix", "is not supported");
+  // Chat requests hand `tools` to the template (the reply is plain text; no tool-call parsing).
   for (const char* name : {"tools", "functions"}) {
+    if (endpoint == Endpoint::kChatCompletions && std::string_view(name) == "tools") continue;
     if (const json* t = field(body, name); t != nullptr && !(t->is_array() && t->empty())) bad(name, "tool calling is not supported");
   }
+  if (const json* rf = field(body, "response_format")) {
+    const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) bad("response_format", "must be an object with a string 'type'");
+    if (type->get<std::string>() != "text") {
+      bad("response_format", fmt::format("type '{}' needs constrained decoding, which fp4serve does not implement; "
+                                         "only 'text' is accepted", type->get<std::string>()));
+    }
+  }
+  for (const auto& [name, value] : body.items()) {
+    if (!value.is_null() && (name.rfind("guided_", 0) == 0 || name == "structured_outputs")) {
+      throw ApiError(400, fmt::format("'{}' needs constrained decoding, which fp4serve does not implement", name), name);
+    }
+  }
+  if (const json* tc = field(body, "tool_choice"); tc != nullptr && !tc->is_null()) {
+    if (!tc->is_string() || (tc->get<std::string>() != "auto" && tc->get<std::string>() != "none")) {
+      bad("tool_choice", "only \"auto\" and \"none\" are supported (no constrained tool calls)");
+    }
+  }
+}
+
+// Every field a request may carry. Anything else is refused by name, so no option is silently ignored.
+// `user` is an end-user id for the caller's own bookkeeping; the tool and template fields are the chat path's.
+void refuse_unknown(const json& body, Endpoint endpoint) {
+  static const std::vector<std::string_view> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+      "frequency_penalty", "seed", "stop", "stream", "stream_options", "ignore_eos", "return_token_ids", "n",
+      "best_of", "logprobs", "logit_bias", "min_tokens", "stop_token_ids", "user", "response_format", "echo"};
+  static const std::vector<std::string_view> completions = {"prompt", "suffix"};
+  static const std::vector<std::string_view> chat = {
+      "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+      "parallel_tool_calls", "chat_template_kwargs", "documents", "add_generation_prompt"};
+  const auto& own = endpoint == Endpoint::kCompletions ? completions : chat;
+  for (const auto& [name, value] : body.items()) {
+    const auto known = [&](const std::vector<std::string_view>& list) {
+      return std::find(list.begin(), list.end(), name) != list.end();
+    };
+    if (known(common) || known(own) || name.rfind("guided_", 0) == 0 || name == "structured_outputs") continue;
+    throw ApiError(400, fmt::format("'{}' is not a field fp4serve implements for {}", name,
+                                    endpoint == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions"),
+                   name);
+  }
+}
+
+constexpr int64_t kMaxTopLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's top_logprobs limit
+
+// logprobs / top_logprobs, logit_bias, min_tokens, stop_token_ids (vLLM's sampling extensions).
+void parse_sampling_extensions(const json& body, ApiRequest& req) {
+  if (req.endpoint == Endpoint::kCompletions) {
+    if (const json* l = field(body, "logprobs")) {
+      const int64_t n = get_int(*l, "logprobs");
+      if (n < 0 || n > kMaxTopLogprobs) bad("logprobs", fmt::format("must be in [0, {}], got {}", kMaxTopLogprobs, n));
+      req.logprobs = static_cast<int>(n);
+    }
+  } else {
+    const bool wants = field(body, "logprobs") != nullptr && get_bool(*field(body, "logprobs"), "logprobs");
+    int64_t top = 0;
+    if (const json* t = field(body, "top_logprobs")) {
+      top = get_int(*t, "top_logprobs");
+      if (top < 0 || top > kMaxTopLogprobs) bad("top_logprobs", fmt::format("must be in [0, {}], got {}", kMaxTopLogprobs, top));
+      if (!wants) bad("top_logprobs", "needs 'logprobs': true");
+    }
+    if (wants) req.logprobs = static_cast<int>(top);
+  }
+  if (const json* lb = field(body, "logit_bias")) {
+    if (!lb->is_object()) bad("logit_bias", fmt::format("must be an object of token id → bias, got {}", type_name(*lb)));
+    for (const auto& [key, value] : lb->items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0) bad("logit_bias", fmt::format("key '{}' is not a token id", key));
+      req.logit_bias.emplace_back(id, static_cast<float>(get_number(value, "logit_bias", -100.0, 100.0)));
+    }
+  }
+  if (const json* m = field(body, "min_tokens")) {
+    req.min_tokens = get_int(*m, "min_tokens");
+    if (req.min_tokens < 0) bad("min_tokens", fmt::format("must be ≥ 0, got {}", req.min_tokens));
+    if (req.max_tokens && req.min_tokens > *req.max_tokens) {
+      bad("min_tokens", fmt::format("{} exceeds max_tokens {}", req.min_tokens, *req.max_tokens));
+    }
+  }
+  if (const json* s = field(body, "stop_token_ids")) {
+    if (!s->is_array()) bad("stop_token_ids", fmt::format("must be a list of token ids, got {}", type_name(*s)));
+    req.stop_token_ids = get_id_list(*s, "stop_token_ids");
+  }
+}
+
+int32_t checked_id(int64_t id, int64_t vocab, const char* name) {
+  if (id >= vocab) throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab), name);
+  return static_cast<int32_t>(id);
 }
 
 }  // namespace
 
-ApiError::ApiError(int status, std::string message, std::string param)
-    : std::runtime_error(std::move(message)), status_(status), param_(std::move(param)) {}
+ApiError::ApiError(int status, std::string message, std::string param, std::string code)
+    : std::runtime_error(std::move(message)), status_(status), param_(std::move(param)), code_(std::move(code)) {}
 
 std::string ApiError::type() const {
   switch (status_) {
     case 400: return "invalid_request_error";
     case 401: return "authentication_error";
     case 404: return "not_found_error";
+    case 415: return "invalid_request_error";
     case 429: return "rate_limit_error";
     default: return status_ >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
 nlohmann::json ApiError::body() const {
-  json err = {{"message", what()}, {"type", type()}, {"code", status_}};
+  json err = {{"message", what()}, {"type", type()}};
   err["param"] = param_.empty() ? json(nullptr) : json(param_);
+  err["code"] = code_.empty() ? json(nullptr) : json(code_);
   return {{"error", err}};
+}
+
+ChatPrompt parse_chat_prompt(std::string_view body) {
+  using ojson = nlohmann::ordered_json;
+  ojson doc = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
+  if (!doc.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", doc.type_name()));
+  ChatPrompt out;
+  if (auto it = doc.find("messages"); it != doc.end()) {
+    if (!it->is_array()) bad("messages", fmt::format("must be a list, got {}", it->type_name()));
+    out.messages = *it;
+  }
+  for (const char* name : {"tools", "documents"}) {
+    auto it = doc.find(name);
+    if (it == doc.end() || it->is_null()) continue;
+    if (!it->is_array()) bad(name, fmt::format("must be a list, got {}", it->type_name()));
+    for (const auto& x : *it) {
+      if (!x.is_object()) bad(name, fmt::format("each entry must be an object, got {}", x.type_name()));
+    }
+    if (it->empty()) continue;  // an empty list means none, as OpenAI clients send it
+    (std::string_view(name) == "tools" ? out.tools : out.documents) = *it;
+  }
+  if (auto it = doc.find("chat_template_kwargs"); it != doc.end() && !it->is_null()) {
+    if (!it->is_object()) bad("chat_template_kwargs", fmt::format("must be an object, got {}", it->type_name()));
+    out.chat_template_kwargs = *it;
+  }
+  if (auto it = doc.find("add_generation_prompt"); it != doc.end()) {
+    if (!it->is_boolean()) bad("add_generation_prompt", fmt::format("must be a boolean, got {}", it->type_name()));
+    out.add_generation_prompt = it->get<bool>();
+  }
+  return out;
 }
 
 ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
@@ -194,7 +316,9 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
     parse_prompt(doc, req);
   } else {
     parse_messages(doc, req);
+    req.chat = parse_chat_prompt(body);
   }
+  refuse_unknown(doc, endpoint);
   refuse_unsupported(doc, endpoint);
   const char* max_name = "max_tokens";
   const json* mt = field(doc, "max_tokens");
@@ -235,28 +359,27 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   }
   if (const json* x = field(doc, "ignore_eos")) req.ignore_eos = get_bool(*x, "ignore_eos");
   if (const json* x = field(doc, "return_token_ids")) req.return_token_ids = get_bool(*x, "return_token_ids");
+  if (const json* u = field(doc, "user")) get_string(*u, "user");
+  parse_sampling_extensions(doc, req);
   return req;
 }
 
 SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& codec, const ServeLimits& limits,
                                     Clock::time_point arrival) {
   if (!request.model.empty() && request.model != limits.model_name) {
-    throw ApiError(400, fmt::format("the model '{}' does not exist; this server serves '{}'", request.model,
-                                    limits.model_name), "model");
+    throw ApiError(404, fmt::format("The model `{}` does not exist; this server serves '{}'", request.model,
+                                    limits.model_name), "model", "model_not_found");
   }
   SequenceRequest seq;
   seq.arrival = arrival;
   if (!request.prompt_ids.empty()) {
     const int64_t vocab = codec.vocab_size();
     seq.prompt.reserve(request.prompt_ids.size());
-    for (const int64_t id : request.prompt_ids) {
-      if (id >= vocab) throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab), "prompt");
-      seq.prompt.push_back(static_cast<int32_t>(id));
-    }
+    for (const int64_t id : request.prompt_ids) seq.prompt.push_back(checked_id(id, vocab, "prompt"));
   } else {
     try {
       if (request.endpoint == Endpoint::kChatCompletions) {
-        seq.prompt = codec.encode(codec.render_chat(request.messages), /*add_special_tokens=*/false);
+        seq.prompt = codec.encode(codec.render_chat_prompt(request.chat), /*add_special_tokens=*/false);
       } else {
         seq.prompt = codec.encode(request.prompt_text, /*add_special_tokens=*/true);
       }
@@ -267,16 +390,22 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
   }
   const auto prompt_len = static_cast<int64_t>(seq.prompt.size());
   if (prompt_len == 0) throw ApiError(400, "the prompt encodes to no tokens", "prompt");
-  if (prompt_len >= limits.context_length) {
-    throw ApiError(400, fmt::format("the prompt has {} tokens; the context length (--max-model-len) is {}, which "
-                                    "leaves no room for output", prompt_len, limits.context_length),
-                   request.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt");
+  // vLLM's wording, which clients and eval harnesses match on.
+  const char* prompt_param = request.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (!request.max_tokens && prompt_len >= limits.context_length) {
+    throw ApiError(400, fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                    "tokens in the messages, Please reduce the length of the messages.",
+                                    limits.context_length, prompt_len), prompt_param);
   }
-  const char* max_name = "max_tokens";
   seq.max_new_tokens = request.max_tokens.value_or(limits.context_length - prompt_len);
   if (seq.max_new_tokens > limits.context_length - prompt_len) {
-    throw ApiError(400, fmt::format("max_tokens {} + prompt {} tokens exceeds the context length (--max-model-len) {}",
-                                    seq.max_new_tokens, prompt_len, limits.context_length), max_name);
+    // Both counts are ≥ 0, so their unsigned sum cannot wrap (max_tokens may be INT64_MAX).
+    const uint64_t requested = static_cast<uint64_t>(prompt_len) + static_cast<uint64_t>(seq.max_new_tokens);
+    throw ApiError(400, fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                    "tokens ({} in the messages, {} in the completion). Please reduce the length "
+                                    "of the messages or completion.", limits.context_length,
+                                    requested, prompt_len, seq.max_new_tokens),
+                   prompt_len >= limits.context_length ? prompt_param : "max_tokens");
   }
   runtime::SamplingParams& sp = seq.sampling;
   sp = limits.defaults;
@@ -287,9 +416,19 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
   if (request.repetition_penalty) sp.repetition_penalty = *request.repetition_penalty;
   sp.presence_penalty = request.presence_penalty;
   sp.frequency_penalty = request.frequency_penalty;
-  sp.seed = request.seed;
+  // Drawn once here, so the request's random stream is its own whatever else runs in its batch.
+  sp.seed = request.seed ? *request.seed : std::random_device{}() * uint64_t{0x100000000} + std::random_device{}();
   seq.eos_token_ids = codec.eos_token_ids();
   seq.ignore_eos = request.ignore_eos;
+  const int64_t vocab = codec.vocab_size();
+  for (const auto& [id, bias] : request.logit_bias) sp.logit_bias.emplace_back(checked_id(id, vocab, "logit_bias"), bias);
+  for (const int64_t id : request.stop_token_ids) seq.stop_token_ids.push_back(checked_id(id, vocab, "stop_token_ids"));
+  sp.min_tokens = request.min_tokens;
+  if (request.min_tokens > 0) {
+    sp.min_tokens_blocked = seq.stop_token_ids;
+    if (!request.ignore_eos) sp.min_tokens_blocked.insert(sp.min_tokens_blocked.end(), seq.eos_token_ids.begin(), seq.eos_token_ids.end());
+  }
+  seq.top_logprobs = request.logprobs ? *request.logprobs : -1;
   return seq;
 }
 
@@ -342,6 +481,37 @@ nlohmann::json chunk_json(Endpoint endpoint, const std::string& id, const std::s
   if (token_ids != nullptr) choice["token_ids"] = *token_ids;
   out["choices"] = json::array({choice});
   return out;
+}
+
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, int64_t text_offset) {
+  auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (const char c : s) b.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    return b;
+  };
+  if (endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const auto& e : entries) {
+      json top = json::array();
+      for (const auto& [text, value] : e.top) top.push_back({{"token", text}, {"logprob", value}, {"bytes", bytes(text)}});
+      content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes(e.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  for (const auto& e : entries) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(e.logprob);
+    json top = json::object();
+    for (const auto& [text, value] : e.top) {
+      if (!top.contains(text)) top[text] = value;
+    }
+    if (!top.contains(e.token)) top[e.token] = e.logprob;
+    top_logprobs.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(e.token.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
 }
 
 nlohmann::json usage_chunk_json(Endpoint endpoint, const std::string& id, const std::string& model, int64_t created,

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/sampler.h"
@@ -23,18 +24,22 @@ namespace fp4serve::server {
 /// field when there is one.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string message, std::string param = {});
+  /// `code`: OpenAI's machine-readable code ("model_not_found", "invalid_api_key", "rate_limit_exceeded"), or
+  /// empty for null.
+  ApiError(int status, std::string message, std::string param = {}, std::string code = {});
   int status() const { return status_; }
   const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
   /// OpenAI's type for the status: invalid_request_error (400), authentication_error (401), not_found_error
   /// (404), rate_limit_error (429), server_error (5xx).
   std::string type() const;
-  /// {"error": {"message", "type", "param", "code"}}; code is the status as OpenAI-compatible servers send it.
+  /// {"error": {"message", "type", "param", "code"}}: param and code are strings or null, as OpenAI sends them.
   nlohmann::json body() const;
 
  private:
   int status_;
   std::string param_;
+  std::string code_;
 };
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -46,6 +51,7 @@ struct ApiRequest {
   std::string prompt_text;                   ///< completions with a string prompt
   std::vector<int64_t> prompt_ids;           ///< completions with a token-id prompt (checked against the vocab later)
   std::vector<ChatTurn> messages;            ///< chat
+  ChatPrompt chat;                           ///< chat: the whole messages, tools, documents, chat_template_kwargs
   std::optional<int64_t> max_tokens;         ///< ≥ 1; absent: the rest of the context
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int> top_k;
@@ -56,12 +62,25 @@ struct ApiRequest {
   bool include_usage = false;                ///< stream_options.include_usage
   bool ignore_eos = false;                   ///< vLLM extension, used by `bench serve` for exact output lengths
   bool return_token_ids = false;             ///< extension: generated ids in each choice (`token_ids`)
+  std::vector<std::pair<int64_t, float>> logit_bias;  ///< token id → bias in [−100, 100] added to its logit
+  int64_t min_tokens = 0;                    ///< vLLM: EOS and stop_token_ids are blocked before this many tokens
+  std::vector<int64_t> stop_token_ids;       ///< vLLM: sampling one of these ends the sequence (not emitted)
+  /// Logprobs wanted, with this many top alternatives per token: completions `logprobs: N`, chat
+  /// `logprobs: true` + `top_logprobs: N` (0 … 20). Absent: none.
+  std::optional<int> logprobs;
 };
 
 /// Parses and checks a request body. Throws ApiError(400) naming the field on invalid JSON, a non-object body,
 /// wrong types, out-of-range values (max_tokens ≤ 0, temperature ∉ [0, 2], top_p ∉ (0, 1], n ≠ 1, …), an empty
-/// prompt or message list, and options fp4serve does not implement (logprobs, best_of, echo, suffix, tools).
+/// prompt or message list, options fp4serve does not implement (n > 1, best_of, echo, suffix, functions, tools on
+/// completions, a tool_choice other than "auto" / "none", constrained decoding: response_format other than text,
+/// guided_*), and any field the API does not define: every field either takes effect or is refused.
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
+
+/// The template inputs of a chat body, keys in the order the client sent them (as transformers sees them):
+/// messages, tools, documents, chat_template_kwargs (an object), add_generation_prompt (default true).
+/// Throws ApiError(400) naming the field for wrong types (the message list itself is checked by parse_request).
+ChatPrompt parse_chat_prompt(std::string_view body);
 
 /// Server-side facts a request is checked against.
 struct ServeLimits {
@@ -71,8 +90,11 @@ struct ServeLimits {
 };
 
 /// Tokenizes `request` (chat: template rendered, then encoded without adding special tokens again) and builds
-/// what the scheduler runs. Throws ApiError(400) for an unknown model name, a token id outside the vocabulary,
-/// a prompt that leaves no room in the context (prompt ≥ context_length), or prompt + max_tokens > context.
+/// what the scheduler runs. Throws ApiError(404, code model_not_found) for an unknown model name; ApiError(400)
+/// for a token id outside the vocabulary (prompt, logit_bias, stop_token_ids), or a prompt + max_tokens beyond
+/// the context, with vLLM's message ("This model's maximum context length is N tokens. However, you requested
+/// M tokens (P in the messages, C in the completion). …"). A request without a seed gets one drawn here, at
+/// arrival, so that its random stream is its own whatever runs beside it.
 SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& codec, const ServeLimits& limits,
                                     Clock::time_point arrival);
 
@@ -94,6 +116,18 @@ nlohmann::json response_json(Endpoint endpoint, const std::string& id, const std
 nlohmann::json chunk_json(Endpoint endpoint, const std::string& id, const std::string& model, int64_t created,
                           const std::string& text, const std::optional<std::string>& finish_reason, bool first,
                           const std::vector<int32_t>* token_ids);
+
+/// One generated token's logprob entry, with its text and its top alternatives (text, logprob), best first.
+struct LogprobEntry {
+  std::string token;
+  double logprob = 0.0;
+  std::vector<std::pair<std::string, double>> top;
+};
+
+/// A choice's `logprobs` for `entries`: completions {tokens, token_logprobs, top_logprobs (text → logprob, the
+/// sampled token included), text_offset (from `text_offset`)}; chat {content: [{token, logprob, bytes,
+/// top_logprobs: [{token, logprob, bytes}]}]}.
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<LogprobEntry>& entries, int64_t text_offset);
 
 /// The final usage-only chunk of a stream (stream_options.include_usage): `choices` empty.
 nlohmann::json usage_chunk_json(Endpoint endpoint, const std::string& id, const std::string& model, int64_t created,

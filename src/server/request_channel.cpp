@@ -13,11 +13,12 @@ const char* finish_reason_name(FinishReason reason) {
   return "error";
 }
 
-void RequestChannel::push_token(int32_t token) {
+void RequestChannel::push_token(int32_t token, runtime::TokenLogprobs* logprobs) {
   {
     std::lock_guard lock(mutex_);
     if (finished_) return;
     pending_.push_back(token);
+    if (logprobs != nullptr) pending_logprobs_.push_back(std::move(*logprobs));
   }
   cv_.notify_all();
 }
@@ -38,6 +39,7 @@ ChannelUpdate RequestChannel::wait(std::chrono::milliseconds timeout) {
   cv_.wait_for(lock, timeout, [&] { return finished_ || !pending_.empty(); });
   ChannelUpdate update;
   update.tokens.swap(pending_);
+  update.logprobs.swap(pending_logprobs_);
   update.finished = finished_;
   update.reason = reason_;
   update.error = error_;

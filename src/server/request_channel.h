@@ -25,6 +25,8 @@ struct SequenceRequest {
   int64_t max_new_tokens = 16;          ///< ≥ 1
   std::vector<int32_t> eos_token_ids;   ///< sampled EOS ends the sequence (not emitted) unless ignore_eos
   bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  ///< sampled, one of these ends the sequence (not emitted), ignore_eos or not
+  int top_logprobs = -1;                ///< ≥ 0: each token comes with its logprob and this many alternatives
   Clock::time_point arrival = Clock::now();  ///< when the HTTP request arrived (TTFT is measured from here)
 };
 
@@ -42,6 +44,7 @@ const char* finish_reason_name(FinishReason reason);
 /// has ended, why.
 struct ChannelUpdate {
   std::vector<int32_t> tokens;
+  std::vector<runtime::TokenLogprobs> logprobs;  ///< one per token when the request asked for logprobs
   bool finished = false;
   FinishReason reason = FinishReason::kStop;
   std::string error;  ///< set with kError
@@ -54,7 +57,7 @@ class RequestChannel {
   const SequenceRequest& request() const { return request_; }
 
   // Scheduler side.
-  void push_token(int32_t token);
+  void push_token(int32_t token, runtime::TokenLogprobs* logprobs = nullptr);
   /// Ends the sequence; later calls are ignored, so the first reason wins.
   void finish(FinishReason reason, std::string error = {});
 
@@ -77,6 +80,7 @@ class RequestChannel {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> pending_;
+  std::vector<runtime::TokenLogprobs> pending_logprobs_;
   bool finished_ = false;
   FinishReason reason_ = FinishReason::kStop;
   std::string error_;

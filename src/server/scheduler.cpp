@@ -114,7 +114,9 @@ void Scheduler::admit() {
     seq.prompt_len = static_cast<int64_t>(req.prompt.size());
     seq.sampler.emplace(req.sampling);
     seq.sampler->observe_prompt(req.prompt);
+    seq.admitted = Clock::now();
     metrics_.add_prompt_tokens(seq.prompt_len);
+    metrics_.observe_queue_time(seconds_between(req.arrival, seq.admitted));
     running_.push_back(std::move(seq));
   }
 }
@@ -168,6 +170,7 @@ void Scheduler::step() {
     budget -= take;
   }
   if (chunks.empty()) return;
+  metrics_.observe_iteration_tokens(config_.max_num_batched_tokens - budget);
 
   try {
     logits_ = model_.forward(chunks);
@@ -183,16 +186,21 @@ void Scheduler::step() {
     seq.computed += static_cast<int64_t>(chunks[c].tokens.size());
     if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt not finished yet
     const SequenceRequest& req = seq.channel->request();
-    const int32_t token = seq.sampler->sample(
-        std::span(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
+    const std::span<float> row(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab),
+                               static_cast<size_t>(vocab));
+    // Logprobs are of the raw logits; the sampler rewrites the row in place.
+    if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
+    const int32_t token = seq.sampler->sample(row);
     if (seq.generated == 0) {
       metrics_.observe_ttft(seconds_between(req.arrival, now));
+      seq.first_token = now;
     } else {
       metrics_.observe_inter_token(seconds_between(seq.last_token, now));
     }
     seq.last_token = now;
     const bool eos = std::find(req.eos_token_ids.begin(), req.eos_token_ids.end(), token) != req.eos_token_ids.end();
-    if (eos && !req.ignore_eos) {
+    const bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
+    if ((eos && !req.ignore_eos) || stop_id) {
       finish(seq, FinishReason::kStop);
       continue;
     }
@@ -200,7 +208,12 @@ void Scheduler::step() {
     seq.tokens.push_back(token);
     ++seq.generated;
     metrics_.add_generation_tokens(1);
-    seq.channel->push_token(token);
+    if (req.top_logprobs >= 0) {
+      runtime::TokenLogprobs lp = runtime::token_logprobs(raw_row_, token, req.top_logprobs);
+      seq.channel->push_token(token, &lp);
+    } else {
+      seq.channel->push_token(token);
+    }
     if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
   }
   std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
@@ -211,8 +224,13 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, const std::string& er
   model_.release_slot(seq.slot);
   seq.slot = -1;
   seq.channel->finish(reason, error);
+  const auto now = Clock::now();
   metrics_.count_finished(finish_reason_name(reason));
-  metrics_.observe_e2e(seconds_between(seq.channel->request().arrival, Clock::now()));
+  metrics_.observe_e2e(seconds_between(seq.channel->request().arrival, now));
+  const bool decoded = seq.generated > 0;
+  metrics_.observe_request(RequestTimes{seconds_between(seq.admitted, decoded ? seq.first_token : now),
+                                        decoded ? seconds_between(seq.first_token, now) : 0.0,
+                                        seconds_between(seq.admitted, now), seq.prompt_len, seq.generated});
 }
 
 void Scheduler::publish_state() {

@@ -57,6 +57,7 @@ class Scheduler {
     int64_t generated = 0;
     std::optional<runtime::Sampler> sampler;
     Clock::time_point last_token{};
+    Clock::time_point admitted{}, first_token{};
   };
 
   void run();
@@ -78,6 +79,7 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<Sequence> running_;
   std::vector<float> logits_;
+  std::vector<float> raw_row_;  // one row before sampling, for logprobs
   std::thread thread_;
 };
 

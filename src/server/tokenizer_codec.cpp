@@ -25,16 +25,48 @@ TokenizerCodec::TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runti
       context_(std::move(template_context)),
       eos_(std::move(eos_token_ids)) {}
 
+TokenizerCodec::TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplates> chat_templates,
+                               nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids)
+    : tokenizer_(std::move(tokenizer)),
+      templates_(std::move(chat_templates)),
+      variables_(std::move(variables)),
+      eos_(std::move(eos_token_ids)) {
+  for (const auto& [k, v] : variables_.items()) context_[k] = v;
+}
+
 std::vector<int32_t> TokenizerCodec::encode(std::string_view text, bool add_special_tokens) const {
   return tokenizer_.encode(text, add_special_tokens);
 }
 
 std::string TokenizerCodec::render_chat(const std::vector<ChatTurn>& messages) const {
+  if (templates_) {
+    ChatPrompt prompt;
+    for (const auto& m : messages) prompt.messages.push_back({{"role", m.role}, {"content", m.content}});
+    return render_chat_prompt(prompt);
+  }
   if (!template_) throw UsageError("the model has no chat template (tokenizer_config.json chat_template); use /v1/completions");
   std::vector<runtime::ChatMessage> turns;
   turns.reserve(messages.size());
   for (const auto& m : messages) turns.push_back({m.role, m.content});
   return template_->render(turns, /*add_generation_prompt=*/true, context_);
+}
+
+std::string TokenizerCodec::render_chat_prompt(const ChatPrompt& prompt) const {
+  if (!templates_) {
+    if (template_) return TextCodec::render_chat_prompt(prompt);
+    throw UsageError("the model has no chat template (chat_template.jinja or tokenizer_config.json chat_template); "
+                     "use /v1/completions or start the server with --chat-template FILE");
+  }
+  nlohmann::ordered_json vars = variables_;
+  if (!prompt.tools.is_null()) vars["tools"] = prompt.tools;
+  if (!prompt.documents.is_null()) vars["documents"] = prompt.documents;
+  for (const auto& [k, v] : prompt.chat_template_kwargs.items()) vars[k] = v;
+  return templates_->select(!prompt.tools.is_null())
+      .render_messages(prompt.messages, prompt.add_generation_prompt, vars);
+}
+
+std::string TokenizerCodec::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return tokenizer_.decode(ids, skip_special_tokens);
 }
 
 std::unique_ptr<Detokenizer> TokenizerCodec::detokenizer() const {

@@ -18,9 +18,15 @@ class TokenizerCodec final : public TextCodec {
   /// the variables HF passes to templates (bos_token, eos_token; runtime::template_context).
   TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplate> chat_template,
                  nlohmann::json template_context, std::vector<int32_t> eos_token_ids);
+  /// A model folder's templates (runtime::ChatTemplates: "tool_use" for requests with tools). `variables`:
+  /// template_context plus the server's --chat-template-kwargs, which a request's chat_template_kwargs override.
+  TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplates> chat_templates,
+                 nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
   std::string render_chat(const std::vector<ChatTurn>& messages) const override;
+  std::string render_chat_prompt(const ChatPrompt& prompt) const override;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const override;
   std::unique_ptr<Detokenizer> detokenizer() const override;
   int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
@@ -28,7 +34,9 @@ class TokenizerCodec final : public TextCodec {
  private:
   runtime::Tokenizer tokenizer_;
   std::optional<runtime::ChatTemplate> template_;
+  std::optional<runtime::ChatTemplates> templates_;
   nlohmann::json context_;
+  nlohmann::ordered_json variables_;
   std::vector<int32_t> eos_;
 };
 

@@ -100,5 +100,40 @@ TEST(Architecture, BadConfigsAreNamedErrors) {
   EXPECT_EQ(supported_architectures().size(), 10u);
 }
 
+// The names the model looks modules up by are the names describe_model lists (one table for plan and model).
+TEST(ArchitectureNames, RoleNamesAreTheNamesDescribeModelLists) {
+  for (const ArchitectureSpec& spec : supported_architectures()) {
+    SCOPED_TRACE(std::string(spec.name));
+    EXPECT_EQ(layer_name(spec, 3), "model.layers.3");
+    EXPECT_EQ(attention_module(spec, 3), "model.layers.3.self_attn");
+    EXPECT_EQ(module_name(spec, ModuleRole::QProj, 3), "model.layers.3.self_attn.q_proj");
+    EXPECT_EQ(module_name(spec, ModuleRole::DownProj, 0), "model.layers.0.mlp.down_proj");
+    EXPECT_EQ(module_name(spec, ModuleRole::LmHead, -1), "lm_head");
+    EXPECT_EQ(tensor_name(spec, TensorRole::Embedding, -1), "model.embed_tokens.weight");
+    EXPECT_EQ(tensor_name(spec, TensorRole::InputNorm, 2), "model.layers.2.input_layernorm.weight");
+    EXPECT_EQ(tensor_name(spec, TensorRole::PostAttentionNorm, 2), "model.layers.2.post_attention_layernorm.weight");
+    EXPECT_EQ(tensor_name(spec, TensorRole::QNorm, 1), "model.layers.1.self_attn.q_norm.weight");
+    EXPECT_EQ(tensor_name(spec, TensorRole::Sinks, 1), "model.layers.1.self_attn.sinks");
+    EXPECT_EQ(tensor_name(spec, TensorRole::FinalNorm, -1), "model.norm.weight");
+    EXPECT_THROW(module_name(spec, ModuleRole::ExpertGate, 0), UsageError);  // listed by describe_model only
+    EXPECT_THROW(module_name(spec, ModuleRole::Router, 0), UsageError);
+    EXPECT_EQ(spec.gated_experts, is_gated(spec.expert_activation));
+  }
+  // Every dense-role module describe_model lists for a Qwen2-MoE layer (attention, shared expert) has the name
+  // module_name gives its role.
+  const json config = {{"architectures", {"Qwen2MoeForCausalLM"}}, {"hidden_size", 64}, {"intermediate_size", 96},
+                       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                       {"vocab_size", 128}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                       {"moe_intermediate_size", 32}, {"shared_expert_intermediate_size", 48}};
+  const ModelLayout layout = describe_model(config);
+  size_t named = 0;
+  for (const ModuleInfo& m : layout.modules) {
+    if (m.layer < 0 || m.expert >= 0 || m.role == ModuleRole::Router) continue;
+    EXPECT_EQ(m.name, module_name(*layout.spec, m.role, m.layer)) << module_role_name(m.role);
+    ++named;
+  }
+  EXPECT_EQ(named, 2u * (4 + 4));  // q, k, v, o + shared gate, up, down, gate (scalar) per layer
+}
+
 }  // namespace
 }  // namespace fp4serve::checkpoint

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // W4A4 emulation against compressed-tensors' own activation fake quant: every NVFP4 W4A4 fixture stores a seeded
 // activation `w4a4.x` for layer 0 q_proj, its fake-quantized form `w4a4.x_fq` (forward_quantize) and
-// `w4a4.y = x_fq · dequant(W)ᵀ` (tools/reference/fx_golden.py).
+// `w4a4.y = x_fq · dequant(W)ᵀ` (tools/reference/fx_golden.py). MXFP4: the same for llama-mxfp4, and
+// compressed-tensors' MXFP4 fake quant of recorded and edge-case activations (tests/data/mxfp4-activations,
+// tools/reference/fx_mxfp4_activations.py).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
@@ -81,6 +84,124 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, W4A4Golden, ::testing::ValuesIn(nvfp4_w4a4_fi
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
+
+// Equal as the reference computed them: the same bits, except that a NaN matches any NaN and the sign of an
+// exact zero is not compared (torch.sign(-0.0) * 0 may give +0 where fp32 keeps -0; both read as 0).
+bool same_value(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (a == 0.f && b == 0.f) return true;
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  return ua == ub;
+}
+
+struct FqCompare {
+  int64_t values = 0, differ = 0, nan = 0, zero_groups = 0, subnormal_scale_groups = 0, inf_scale_groups = 0;
+  std::string first;
+};
+
+FqCompare compare_mxfp4(const core::TensorView& xv, const core::TensorView& want) {
+  FqCompare c;
+  std::vector<float> x = floats(xv);
+  const std::vector<float> ref = floats(want);
+  const int64_t k = xv.shape.back();
+  const int64_t m = xv.numel() / k;
+  std::vector<float> got = x;
+  kernels::emulate_mxfp4_activations(got.data(), m, k);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ++c.values;
+    c.nan += std::isnan(ref[i]) ? 1 : 0;
+    if (!same_value(got[i], ref[i])) {
+      if (c.differ++ == 0) c.first = "element " + std::to_string(i) + ": x " + std::to_string(x[i]) + " got " +
+                                     std::to_string(got[i]) + " want " + std::to_string(ref[i]);
+    }
+  }
+  for (size_t g = 0; g < x.size(); g += 32) {
+    float amax = 0.f;
+    for (size_t j = 0; j < 32; ++j) amax = std::isnan(amax) ? amax : (std::isnan(x[g + j]) ? x[g + j] : std::fmax(amax, std::fabs(x[g + j])));
+    const uint8_t e = kernels::mxfp4_activation_exponent(amax);
+    c.zero_groups += amax == 0.f ? 1 : 0;
+    c.subnormal_scale_groups += (e == 0 && amax != 0.f) ? 1 : 0;
+    c.inf_scale_groups += e == 255 ? 1 : 0;
+  }
+  return c;
+}
+
+const fs::path kMxAct = fs::path(FP4SERVE_TEST_DATA) / "mxfp4-activations" / "fq.safetensors";
+
+TEST(Mxfp4ActivationFakeQuant, RecordedActivationsMatchCompressedTensorsBitForBit) {
+  const checkpoint::SafetensorsFile fq(kMxAct);
+  int64_t tensors = 0, values = 0;
+  for (const checkpoint::TensorEntry& entry : fq.header().tensors) {
+    const std::string& name = entry.name;
+    if (name.rfind("recorded.", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    const std::string module = name.substr(std::strlen("recorded."));
+    const FqCompare c = compare_mxfp4(fq.view(*fq.find(name)), fq.view(*fq.find("recorded_fq." + module)));
+    EXPECT_EQ(c.differ, 0) << "of " << c.values << "; first: " << c.first;
+    values += c.values;
+    ++tensors;
+  }
+  EXPECT_EQ(tensors, 3);
+  RecordProperty("recorded_values", std::to_string(values));
+}
+
+TEST(Mxfp4ActivationFakeQuant, EdgeGroupsMatchCompressedTensorsBitForBit) {
+  const checkpoint::SafetensorsFile fq(kMxAct);
+  const auto edge = fq.view(*fq.find("edge"));
+  const FqCompare c = compare_mxfp4(edge, fq.view(*fq.find("edge_fq")));
+  EXPECT_EQ(c.differ, 0) << "of " << c.values << "; first: " << c.first;
+  // The fixture really covers the boundaries it claims (a fixture that stopped doing so would pass vacuously).
+  EXPECT_GE(c.zero_groups, 2);
+  EXPECT_GE(c.subnormal_scale_groups, 4);
+  EXPECT_GE(c.inf_scale_groups, 5);
+  EXPECT_GE(c.nan, 5 * 32);
+  // The E8M0 byte per group equals the one compressed-tensors' observer derived.
+  const auto want_e = fq.view(*fq.find("edge_scale_exponent"));
+  const std::vector<float> x = floats(edge);
+  ASSERT_EQ(want_e.numel() * 32, static_cast<int64_t>(x.size()));
+  int64_t exponent_differ = 0;
+  for (int64_t g = 0; g < want_e.numel(); ++g) {
+    float amax = 0.f;
+    bool nan = false;
+    for (int j = 0; j < 32; ++j) {
+      nan = nan || std::isnan(x[static_cast<size_t>(g * 32 + j)]);
+      amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(g * 32 + j)]));
+    }
+    const uint8_t got = kernels::mxfp4_activation_exponent(nan ? std::nanf("") : amax);
+    if (got != want_e.load<uint8_t>(static_cast<size_t>(g))) ++exponent_differ;
+  }
+  EXPECT_EQ(exponent_differ, 0);
+}
+
+TEST(Mxfp4ActivationFakeQuant, FixtureW4A4ActivationAndOutputMatchCompressedTensors) {
+  const auto ckpt = checkpoint::Checkpoint::open(kRef / "llama-mxfp4");
+  const checkpoint::SafetensorsFile golden(kRef / "llama-mxfp4" / "golden.safetensors");
+  const prepare::PreparedLinear w = prepare::prepare_mxfp4(ckpt.tensor(kModule + ".weight_packed"),
+                                                           ckpt.tensor(kModule + ".weight_scale"), kModule);
+  const auto x_view = golden.view(*golden.find("w4a4.x"));
+  const FqCompare c = compare_mxfp4(x_view, golden.view(*golden.find("w4a4.x_fq")));
+  EXPECT_EQ(c.differ, 0) << "of " << c.values << "; first: " << c.first;
+  const int64_t m = x_view.shape[0];
+  const std::vector<float> x = floats(x_view);
+  const std::vector<float> y_ref = floats(golden.view(*golden.find("w4a4.y")));
+  std::vector<float> y(y_ref.size(), std::nanf(""));
+  kernels::linear(w, x.data(), m, y.data(), kernels::ActivationQuant::EmulateMxfp4);
+  double max_ref = 0.0, max_err = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(y_ref[i])));
+    max_err = std::max(max_err, static_cast<double>(std::fabs(y[i] - y_ref[i])));
+  }
+  // Same weights (MXFP4 is exact in BF16), same activations: only the fp32 summation order differs.
+  EXPECT_LE(max_err, 1e-6 * max_ref) << "max |Δy| " << max_err << " of max |y| " << max_ref;
+  // Served weight-only, the same layer is off by the activation-quantization effect: the check has teeth.
+  std::vector<float> y_wo(y_ref.size());
+  kernels::linear(w, x.data(), m, y_wo.data());
+  double wo_err = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) wo_err = std::max(wo_err, static_cast<double>(std::fabs(y_wo[i] - y_ref[i])));
+  EXPECT_GT(wo_err, 1e-2 * max_ref);
+}
 
 }  // namespace
 }  // namespace fp4serve

@@ -361,6 +361,30 @@ TEST(Rule9, EmulateRunsTheReferenceAnywhereAndKeepsTheInputScale) {
   }
 }
 
+TEST(Rule9, EmulateRunsTheMxfp4ReferenceAnywhere) {
+  for (const std::string dev : {"cpu", "sm90", "sm100", "sm120"}) {
+    const LayerPlan p = plan_llama(ct_quant("mxfp4-pack-quantized", mxfp4_w(), mxfp4_a()), all_but_head(Kind::CtMxfp4),
+                                   dev, ActivationQuant::Emulate);
+    const ModulePlan* m = p.find("model.layers.0.mlp.down_proj");
+    EXPECT_EQ(m->scheme, SchemeId::W4A4Mxfp4Emulated) << dev;
+    EXPECT_EQ(m->reason, Reason::Emulated) << dev;
+    EXPECT_EQ(scheme_name(*m->scheme), "W4A4_MXFP4_EMULATED");
+  }
+}
+
+TEST(Rule9, EmulateOnALayerWithoutEmulationIsRefusedByNameNotSubstituted) {
+  const json fp8 = ct_args(8, "float", "tensor", nullptr);
+  for (const std::string dev : {"cpu", "sm90"}) {
+    const LayerPlan p = plan_llama(ct_quant("float-quantized", fp8, fp8), all_but_head(Kind::CtFp8Static), dev,
+                                   ActivationQuant::Emulate);
+    const ModulePlan* m = p.find("model.layers.0.mlp.down_proj");
+    EXPECT_FALSE(m->scheme.has_value()) << dev;  // before: W8A16_FP8 (CPU) / W8A8_FP8 (sm90), silently
+    EXPECT_EQ(m->reason, Reason::EmulateNotAvailable);
+    EXPECT_NE(m->reason_text.find("no emulation of FP8 W8A8"), std::string::npos) << m->reason_text;
+    EXPECT_FALSE(p.complete());
+  }
+}
+
 TEST(Rule9, AutoFollowsTheTable) {
   EXPECT_EQ(plan_llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a()), all_but_head(Kind::CtNvfp4A4), "sm120")
                 .find("model.layers.0.mlp.down_proj")->scheme, SchemeId::W4A4Nvfp4);

@@ -381,7 +381,17 @@ TEST(QuantizeCheckpoint, PlanOptionsAndRefusals) {
   EXPECT_THROW(plan_quantization(source, opts), UsageError);  // NVFP4 groups are 16
   opts.scheme = QuantScheme::W4A16;
   opts.group_size = 96;
-  EXPECT_THROW(plan_quantization(source, opts), UsageError);  // 256 % 96: suggests --ignore
+  // 256 % 96 != 0: the message names the group size that fits every layer (in_features 256 and 512), not only --ignore.
+  try {
+    (void)plan_quantization(source, opts);
+    ADD_FAILURE() << "group size 96 was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a multiple of the w4a16 group size 96; use --group-size 64 (it "
+                                         "divides every quantized layer's in_features), or keep the layer unquantized "
+                                         "with --ignore"),
+              std::string::npos)
+        << e.what();
+  }
   opts.scheme = QuantScheme::Nvfp4;
   opts.group_size = 0;
   EXPECT_THROW(plan_quantization(source, opts), UsageError);  // W4A4 without calibrated input amax

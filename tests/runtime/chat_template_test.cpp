@@ -96,11 +96,13 @@ std::string unsupported_message(const std::string& source) {
 }
 
 TEST(ChatTemplate, UnsupportedFeaturesAreNamedAtLoad) {
-  EXPECT_NE(unsupported_message("{% macro m() %}x{% endmacro %}").find("macro"), std::string::npos);
+  EXPECT_NE(unsupported_message("{% filter upper %}x{% endfilter %}").find("filter"), std::string::npos);
   EXPECT_NE(unsupported_message("{% include 'x' %}").find("include"), std::string::npos);
   EXPECT_NE(unsupported_message("a\n{{ x | wordwrap }}").find("filter 'wordwrap'"), std::string::npos);
   EXPECT_NE(unsupported_message("a\n{{ x | wordwrap }}").find("line 2"), std::string::npos);
-  EXPECT_NE(unsupported_message("{% if x is callable %}{% endif %}").find("test 'is callable'"), std::string::npos);
+  EXPECT_NE(unsupported_message("{% if x is escaped %}{% endif %}").find("test 'is escaped'"), std::string::npos);
+  // A call of a name that is neither a global function nor a macro of the template.
+  EXPECT_NE(unsupported_message("{% macro m() %}{% endmacro %}{{ n() }}").find("function n()"), std::string::npos);
   EXPECT_NE(unsupported_message("{{ lipsum() }}").find("function lipsum()"), std::string::npos);
   EXPECT_NE(unsupported_message("{{ s.zfill(3) }}").find("method .zfill()"), std::string::npos);
   EXPECT_NE(unsupported_message("{% for x in y recursive %}{% endfor %}").find("recursive"), std::string::npos);

@@ -55,20 +55,38 @@ TEST(Tokenizer, MinimalTokenizerMerges) {
 
 TEST(Tokenizer, UnsupportedComponentsAreNamed) {
   json t = minimal();
-  t["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
-  EXPECT_NE(error_of<UnsupportedError>(t).find("\"Precompiled\""), std::string::npos);
+  t["normalizer"] = {{"type", "Nmt"}};
+  EXPECT_NE(error_of<UnsupportedError>(t).find("\"Nmt\""), std::string::npos);
   t = minimal();
-  t["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
-  EXPECT_NE(error_of<UnsupportedError>(t).find("\"BertPreTokenizer\""), std::string::npos);
+  t["pre_tokenizer"] = {{"type", "UnicodeScripts"}};
+  EXPECT_NE(error_of<UnsupportedError>(t).find("\"UnicodeScripts\""), std::string::npos);
   t = minimal();
-  t["decoder"] = {{"type", "WordPiece"}, {"prefix", "##"}};
-  EXPECT_NE(error_of<UnsupportedError>(t).find("\"WordPiece\""), std::string::npos);
+  t["decoder"] = {{"type", "CTC"}, {"pad_token", "<pad>"}};
+  EXPECT_NE(error_of<UnsupportedError>(t).find("\"CTC\""), std::string::npos);
   t = minimal();
-  t["model"]["type"] = "Unigram";
-  EXPECT_NE(error_of<UnsupportedError>(t).find("\"Unigram\""), std::string::npos);
+  t["model"]["type"] = "WordLevel";
+  EXPECT_NE(error_of<UnsupportedError>(t).find("\"WordLevel\""), std::string::npos);
   t = minimal();
   t["model"]["dropout"] = 0.1;
   EXPECT_NE(error_of<UnsupportedError>(t).find("dropout"), std::string::npos);
+}
+
+// Unigram / WordPiece / Precompiled fields that are malformed name the field (the working files are checked
+// against the library in tokenizer_golden_test.cpp: unigram-t5, wordpiece-bert).
+TEST(Tokenizer, MalformedUnigramWordPieceAndCharsmapAreFormatErrors) {
+  json t = minimal();
+  t["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
+  EXPECT_NE(error_of<FormatError>(t).find("precompiled_charsmap"), std::string::npos);
+  t["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "not base64!"}};
+  EXPECT_NE(error_of<FormatError>(t).find("not base64"), std::string::npos);
+  t = minimal();
+  const json pieces = json::array({json::array({"a", -1.0}), json::array({"b", -2.0})});
+  t["model"] = {{"type", "Unigram"}, {"unk_id", 5}, {"vocab", pieces}};
+  EXPECT_NE(error_of<FormatError>(t).find("unk_id"), std::string::npos);
+  t["model"] = {{"type", "Unigram"}, {"vocab", json::array({json::array({"a", -1.0}), json::array({"b"})})}};
+  EXPECT_NE(error_of<FormatError>(t).find("vocab[1]"), std::string::npos);
+  t["model"] = {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", {{"a", 0}}}};
+  EXPECT_NE(error_of<FormatError>(t).find("unk_token"), std::string::npos);
 }
 
 TEST(Tokenizer, MalformedFilesAreFormatErrors) {

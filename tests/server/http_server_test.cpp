@@ -19,11 +19,13 @@ using nlohmann::json;
 using namespace testing;
 using namespace std::chrono_literals;
 
+// The value of an unlabelled-but-for-model_name series.
 std::string metric_line(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
+  const std::string key = "\n" + name + "{model_name=\"test-model\"} ";
+  const auto at = text.find(key);
   if (at == std::string::npos) return {};
   const auto end = text.find('\n', at + 1);
-  return text.substr(at + 1 + name.size() + 1, end - at - 1 - name.size() - 1);
+  return text.substr(at + key.size(), end - at - key.size());
 }
 
 TEST(HttpServer, HealthModelsMetrics) {
@@ -176,7 +178,7 @@ std::vector<BadCase> malformed_corpus() {
       {"id outside vocab", c, R"({"prompt": [65, 99999]})", 400},
       {"prompt of objects", c, R"({"prompt": [{"a": 1}]})", 400},
       {"model not string", c, R"({"prompt": "a", "model": 5})", 400},
-      {"unknown model", c, R"({"prompt": "a", "model": "gpt-9"})", 400},
+      {"unknown model", c, R"({"prompt": "a", "model": "gpt-9"})", 404},
       {"max_tokens zero", c, R"({"prompt": "a", "max_tokens": 0})", 400},
       {"max_tokens negative", c, R"({"prompt": "a", "max_tokens": -3})", 400},
       {"max_tokens string", c, R"({"prompt": "a", "max_tokens": "10"})", 400},
@@ -201,7 +203,13 @@ std::vector<BadCase> malformed_corpus() {
       {"stop numbers", c, R"({"prompt": "a", "stop": [1, 2]})", 400},
       {"stop empty string", c, R"({"prompt": "a", "stop": [""]})", 400},
       {"seed string", c, R"({"prompt": "a", "seed": "x"})", 400},
-      {"logprobs", c, R"({"prompt": "a", "logprobs": 5})", 400},
+      {"logprobs beyond 20", c, R"({"prompt": "a", "logprobs": 21})", 400},
+      {"logit_bias not object", c, R"({"prompt": "a", "logit_bias": [1]})", 400},
+      {"logit_bias out of range", c, R"({"prompt": "a", "logit_bias": {"65": 200}})", 400},
+      {"logit_bias id outside vocab", c, R"({"prompt": "a", "logit_bias": {"99999": 1}})", 400},
+      {"stop_token_ids outside vocab", c, R"({"prompt": "a", "stop_token_ids": [99999]})", 400},
+      {"min_tokens above max_tokens", c, R"({"prompt": "a", "max_tokens": 2, "min_tokens": 3})", 400},
+      {"unknown field", c, R"({"prompt": "a", "temprature": 0.5})", 400},
       {"echo", c, R"({"prompt": "a", "echo": true})", 400},
       {"chat messages missing", ch, R"({"max_tokens": 4})", 400},
       {"chat messages empty", ch, R"({"messages": []})", 400},
@@ -211,7 +219,7 @@ std::vector<BadCase> malformed_corpus() {
       {"chat role unknown", ch, R"({"messages": [{"role": "wizard", "content": "hi"}]})", 400},
       {"chat content number", ch, R"({"messages": [{"role": "user", "content": 5}]})", 400},
       {"chat image part", ch, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})", 400},
-      {"chat logprobs", ch, R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})", 400},
+      {"chat top_logprobs without logprobs", ch, R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400},
       {"chat tools", ch, R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})", 400},
       {"chat max_completion_tokens zero", ch, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400},
       {"unknown route", "/v1/embeddings", R"({"input": "a"})", 404},
@@ -234,6 +242,7 @@ TEST(HttpServer, MalformedCorpusGetsOpenAiErrors) {
     ASSERT_TRUE(err.is_object() && err.contains("error")) << bc.name << ": " << res->body;
     EXPECT_TRUE(err["error"]["message"].is_string()) << bc.name;
     EXPECT_EQ(err["error"]["type"], bc.status == 400 ? "invalid_request_error" : "not_found_error") << bc.name;
+    EXPECT_TRUE(err["error"]["code"].is_null() || err["error"]["code"].is_string()) << bc.name;
     n400 += bc.status == 400;
   }
   // Nothing ran, nothing is stuck, and the server still answers a good request.
@@ -246,9 +255,10 @@ TEST(HttpServer, MalformedCorpusGetsOpenAiErrors) {
   EXPECT_TRUE(eventually([&] {
     auto m = cli->Get("/metrics");
     text = m ? m->body : std::string();
-    return text.find("fp4serve_requests_total{status=\"400\"} " + std::to_string(n400) + "\n") != std::string::npos &&
-           text.find("fp4serve_requests_total{status=\"404\"} 1\n") != std::string::npos &&
-           text.find("fp4serve_requests_total{status=\"200\"} 1\n") != std::string::npos;
+    const std::string l = "fp4serve_requests_total{model_name=\"test-model\",status=";
+    return text.find(l + "\"400\"} " + std::to_string(n400) + "\n") != std::string::npos &&
+           text.find(l + "\"404\"} 2\n") != std::string::npos &&
+           text.find(l + "\"200\"} 1\n") != std::string::npos;
   })) << text.substr(0, 600);
 }
 
@@ -331,7 +341,8 @@ TEST(HttpServer, DisconnectMidStreamFreesSlot) {
     auto r = m->Get("/metrics");
     return r && metric_line(r->body, "fp4serve_num_requests_running") == "0" &&
            metric_line(r->body, "fp4serve_kv_cache_slots_used") == "0" &&
-           r->body.find("fp4serve_request_success_total{finished_reason=\"abort\"} 1") != std::string::npos;
+           r->body.find("fp4serve_request_success_total{model_name=\"test-model\",finished_reason=\"abort\"} 1") !=
+               std::string::npos;
   })) << m->Get("/metrics")->body;
   const auto text = m->Get("/metrics")->body;
   EXPECT_LT(std::stoll(metric_line(text, "fp4serve_generation_tokens_total")), 3000);

@@ -80,7 +80,7 @@ TEST(Scheduler, BatchedChunkedQueuedMatchesSequentialGreedy) {
   EXPECT_LE(model.max_used.load(), 5);
   sched.stop();
   EXPECT_EQ(metrics.running(), 0);
-  EXPECT_NE(metrics.render().find("fp4serve_generation_tokens_total " + std::to_string(generated) + "\n"), std::string::npos);
+  EXPECT_NE(metrics.render().find("fp4serve_generation_tokens_total{model_name=\"\"} " + std::to_string(generated) + "\n"), std::string::npos);
 }
 
 TEST(Scheduler, SlotsBoundAdmission) {

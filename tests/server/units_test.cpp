@@ -111,13 +111,15 @@ TEST(Metrics, HistogramIsCumulativeWithLeBounds) {
   Histogram h({0.1, 1.0});
   for (const double v : {0.05, 0.1, 0.5, 1.0, 3.0}) h.observe(v);
   std::string out;
-  h.render(out, "x");
+  h.render(out, "x", "m=\"a\"");
   // le="0.1" counts 0.05 and 0.1 (≤), le="1" adds 0.5 and 1.0, +Inf everything; sum 4.65.
-  EXPECT_EQ(out, "x_bucket{le=\"0.1\"} 2\nx_bucket{le=\"1\"} 4\nx_bucket{le=\"+Inf\"} 5\nx_sum 4.65\nx_count 5\n");
+  EXPECT_EQ(out, "x_bucket{m=\"a\",le=\"0.1\"} 2\nx_bucket{m=\"a\",le=\"1\"} 4\nx_bucket{m=\"a\",le=\"+Inf\"} 5\n"
+                 "x_sum{m=\"a\"} 4.65\nx_count{m=\"a\"} 5\n");
 }
 
 TEST(Metrics, RenderHasEveryFamilyOnce) {
   Metrics m;
+  m.set_model_name("my \"model\"");
   m.count_request(200);
   m.count_request(400);
   m.count_request(400);
@@ -125,16 +127,30 @@ TEST(Metrics, RenderHasEveryFamilyOnce) {
   m.add_generation_tokens(7);
   m.observe_ttft(0.3);
   m.set_scheduler_state(3, 2, 3, 4, 99);
+  m.observe_queue_time(0.2);
+  m.observe_iteration_tokens(40);
+  m.observe_request(RequestTimes{.prefill = 0.4, .decode = 1.2, .inference = 1.6, .prompt_tokens = 11, .generation_tokens = 7});
   const std::string text = m.render();
-  EXPECT_NE(text.find("fp4serve_requests_total{status=\"400\"} 2\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_prompt_tokens_total 11\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_generation_tokens_total 7\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_num_requests_running 3\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_num_requests_waiting 2\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_kv_cache_usage_perc 0.75\n"), std::string::npos);
-  EXPECT_NE(text.find("fp4serve_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  const std::string l = "model_name=\"my \\\"model\\\"\"";  // the quotes escaped
+  EXPECT_NE(text.find("fp4serve_requests_total{" + l + ",status=\"400\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp4serve_prompt_tokens_total{" + l + "} 11\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_generation_tokens_total{" + l + "} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_num_requests_running{" + l + "} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_num_requests_waiting{" + l + "} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_kv_cache_usage_perc{" + l + "} 0.75\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_time_to_first_token_seconds_count{" + l + "} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_num_preemptions_total{" + l + "} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_queue_time_seconds_sum{" + l + "} 0.2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_prefill_time_seconds_sum{" + l + "} 0.4\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_decode_time_seconds_sum{" + l + "} 1.2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_inference_time_seconds_sum{" + l + "} 1.6\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_prompt_tokens_bucket{" + l + ",le=\"20\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_prompt_tokens_bucket{" + l + ",le=\"10\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_request_generation_tokens_sum{" + l + "} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("fp4serve_iteration_tokens_total_bucket{" + l + ",le=\"64\"} 1\n"), std::string::npos);
   for (const char* family : {"fp4serve_requests_total", "fp4serve_time_to_first_token_seconds",
-                             "fp4serve_inter_token_latency_seconds", "fp4serve_kv_cache_usage_perc"}) {
+                             "fp4serve_inter_token_latency_seconds", "fp4serve_kv_cache_usage_perc",
+                             "fp4serve_request_queue_time_seconds", "fp4serve_iteration_tokens_total"}) {
     const std::string type = std::string("# TYPE ") + family + " ";
     const auto first = text.find(type);
     ASSERT_NE(first, std::string::npos) << family;

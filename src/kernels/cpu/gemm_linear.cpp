@@ -24,9 +24,16 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (emulate && w.input_global_scale <= 0.f) {
     throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");
   }
+  const bool emulate_mx = aq == ActivationQuant::EmulateMxfp4;
+  if (emulate_mx && w.layout != prepare::WeightLayout::Mxfp4 && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an Mxfp4 layer (or a dense one), this one is {}",
+                                 prepare::layout_name(w.layout)));
+  }
   const bool fp4 = w.layout == prepare::WeightLayout::Nvfp4 || w.layout == prepare::WeightLayout::Mxfp4;
-  if (!emulate && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) return int8_gemm(w, x, m, y);
-  if (!emulate && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
+  if (aq == ActivationQuant::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
+    return int8_gemm(w, x, m, y);
+  }
+  if (aq == ActivationQuant::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
   if (w.k_perm.empty()) {
@@ -39,6 +46,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
     }
   }
   if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
+  if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
   gemm_dispatch(w, xp.data(), m, y);
 }
 

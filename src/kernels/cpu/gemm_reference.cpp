@@ -3,6 +3,7 @@
 // comment in prepared_linear.h), fp32 dot products, the same epilogue as the SIMD kernels.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,40 @@ void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float igs) {
     for (int j = 0; j < 16; ++j) {
       const float q = quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(x[i + j] / step, 6.f), -6.f)));
       x[i + j] = q * step;
+    }
+  }
+}
+
+uint8_t mxfp4_activation_exponent(float amax) {
+  // A NaN amax reaches the reference's uint8 cast as NaN (its sign bit survives round_to_power_2's mask, log2 of
+  // the resulting −inf is NaN, clamp keeps it), which torch turns into 0 on x86; the fixture pins this.
+  if (std::isnan(amax)) return 0;
+  uint32_t bits;
+  std::memcpy(&bits, &amax, sizeof bits);
+  // `round_to_power_2` in integer arithmetic on the fp32 pattern: + 2^(23 − 1 − 1), keep sign and exponent.
+  const uint32_t p2 = (bits + (uint32_t{1} << 21)) & 0xFF800000u;
+  const uint32_t biased = (p2 >> 23) & 0xFFu;
+  if (p2 == 0) return 0;            // log2(0) = −inf, clamped to 0
+  if (biased == 0xFFu) return 255;  // inf (also NaN → inf): clamped to 255
+  // 127 + (biased − 127) − floor(log2 6) = biased − 2, clamped at 0.
+  return biased <= 2 ? uint8_t{0} : static_cast<uint8_t>(biased - 2);
+}
+
+void emulate_mxfp4_activations(float* x, int64_t m, int64_t k) {
+  if (k % 32 != 0) throw UsageError("MXFP4 W4A4 emulation needs K to be a multiple of 32, got " + std::to_string(k));
+  for (int64_t i = 0; i < m * k; i += 32) {
+    float amax = 0.f;
+    bool nan = false;
+    for (int j = 0; j < 32; ++j) {
+      nan = nan || std::isnan(x[i + j]);
+      amax = std::fmax(amax, std::fabs(x[i + j]));
+    }
+    if (nan) amax = std::numeric_limits<float>::quiet_NaN();  // torch.amax propagates NaN (exponent 0, see above)
+    const float s = quant::e8m0_to_float(mxfp4_activation_exponent(amax));
+    for (int j = 0; j < 32; ++j) {
+      const float q = x[i + j] / s;
+      // torch.clamp and cast_to_fp4 keep a NaN quotient NaN (inf / inf, or any value over an inf scale times 0).
+      x[i + j] = std::isnan(q) ? q : quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(q, 6.f), -6.f))) * s;
     }
   }
 }

@@ -19,8 +19,13 @@ namespace fp4serve::kernels::cuda {
 /// After a kernel launch: throws DeviceError when the launch itself failed (cudaGetLastError: bad configuration,
 /// no kernel image for this GPU). With `synchronize` it also waits for the device so that a fault inside the
 /// kernel is reported at its launch site; FP4SERVE_CUDA_CHECK_LAUNCH passes true in debug builds only, since
-/// a synchronization after every launch would serialize the stream.
+/// a synchronization after every launch would serialize the stream. While this thread captures a CUDA graph
+/// (graph.h) it never synchronizes: a synchronization would invalidate the capture.
 void check_launch(const char* file, int line, bool synchronize);
+
+/// Marks this host thread as capturing a CUDA graph (set by StepGraphs around a capture).
+void set_thread_capturing(bool capturing);
+bool thread_capturing();
 
 }  // namespace fp4serve::kernels::cuda
 

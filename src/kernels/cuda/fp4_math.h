@@ -118,4 +118,32 @@ FP4SERVE_HD inline void emulate_nvfp4_group(float* x, float input_global_scale) 
   for (int j = 0; j < 16; ++j) x[j] = e2m1_value(nvfp4_activation_code(x[j], step)) * step;
 }
 
+/// E8M0 exponent of an MXFP4 activation group (compressed-tensors `generate_mx_scales` on fp32; the math of
+/// kernels::mxfp4_activation_exponent, its reference): bits(amax) + 2^21 masked to sign and exponent, then
+/// clamp(biased − 2, 0, 255); 0 for amax = 0 or NaN, 255 when the rounding reaches inf.
+FP4SERVE_HD inline uint32_t mxfp4_activation_exponent(float amax) {
+  if (amax != amax) return 0u;
+  const uint32_t p2 = (float_bits(amax) + (1u << 21)) & 0xFF800000u;
+  const uint32_t biased = (p2 >> 23) & 0xFFu;
+  if (p2 == 0u) return 0u;
+  if (biased == 0xFFu) return 255u;
+  return biased <= 2u ? 0u : biased - 2u;
+}
+
+/// The MXFP4 fake-quant of one group of 32 activations in place, bit for bit kernels::emulate_mxfp4_activations:
+/// s = 2^(e − 127) (e8m0_value), x ← E2M1(clamp(x / s, ±6))·s, a NaN quotient staying NaN.
+FP4SERVE_HD inline void emulate_mxfp4_group(float* x) {
+  float amax = 0.f;
+  bool nan = false;
+  for (int j = 0; j < 32; ++j) {
+    nan = nan || x[j] != x[j];
+    amax = fmaxf(amax, fabsf(x[j]));
+  }
+  const float s = e8m0_value(nan ? 0u : mxfp4_activation_exponent(amax));
+  for (int j = 0; j < 32; ++j) {
+    const float q = x[j] / s;
+    x[j] = q != q ? q : e2m1_value(e2m1_encode(fmaxf(fminf(q, 6.f), -6.f))) * s;
+  }
+}
+
 }  // namespace fp4serve::kernels::cuda

@@ -3,37 +3,55 @@
 // mma.sync.m16n8k16 with the weights as the A operand (16 output features per tile) and the tokens as B (8 per
 // MMA). One warp owns one 16-row weight tile and streams its codes with one 16-byte non-coherent load per lane per
 // 64 columns (layout: gpu_layout.h), decodes them in registers and feeds 4 MMAs per load and token tile.
-// - Decode (m ≤ 16): 1 or 2 token tiles per warp, 4 chunk loads in flight per lane, split-K across the 8 warps of
-//   a block when N is small (deterministic shared-memory reduction, no atomics).
-// - Larger m: 8 token tiles (64 tokens) per warp, no split-K; activations come through L1 (the 8 warps of a
-//   block read the same tokens), weights are re-read per 64-token tile from L2. No shared-memory staging or
-//   cp.async pipeline yet: this path is correct but far from cuBLAS at large m.
+// - Decode (m ≤ 16): 1 or 2 token tiles per warp; the weight codes stream through a per-warp shared-memory ring
+//   of kStages stages × 2 chunks filled by cp.async (sm80+), so up to 6 chunk loads (3 KiB per warp) stay in
+//   flight across loop iterations instead of draining to zero at the end of each (the register-only loop of
+//   before); split-K across the 8 warps of a block when N is small (deterministic shared-memory reduction).
+//   Each lane reads back only the 16 bytes it copied itself, so no barrier is needed between copy and use.
+// - Larger m: 8 token tiles (64 tokens) per warp; activations come through L1 (the 8 warps of a block read the
+//   same tokens), weights are re-read per 64-token tile from L2. When the grid is smaller than one wave
+//   (m = 17…256 at 4096²: 32–128 blocks on 132 SMs) K is split over gridDim.z blocks (partition.h), each writing
+//   fp32 partial sums to a workspace that a second kernel adds in split order (deterministic) before the
+//   epilogue.
 // Decode of a code pair: the E2M1 bits are placed under the bf16 exponent, which gives value·2^-126 (0.5 is a
 // bf16 subnormal), one exact multiply by 2^126 restores the value and one exact multiply by the block scale
 // (code·E4M3 and code·2^e are representable in bf16) gives the weight; the NVFP4 global scale, the W4A4
 // activation divisor and the bias are applied once per output in fp32.
 //
-// Compiler figures (nvcc 13.0.88 -O3, `-Xptxas -v`, SASS from cuobjdump 13.1 --dump-sass), read 2026-11-29;
-// never run on a GPU yet. Registers per thread, sm_80 / sm_90; no variant has a stack frame or spills:
-//   decode NT=1 (m ≤ 8):   87 / 92 regs, 4 KiB smem (split-K partials)
-//   decode NT=2 (m ≤ 16): 126 / 126 regs, 8 KiB smem
-//   tiled  NT=8 (m > 16): 134 / 138 regs, no smem
-// SASS per unrolled loop body (U chunks): decode NT=1 has 4 LDG.E.NA.128.CONSTANT (weights, L1 no-allocate),
-// 4 LDG.E.U16.CONSTANT (scales), 8 LDG.E.128.CONSTANT (activations), 16 HMMA.16816.F32.BF16 and 128 HMUL2.BF16
-// (sm_90; HFMA2.BF16 on sm_80) — 2 per decoded bf16x2 register; no LDL/STL anywhere.
+// Compiler figures (nvcc 13.0.88 -O3, `-Xptxas -v`), read 2026-12-01; the kernels have never run on a GPU yet.
+// Registers per thread, sm_80 / sm_90; no variant has a stack frame or spills:
+//   decode NT=1 (m ≤ 8):   64 / 68 regs, 32 KiB cp.async ring + 4 KiB split-K partials (87 / 92 before the ring)
+//   decode NT=2 (m ≤ 16):  83 / 88 regs, 32 KiB ring + 8 KiB partials (126 / 126 before)
+//   tiled  NT=8 (m > 16): 134 / 138 regs, no smem; split-K reduce 32 regs
+// Before the ring (2026-11-29, cuobjdump 13.1 --dump-sass) the decode NT=1 loop body of 4 chunks had
+// 4 LDG.E.NA.128.CONSTANT (weights), 4 LDG.E.U16.CONSTANT (scales), 8 LDG.E.128.CONSTANT (activations),
+// 16 HMMA.16816.F32.BF16 and 128 HMUL2.BF16 (sm_90; HFMA2.BF16 on sm_80), no LDL/STL.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp4_math.h"
 #include "kernels/cuda/gemm_fp4_launch.h"
+#include "kernels/cuda/partition.h"
 
 namespace fp4serve::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
+constexpr int kStages = 4;       // decode: cp.async ring depth (stages of kStageChunks chunks)
+constexpr int kStageChunks = 2;  // decode: chunks consumed per loop iteration
+
+// 16-byte global → shared copy that bypasses L1 (.cg): the weight stream of the decode kernel.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(__cvta_generic_to_global(gmem)) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Weights are read once: keep them out of L1 so that the activations, read by every warp, stay there.
 __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
@@ -69,20 +87,75 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// NT token tiles of 8 per warp; U chunks loaded before the first is used. The block's kWarps warps cover
-// `rows_per_block` row tiles × (kWarps / rows_per_block) K splits.
-template <int NT, int U>
+// The epilogue of one output: W4A4 activation divisor, NVFP4 global scale, bias, in the CPU's order; fp32 or bf16.
+__device__ __forceinline__ void store_output(const Fp4GemmArgs& a, int64_t tok, int64_t n, float v) {
+  if (a.activation_divisor != 0.f) v = v / a.activation_divisor;
+  if (a.global_scale != nullptr) v = a.divisor ? v / a.global_scale[n] : v * a.global_scale[n];
+  if (a.bias != nullptr) v += a.bias[n];
+  if (a.y_f32 != nullptr) {
+    a.y_f32[tok * a.n + n] = v;
+  } else {
+    a.y_bf16[tok * a.n + n] = __float2bfloat16_rn(v);
+  }
+}
+
+// The activations of one 64-column chunk for this lane's NT token rows: columns 64c + 16t … +15 (two 16-byte
+// loads per token tile), zero for a padded chunk or token.
+template <int NT>
+__device__ __forceinline__ void load_activations(const __nv_bfloat16* const (&xrow)[NT], const bool (&tok_ok)[NT],
+                                                 int64_t cc, bool col_ok, uint4 (&xv)[NT][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (col_ok && tok_ok[nt]) {
+      const uint4* p = reinterpret_cast<const uint4*>(xrow[nt] + 64 * cc);
+      xv[nt][0] = __ldg(p);
+      xv[nt][1] = __ldg(p + 1);
+    } else {
+      xv[nt][0] = xv[nt][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Decodes one chunk of this lane's A fragment (4 code words, 2 scale bytes) and runs its 4 MMA steps per token tile.
+template <int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 w, uint32_t s, const uint4 (&xv)[NT][2],
+                                          bool nvfp4) {
+  const __nv_bfloat162 s_lo = scale_pair(s & 0xFFu, nvfp4);  // row g
+  const __nv_bfloat162 s_hi = scale_pair(s >> 8, nvfp4);     // row g + 8
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t a0 = dequant_pair<0>(words[j], s_lo);
+    const uint32_t a1 = dequant_pair<1>(words[j], s_hi);
+    const uint32_t a2 = dequant_pair<2>(words[j], s_lo);
+    const uint32_t a3 = dequant_pair<3>(words[j], s_hi);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t xw[8] = {xv[nt][0].x, xv[nt][0].y, xv[nt][0].z, xv[nt][0].w,
+                              xv[nt][1].x, xv[nt][1].y, xv[nt][1].z, xv[nt][1].w};
+      mma_bf16(acc[nt], a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+    }
+  }
+}
+
+// NT token tiles of 8 per warp. The block's kWarps warps cover `rows_per_block` row tiles × (kWarps /
+// rows_per_block) K splits; gridDim.z further splits K across blocks (tiled variant only, partition.h), in which
+// case the block writes raw fp32 sums to a.split_partial[blockIdx.z][tok][n] and fp4_split_k_reduce applies the
+// epilogue. kAsync: the decode weight stream goes through the cp.async ring; else each lane loads its chunk
+// directly (one 16-byte load per chunk, U chunks in flight).
+template <int NT, int U, bool kAsync>
 __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(const Fp4GemmArgs a, int rows_per_block) {
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int splits = kWarps / rows_per_block;
-  const int split = warp / rows_per_block;
+  const int warp_splits = kWarps / rows_per_block;
+  const int64_t splits = static_cast<int64_t>(gridDim.z) * warp_splits;
+  const int64_t split = static_cast<int64_t>(blockIdx.z) * warp_splits + warp / rows_per_block;
   const int64_t rt = static_cast<int64_t>(blockIdx.x) * rows_per_block + warp % rows_per_block;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * (8 * NT);
   const bool active = rt < a.row_tiles;
-  const int64_t c_begin = split * a.col_chunks / splits;
-  const int64_t c_end = (split + 1) * a.col_chunks / splits;
+  const int64_t c_begin = part_begin(a.col_chunks, splits, split);
+  const int64_t c_end = part_begin(a.col_chunks, splits, split + 1);
   const int slots = a.nvfp4 ? 32 : 16;
   const int slot = a.nvfp4 ? lane : lane >> 1;
 
@@ -102,71 +175,84 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(cons
       tok_ok[nt] = tok < a.m;
       xrow[nt] = a.x + (tok_ok[nt] ? tok : 0) * a.k + 16 * t;
     }
-    for (int64_t c = c_begin; c < c_end; c += U) {
-      uint4 w[U];
-      uint32_t s[U];
-      uint4 xv[U][NT][2];
+    if constexpr (kAsync) {
+      // ring[warp][stage][chunk][lane]: lane-private 16-byte slots (a lane reads back only what it copied).
+      __shared__ uint4 ring[kWarps][kStages][kStageChunks][32];
+      const int64_t iterations = (c_end - c_begin + kStageChunks - 1) / kStageChunks;
+      auto issue = [&](int64_t it) {
+        if (it < iterations) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t cc = c + u;
-        const bool chunk_ok = cc < c_end;
-        w[u] = chunk_ok ? load_stream(codes + cc * 128) : make_uint4(0, 0, 0, 0);
-        s[u] = chunk_ok ? __ldg(scales + cc * slots) : 0u;
-        const bool col_ok = chunk_ok && 64 * cc + 16 * t < a.k;  // K % 16 == 0: a 16-column run is all in or out
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          if (col_ok && tok_ok[nt]) {
-            const uint4* p = reinterpret_cast<const uint4*>(xrow[nt] + 64 * cc);
-            xv[u][nt][0] = __ldg(p);
-            xv[u][nt][1] = __ldg(p + 1);
-          } else {
-            xv[u][nt][0] = xv[u][nt][1] = make_uint4(0, 0, 0, 0);
+          for (int u = 0; u < kStageChunks; ++u) {
+            const int64_t cc = c_begin + it * kStageChunks + u;
+            if (cc < c_end) cp_async16(&ring[warp][it % kStages][u][lane], codes + cc * 128);
           }
         }
+        cp_async_commit();  // an empty group for the tail keeps the group count uniform
+      };
+#pragma unroll
+      for (int st = 0; st < kStages - 1; ++st) issue(st);
+      for (int64_t it = 0; it < iterations; ++it) {
+        issue(it + kStages - 1);
+        uint32_t s[kStageChunks];
+        uint4 xv[kStageChunks][NT][2];
+#pragma unroll
+        for (int u = 0; u < kStageChunks; ++u) {
+          const int64_t cc = c_begin + it * kStageChunks + u;
+          const bool chunk_ok = cc < c_end;
+          s[u] = chunk_ok ? __ldg(scales + cc * slots) : 0u;
+          load_activations<NT>(xrow, tok_ok, cc, chunk_ok && 64 * cc + 16 * t < a.k, xv[u]);
+        }
+        cp_async_wait<kStages - 1>();  // the group of iteration `it` has landed
+#pragma unroll
+        for (int u = 0; u < kStageChunks; ++u) {
+          if (c_begin + it * kStageChunks + u >= c_end) break;
+          mma_chunk<NT>(acc, ring[warp][it % kStages][u][lane], s[u], xv[u], a.nvfp4);
+        }
       }
+      cp_async_wait<0>();
+    } else {
+      for (int64_t c = c_begin; c < c_end; c += U) {
+        uint4 w[U];
+        uint32_t s[U];
+        uint4 xv[U][NT][2];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (c + u >= c_end) break;
-        const __nv_bfloat162 s_lo = scale_pair(s[u] & 0xFFu, a.nvfp4);  // row g
-        const __nv_bfloat162 s_hi = scale_pair(s[u] >> 8, a.nvfp4);     // row g + 8
-        const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+        for (int u = 0; u < U; ++u) {
+          const int64_t cc = c + u;
+          const bool chunk_ok = cc < c_end;
+          w[u] = chunk_ok ? load_stream(codes + cc * 128) : make_uint4(0, 0, 0, 0);
+          s[u] = chunk_ok ? __ldg(scales + cc * slots) : 0u;
+          // K % 16 == 0: a 16-column run is all in or out.
+          load_activations<NT>(xrow, tok_ok, cc, chunk_ok && 64 * cc + 16 * t < a.k, xv[u]);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t a0 = dequant_pair<0>(words[j], s_lo);
-          const uint32_t a1 = dequant_pair<1>(words[j], s_hi);
-          const uint32_t a2 = dequant_pair<2>(words[j], s_lo);
-          const uint32_t a3 = dequant_pair<3>(words[j], s_hi);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t xw[8] = {xv[u][nt][0].x, xv[u][nt][0].y, xv[u][nt][0].z, xv[u][nt][0].w,
-                                    xv[u][nt][1].x, xv[u][nt][1].y, xv[u][nt][1].z, xv[u][nt][1].w};
-            mma_bf16(acc[nt], a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
-          }
+        for (int u = 0; u < U; ++u) {
+          if (c + u >= c_end) break;
+          mma_chunk<NT>(acc, w[u], s[u], xv[u], a.nvfp4);
         }
       }
     }
   }
 
-  // Only the decode variants split K (the tiled variant is launched with rows_per_block = kWarps).
+  // Only the decode variants split K inside the block (the tiled variant is launched with rows_per_block = kWarps).
   if constexpr (NT <= 2) {
-  if (splits > 1) {
-    __shared__ float partial[kWarps][NT][4][32];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][nt][i][lane] = acc[nt][i];
-    }
-    __syncthreads();
-    if (split != 0) return;
-    for (int other = 1; other < splits; ++other) {
-      const int ow = other * rows_per_block + warp;
+    if (warp_splits > 1) {
+      __shared__ float partial[kWarps][NT][4][32];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] += partial[ow][nt][i][lane];
+        for (int i = 0; i < 4; ++i) partial[warp][nt][i][lane] = acc[nt][i];
+      }
+      __syncthreads();
+      if (warp / rows_per_block != 0) return;
+      for (int other = 1; other < warp_splits; ++other) {
+        const int ow = other * rows_per_block + warp;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[nt][i] += partial[ow][nt][i][lane];
+        }
       }
     }
-  }
   }
   if (!active) return;
 
@@ -178,16 +264,23 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(cons
       const int64_t n = rt * 16 + g + 8 * (i >> 1);
       const int64_t tok = tok0 + 8 * nt + 2 * t + (i & 1);
       if (n >= a.n || tok >= a.m) continue;
-      float v = acc[nt][i];
-      if (a.activation_divisor != 0.f) v = v / a.activation_divisor;
-      if (a.global_scale != nullptr) v = a.divisor ? v / a.global_scale[n] : v * a.global_scale[n];
-      if (a.bias != nullptr) v += a.bias[n];
-      if (a.y_f32 != nullptr) {
-        a.y_f32[tok * a.n + n] = v;
-      } else {
-        a.y_bf16[tok * a.n + n] = __float2bfloat16_rn(v);
+      if (gridDim.z > 1) {
+        a.split_partial[(static_cast<int64_t>(blockIdx.z) * a.m + tok) * a.n + n] = acc[nt][i];
+        continue;
       }
+      store_output(a, tok, n, acc[nt][i]);
     }
+  }
+}
+
+// y = epilogue(Σ_z partial[z]) in split order z = 0, 1, … (the same sum on every run).
+__global__ void fp4_split_k_reduce(const Fp4GemmArgs a, int splits) {
+  const int64_t total = a.m * a.n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int z = 0; z < splits; ++z) v += a.split_partial[z * total + i];
+    store_output(a, i / a.n, i % a.n, v);
   }
 }
 
@@ -209,16 +302,26 @@ void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t 
     const int rows = pick_rows_per_block(args.row_tiles, args.col_chunks, multiprocessors);
     const dim3 grid(static_cast<unsigned>((args.row_tiles + rows - 1) / rows), 1);
     if (args.m <= 8) {
-      fp4_mma_kernel<1, 4><<<grid, kThreads, 0, stream>>>(args, rows);
+      fp4_mma_kernel<1, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
     } else {
-      fp4_mma_kernel<2, 4><<<grid, kThreads, 0, stream>>>(args, rows);
+      fp4_mma_kernel<2, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
     }
-  } else {
-    const dim3 grid(static_cast<unsigned>((args.row_tiles + kWarps - 1) / kWarps),
-                    static_cast<unsigned>((args.m + 63) / 64));
-    fp4_mma_kernel<8, 1><<<grid, kThreads, 0, stream>>>(args, kWarps);
+    FP4SERVE_CUDA_CHECK_LAUNCH();
+    return;
   }
+  int64_t splits = plan_tiled_split_k(args.m, args.row_tiles, args.col_chunks, multiprocessors);
+  if (args.split_partial == nullptr || split_k_partial_floats(splits, args.m, args.n) > args.split_partial_floats) {
+    splits = 1;
+  }
+  const dim3 grid(static_cast<unsigned>((args.row_tiles + kWarps - 1) / kWarps),
+                  static_cast<unsigned>((args.m + 63) / 64), static_cast<unsigned>(splits));
+  fp4_mma_kernel<8, 1, false><<<grid, kThreads, 0, stream>>>(args, kWarps);
   FP4SERVE_CUDA_CHECK_LAUNCH();
+  if (splits > 1) {
+    const int64_t blocks = std::min<int64_t>((args.m * args.n + 255) / 256, 8L * std::max(multiprocessors, 1));
+    fp4_split_k_reduce<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args, static_cast<int>(splits));
+    FP4SERVE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace fp4serve::kernels::cuda

@@ -27,9 +27,14 @@ struct Fp4GemmArgs {
   int64_t col_chunks = 0;
   float* y_f32 = nullptr;            ///< exactly one of y_f32 / y_bf16 is set: [m, N]
   __nv_bfloat16* y_bf16 = nullptr;
+  /// Split-K workspace of the tiled path (m > 16): fp32 [splits, m, N] partial sums; null or too small for the
+  /// plan of partition.h = no split. split_k_workspace_floats(SMs) floats always suffice.
+  float* split_partial = nullptr;
+  int64_t split_partial_floats = 0;
 };
 
-/// Picks the kernel variant (decode for m ≤ 16, tiled otherwise) and launches it; checks the launch.
+/// Picks the kernel variant (decode for m ≤ 16, tiled otherwise, split over K per partition.h when the
+/// workspace allows) and launches it (two kernels when split); checks the launches.
 void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream);
 
 /// out = bf16(E2M1(x/step)·s_a) per 16-element group (fp4_math.h); m·k/16 groups. Checks the launch.
@@ -40,6 +45,15 @@ void launch_quantize_nvfp4(const __nv_bfloat16* x, int64_t m, int64_t k, float i
 /// tiled 128×4 layout (native_fp4.h) of a [m, K/16] matrix; `scales` must be zeroed first (padding).
 void launch_quantize_nvfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, float input_global_scale,
                                   uint8_t* codes, uint8_t* scales, cudaStream_t stream);
+
+/// MXFP4 W4A4 activation fake quant: out = bf16(E2M1(x/s)·s) per 32-element group with the E8M0 scale
+/// s = 2^(e − 127) of fp4_math.h (exact in bf16; a NaN quotient stays NaN); m·k/32 groups. Checks the launch.
+void launch_quantize_mxfp4(const __nv_bfloat16* x, int64_t m, int64_t k, __nv_bfloat16* out, cudaStream_t stream);
+
+/// Native MXFP4 W4A4 activation quantization: codes [m, K/2] and the E8M0 exponents e in the tiled 128×4 layout
+/// of a [m, K/32] matrix (cuBLASLt VEC32_UE8M0); `scales` must be zeroed first.
+void launch_quantize_mxfp4_packed(const __nv_bfloat16* x, int64_t m, int64_t k, uint8_t* codes, uint8_t* scales,
+                                  cudaStream_t stream);
 
 /// y[i, n] = ((d[i, n] / activation_divisor) ⊘ gs[n]) + bias[n] (⊘ = divide or multiply by the convention),
 /// the W4A4 epilogue after cuBLASLt; gs and bias may be null.

@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm_fp4_launch.h"
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/native_fp4.h"
+#include "kernels/cuda/partition.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -55,6 +56,23 @@ int multiprocessor_count() {
     cached_device = device;
   }
   return cached_count;
+}
+
+// The split-K workspace of the tiled FP4 path, per host thread: allocated once at its largest size (a plan never
+// needs more, partition.h), so its address never changes and a CUDA graph that captured it stays valid.
+struct SplitWorkspace {
+  int device = -1;
+  DeviceBuffer<float> partial;
+};
+SplitWorkspace& split_workspace(int multiprocessors) {
+  thread_local SplitWorkspace ws;
+  int device = 0;
+  FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
+  if (ws.device != device) {
+    ws.partial = DeviceBuffer<float>(static_cast<size_t>(split_k_workspace_floats(multiprocessors)));
+    ws.device = device;
+  }
+  return ws;
 }
 
 std::string shape_of(const DeviceLinear& w) {
@@ -117,7 +135,13 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
       a.col_chunks = w.padded_cols / kGpuColChunk;
       a.y_f32 = y_f32;
       a.y_bf16 = y_bf16;
-      launch_fp4_gemm(a, multiprocessor_count(), stream.get());
+      const int sms = multiprocessor_count();
+      if (m > 16) {
+        SplitWorkspace& ws = split_workspace(sms);
+        a.split_partial = ws.partial.data();
+        a.split_partial_floats = static_cast<int64_t>(ws.partial.size());
+      }
+      launch_fp4_gemm(a, sms, stream.get());
       return;
     }
     case WeightLayout::Dense: {
@@ -149,13 +173,17 @@ int64_t DeviceLinear::weight_bytes() const {
   return static_cast<int64_t>(codes.bytes() + scales.bytes() + global_scale.bytes() + dense.bytes());
 }
 
-DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/) {
+DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxfp4_w4a4) {
+  if (mxfp4_w4a4 && w.layout != WeightLayout::Mxfp4) {
+    throw UsageError(std::string("upload_linear: MXFP4 W4A4 asked for a ") + prepare::layout_name(w.layout) + " layer");
+  }
   DeviceLinear d;
   d.layout = w.layout;
   d.out_features = w.out_features;
   d.in_features = w.in_features;
   d.convention = w.convention;
   d.input_global_scale = w.input_global_scale;
+  d.mxfp4_w4a4 = mxfp4_w4a4;
   switch (w.layout) {
     case WeightLayout::Nvfp4:
     case WeightLayout::Mxfp4: {
@@ -165,6 +193,15 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/) {
       d.group_size = p.group_size;
       d.codes = DeviceBuffer<uint32_t>::from_host(p.codes);
       d.scales = DeviceBuffer<uint8_t>::from_host(p.scales);
+      int device = 0;
+      FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
+      const auto info = cuda_device(device);
+      const bool has_native = info && native_fp4_available(*info);
+      if (w.layout == WeightLayout::Mxfp4 && mxfp4_w4a4 && has_native) {
+        const NativeFp4Weight n = pack_native_fp4(w);
+        d.native_codes = DeviceBuffer<uint8_t>::from_host(n.codes);
+        d.native_scales = DeviceBuffer<uint8_t>::from_host(n.scales);
+      }
       if (w.layout == WeightLayout::Nvfp4) {
         if (static_cast<int64_t>(w.global_scale.size()) < w.out_features) {
           throw UsageError("upload_linear: NVFP4 layer [" + std::to_string(w.out_features) + ", " +
@@ -172,10 +209,7 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/) {
                            " global scales, expected " + std::to_string(w.out_features));
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
-        int device = 0;
-        FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
-        const auto info = cuda_device(device);
-        if (w.input_global_scale > 0.f && info && native_fp4_available(*info)) {
+        if (w.input_global_scale > 0.f && has_native) {
           const NativeFp4Weight native = pack_native_fp4(w);
           d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
           d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
@@ -230,16 +264,36 @@ void quantize_activations_nvfp4(const bf16* x, int64_t m, int64_t k, float input
   launch_quantize_nvfp4(x, m, k, input_global_scale, out, stream.get());
 }
 
+void quantize_activations_mxfp4(const bf16* x, int64_t m, int64_t k, bf16* out, Stream& stream) {
+  if (k % 32 != 0 || m < 0) {
+    throw UsageError("MXFP4 W4A4 emulation needs K to be a multiple of 32 and m >= 0, got K = " + std::to_string(k) +
+                     ", m = " + std::to_string(m));
+  }
+  if (m == 0) return;
+  if (x == nullptr || out == nullptr) throw UsageError("quantize_activations_mxfp4: null x or out with m > 0");
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    throw UsageError("quantize_activations_mxfp4: x and out must be 16-byte aligned");
+  }
+  launch_quantize_mxfp4(x, m, k, out, stream.get());
+}
+
 void linear_w4a4_emulated(const DeviceLinear& w, const bf16* x, int64_t m, float* y, DeviceBuffer<bf16>& scratch,
                           Stream& stream) {
-  if (w.layout != WeightLayout::Nvfp4 || !(w.input_global_scale > 0.f)) {
-    throw UsageError("W4A4 emulation needs an NVFP4 layer with an input_global_scale; the " + shape_of(w) +
-                     " has input_global_scale " + std::to_string(w.input_global_scale));
+  const bool nvfp4 = w.layout == WeightLayout::Nvfp4 && w.input_global_scale > 0.f;
+  const bool mxfp4 = w.layout == WeightLayout::Mxfp4 && w.mxfp4_w4a4;
+  if (!nvfp4 && !mxfp4) {
+    throw UsageError("W4A4 emulation needs an NVFP4 layer with an input_global_scale or an MXFP4 layer uploaded for "
+                     "W4A4; the " + shape_of(w) + " has input_global_scale " + std::to_string(w.input_global_scale));
   }
   check_call(w, x, m, y, "cuda::linear_w4a4_emulated");
   if (m == 0) return;
   const size_t need = static_cast<size_t>(m * w.in_features);
   if (scratch.size() < need) scratch = DeviceBuffer<bf16>(need);
+  if (mxfp4) {
+    quantize_activations_mxfp4(x, m, w.in_features, scratch.data(), stream);
+    run(w, scratch.data(), m, y, nullptr, 0.f, stream);
+    return;
+  }
   quantize_activations_nvfp4(x, m, w.in_features, w.input_global_scale, scratch.data(), stream);
   run(w, scratch.data(), m, y, nullptr, w.input_global_scale, stream);
 }

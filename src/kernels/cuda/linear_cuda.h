@@ -31,12 +31,14 @@ struct DeviceLinear {
   int64_t group_size = 0;    ///< 16 / 32 (FP4), 0 (Dense)
   prepare::GlobalScaleConvention convention = prepare::GlobalScaleConvention::Divisor;
   float input_global_scale = 0.f;  ///< W4A4 checkpoints (divisor convention); 0 = absent
+  bool mxfp4_w4a4 = false;         ///< an MXFP4 layer whose activations are MXFP4-quantized (linear_w4a4)
   DeviceBuffer<uint32_t> codes;
   DeviceBuffer<uint8_t> scales;
   DeviceBuffer<float> global_scale;
   DeviceBuffer<float> bias;
   DeviceBuffer<bf16> dense;
-  /// NVFP4 W4A4 layers on sm ≥ 100 only (native_fp4.h): codes [N, K/2] and tiled E4M3 scales for cuBLASLt.
+  /// W4A4 layers on sm ≥ 100 only (native_fp4.h): codes [N, K/2] and tiled E4M3 (NVFP4) or E8M0 (MXFP4) scales
+  /// for cuBLASLt.
   DeviceBuffer<uint8_t> native_codes;
   DeviceBuffer<uint8_t> native_scales;
 
@@ -45,10 +47,10 @@ struct DeviceLinear {
 };
 
 /// Repacks `w` into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
-/// asynchronous upload). NVFP4 layers with an input_global_scale also get the native cuBLASLt operands when
-/// the current device has FP4 tensor cores (native_fp4_available). Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers
+/// asynchronous upload). NVFP4 layers with an input_global_scale, and MXFP4 layers uploaded with `mxfp4_w4a4`,
+/// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available). Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers
 /// with a column permutation, UsageError for a malformed layer, DeviceError when a CUDA call fails.
-DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream);
+DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream, bool mxfp4_w4a4 = false);
 
 /// y[i, n] = Σ_k x[i, k]·W[n, k] (+ bias[n]) for i < m, queued on `stream` (asynchronous).
 /// x: [m, K] bf16 row-major, device memory, 16-byte aligned. y: [m, N] row-major device memory, fp32 or bf16
@@ -56,7 +58,11 @@ DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream);
 /// FP4: block scales are applied to the weights before the MMA (code·scale is exact in bf16), the NVFP4 global
 /// scale once per output in the epilogue in the CPU's order (acc / gs for Divisor, acc · ws2 for Multiplier,
 /// then + bias). m ≤ 16 runs the decode kernel (one 16-row weight tile per warp, split-K inside the block when
-/// N is small); larger m runs the same MMA core with 64 tokens per warp. Dense: cuBLAS bf16 GEMM (fp32 compute).
+/// N is small); larger m runs the same MMA core with 64 tokens per warp, split over K across blocks when the grid
+/// would not fill the GPU (kernels/cuda/partition.h; the partial sums are added in a fixed order, so results are
+/// deterministic, and the per-thread workspace is allocated once, at the first m > 16 call: do one such call
+/// before capturing a CUDA graph; calls from one host thread on two streams must not overlap, they share that
+/// workspace). Dense: cuBLAS bf16 GEMM (fp32 compute).
 /// Throws UsageError for null or misaligned pointers with m > 0 or m < 0, DeviceError when a launch fails.
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, float* y, Stream& stream);
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& stream);
@@ -66,7 +72,10 @@ void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& st
 /// then multiplied by the weights. The quantized activations are kept as bf16(code·s_a) — exact — in `scratch`
 /// (resized to m·K when smaller) and the 1/igs of the step s_a/igs is applied in the epilogue (acc / igs), so
 /// the result differs from the CPU only by fp32 rounding order. x, y, m, stream as for linear().
-/// Throws UsageError when the layer is not NVFP4, has no input_global_scale, or K is not a multiple of 16.
+/// MXFP4 layers uploaded with `mxfp4_w4a4` (ActivationQuant::EmulateMxfp4): 32-column groups quantized as
+/// kernels::emulate_mxfp4_activations does (fp4_math.h emulate_mxfp4_group on the bf16 x), no activation factor.
+/// Throws UsageError when the layer is neither (NVFP4 with an input_global_scale, MXFP4 W4A4), or K is not a
+/// multiple of the group.
 void linear_w4a4_emulated(const DeviceLinear& w, const bf16* x, int64_t m, float* y, DeviceBuffer<bf16>& scratch,
                           Stream& stream);
 
@@ -79,7 +88,7 @@ struct W4A4Scratch {
   DeviceBuffer<uint8_t> workspace;  ///< native: cuBLASLt workspace
 };
 
-/// W4A4 NVFP4 with the semantics of linear_w4a4_emulated: on a device with FP4 tensor cores (sm ≥ 100, the layer
+/// W4A4 NVFP4 or MXFP4 with the semantics of linear_w4a4_emulated: on a device with FP4 tensor cores (sm ≥ 100, the layer
 /// uploaded there) through cuBLASLt's block-scaled FP4 matmul on the quantized activations — NEVER RUN so far —
 /// otherwise the emulation. Same arguments and errors as linear_w4a4_emulated; y is fp32 [m, N].
 void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4Scratch& scratch, Stream& stream);
@@ -89,5 +98,10 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
 /// be equal. Throws UsageError unless K % 16 == 0 and igs is finite > 0, or for null pointers with m > 0.
 void quantize_activations_nvfp4(const bf16* x, int64_t m, int64_t k, float input_global_scale, bf16* out,
                                 Stream& stream);
+
+/// out[i, k] = bf16(E2M1 code · 2^(e − 127)) for x [m, K] bf16 per 32-column group (the MXFP4 W4A4 fake quant,
+/// exact in bf16). x and out as for quantize_activations_nvfp4. Throws UsageError unless K % 32 == 0, or for null
+/// or misaligned pointers with m > 0.
+void quantize_activations_mxfp4(const bf16* x, int64_t m, int64_t k, bf16* out, Stream& stream);
 
 }  // namespace fp4serve::kernels::cuda

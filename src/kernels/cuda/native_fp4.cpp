@@ -57,11 +57,11 @@ void ensure(DeviceBuffer<T>& buffer, size_t count) {
 }  // namespace
 
 NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
-  if (w.layout != WeightLayout::Nvfp4 || !w.k_perm.empty()) {
-    throw UsageError(std::string("pack_native_fp4: needs an NVFP4 layer without column permutation, got ") +
+  if ((w.layout != WeightLayout::Nvfp4 && w.layout != WeightLayout::Mxfp4) || !w.k_perm.empty()) {
+    throw UsageError(std::string("pack_native_fp4: needs an NVFP4 or MXFP4 layer without column permutation, got ") +
                      prepare::layout_name(w.layout));
   }
-  const int64_t n = w.out_features, k = w.in_features, groups = k / 16;
+  const int64_t n = w.out_features, k = w.in_features, groups = k / (w.layout == WeightLayout::Nvfp4 ? 16 : 32);
   NativeFp4Weight out;
   out.codes.assign(static_cast<size_t>(n * k / 2), uint8_t{0});
   out.scales.assign(static_cast<size_t>(block_scale_bytes(n, groups)), uint8_t{0});
@@ -83,15 +83,20 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   if (w.native_codes.empty()) return linear_w4a4_emulated(w, x, m, y, scratch.activations, stream);
   if (m < 0 || (m > 0 && (x == nullptr || y == nullptr))) throw UsageError("linear_w4a4: bad m, x or y");
   if (m == 0) return;
-  if (!(w.input_global_scale > 0.f)) throw UsageError("linear_w4a4: the layer has no input_global_scale");
-  const int64_t n = w.out_features, k = w.in_features;
+  const bool mx = w.layout == WeightLayout::Mxfp4;
+  if (!mx && !(w.input_global_scale > 0.f)) throw UsageError("linear_w4a4: the layer has no input_global_scale");
+  const int64_t n = w.out_features, k = w.in_features, group = mx ? 32 : 16;
   ensure(scratch.codes, static_cast<size_t>(m * k / 2));
-  ensure(scratch.scales, static_cast<size_t>(block_scale_bytes(m, k / 16)));
+  ensure(scratch.scales, static_cast<size_t>(block_scale_bytes(m, k / group)));
   ensure(scratch.product, static_cast<size_t>(m * n));
   ensure(scratch.workspace, kWorkspaceBytes);
   FP4SERVE_CUDA_CHECK(cudaMemsetAsync(scratch.scales.data(), 0, scratch.scales.bytes(), stream.get()));
-  launch_quantize_nvfp4_packed(x, m, k, w.input_global_scale, scratch.codes.data(), scratch.scales.data(),
-                               stream.get());
+  if (mx) {
+    launch_quantize_mxfp4_packed(x, m, k, scratch.codes.data(), scratch.scales.data(), stream.get());
+  } else {
+    launch_quantize_nvfp4_packed(x, m, k, w.input_global_scale, scratch.codes.data(), scratch.scales.data(),
+                                 stream.get());
+  }
 
   thread_local LtHandle lt;
   LtMatmul mm;
@@ -99,7 +104,8 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a));
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
-  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  // MXFP4: one E8M0 exponent per 32 elements on both operands (OCP MX); NVFP4: one E4M3 per 16.
+  const int32_t mode = mx ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
   const void* a_scale = w.native_scales.data();
@@ -125,7 +131,7 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmul(lt.get(), mm.op, &alpha, w.native_codes.data(), mm.a, scratch.codes.data(), mm.b,
                                        &beta, scratch.product.data(), mm.d, scratch.product.data(), mm.d, &result.algo,
                                        scratch.workspace.data(), workspace, stream.get()));
-  launch_w4a4_epilogue(scratch.product.data(), m, n, w.input_global_scale,
+  launch_w4a4_epilogue(scratch.product.data(), m, n, mx ? 1.f : w.input_global_scale,
                        w.global_scale.empty() ? nullptr : w.global_scale.data(),
                        w.convention == prepare::GlobalScaleConvention::Divisor,
                        w.bias.empty() ? nullptr : w.bias.data(), y, stream.get());

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Native W4A4 NVFP4 on SM100/SM120 (Blackwell FP4 tensor cores) through cuBLASLt's block-scaled matmul:
-// CUDA_R_4F_E2M1 operands with CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 scales. NEVER RUN: no Blackwell GPU has
+// Native W4A4 NVFP4 and MXFP4 on SM100/SM120 (Blackwell FP4 tensor cores) through cuBLASLt's block-scaled
+// matmul: CUDA_R_4F_E2M1 operands with CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 (NVFP4) or
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP4: the E8M0 exponents as stored, one per 32) scales. NEVER RUN: no Blackwell GPU has
 // been available; it compiles always and is selected only when the device reports sm ≥ 100 (linear_w4a4 in
 // linear_cuda.h). Host-facing (g++).
 //
@@ -10,7 +11,8 @@
 // Factors Layout"): a scale matrix [rows, cols] (rows = N or m, cols = K/16) is padded to multiples of 128 × 4
 // and cut into 128×4 blocks of 512 bytes, stored block-row by block-row; inside a block, row r and column c sit
 // at (r % 32)·16 + (r / 32)·4 + c. The per-row weight global scale, the 1/igs of the activation step and the bias
-// are applied afterwards by the same epilogue order as the emulation ((D / igs) / gs or · ws2, + bias).
+// are applied afterwards by the same epilogue order as the emulation ((D / igs) / gs or · ws2, + bias; MXFP4 has
+// neither global scale nor igs, only the bias).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +33,9 @@ inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
 /// Bytes of a tiled scale matrix: ⌈rows/128⌉·128 · ⌈cols/4⌉·4.
 inline int64_t block_scale_bytes(int64_t rows, int64_t cols) { return (rows + 127) / 128 * 128 * ((cols + 3) / 4 * 4); }
 
-/// The NVFP4 weight of `w` in cuBLASLt's operand layout, on the host: codes [N, K/2] (checkpoint packing) and
-/// the E4M3 scales [N, K/16] tiled (block_scale_offset; padding 0). Throws UsageError unless w is NVFP4.
+/// The FP4 weight of `w` in cuBLASLt's operand layout, on the host: codes [N, K/2] (checkpoint packing) and the
+/// block scales tiled (block_scale_offset; padding 0): E4M3 [N, K/16] for NVFP4, E8M0 [N, K/32] for MXFP4.
+/// Throws UsageError unless w is NVFP4 or MXFP4 without a column permutation.
 struct NativeFp4Weight {
   std::vector<uint8_t> codes;
   std::vector<uint8_t> scales;

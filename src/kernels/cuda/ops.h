@@ -90,4 +90,33 @@ inline constexpr int64_t kMaxAttentionHeadDim = 256;
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionShape& shape, float* out, cudaStream_t stream);
 
+/// A batch of decode rows (one new token each, from different sequences) for attention_decode. Every pointer is
+/// device memory and every per-row value is read on the device, so one launch serves any batch and a CUDA graph
+/// that captured it stays valid while the contents change (graph.h): only the addresses are baked.
+struct DecodeAttentionBatch {
+  const float* q = nullptr;        ///< [rows, H, D] f32
+  const float* k_cache = nullptr;  ///< key row r at k_cache + r · cache_row_stride (this layer's cache)
+  const float* v_cache = nullptr;
+  int64_t cache_row_stride = 0;    ///< floats, ≥ kv_heads · head_dim
+  const int64_t* seq_base = nullptr;  ///< [rows] cache row of position 0 of each row's sequence
+  const int32_t* seq_len = nullptr;   ///< [rows] keys visible to the row's query: its position + 1, ≥ 1
+  int64_t rows = 0;
+  int64_t max_len = 0;  ///< an upper bound of every seq_len (host); sizes the split
+};
+
+/// Floats of the workspace attention_decode needs for `splits` splits (plan_kv_splits, partition.h):
+/// rows · H · splits · (D + 2) — each split's running max, sum and unnormalized value sum.
+int64_t attention_decode_workspace_floats(int64_t rows, int64_t num_heads, int64_t head_dim, int64_t splits);
+
+/// Decode attention split over the KV length (flash-decoding): out[i, h, :] = Σ_p softmax_p(scale · q[i, h] ·
+/// k[p]) · v[p] over the keys of row i (seq_base[i] + 0 … seq_len[i] − 1, the last sliding_window of them when
+/// set; sinks join the softmax denominator), the same function as attention() with t = 1 and start_pos =
+/// seq_len − 1. Grid (splits, H, rows): each block takes one key range of split_key_range (partition.h) with an
+/// online softmax, writes (max, sum, Σ w·v) to `workspace`; a second kernel merges the splits of each (row, head)
+/// in split order (deterministic). splits = 1 is valid (one range). workspace: ≥
+/// attention_decode_workspace_floats floats. Throws UnsupportedError when head_dim > kMaxAttentionHeadDim,
+/// UsageError on inconsistent sizes, splits outside [1, kMaxKvSplits] or a missing pointer with rows > 0.
+void attention_decode(const DecodeAttentionBatch& batch, const AttentionShape& shape, int64_t splits,
+                      float* workspace, int64_t workspace_floats, float* out, cudaStream_t stream);
+
 }  // namespace fp4serve::kernels::cuda

@@ -97,5 +97,37 @@ TEST(CudaFp4Math, ActivationFakeQuantMatchesCpuBitForBit) {
   }
 }
 
+// The device MXFP4 activation fake quant against the CPU one (itself bit-exact with compressed-tensors:
+// tests/model/w4a4_golden_test.cpp), over every exponent region: zeros, subnormal scales, ties, saturation, inf
+// scales and NaN groups.
+TEST(CudaFp4Math, Mxfp4ActivationFakeQuantMatchesCpuBitForBit) {
+  std::mt19937 rng(78);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t m = 7, k = 96;
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 300) - 150));
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.f;
+  x[100] = std::numeric_limits<float>::infinity();
+  x[140] = std::numeric_limits<float>::quiet_NaN();
+  x[200] = 3.2e38f;
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(256 + j)] = j == 0 ? 4.f : 0.25f + 0.5f * static_cast<float>(j % 8);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(288 + j)] = std::ldexp(1.f + static_cast<float>(j) / 32.f, -140);
+  std::vector<float> want = x;
+  kernels::emulate_mxfp4_activations(want.data(), m, k);
+  std::vector<float> got = x;
+  for (size_t g = 0; g < got.size(); g += 32) emulate_mxfp4_group(got.data() + g);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      ASSERT_EQ(bits(got[i]), bits(want[i])) << "element " << i << " x " << x[i];
+    }
+  }
+  for (uint32_t b = 0; b < (1u << 16); ++b) {  // every bf16 amax pattern, as the device sees bf16 activations
+    const float amax = std::fabs(std::bit_cast<float>(b << 16));
+    ASSERT_EQ(mxfp4_activation_exponent(amax), kernels::mxfp4_activation_exponent(amax)) << b;
+  }
+}
+
 }  // namespace
 }  // namespace fp4serve::kernels::cuda

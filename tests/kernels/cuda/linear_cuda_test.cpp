@@ -200,8 +200,21 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
       ASSERT_EQ(native.scales[static_cast<size_t>(block_scale_offset(r, g, 36))], ck_scales[r * 36 + g]);
     }
   }
-  const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 8, 64, false);
-  EXPECT_THROW(pack_native_fp4(mx.prepared), UsageError);
+  // MXFP4 (cuBLASLt VEC32_UE8M0): the same layout with one E8M0 exponent per 32, as stored.
+  const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 40, 352, false);
+  const NativeFp4Weight mx_native = pack_native_fp4(mx.prepared);
+  const auto* mx_codes = reinterpret_cast<const uint8_t*>(mx.checkpoint.weight.data.data());
+  const auto* mx_scales = reinterpret_cast<const uint8_t*>(mx.checkpoint.scale.data.data());
+  ASSERT_EQ(mx_native.codes.size(), mx.checkpoint.weight.data.size());
+  for (size_t i = 0; i < mx_native.codes.size(); ++i) ASSERT_EQ(mx_native.codes[i], mx_codes[i]) << i;
+  ASSERT_EQ(static_cast<int64_t>(mx_native.scales.size()), block_scale_bytes(40, 352 / 32));
+  for (int64_t r = 0; r < 40; ++r) {
+    for (int64_t g = 0; g < 352 / 32; ++g) {
+      ASSERT_EQ(mx_native.scales[static_cast<size_t>(block_scale_offset(r, g, 352 / 32))], mx_scales[r * 11 + g]);
+    }
+  }
+  const TestLayer dense = make_layer(Scheme::DenseBf16, rng, 8, 32, false);
+  EXPECT_THROW(pack_native_fp4(dense.prepared), UsageError);
 }
 
 // ---- GPU: consistency with the CPU ------------------------------------------------------------------------
@@ -305,6 +318,43 @@ TEST_P(CudaLinearConsistency, MatchesCpuOverShapesAndBatchSizes) {
   }
   // The figure the device-check note quotes: how close the worst output came to the tolerance.
   std::printf("[ %s ] worst |GPU - CPU| / tolerance = %.3g\n", scheme_name(s), outcome.worst_ratio);
+}
+
+// The shapes the sweep above misses (issue 21), same bound:
+// - K not a multiple of 64 (a partial last 64-column chunk: 96, 608, 4128 — multiples of 32 for MXFP4), with
+//   odd M on the decode path (1, 5, 11) and on the tiled path, where M = 17…255 is split over K across blocks
+//   (partition.h: up to 16 splits at N = 200);
+// - N ≥ 8448, where the decode kernel stops splitting K inside the block (rows per block 2, 4, 8 at N = 8448,
+//   16896, 33792 on 132 SMs; more rows per block on smaller GPUs);
+// - vocabulary-sized N (49152: SmolLM2 / Llama-style, 151936: Qwen2), the lm_head GEMM.
+TEST_P(CudaLinearConsistency, MatchesCpuOnPartialChunksSplitLayoutsAndVocabSizedN) {
+  const Scheme s = GetParam();
+  std::mt19937 rng(2100 + static_cast<unsigned>(s));
+  Stream stream;
+  Outcome outcome;
+  struct Case {
+    int64_t n, k;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Case> cases = {
+      {72, 96, {1, 5, 17, 33}},
+      {200, 608, {1, 11, 16, 17, 97, 255}},
+      {200, 4128, {1, 5, 33, 255}},
+      {8448, 608, {1, 5, 16}},
+      {16896, 608, {1, 11}},
+      {33792, 608, {1, 16}},
+      {49152, 576, {1, 3, 33}},
+      {151936, 576, {1, 3}},
+  };
+  for (const Case& c : cases) {
+    const TestLayer t = make_layer(s, rng, c.n, c.k, c.n == 200);
+    for (const int64_t m : c.ms) {
+      SCOPED_TRACE(::testing::Message() << scheme_name(s) << " N " << c.n << " K " << c.k << " M " << m);
+      compare(s, t, m, rng, stream, false, outcome);
+      if (s != Scheme::W4A4 && m == 5) compare(s, t, m, rng, stream, true, outcome);
+    }
+  }
+  std::printf("[ %s odd shapes ] worst |GPU - CPU| / tolerance = %.3g\n", scheme_name(s), outcome.worst_ratio);
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, CudaLinearConsistency,

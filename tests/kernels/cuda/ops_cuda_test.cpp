@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/partition.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
 #include "kernels/ops_test_util.h"
@@ -239,6 +240,66 @@ TEST_F(CudaOps, AttentionMatchesCpuForPrefillDecodeGqaAndWindows) {
   }
 }
 
+// Split-KV decode attention (attention_decode) against the CPU kernel, one decode row per sequence: rows of
+// different lengths (short, one split; long, many splits) sharing one cache at different base rows, GQA, a
+// sliding window, GPT-OSS sinks, the planned split count and forced ones (1, 7 — uneven ranges, some empty for the
+// short rows — and kMaxKvSplits).
+TEST_F(CudaOps, SplitDecodeAttentionMatchesCpuOverLongContextsWindowsAndSinks) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim, window;
+    bool sinks;
+  };
+  const std::vector<int32_t> lens = {1, 37, 3000, 4097, 600};
+  for (const Case& c : std::vector<Case>{{9, 3, 64, 0, false}, {8, 1, 128, 1000, false}, {4, 4, 40, 0, true},
+                                         {6, 2, 256, 0, false}}) {
+    const int64_t stride = c.kv_heads * c.head_dim + 5;
+    std::vector<int64_t> base;
+    int64_t rows_total = 0;
+    for (const int32_t len : lens) {
+      base.push_back(rows_total + 3);  // gaps between the sequences' cache rows
+      rows_total += len + 3;
+    }
+    const auto rows = static_cast<int64_t>(lens.size());
+    const auto q = random_nonzero(static_cast<size_t>(rows * c.heads * c.head_dim), 20, 0.05f, 2.0f);
+    const auto k = random_nonzero(static_cast<size_t>(rows_total * stride), 21, 0.05f, 2.0f);
+    const auto v = random_nonzero(static_cast<size_t>(rows_total * stride), 22);
+    const auto sinks = random_nonzero(static_cast<size_t>(c.heads), 23, 0.5f, 3.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want(q.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t qd = c.heads * c.head_dim;
+      kernels::attention(q.data() + r * qd, 1, lens[static_cast<size_t>(r)] - 1, k.data() + base[static_cast<size_t>(r)] * stride,
+                         v.data() + base[static_cast<size_t>(r)] * stride, stride,
+                         AttentionParams{c.heads, c.kv_heads, c.head_dim, scale, c.window,
+                                         c.sinks ? sinks.data() : nullptr},
+                         want.data() + r * qd);
+    }
+    const auto q_dev = to_device(q);
+    const auto k_dev = to_device(k);
+    const auto v_dev = to_device(v);
+    const auto base_dev = to_device(base);
+    const auto len_dev = to_device(lens);
+    const auto sinks_dev = to_device(sinks);
+    const DecodeAttentionBatch batch{q_dev.data(), k_dev.data(), v_dev.data(), stride, base_dev.data(),
+                                     len_dev.data(), rows, 4097};
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, scale, c.window, c.sinks ? sinks_dev.data() : nullptr};
+    const int sms = cuda_device(0)->multiprocessors;
+    for (const int64_t splits : {plan_kv_splits(rows, c.heads, 4097, sms), int64_t{1}, int64_t{7}, kMaxKvSplits}) {
+      SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " W "
+                                        << c.window << " sinks " << c.sinks << " splits " << splits);
+      const int64_t floats = attention_decode_workspace_floats(rows, c.heads, c.head_dim, splits);
+      DeviceBuffer<float> workspace(static_cast<size_t>(floats));
+      DeviceBuffer<float> out(q.size());
+      FP4SERVE_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));  // NaN: an unwritten output fails
+      attention_decode(batch, shape, splits, workspace.data(), floats, out.data(), kDefaultStream);
+      expect_close(out.download(), want, 1e-5);
+    }
+    DeviceBuffer<float> small(8);
+    DeviceBuffer<float> out(q.size());
+    EXPECT_THROW(attention_decode(batch, shape, 2, small.data(), 8, out.data(), kDefaultStream), UsageError);
+  }
+}
+
 TEST(CudaOpsHost, AttentionRejectsUnsupportedShapesBeforeLaunching) {
   // Host-side argument checks run without a GPU.
   EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 512, AttentionShape{2, 1, 512, 1.0f}, nullptr, nullptr),
@@ -248,6 +309,19 @@ TEST(CudaOpsHost, AttentionRejectsUnsupportedShapesBeforeLaunching) {
   EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 16, AttentionShape{2, 1, 32, 1.0f}, nullptr, nullptr),
                UsageError);
   EXPECT_THROW(apply_rope_neox(nullptr, 1, 1, 8, 9, nullptr, nullptr, nullptr, nullptr), UsageError);
+  const DecodeAttentionBatch none{};
+  EXPECT_THROW(attention_decode(none, AttentionShape{2, 1, 512, 1.0f}, 1, nullptr, 0, nullptr, nullptr),
+               UnsupportedError);
+  DecodeAttentionBatch one{};
+  one.rows = 1;
+  one.cache_row_stride = 64;
+  EXPECT_THROW(attention_decode(one, AttentionShape{2, 1, 64, 1.0f}, 0, nullptr, 0, nullptr, nullptr), UsageError);
+  EXPECT_THROW(attention_decode(one, AttentionShape{2, 1, 64, 1.0f}, kMaxKvSplits + 1, nullptr, 0, nullptr, nullptr),
+               UsageError);
+  // A workspace too small, and missing pointers, are refused before any launch.
+  EXPECT_THROW(attention_decode(one, AttentionShape{2, 1, 64, 1.0f}, 2, nullptr, 1000, nullptr, nullptr), UsageError);
+  float fake[1];
+  EXPECT_THROW(attention_decode(one, AttentionShape{2, 1, 64, 1.0f}, 1, fake, 1000, nullptr, nullptr), UsageError);
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/backend.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::model {
+
+FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers, int64_t max_seq_len, int max_slots,
+                        int64_t vocab) {
+  FlatBatch flat;
+  std::set<int> slots;
+  int64_t row0 = 0;
+  for (const SequenceChunk& chunk : batch) {
+    const auto t = static_cast<int64_t>(chunk.tokens.size());
+    if (t == 0) throw UsageError("Decoder::forward: empty chunk");
+    if (chunk.start_pos < 0 || chunk.start_pos + t > max_seq_len) {
+      throw UsageError(fmt::format("Decoder::forward: sequence of {} tokens exceeds the cache length {}",
+                                   chunk.start_pos + t, max_seq_len));
+    }
+    if (chunk.slot < 0 || chunk.slot >= max_slots) {
+      throw UsageError(fmt::format("Decoder::forward: slot {} is outside the cache's {} slots", chunk.slot, max_slots));
+    }
+    if (!slots.insert(chunk.slot).second) throw UsageError(fmt::format("Decoder::forward: slot {} appears twice", chunk.slot));
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = chunk.tokens[static_cast<size_t>(i)];
+      if (id < 0 || id >= vocab) {
+        throw UsageError(fmt::format("Decoder::forward: token id {} at position {} is outside the vocabulary [0, {})",
+                                     id, chunk.start_pos + i, vocab));
+      }
+      flat.ids.push_back(id);
+      flat.positions.push_back(chunk.start_pos + i);
+      flat.slots.push_back(chunk.slot);
+      flat.cache_rows.push_back(static_cast<int64_t>(chunk.slot) * num_layers * max_seq_len + chunk.start_pos + i);
+    }
+    for (int64_t i = chunk.all_logits ? 0 : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
+    row0 += t;
+  }
+  return flat;
+}
+
+#if !FP4SERVE_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int /*ordinal*/) {
+  throw UnsupportedError("--device cuda: this fp4serve was built without the CUDA backend (no nvcc at configure time, "
+                         "or FP4SERVE_CUDA=OFF); use --device cpu, or --device sm80 … sm120 for a dry-run plan");
+}
+#endif
+
+}  // namespace fp4serve::model
