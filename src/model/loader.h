@@ -40,7 +40,8 @@ struct LoadedModel {
 /// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
 /// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
-/// UnsupportedError when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
+/// UsageError when activation_precision is not fp32 or lm_head_dtype not bf16 (CPU-only paths), UnsupportedError
+/// when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
 /// backend throws for an op it does not have (naming the op and the layer).
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
 
