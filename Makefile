@@ -4,7 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run test test-release test-asan fuzz fixtures clean
+.PHONY: deps build build-cli run test test-release test-asan fuzz fixtures clean bench-peer
 
 deps:
 	./scripts/install-deps.sh
@@ -44,6 +44,12 @@ fuzz: deps
 	  test $${PIPESTATUS[0]} -eq 0
 
 test: test-release test-asan fuzz
+
+# fp4serve vs llama.cpp (built from the llama-cpp-python sdist) on the default model; downloads and builds, so it
+# is not part of `make test`. Table in build/peer/results/table.md.
+bench-peer: build-cli
+	./scripts/get-default-model.sh
+	./bench/peer/llamacpp.sh
 
 # Regenerate the small fixtures that tools/ makes without heavy dependencies (numpy, ml_dtypes, safetensors).
 fixtures:

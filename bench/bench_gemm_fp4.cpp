@@ -28,8 +28,8 @@ namespace {
 
 using prepare::PreparedLinear;
 
-enum class Format { Nvfp4, Mxfp4, Int4, Bf16 };
-constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16"};
+enum class Format { Nvfp4, Mxfp4, Int4, Bf16, Fp8Row };
+constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16", "fp8row"};
 // Weights rotate through copies totalling this much: > the 480 MiB LLC this VM reports. Profiling runs
 // (callgrind) may shrink it with FP4SERVE_BENCH_COLD_MB and skip the roofs with FP4SERVE_BENCH_NO_ROOFS=1.
 size_t cold_bytes() {
@@ -84,6 +84,14 @@ PreparedLinear make_weights(Format f, int64_t n, int64_t k) {
       }
       return prepare::prepare_dense(view(core::DType::BF16, {n, k}, bits), "bench");
     }
+    case Format::Fp8Row: {  // E4M3 with one fp32 scale per row: the --lm-head-dtype fp8 copy
+      const auto codes = random_bytes(rng, static_cast<size_t>(n * k), 0, 0x7E);
+      std::vector<uint8_t> scales(static_cast<size_t>(n * 4));
+      const float one = 0.01f;
+      for (int64_t r = 0; r < n; ++r) std::memcpy(scales.data() + 4 * r, &one, 4);
+      return prepare::prepare_fp8(view(core::DType::F8_E4M3, {n, k}, codes), view(core::DType::F32, {n, 1}, scales), {0, 0},
+                                  "bench");
+    }
   }
   return {};
 }
@@ -109,6 +117,7 @@ PreparedLinear clone(const PreparedLinear& w) {
   c.convention = w.convention;
   c.k_perm = w.k_perm;
   c.dense_storage = w.dense_storage;
+  c.activation_precision = w.activation_precision;
   return c;
 }
 
@@ -120,7 +129,7 @@ struct ColdSet {
 };
 ColdSet g_cold;
 
-const std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
+std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
   if (g_cold.copies.empty() || g_cold.format != f || g_cold.n != n || g_cold.k != k) {
     g_cold.copies.clear();
     g_cold.format = f;
@@ -150,9 +159,10 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k) {
+void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare::ActivationPrecision precision) {
   const int64_t m = state.range(0);
-  const auto& copies = cold_copies(f, n, k);
+  auto& copies = cold_copies(f, n, k);
+  for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
   size_t i = 0;
@@ -184,11 +194,20 @@ void BM_DequantSgemm(benchmark::State& state, Format f, int64_t n, int64_t k, bo
 
 void register_all() {
   const std::pair<int64_t, int64_t> shapes[] = {{576, 1536}, {1536, 576}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
-  for (Format f : {Format::Nvfp4, Format::Mxfp4, Format::Int4, Format::Bf16}) {
-    for (auto [n, k] : shapes) {
-      const std::string name = std::string("linear/") + kFormatNames[static_cast<int>(f)] + "/" + std::to_string(n) + "x" + std::to_string(k);
-      benchmark::RegisterBenchmark(name.c_str(), BM_Linear, f, n, k)
+  const std::pair<int64_t, int64_t> lm_head{49152, 576};  // the default model's tied embedding as lm_head
+  using prepare::ActivationPrecision;
+  for (Format f : {Format::Nvfp4, Format::Mxfp4, Format::Int4, Format::Bf16, Format::Fp8Row}) {
+    std::vector<std::pair<int64_t, int64_t>> list(std::begin(shapes), std::end(shapes));
+    if (f == Format::Bf16 || f == Format::Fp8Row) list.push_back(lm_head);
+    for (auto [n, k] : list) {
+      const std::string shape = std::string(kFormatNames[static_cast<int>(f)]) + "/" + std::to_string(n) + "x" + std::to_string(k);
+      benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      // ActivationPrecision::Int8: int8 activations and integer dot products (NVFP4 / MXFP4 only).
+      if (f == Format::Nvfp4 || f == Format::Mxfp4) {
+        benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8)
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   for (auto [n, k] : shapes) {

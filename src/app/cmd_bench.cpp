@@ -22,6 +22,8 @@ struct ModelBenchOptions {
   std::vector<std::string> models;
   model::LoadOptions load;
   int tensor_parallel_size = 1;
+  std::vector<std::string> activation_precisions{"fp32"};  // every model runs with each (interleaved)
+  std::vector<std::string> lm_head_dtypes{"bf16"};
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
@@ -32,23 +34,38 @@ void run_bench_model(const ModelBenchOptions& opts) {
   first.load = opts.load;
   first.tensor_parallel_size = opts.tensor_parallel_size;
   TensorParallelRun tp(first);
-  std::vector<ModelOptions> per_model;  // what every rank loads for each -m, in order
+  // One target per model × activation precision × lm_head copy, in the order the bench runs them; every rank
+  // loads the same list (per_model), so the followers can build it without rank 0's names.
+  std::vector<runtime::ModelBenchTarget> targets;
+  std::vector<std::string> names;
+  std::vector<ModelOptions> per_model;
   for (const std::string& dir : opts.models) {
-    per_model.push_back(first);
-    per_model.back().model = dir;
+    const std::string path = resolve_model_path(dir).string();
+    for (const std::string& precision : opts.activation_precisions) {
+      for (const std::string& lm_head : opts.lm_head_dtypes) {
+        ModelOptions target = first;
+        target.model = dir;
+        target.load.activation_precision = precision;
+        target.load.lm_head_dtype = lm_head;
+        std::string name = dir;
+        if (opts.activation_precisions.size() > 1) name += " a:" + precision;
+        if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
+        names.push_back(name);
+        targets.push_back({name, path, target.load});
+        per_model.push_back(std::move(target));
+      }
+    }
   }
   if (!tp.leader()) return tp.follow(per_model);
-  std::vector<runtime::ModelBenchTarget> targets;
-  for (const std::string& dir : opts.models) targets.push_back({dir, resolve_model_path(dir).string(), first.load});
   const auto loader = [&](size_t i, const runtime::ModelBenchTarget&) {
     RankModel loaded = tp.load(per_model[i], i);
     return runtime::BenchModel{std::move(loaded.loaded), std::move(loaded.tp)};
   };
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
-    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
+    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, names[m],
                s.prefill_seconds, s.decode_seconds);
   }, loader);
-  const auto rows = runtime::summarize_model_bench(opts.models, samples, opts.bench);
+  const auto rows = runtime::summarize_model_bench(names, samples, opts.bench);
   if (!opts.json) {
     fmt::print("{}", runtime::format_model_bench(rows, opts.bench));
     return;
@@ -82,6 +99,15 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--device", opts->load.device, "cpu, or cuda (run on the GPU found)")->capture_default_str();
   cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
+      ->capture_default_str();
+  cmd->add_option("--activation-precision", opts->activation_precisions,
+                  "fp32 and/or int8 (comma-separated: each model runs with each, interleaved)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "int8"}))
+      ->capture_default_str();
+  cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
       ->capture_default_str();
   add_threads_option(*cmd, opts->load.threads);
   add_tensor_parallel_options(*cmd, opts->tensor_parallel_size, opts->load.expert_parallel);

@@ -48,12 +48,15 @@ void run_perplexity(const PerplexityCliOptions& opts) {
   }
   std::optional<model::LoadedModel> base;
   if (!opts.kld_base.empty()) {
+    // The base is the reference: it runs whole on rank 0 (the followers are inside the model's steps), and the
+    // run-time approximations (int8 activations, a cheaper lm_head copy) stay off.
     ModelOptions base_opts = model_opts;
     base_opts.model = opts.kld_base;
-    // The base runs whole on rank 0 (the followers are inside the model's steps): a reference, not a speed.
     base_opts.load.tensor_parallel_size = 1;
     base_opts.load.rank = 0;
     base_opts.load.comm = nullptr;
+    base_opts.load.activation_precision = "fp32";
+    base_opts.load.lm_head_dtype = "bf16";
     base.emplace(load_model_for(base_opts));
   }
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
@@ -99,7 +102,9 @@ void register_perplexity(CLI::App& root) {
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx,--ctx-size", opts->context, "window length in tokens (at most the model's context length)")->capture_default_str();
   cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();
-  cmd->add_option("--kld-base", opts->kld_base, "base model folder: report mean KL divergence and top-1 agreement");
+  cmd->add_option("--kld-base", opts->kld_base,
+                  "base model folder: report mean KL divergence and top-1 agreement (the base runs with fp32 "
+                  "activations and the stored lm_head)");
   cmd->add_option("--max-tokens", opts->max_tokens, "score only the first N tokens of the file (0 = all)");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
   cmd->callback([opts] { run_perplexity(*opts); });

@@ -104,6 +104,14 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                  "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
+  cmd.add_option("--activation-precision", opts.load.activation_precision,
+                 "fp32, or int8: NVFP4/MXFP4 linears quantize their input to int8 per weight group and use integer dot products")
+      ->check(CLI::IsMember({"fp32", "int8"}))
+      ->capture_default_str();
+  cmd.add_option("--lm-head-dtype", opts.load.lm_head_dtype,
+                 "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")
+      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
+      ->capture_default_str();
   add_threads_option(cmd, opts.load.threads);
   if (!context_option) return;
   cmd.add_option("-c,--ctx-size,--max-model-len", opts.max_model_len,

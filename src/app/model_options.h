@@ -20,8 +20,9 @@ struct ModelOptions {
   int tensor_parallel_size = 1;  ///< --tensor-parallel-size/-tp: ranks (processes, one per device); app/tensor_parallel.h
 };
 
-/// Adds MODEL (positional) with -m/--model, --device, --activation-quant, -t/--threads, and, when
-/// `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's -c is its window instead).
+/// Adds MODEL (positional) with -m/--model, --device, --activation-quant, --activation-precision, --lm-head-dtype,
+/// -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's -c is its window
+/// instead).
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option = true);
 
 /// Adds --tensor-parallel-size N (-tp N, see remember_command_line) and --expert-parallel to `cmd`.

@@ -22,9 +22,15 @@ enum class ActivationQuant : uint8_t {
 /// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
 /// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2) / 8 (AVX-512) run a fused
 /// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
-/// threads splitting N; other layouts with m ≤ 6 (AVX2) / 12 (AVX-512) run the streaming decode path (weights
+/// threads splitting N; bf16 Dense and per-row-scaled FP8 layers with m ≤ 4 run a GEMV that multiplies the
+/// loaded weights in registers (kernels/cpu/gemm_gemv.cpp); other cases with m ≤ 6 (AVX2) / 12 (AVX-512) run the
+/// streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
 /// register-blocked fp32 micro-kernel over it.
+/// With w.activation_precision == Int8 (Nvfp4 / Mxfp4 layers; other layouts ignore it) and aq == None, each row
+/// of x is quantized per weight group (16 / 32 columns) by quantize_activations_int8 and the products are integer
+/// dot products: y[m, n] = Σ_g d[m, g] · s[n, g] · Σ_{k∈g} q[m, k] · e2m1[n, k], fp32 per group (the error against
+/// the fp32 path is bounded by Σ_k |W[n, k]| · d[m, g(k)] / 2); any m, in chunks of 4 (AVX2) / 8 (AVX-512) rows.
 /// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
@@ -48,6 +54,18 @@ void linear_reference(const prepare::PreparedLinear& w, const float* x, int64_t 
 /// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationQuant::EmulateNvfp4.
 /// K must be a multiple of 16 and igs finite > 0 (throws UsageError).
 void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_global_scale);
+
+/// The activation quantization of ActivationPrecision::Int8, per row of x [m, k] and block of `block` columns
+/// (llama.cpp's Q8_0 rule on the weight's group): d[i, g] = amax/127, q[i, k] = round-to-nearest-even(x[i, k] ·
+/// 127/amax) ∈ [−127, 127], q = 0 and d = 0 for an all-zero block; a block holding a NaN (an inf) gets q = 0 and
+/// d = NaN (inf), so non-finite inputs reach the outputs. q: [m, k] int8, d: [m, k/block] fp32.
+/// Throws UsageError when block < 1 or k is not a multiple of block.
+void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, int8_t* q, float* d);
+
+/// Highway targets the int8-activation kernels are compiled for (also AVX3_DL, i.e. AVX-512 VNNI) and this CPU
+/// supports, best first, and the one they dispatch to now.
+std::vector<int64_t> int8_gemm_targets();
+const char* int8_gemm_target_name();
 
 /// In place, rows of x [m, K]: the MXFP4 activation quantize–dequantize of compressed-tensors 0.19 for dynamic
 /// `group` activations with group_size 32 and uint8 (E8M0) scales (`calculate_qparams` → `generate_mx_scales`,

@@ -38,12 +38,36 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), lines));
 }
 
+PrepareOptions prepare_options(const LoadOptions& options) {
+  PrepareOptions out;
+  if (options.activation_precision == "int8") {
+    out.activation_precision = prepare::ActivationPrecision::Int8;
+  } else if (options.activation_precision != "fp32") {
+    throw UsageError(fmt::format("--activation-precision: '{}' is not fp32 or int8", options.activation_precision));
+  }
+  if (options.lm_head_dtype == "fp8") {
+    out.lm_head_dtype = LmHeadDtype::Fp8;
+  } else if (options.lm_head_dtype == "int8") {
+    out.lm_head_dtype = LmHeadDtype::Int8;
+  } else if (options.lm_head_dtype != "bf16") {
+    throw UsageError(fmt::format("--lm-head-dtype: '{}' is not bf16, fp8 or int8", options.lm_head_dtype));
+  }
+  return out;
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
   // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
+  const PrepareOptions prepare = prepare_options(options);  // a bad choice is refused before anything is read
+  if (options.device == "cuda" && (prepare.activation_precision != prepare::ActivationPrecision::Fp32 ||
+                                   prepare.lm_head_dtype != LmHeadDtype::Bf16)) {
+    throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; the "
+                                 "GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
+                                 options.activation_precision, options.lm_head_dtype));
+  }
   plan::PlanOptions plan_options;
   plan_options.device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
   std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(options.cuda_device) : make_cpu_backend();
@@ -75,7 +99,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
-  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, prepare);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend));
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

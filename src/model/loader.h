@@ -24,6 +24,10 @@ struct LoadOptions {
   int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
+  /// fp32 | int8: how NVFP4 / MXFP4 linears take their activations on the CPU (prepare::ActivationPrecision).
+  std::string activation_precision = "fp32";
+  /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
+  std::string lm_head_dtype = "bf16";
   bool progress = true;                   ///< loading progress bar on stderr
   /// Tensor parallelism (plan/shard.h): this process loads and runs rank `rank`'s shard of
   /// `tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank. nullptr = 1.
@@ -44,7 +48,8 @@ struct LoadedModel {
 /// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
 /// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
-/// UnsupportedError when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
+/// UsageError when activation_precision is not fp32 or lm_head_dtype not bf16 (CPU-only paths), UnsupportedError
+/// when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
 /// backend throws for an op it does not have (naming the op and the layer).
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
 

@@ -97,8 +97,9 @@ void LoadProgress::finish() {
   std::fprintf(stderr, "\n");
 }
 
-PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress)
-    : ckpt_(ckpt), plan_(plan), progress_(progress) {
+PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
+                               PrepareOptions options)
+    : ckpt_(ckpt), plan_(plan), progress_(progress), options_(options) {
   modules_.reserve(plan.modules.size());
   for (const plan::ModulePlan& m : plan.modules) modules_.emplace(m.module.name, &m);
 }
@@ -174,9 +175,18 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       part.weight = prepare::prepare_fp8(view(TensorRole::Weight), view(TensorRole::WeightScale), block, name);
       break;
     }
-    case SchemeId::Unquantized:
-      part.weight = prepare::prepare_dense(ckpt_.tensor(m.module.dense_weight), name);
+    case SchemeId::Unquantized: {
+      const core::TensorView dense = ckpt_.tensor(m.module.dense_weight);
+      const bool lm_head = m.module.role == checkpoint::ModuleRole::LmHead;
+      if (lm_head && options_.lm_head_dtype == LmHeadDtype::Fp8) {
+        part.weight = prepare::prepare_dense_as_fp8_rows(dense, name);
+      } else if (lm_head && options_.lm_head_dtype == LmHeadDtype::Int8) {
+        part.weight = prepare::prepare_dense_as_int8_rows(dense, name);
+      } else {
+        part.weight = prepare::prepare_dense(dense, name);
+      }
       break;
+    }
     case SchemeId::W4A4Nvfp4:
     case SchemeId::W4A4Mxfp4:
     case SchemeId::W8A8Fp8:
@@ -186,6 +196,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
           name, plan::scheme_name(*m.scheme), plan_.device.label()));
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias)) prepare::attach_bias(part.weight, ckpt_.tensor(bias->name), name);
+  if (part.activation_quant == kernels::ActivationQuant::None) part.weight.activation_precision = options_.activation_precision;
   part.input_transform = online_transform(m, "input");
   if (auto output = online_transform(m, "output")) part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});
   uint64_t tensors = 0, bytes = 0;

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "model/weight_source.h"
 #include "plan/layer_plan.h"
+#include "prepare/prepared_linear.h"
 
 namespace fp4serve::model {
 
@@ -46,9 +47,24 @@ struct ExpertSlice {
 ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinterleave, bool transpose,
                          const std::string& name);
 
+/// In-memory storage of an unquantized (Dense) lm_head, the tied embedding included; the checkpoint is not changed.
+enum class LmHeadDtype : uint8_t {
+  Bf16,  ///< as the checkpoint stores it (bf16, or fp32 from f16/f32)
+  Fp8,   ///< E4M3 per output row (scale amax/448): 1 byte per weight
+  Int8,  ///< int8 per output row (scale amax/127): 1 byte per weight
+};
+
+/// Choices of the run, not of the checkpoint, applied while preparing.
+struct PrepareOptions {
+  /// Set on every Nvfp4 / Mxfp4 linear (prepare::PreparedLinear::activation_precision).
+  prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
+  LmHeadDtype lm_head_dtype = LmHeadDtype::Bf16;
+};
+
 class PlannedWeights final : public WeightSource {
  public:
-  PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress);
+  PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
+                 PrepareOptions options = {});
 
   core::TensorView tensor(const std::string& name) const override;
   bool has_tensor(const std::string& name) const override;
@@ -78,6 +94,7 @@ class PlannedWeights final : public WeightSource {
   const checkpoint::Checkpoint& ckpt_;
   const plan::LayerPlan& plan_;
   LoadProgress& progress_;
+  PrepareOptions options_;
   std::unordered_map<std::string, const plan::ModulePlan*> modules_;  // by checkpoint module name
   mutable TransformCache transforms_;  // identical transform matrices are built once and shared
 };

@@ -31,6 +31,7 @@ const char* layout_name(WeightLayout layout) {
     case WeightLayout::Mxfp4: return "Mxfp4";
     case WeightLayout::Int4: return "Int4";
     case WeightLayout::Fp8: return "Fp8";
+    case WeightLayout::Int8: return "Int8";
     case WeightLayout::Dense: return "Dense";
   }
   return "?";

@@ -10,7 +10,7 @@
 
 namespace fp4serve::prepare {
 
-enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Dense };
+enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Int8, Dense };
 
 /// How a checkpoint's NVFP4 per-tensor scale is applied (shared FORMATS.md §2.1, §3.2, Gotcha 1).
 enum class GlobalScaleConvention : uint8_t {
@@ -20,6 +20,15 @@ enum class GlobalScaleConvention : uint8_t {
 
 /// Storage of Dense weights: bf16 checkpoints stay bf16 (half the bytes per token); f16 and f32 become f32.
 enum class DenseStorage : uint8_t { Bf16, F32 };
+
+/// How linear() multiplies x with Nvfp4 / Mxfp4 weights (other layouts always run fp32 activations).
+enum class ActivationPrecision : uint8_t {
+  Fp32,  ///< x stays fp32 and each E2M1 code is decoded to fp32: the reference path
+  /// x quantized once per call to int8 per row and weight group (d = amax/127, the group size of the weights:
+  /// 16 for NVFP4, 32 for MXFP4), E2M1·2 codes used as integers, integer dot products per group, each group's
+  /// sum scaled by block scale · d in fp32 (kernels/linear.h)
+  Int8,
+};
 
 /// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so one
 /// SIMD load brings the same column of 8 rows (one fp32 AVX2 vector per column).
@@ -65,6 +74,8 @@ class AlignedBuffer {
 ///   w = nibble·scale + offset, offset = −(8 + zero_point)·scale (exact in fp32).
 /// - Fp8: `codes` = [T][K][8] E4M3 bytes; `scales` = [T][ceil(K/g)][8] fp32 (tensor and channel scales use
 ///   g = K; block scales g = block width).
+/// - Int8: `codes` = [T][K][8] int8; `scales` = [T][1][8] fp32, one per row (group_size = K): w = code · scale.
+///   Made only in memory from an unquantized weight (prepare_dense_as_int8_rows, `--lm-head-dtype int8`).
 /// - Dense: `codes` = [T][K][8] bf16 bits or fp32 values (`dense_storage`).
 struct PreparedLinear {
   WeightLayout layout = WeightLayout::Dense;
@@ -83,6 +94,7 @@ struct PreparedLinear {
   GlobalScaleConvention convention = GlobalScaleConvention::Divisor;
   std::vector<int32_t> k_perm;  ///< Int4 activation order: prepared column j reads input column k_perm[j]; empty = identity
   DenseStorage dense_storage = DenseStorage::F32;
+  ActivationPrecision activation_precision = ActivationPrecision::Fp32;  ///< chosen at load, not by the checkpoint
 
   PreparedLinear() = default;
   PreparedLinear(PreparedLinear&&) noexcept = default;

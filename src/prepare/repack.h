@@ -49,6 +49,15 @@ PreparedLinear prepare_fp8(const core::TensorView& weight, const core::TensorVie
 /// Unquantized weight [N, K] BF16 (kept as bf16), F16 or F32 (stored as fp32). Throws FormatError.
 PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view name);
 
+/// An unquantized weight [N, K] (BF16, F16 or F32) re-encoded in memory as the Fp8 layout with one fp32 scale per
+/// row: s = amax_row/448 (1 for an all-zero row), code = E4M3(w / s) with RNE (quant::float_to_e4m3). For
+/// `--lm-head-dtype fp8`; 1 byte per weight instead of 2 (bf16) or 4. Throws FormatError on wrong dtype/shape.
+PreparedLinear prepare_dense_as_fp8_rows(const core::TensorView& weight, std::string_view name);
+
+/// The same weight as the Int8 layout: s = amax_row/127 (1 for an all-zero row), code = round-to-nearest-even(w / s)
+/// ∈ [−127, 127]. For `--lm-head-dtype int8`. Throws FormatError on wrong dtype/shape.
+PreparedLinear prepare_dense_as_int8_rows(const core::TensorView& weight, std::string_view name);
+
 /// Adds bias [N] BF16/F16/F32 (converted exactly to fp32). Throws FormatError on wrong dtype/shape.
 void attach_bias(PreparedLinear& w, const core::TensorView& bias, std::string_view name);
 

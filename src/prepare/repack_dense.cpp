@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // FP8 E4M3 and unquantized checkpoint tensors → row-interleaved kernel layouts (prepared_linear.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
@@ -93,6 +96,51 @@ PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view na
       } else {
         w.codes.as<float>()[dst] = detail::load_float(weight, src);
       }
+    }
+  }
+  return w;
+}
+
+PreparedLinear prepare_dense_as_fp8_rows(const core::TensorView& weight, std::string_view name) {
+  const int64_t n = check_matrix(weight, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "weight");
+  const int64_t k = weight.shape[1];
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+  std::vector<float> scales(static_cast<size_t>(n));
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t r = 0; r < n; ++r) {
+    float amax = 0.f;
+    for (int64_t c = 0; c < k; ++c) {
+      row[static_cast<size_t>(c)] = detail::load_float(weight, static_cast<size_t>(r * k + c));
+      amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
+    }
+    // amax/448 maps the row's largest magnitude to E4M3's largest finite value; an all-zero row keeps scale 1.
+    const float scale = amax > 0.f ? amax / 448.f : 1.f;
+    scales[static_cast<size_t>(r)] = scale;
+    for (int64_t c = 0; c < k; ++c) codes[static_cast<size_t>(r * k + c)] = quant::float_to_e4m3(row[static_cast<size_t>(c)] / scale);
+  }
+  const core::TensorView code_view{core::DType::F8_E4M3, {n, k}, std::as_bytes(std::span<const uint8_t>(codes))};
+  const core::TensorView scale_view{core::DType::F32, {n, 1}, std::as_bytes(std::span<const float>(scales))};
+  return prepare_fp8(code_view, scale_view, {0, 0}, name);
+}
+
+PreparedLinear prepare_dense_as_int8_rows(const core::TensorView& weight, std::string_view name) {
+  const int64_t n = check_matrix(weight, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "weight");
+  const int64_t k = weight.shape[1];
+  PreparedLinear w;
+  detail::init_tiles(w, WeightLayout::Int8, n, k, k, static_cast<size_t>(k) * kTileRows, kTileRows * sizeof(float), 0);
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = r / kTileRows, lane = r % kTileRows;
+    float amax = 0.f;
+    for (int64_t c = 0; c < k; ++c) {
+      row[static_cast<size_t>(c)] = detail::load_float(weight, static_cast<size_t>(r * k + c));
+      amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
+    }
+    const float scale = amax > 0.f ? amax / 127.f : 1.f;
+    w.scales.as<float>()[t * kTileRows + lane] = scale;
+    for (int64_t c = 0; c < k; ++c) {
+      const float q = std::nearbyint(std::clamp(row[static_cast<size_t>(c)] / scale, -127.f, 127.f));
+      w.codes.as<int8_t>()[(t * k + c) * kTileRows + lane] = static_cast<int8_t>(q);
     }
   }
   return w;

@@ -33,10 +33,11 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const PreparedLinear& p = parts[i];
     if (p.layout != first.layout || p.in_features != first.in_features || p.group_size != first.group_size ||
-        p.dense_storage != first.dense_storage || p.convention != first.convention || p.k_perm != first.k_perm) {
+        p.dense_storage != first.dense_storage || p.convention != first.convention || p.k_perm != first.k_perm ||
+        p.activation_precision != first.activation_precision) {
       throw UsageError(fmt::format(
           "concat_rows: part {} ({}, K = {}, group {}) does not match part 0 ({}, K = {}, group {}) in layout, K, "
-          "group size, storage, global-scale convention or activation order",
+          "group size, storage, global-scale convention, activation order or activation precision",
           i, layout_name(p.layout), p.in_features, p.group_size, layout_name(first.layout), first.in_features,
           first.group_size));
     }
@@ -60,6 +61,7 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   detail::init_tiles(out, first.layout, n, first.in_features, first.group_size, code_tile, scale_tile, offset_tile);
   out.dense_storage = first.dense_storage;
   out.convention = first.convention;
+  out.activation_precision = first.activation_precision;
   out.k_perm = first.k_perm;
   out.input_global_scale = first.input_global_scale;
   if (!first.global_scale.empty()) out.global_scale.assign(static_cast<size_t>(out.padded_rows), 1.f);

@@ -19,11 +19,13 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm_gemv.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include <omp.h>
 
 #include <algorithm>
 
+#include "kernels/cpu/fp4_scales-inl.h"
 #include "kernels/cpu/gemm_shared.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -40,43 +42,15 @@ using prepare::WeightLayout;
 // kMaxM: the largest m served here. Measured with bench_gemm_fp4 (one thread, L2-resident 576x1536, CPU
 // time per call vs the panel GEMM): AVX2 wins up to m = 4 (NVFP4 121 vs 146 us) and loses at m = 5 (174 vs
 // 161 us; 16 ymm registers cannot hold 5 rows of accumulators); AVX-512 still wins at m = 8 (158 vs 176 us).
+constexpr int64_t kRows = kFusedRows;  // output rows per vector: one tile (AVX2) or two (AVX-512)
 #if HWY_TARGET == HWY_AVX2
-constexpr int64_t kRows = 8;    // output rows per vector: one tile
 constexpr int64_t kMaxM = 4;
 #else
-constexpr int64_t kRows = 16;   // two tiles
 constexpr int64_t kMaxM = 8;
 #endif
 using DF = hn::FixedTag<float, kRows>;
 using DI = hn::FixedTag<int32_t, kRows>;
 using VF = hn::Vec<DF>;
-
-// Block scales of rows [tile a | tile b] (8 bytes each) as fp32, times `unit`.
-template <WeightLayout kLayout>
-HWY_INLINE VF Scales(const uint8_t* a, const uint8_t* b, float unit) {
-  const DF df;
-  const DI di;
-#if HWY_TARGET == HWY_AVX2
-  (void)b;
-  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), hn::LoadU(hn::FixedTag<uint8_t, 8>(), a)));
-#else
-  // movq + movhps: the two tiles' 8 bytes in one 128-bit register.
-  const __m128i pair = _mm_castpd_si128(
-      _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
-  const auto bytes = hn::Vec<DI>{_mm512_cvtepu8_epi32(pair)};
-#endif
-  if constexpr (kLayout == WeightLayout::Nvfp4) {
-    // Byte at the top, arithmetic shift by 4, clear bits 30..27: (sign << 31) | (magnitude << 20), which is
-    // the E4M3 value · 2^−120 as an fp32, subnormals included.
-    const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<24>(bytes)), hn::Set(di, static_cast<int32_t>(0x87FFFFFFu)));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p120f * unit));
-  } else {
-    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
-    const hn::FixedTag<uint32_t, kRows> du32;
-    const auto bits = hn::Max(hn::ShiftLeft<23>(hn::BitCast(du32, bytes)), hn::Set(du32, 0x00400000u));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, unit));
-  }
-}
 
 #if HWY_TARGET == HWY_AVX2
 
@@ -159,7 +133,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, use);
 #endif
     }
-    const VF scale = Scales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
+    const VF scale = BlockScales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
     for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(part[i][0], part[i][1]), scale, total[i]);
   }
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
@@ -206,16 +180,176 @@ void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   }
 }
 
+// ---- bf16 Dense and per-row FP8 / Int8 (an lm_head's in-memory copies): [T][K][8] elements, 8 rows per column ----
+// The panel path widens these into an fp32 panel and reads it back (two extra passes over L1 per weight); here
+// each load is multiplied straight from registers. bf16: one vector load brings kRows/4 columns of the tile's 8
+// rows; interleaving zeros below each 16-bit element (vpunpcklwd / vpunpckhwd, per 128-bit block) makes rows
+// 0–3 and 4–7 of those columns fp32 with no shift, against x replicated 4× per column. FP8 (one fp32 scale per
+// row: group = K): a sign-extending byte load, a shift and a mask per column (value · 2^−120, folded into the
+// stored scale); Int8 the same load and an int → fp32 conversion. Both stream the weights once, as the DRAM roof needs.
+
+// xr[i][4k + c] = x[i][k]: one load then gives each 128-bit block its column's activation.
+HWY_INLINE void Replicate4(const float* x, int64_t m, int64_t k, float* xr) {
+  for (int64_t j = 0; j < m * k; ++j) {
+    xr[4 * j] = xr[4 * j + 1] = xr[4 * j + 2] = xr[4 * j + 3] = x[j];
+  }
+}
+
+template <int kM>
+HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT xr, float* HWY_RESTRICT acc) {
+  const DF df;
+  const hn::FixedTag<uint16_t, 2 * kRows> du16;
+  const hn::FixedTag<uint32_t, kRows> du32;
+  constexpr int64_t kCols = kRows / 4;  // columns per load
+  const int64_t k_total = w.in_features;
+  const uint16_t* src = w.codes.as<uint16_t>() + tile * k_total * kTileRows;
+  const auto zero = hn::Zero(du16);
+  VF lo[kM][2], hi[kM][2];  // [row of x][column parity]: two chains per output half
+  for (int i = 0; i < kM; ++i) lo[i][0] = lo[i][1] = hi[i][0] = hi[i][1] = hn::Zero(df);
+  int64_t kk = 0;
+  for (; kk + 2 * kCols <= k_total; kk += 2 * kCols) {
+    for (int u = 0; u < 2; ++u) {
+      const auto v = hn::Load(du16, src + (kk + u * kCols) * kTileRows);
+      const VF a = hn::BitCast(df, hn::ZipLower(du32, zero, v));
+      const VF b = hn::BitCast(df, hn::ZipUpper(du32, zero, v));
+      for (int i = 0; i < kM; ++i) {
+        const VF xv = hn::Load(df, xr + (i * k_total + kk + u * kCols) * 4);
+        lo[i][u] = hn::MulAdd(a, xv, lo[i][u]);
+        hi[i][u] = hn::MulAdd(b, xv, hi[i][u]);
+      }
+    }
+  }
+  for (; kk < k_total; kk += kCols) {
+    const auto v = hn::Load(du16, src + kk * kTileRows);
+    const VF a = hn::BitCast(df, hn::ZipLower(du32, zero, v));
+    const VF b = hn::BitCast(df, hn::ZipUpper(du32, zero, v));
+    for (int i = 0; i < kM; ++i) {
+      const VF xv = hn::Load(df, xr + (i * k_total + kk) * 4);
+      lo[i][0] = hn::MulAdd(a, xv, lo[i][0]);
+      hi[i][0] = hn::MulAdd(b, xv, hi[i][0]);
+    }
+  }
+  for (int i = 0; i < kM; ++i) {
+    alignas(64) float l[kRows], h[kRows];
+    hn::Store(hn::Add(lo[i][0], lo[i][1]), df, l);
+    hn::Store(hn::Add(hi[i][0], hi[i][1]), df, h);
+    for (int r = 0; r < 4; ++r) {
+      float sl = 0.f, sh = 0.f;
+      for (int64_t c = 0; c < kCols; ++c) {
+        sl += l[4 * c + r];
+        sh += h[4 * c + r];
+      }
+      acc[i * kTileRows + r] = sl;
+      acc[i * kTileRows + 4 + r] = sh;
+    }
+  }
+}
+
+// kInt8: the Int8 layout (code · scale); else E4M3 (value · 2^−120, the 2^120 folded into the stored scale).
+template <bool kInt8, int kM>
+HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT x, float* HWY_RESTRICT acc) {
+  const hn::FixedTag<float, 8> d8;
+  const hn::FixedTag<int32_t, 8> di8;
+  const int64_t k_total = w.in_features;
+  const int8_t* src = w.codes.as<int8_t>() + tile * k_total * kTileRows;
+  const auto keep = hn::Set(di8, static_cast<int32_t>(0x87F00000u));
+  const auto column = [&](int64_t k) HWY_ATTR {
+    const auto b = hn::PromoteTo(di8, hn::LoadU(hn::FixedTag<int8_t, 8>(), src + k * kTileRows));
+    if constexpr (kInt8) {
+      return hn::ConvertTo(d8, b);
+    } else {
+      // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
+      return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
+    }
+  };
+  // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
+  hn::Vec<decltype(d8)> a0[kM], a1[kM];
+  for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
+  int64_t k = 0;
+  for (; k + 2 <= k_total; k += 2) {
+    const auto f0 = column(k), f1 = column(k + 1);
+    for (int i = 0; i < kM; ++i) {
+      a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
+      a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
+    }
+  }
+  if (k < k_total) {
+    const auto f0 = column(k);
+    for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
+  }
+  const auto scale = hn::Load(d8, w.scales.as<float>() + tile * kTileRows);
+  for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a0[i], a1[i]), scale), d8, acc + i * kTileRows);
+}
+
+template <int kM>
+void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
+  const int64_t n_total = w.out_features;
+  const bool bf16 = w.layout == WeightLayout::Dense;
+  const float* xin = x;
+  if (bf16) {
+    thread_local hwy::AlignedFreeUniquePtr<float[]> xr;
+    thread_local size_t cap = 0;
+    const auto need = static_cast<size_t>(4 * kM * w.in_features);
+    if (cap < need) {
+      xr = hwy::AllocateAligned<float>(need);
+      cap = need;
+    }
+    Replicate4(x, kM, w.in_features, xr.get());
+    xin = xr.get();
+  }
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t t = 0; t < w.tiles(); ++t) {
+    alignas(64) float acc[kM * kTileRows];
+    if (bf16) {
+      Bf16Tile<kM>(w, t, xin, acc);
+    } else if (w.layout == WeightLayout::Int8) {
+      ByteTile<true, kM>(w, t, xin, acc);
+    } else {
+      ByteTile<false, kM>(w, t, xin, acc);
+    }
+    const int64_t rows = std::min(kTileRows, n_total - t * kTileRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = t * kTileRows + r;
+        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kTileRows + r]);
+      }
+    }
+  }
+}
+
+void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  switch (m) {
+    case 1: return DenseLayer<1>(w, x, y);
+    case 2: return DenseLayer<2>(w, x, y);
+    case 3: return DenseLayer<3>(w, x, y);
+    default: return DenseLayer<4>(w, x, y);
+  }
+}
+
 int64_t GemvMaxRows() { return kMaxM; }
 
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  if (m < 1 || m > kMaxM) return false;
+  if (m < 1) return false;
   switch (w.layout) {
-    case WeightLayout::Nvfp4: GemvRows<WeightLayout::Nvfp4>(w, x, m, y); return true;
-    case WeightLayout::Mxfp4: GemvRows<WeightLayout::Mxfp4>(w, x, m, y); return true;
-    case WeightLayout::Int4:
+    case WeightLayout::Nvfp4:
+      if (m > kMaxM) return false;
+      GemvRows<WeightLayout::Nvfp4>(w, x, m, y);
+      return true;
+    case WeightLayout::Mxfp4:
+      if (m > kMaxM) return false;
+      GemvRows<WeightLayout::Mxfp4>(w, x, m, y);
+      return true;
+    case WeightLayout::Int4: return false;
     case WeightLayout::Fp8:
-    case WeightLayout::Dense: return false;
+    case WeightLayout::Int8:
+      // Per-row scales only (the lm_head copies); block-scaled FP8 checkpoints keep the panel path.
+      if (m > 4 || w.group_size < w.in_features) return false;
+      DenseRows(w, x, m, y);
+      return true;
+    case WeightLayout::Dense:
+      if (m > 4 || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
+      DenseRows(w, x, m, y);
+      return true;
   }
   return false;
 }

@@ -29,6 +29,10 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
     throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an Mxfp4 layer (or a dense one), this one is {}",
                                  prepare::layout_name(w.layout)));
   }
+  const bool fp4 = w.layout == prepare::WeightLayout::Nvfp4 || w.layout == prepare::WeightLayout::Mxfp4;
+  if (aq == ActivationQuant::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
+    return int8_gemm(w, x, m, y);
+  }
   if (aq == ActivationQuant::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
@@ -45,5 +49,17 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
   gemm_dispatch(w, xp.data(), m, y);
 }
+
+void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, int8_t* q, float* d) {
+  if (block < 1 || k % block != 0) {
+    throw UsageError(fmt::format("quantize_activations_int8: K = {} is not a multiple of the block size {}", k, block));
+  }
+  if (m < 0) throw UsageError(fmt::format("quantize_activations_int8: m = {} is negative", m));
+  quantize_int8_blocks(x, m, k, block, /*octet_order=*/false, q, d, nullptr);
+}
+
+std::vector<int64_t> int8_gemm_targets() { return int8_targets(); }
+
+const char* int8_gemm_target_name() { return int8_target_name(); }
 
 }  // namespace fp4serve::kernels

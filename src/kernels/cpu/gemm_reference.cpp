@@ -52,6 +52,10 @@ float decode_weight(const PreparedLinear& w, int64_t n, int64_t k) {
       return quant::e4m3_to_float(w.codes.as<uint8_t>()[at]) *
              std::ldexp(w.scales.as<float>()[group_index(w, n, k)], -120);
     }
+    case WeightLayout::Int8: {
+      const size_t at = static_cast<size_t>(((n / kTileRows) * w.in_features + k) * kTileRows + n % kTileRows);
+      return static_cast<float>(w.codes.as<int8_t>()[at]) * w.scales.as<float>()[group_index(w, n, k)];
+    }
     case WeightLayout::Dense: {
       const size_t at = static_cast<size_t>(((n / kTileRows) * w.in_features + k) * kTileRows + n % kTileRows);
       return w.dense_storage == prepare::DenseStorage::Bf16 ? quant::bf16_to_float(w.codes.as<uint16_t>()[at])

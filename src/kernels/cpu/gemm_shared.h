@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "prepare/prepared_linear.h"
 
@@ -25,6 +26,20 @@ bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
 
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2), 8 (AVX-512), 0 (others).
 int64_t gemv_max_rows();
+
+/// ActivationPrecision::Int8 for Nvfp4 / Mxfp4 (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot
+/// kernel of the best supported target (a scalar loop of the same math on targets without one).
+void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// Per row of x [m, k] and block of `block` columns (k a multiple of block): d = amax/127, q = round-to-nearest-
+/// even(x · 127/amax) (0 for an all-zero block); q [m, k] in column order, or per octet of columns as
+/// [c0 c2 c4 c6 c1 c3 c5 c7] with octet_order; d [m, k/block]; sums [m, k/block] = Σ q per block (may be null).
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, int8_t* q,
+                          float* d, int32_t* sums);
+
+/// Highway targets compiled into gemm_int8.cpp (AVX3_DL included) and supported by this CPU, best first.
+std::vector<int64_t> int8_targets();
+const char* int8_target_name();
 
 /// The SIMD GEMM for the best supported target, x in prepared column order (defined in gemm_simd.cpp).
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);

@@ -172,6 +172,17 @@ void DecodeFp8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, fl
   }
 }
 
+void DecodeInt8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  const D8 df;
+  const hn::FixedTag<int32_t, 8> di32;
+  const int8_t* codes = w.codes.as<int8_t>() + (tile * w.in_features + k0) * kTileRows;
+  const auto scale = hn::Load(df, w.scales.as<float>() + tile * kTileRows);  // one group: group_size = K
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const auto b = hn::PromoteTo(di32, hn::LoadU(hn::FixedTag<int8_t, 8>(), codes + kk * kTileRows));
+    hn::Store(hn::Mul(hn::ConvertTo(df, b), scale), df, panel + kk * kNR);
+  }
+}
+
 void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
   const D8 df;
   if (w.dense_storage == prepare::DenseStorage::Bf16) {
@@ -201,6 +212,7 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
       case WeightLayout::Mxfp4: DecodeNibbles<WeightLayout::Mxfp4>(w, tile, k0, kc, out); break;
       case WeightLayout::Int4: DecodeNibbles<WeightLayout::Int4>(w, tile, k0, kc, out); break;
       case WeightLayout::Fp8: DecodeFp8(w, tile, k0, kc, out); break;
+      case WeightLayout::Int8: DecodeInt8(w, tile, k0, kc, out); break;
       case WeightLayout::Dense: DecodeDense(w, tile, k0, kc, out); break;
     }
   }

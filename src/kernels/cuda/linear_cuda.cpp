@@ -161,6 +161,7 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
     }
     case WeightLayout::Int4:
     case WeightLayout::Fp8:
+    case WeightLayout::Int8:
       break;
   }
   throw UnsupportedError("CUDA linear: no kernel for the " + shape_of(w));
@@ -226,6 +227,7 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxf
       break;
     case WeightLayout::Int4:
     case WeightLayout::Fp8:
+    case WeightLayout::Int8:
       throw UnsupportedError(std::string("upload_linear: the CUDA backend has no kernel for ") +
                              prepare::layout_name(w.layout) + " layers yet (layer [" +
                              std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "])");

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Side-by-side CPU benchmark: fp4serve vs llama.cpp on the same source weights (models/default-src).
+#
+#   bench/peer/llamacpp.sh [--threads "1 2"] [--reps 5] [--prompt 128] [--gen 64] [--prepare-only]
+#
+# (--prepare-only: build, convert and quantize, no measurement. PEER_DIR, PEER_VENV and PEER_JOBS override the
+# work folder, the Python venv and the build parallelism.)
+#
+# 1. llama.cpp is built from the llama-cpp-python 0.3.36 sdist on PyPI (it vendors llama.cpp), CPU only,
+#    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
+# 2. models/default-src is converted with that llama.cpp's convert_hf_to_gguf.py to F16, then llama-quantize
+#    makes Q4_0, Q4_K_M, and NVFP4 / MXFP4: this llama.cpp has no NVFP4 or dense-MXFP4 file type (its MXFP4_MOE
+#    turns a dense model's linears into Q8_0), so those two are `--tensor-type 'blk\.=nvfp4'` (resp. mxfp4) on a
+#    Q8_0 base with `--token-embedding-type f16 --output-tensor-type f16`: every linear of the blocks in that type,
+#    the tied embedding / output F16 (the bytes fp4serve's checkpoints keep in bf16). (An F16 base type would
+#    copy every tensor unchanged, overrides included.)
+# 3. fp4serve runs models/default-nvfp4 and an MXFP4A16 quantization of default-src, with fp32 and int8
+#    activations. Every (model, T) sample is a fresh process, interleaved A B A B … over --reps rounds, one
+#    llama-bench -p P -n N -r 1 per llama.cpp sample and one `fp4serve bench model -r 1` per fp4serve sample.
+# 4. It prints medians per model and thread count, the ratios fp4serve / llama.cpp Q4_0 and / each other
+#    llama.cpp type, and the bytes of weights each model reads per generated token (every tensor once: the
+#    models are tied, so the embedding is read as the output matrix).
+# Not part of `make test`: it downloads (PyPI: the sdist, torch + transformers for the converter) and builds.
+# Everything lands in build/peer/ (PEER_DIR); a second run reuses the build and the GGUFs.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PEER="${PEER_DIR:-$ROOT/build/peer}"
+FP4SERVE="$ROOT/build/release/fp4serve"
+SRC="$ROOT/models/default-src"
+NVFP4="$ROOT/models/default-nvfp4"
+MXFP4="$ROOT/models/default-mxfp4a16"
+VERSION=0.3.36
+THREADS="1 2"
+REPS=5
+PROMPT=128
+GEN=64
+PREPARE_ONLY=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --threads) THREADS="$2"; shift 2 ;;
+        --reps) REPS="$2"; shift 2 ;;
+        --prompt) PROMPT="$2"; shift 2 ;;
+        --gen) GEN="$2"; shift 2 ;;
+        --prepare-only) PREPARE_ONLY=1; shift ;;
+        -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+        *) echo "llamacpp.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+log() { echo "peer: $*" >&2; }
+die() { echo "peer: error: $*" >&2; exit 1; }
+
+[ -f "$SRC/model.safetensors" ] || die "run scripts/get-default-model.sh first"
+mkdir -p "$PEER/gguf" "$PEER/results"
+
+# ---- the Python side: a venv for pip download (scikit-build-core reads the sdist's metadata) and the converter
+VENV="${PEER_VENV:-$PEER/venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+if [ ! -f "$VENV/.ready" ]; then
+    log "installing the converter's Python packages (torch, transformers, …) into $VENV"
+    "$VENV/bin/pip" install -q scikit-build-core torch 'numpy<2.3' 'sentencepiece<0.3' 'transformers==4.57.6' \
+        'protobuf<5' safetensors
+    touch "$VENV/.ready"
+fi
+
+# ---- llama.cpp from the llama-cpp-python sdist
+SDIST="$PEER/llama_cpp_python-$VERSION.tar.gz"
+LLAMA="$PEER/llama_cpp_python-$VERSION/vendor/llama.cpp"
+if [ ! -f "$SDIST" ]; then
+    # --no-build-isolation: the sdist's build backend comes from the venv instead of being built from source.
+    "$VENV/bin/pip" download --no-binary :all: --no-deps --no-build-isolation "llama-cpp-python==$VERSION" -d "$PEER"
+fi
+[ -d "$LLAMA" ] || tar xzf "$SDIST" -C "$PEER"
+if [ ! -f "$VENV/.gguf-py" ]; then
+    "$VENV/bin/pip" install -q "$LLAMA/gguf-py"
+    touch "$VENV/.gguf-py"
+fi
+flags="$(grep -m1 '^flags' /proc/cpuinfo)"
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+LBUILD="$PEER/llama-build"
+if [ ! -x "$LBUILD/bin/llama-bench" ] || [ ! -x "$LBUILD/bin/llama-quantize" ]; then
+    log "building llama.cpp (llama-bench, llama-quantize)"
+    cmake -S "$LLAMA" -B "$LBUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF \
+        -DGGML_AVX=ON -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
+        -DGGML_BMI2="$(has bmi2)" -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$(has avx512f)" \
+        -DGGML_AVX512_VBMI="$(has avx512vbmi)" -DGGML_AVX512_VNNI="$(has avx512_vnni)" \
+        -DGGML_AVX512_BF16="$(has avx512_bf16)" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+        > "$PEER/llama-cmake.log"
+    nice cmake --build "$LBUILD" -j "${PEER_JOBS:-2}" --target llama-bench llama-quantize > "$PEER/llama-build.log"
+fi
+
+# ---- GGUFs
+F16="$PEER/gguf/default-f16.gguf"
+if [ ! -f "$F16" ]; then
+    log "converting $SRC to F16 GGUF"
+    "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$SRC" --outtype f16 --outfile "$F16.tmp" > "$PEER/convert.log" 2>&1
+    mv "$F16.tmp" "$F16"
+fi
+quantize() {  # name, then llama-quantize arguments after the input/output pair
+    local out="$PEER/gguf/default-$1.gguf"
+    shift
+    if [ ! -f "$out" ]; then
+        "$LBUILD/bin/llama-quantize" "$@" "$F16" "$out.tmp" "${QTYPE}" > "$PEER/quantize-$(basename "$out").log" 2>&1
+        mv "$out.tmp" "$out"
+    fi
+}
+QTYPE=Q4_0 quantize q4_0
+QTYPE=Q4_K_M quantize q4_k_m
+# An F16 base type makes llama-quantize copy every tensor, overrides included: base Q8_0, embedding/output F16.
+QTYPE=Q8_0 quantize nvfp4 --tensor-type 'blk\.=nvfp4' --token-embedding-type f16 --output-tensor-type f16
+QTYPE=Q8_0 quantize mxfp4 --tensor-type 'blk\.=mxfp4' --token-embedding-type f16 --output-tensor-type f16
+[ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
+[ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
+if [ ! -f "$MXFP4/config.json" ]; then
+    log "quantizing $SRC to MXFP4A16 with fp4serve"
+    "$FP4SERVE" quantize -m "$SRC" -o "$MXFP4" --scheme mxfp4a16
+fi
+
+if [ "$PREPARE_ONLY" = 1 ]; then
+    log "prepared: $(ls "$PEER/gguf")"
+    exit 0
+fi
+
+# ---- bytes of weights read per token: every tensor once (tied models read the embedding as lm_head)
+gguf_bytes() {
+    "$VENV/bin/python" - "$1" <<'EOF'
+import sys
+from gguf import GGUFReader
+print(sum(int(t.n_bytes) for t in GGUFReader(sys.argv[1]).tensors))
+EOF
+}
+st_bytes() {  # safetensors: file sizes minus headers
+    local total=0 f
+    for f in "$1"/*.safetensors; do
+        local size header
+        size=$(stat -c %s "$f")
+        header=$(od -An -t u8 -N 8 "$f" | tr -d ' ')
+        total=$((total + size - 8 - header))
+    done
+    echo "$total"
+}
+
+# ---- samples, interleaved: (model × threads) in rotating order, one process each
+MODELS=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4 fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8
+        fp4serve:mxfp4a16:fp32 fp4serve:mxfp4a16:int8)
+RES="$PEER/results/samples.tsv"
+: > "$RES"
+run_sample() {  # model spec, threads → "prefill_tps decode_tps"
+    local spec="$1" t="$2"
+    IFS=: read -r kind name precision <<< "$spec"
+    if [ "$kind" = llama ]; then
+        OMP_WAIT_POLICY=passive "$LBUILD/bin/llama-bench" -m "$PEER/gguf/default-$name.gguf" -p "$PROMPT" -n "$GEN" \
+            -t "$t" -r 1 -o json 2> /dev/null |
+            jq -r '[(.[] | select(.n_gen == 0) | .avg_ts), (.[] | select(.n_prompt == 0) | .avg_ts)] | @tsv'
+    else
+        local dir="$NVFP4"
+        [ "$name" = mxfp4a16 ] && dir="$MXFP4"
+        OMP_WAIT_POLICY=passive "$FP4SERVE" bench model -m "$dir" -p "$PROMPT" -n "$GEN" -r 1 --threads "$t" \
+            --activation-precision "$precision" --json 2> /dev/null |
+            jq -r '.models[0] | [.prefill_tokens_per_s, .decode_tokens_per_s] | @tsv'
+    fi
+}
+n=${#MODELS[@]}
+for rep in $(seq 1 "$REPS"); do
+    for t in $THREADS; do
+        for i in $(seq 0 $((n - 1))); do
+            spec="${MODELS[$(((i + rep) % n))]}"
+            read -r pp tg <<< "$(run_sample "$spec" "$t")"
+            printf '%s\t%s\t%s\t%s\t%s\n' "$spec" "$t" "$rep" "$pp" "$tg" >> "$RES"
+            log "rep $rep T=$t $spec: prefill $pp tok/s, decode $tg tok/s"
+        done
+    done
+done
+
+# ---- table
+declare -A BYTES
+for spec in "${MODELS[@]}"; do
+    IFS=: read -r kind name _ <<< "$spec"
+    if [ "$kind" = llama ]; then
+        BYTES[$spec]=$(gguf_bytes "$PEER/gguf/default-$name.gguf")
+    elif [ "$name" = nvfp4 ]; then
+        BYTES[$spec]=$(st_bytes "$NVFP4")
+    else
+        BYTES[$spec]=$(st_bytes "$MXFP4")
+    fi
+done
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+{
+    echo "llama.cpp $VERSION (llama-cpp-python sdist) vs fp4serve, p$PROMPT/n$GEN, $REPS interleaved rounds, medians; OMP_WAIT_POLICY=passive"
+    printf '| model | T | MB/token | prefill tok/s | decode tok/s | decode vs Q4_0 | prefill vs Q4_0 | decode·MB vs Q4_0 |\n'
+    printf '|---|---|---|---|---|---|---|---|\n'
+    for t in $THREADS; do
+        q_pp=$(awk -F'\t' -v t="$t" '$1 == "llama:q4_0" && $2 == t {print $4}' "$RES" | median)
+        q_tg=$(awk -F'\t' -v t="$t" '$1 == "llama:q4_0" && $2 == t {print $5}' "$RES" | median)
+        for spec in "${MODELS[@]}"; do
+            pp=$(awk -F'\t' -v s="$spec" -v t="$t" '$1 == s && $2 == t {print $4}' "$RES" | median)
+            tg=$(awk -F'\t' -v s="$spec" -v t="$t" '$1 == s && $2 == t {print $5}' "$RES" | median)
+            awk -v s="$spec" -v t="$t" -v b="${BYTES[$spec]}" -v bq="${BYTES[llama:q4_0]}" -v pp="$pp" -v tg="$tg" \
+                -v qpp="$q_pp" -v qtg="$q_tg" 'BEGIN {
+                printf "| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", s, t, b / 1e6, pp, tg, tg / qtg, pp / qpp,
+                       (tg * b) / (qtg * bq) }'
+        done
+    done
+    echo
+    echo "fp4serve / llama.cpp per type (decode, prefill):"
+    for t in $THREADS; do
+        for f in fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8 fp4serve:mxfp4a16:fp32 fp4serve:mxfp4a16:int8; do
+            line="T=$t $f:"
+            for l in llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4; do
+                r=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4, $5}' "$RES" |
+                    awk -v f="$f" '{ if ($1 == f) { fp[$2] = $3; ft[$2] = $4 } else { lp[$2] = $3; lt[$2] = $4 } }
+                        END { for (r in fp) if (r in lp) { print ft[r] / lt[r], fp[r] / lp[r] } }' |
+                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", d[int((NR + 1) / 2)]}')
+                rp=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4}' "$RES" |
+                    awk -v f="$f" '{ if ($1 == f) fp[$2] = $3; else lp[$2] = $3 }
+                        END { for (r in fp) if (r in lp) print fp[r] / lp[r] }' |
+                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", d[int((NR + 1) / 2)]}')
+                line="$line ${l#llama:} ${r}/${rp}"
+            done
+            echo "  $line"
+        done
+    done
+    echo "(ratios: median over rounds of the per-round ratio; decode/prefill)"
+} | tee "$PEER/results/table.md"

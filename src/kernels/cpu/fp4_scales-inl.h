@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-target helper shared by the fused FP4 decode kernels (gemm_gemv.cpp, gemm_int8.cpp): the block-scale bytes
+// of one group of an 8-row tile (AVX2) or of two tiles (AVX-512) as fp32 lanes. Re-included once per Highway
+// target by foreach_target.h through the including file, hence the toggle guard instead of #pragma once.
+#if defined(FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
+#undef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
+#else
+#define FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include "prepare/prepared_linear.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels {
+namespace HWY_NAMESPACE {
+
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+
+/// Output rows one fp32 vector covers in the fused kernels: one tile (AVX2) or two (AVX-512).
+#if HWY_TARGET == HWY_AVX2
+inline constexpr int64_t kFusedRows = 8;
+#else
+inline constexpr int64_t kFusedRows = 16;
+#endif
+
+/// Block scales of rows [tile a | tile b] (8 bytes each, `b` unused on AVX2) as fp32, times `unit`.
+template <prepare::WeightLayout kLayout>
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>> BlockScales(const uint8_t* a,
+                                                                                              const uint8_t* b,
+                                                                                              float unit) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::FixedTag<float, kFusedRows> df;
+  const hn::FixedTag<int32_t, kFusedRows> di;
+#if HWY_TARGET == HWY_AVX2
+  (void)b;
+  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), hn::LoadU(hn::FixedTag<uint8_t, 8>(), a)));
+#else
+  // movq + movhps: the two tiles' 8 bytes in one 128-bit register.
+  const __m128i pair = _mm_castpd_si128(
+      _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
+  const auto bytes = hn::Vec<decltype(di)>{_mm512_cvtepu8_epi32(pair)};
+#endif
+  if constexpr (kLayout == prepare::WeightLayout::Nvfp4) {
+    // Byte at the top, arithmetic shift by 4, clear bits 30..27: (sign << 31) | (magnitude << 20), which is
+    // the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<24>(bytes)), hn::Set(di, static_cast<int32_t>(0x87FFFFFFu)));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p120f * unit));
+  } else {
+    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
+    const hn::FixedTag<uint32_t, kFusedRows> du32;
+    const auto bits = hn::Max(hn::ShiftLeft<23>(hn::BitCast(du32, bytes)), hn::Set(du32, 0x00400000u));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, unit));
+  }
+}
+
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::kernels
+HWY_AFTER_NAMESPACE();
+
+#endif  // FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_

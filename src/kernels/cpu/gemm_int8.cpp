@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: Apache-2.0
+// NVFP4 / MXFP4 with ActivationPrecision::Int8: activations quantized once per call to int8 per row and weight
+// group, integer dot products against the E2M1 codes. Compiled once per Highway target (foreach_target.h
+// re-includes this file); this file alone also builds AVX3_DL (AVX-512 VNNI, HWY_WANT_AVX3_DL in CMake).
+//
+// Why: the fp32 decode GEMV (gemm_gemv.cpp) spends one fp32 FMA per weight and row, plus a shift and a table
+// lookup per weight column; it is bound by instructions, not by DRAM. Here one byte shuffle decodes 32 (AVX2)
+// or 64 (AVX-512) weights to int8 and one vpmaddubsw (or vpdpbusd with VNNI) multiplies and pairs 32 / 64 of
+// them with the activation bytes:
+//   Σ_k x[k]·w[n,k] ≈ Σ_g d[g] · s[n,g]/2 · Σ_{k∈g} q[k]·(2·e2m1[n,k])
+// with q = round(x/d), d = amax_g(|x|)/127, s the block scale. The byte multiplies take an unsigned operand, so
+// the codes are looked up as u = 2·e2m1 + 12 ∈ [0, 24] and 12·Σ_{k∈g} q[k] (per row and group, computed with q)
+// is subtracted from each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·127 = 6096, so four of
+// them add in int16 without saturation before vpmaddwd widens them to int32.
+//
+// Layout: the row-word layout of prepared_linear.h, unchanged. Byte b of lane r holds columns 2b (low nibble)
+// and 2b + 1 (high nibble) of row r, so the low nibbles of a lane are columns 0, 2, 4, 6 of its octet and the
+// high ones 1, 3, 5, 7; the quantized activations are stored per octet as [q0 q2 q4 q6 | q1 q3 q5 q7], so a
+// 32-bit broadcast of either half lines up with every lane. Threads split N as in gemm_gemv.cpp; larger m runs
+// in chunks of kMaxM rows, each re-reading the weights.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/gemm_int8.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/fp4_scales-inl.h"
+#include "kernels/cpu/gemm_shared.h"
+#include "quant/formats.h"
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+namespace {
+
+// Column j of an octet → its byte within the octet's 8 activation bytes (see the layout note above).
+constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+}  // namespace
+
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, int8_t* q,
+                          float* d, int32_t* sums) {
+  const int64_t groups = k / block;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    int8_t* qi = q + i * k;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xi + g * block;
+      float amax = 0.f;
+      bool nan = false;
+      for (int64_t j = 0; j < block; ++j) {
+        amax = std::max(amax, std::fabs(xg[j]));
+        nan = nan || std::isnan(xg[j]);
+      }
+      // A NaN input makes its block's scale NaN (q = 0), so it reaches the outputs as in the fp32 path.
+      const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.f;
+      const bool degenerate = nan || !std::isfinite(amax) || !(amax > 0.f);  // q = 0; d = NaN, inf or 0
+      const float inv = degenerate ? 0.f : 127.f / amax;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < block; ++j) {
+        // |x·inv| ≤ 127 up to one rounding; the clamp keeps it inside int8 whatever the rounding.
+        const float r = degenerate ? 0.f : std::nearbyint(std::clamp(xg[j] * inv, -127.f, 127.f));
+        const auto v = static_cast<int8_t>(r);
+        const int64_t col = g * block + j;
+        qi[octet_order ? (col & ~int64_t{7}) + kOctetSlot[col & 7] : col] = v;
+        sum += v;
+      }
+      d[i * groups + g] = scale;
+      if (sums != nullptr) sums[i * groups + g] = sum;
+    }
+  }
+}
+
+}  // namespace fp4serve::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+
+// Highway 1.0's AVX3_DL target string names avxvnni (the VEX form) but not avx512vnni, which vpdpbusd on zmm
+// needs, while its run-time check requires AVX512-VNNI: add it for this section (GCC's target pragmas accumulate).
+// Other compilers run the vpmaddubsw form there.
+#if HWY_TARGET == HWY_AVX3_DL && HWY_COMPILER_GCC_ACTUAL
+#define FP4SERVE_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+#else
+#define FP4SERVE_VNNI 0
+#endif
+
+constexpr int64_t kRows = kFusedRows;
+// Up to kMaxM rows of x share one pass over the weights: one int32 accumulator and one fp32 total per row.
+#if HWY_TARGET == HWY_AVX2
+constexpr int64_t kMaxM = 4;
+#else
+constexpr int64_t kMaxM = 8;
+#endif
+using DF = hn::FixedTag<float, kRows>;
+using DI = hn::FixedTag<int32_t, kRows>;
+using DU8 = hn::FixedTag<uint8_t, 4 * kRows>;
+using DU32 = hn::FixedTag<uint32_t, kRows>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using VU8 = hn::Vec<DU8>;
+
+// The 32-byte block (tile, octet c) of tile a, and on AVX-512 that of tile b in the upper half.
+HWY_INLINE VU8 LoadOctet(const uint8_t* pa, const uint8_t* pb) {
+#if HWY_TARGET == HWY_AVX2
+  (void)pb;
+  return hn::Load(DU8(), pa);
+#else
+  return VU8{_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
+                                _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1)};
+#endif
+}
+
+// Four activation bytes broadcast to every 32-bit lane.
+HWY_INLINE VU8 Broadcast4(const int8_t* p) {
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  return hn::BitCast(DU8(), hn::Set(DU32(), word));
+}
+
+// acc += Σ over the 4 bytes of each lane of u[b]·s[b] for the two (u, s) pairs, u unsigned, s signed.
+HWY_INLINE VI DotAdd(VI acc, VU8 u0, VU8 s0, VU8 u1, VU8 s1, VU8 u2, VU8 s2, VU8 u3, VU8 s3) {
+#if FP4SERVE_VNNI
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u0.raw, s0.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u1.raw, s1.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u2.raw, s2.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u3.raw, s3.raw);
+  return acc;
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const __m512i p = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u0.raw, s0.raw), _mm512_maddubs_epi16(u1.raw, s1.raw)),
+                                     _mm512_add_epi16(_mm512_maddubs_epi16(u2.raw, s2.raw), _mm512_maddubs_epi16(u3.raw, s3.raw)));
+  return VI{_mm512_add_epi32(acc.raw, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))};
+#else
+  const __m256i p = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0.raw, s0.raw), _mm256_maddubs_epi16(u1.raw, s1.raw)),
+                                     _mm256_add_epi16(_mm256_maddubs_epi16(u2.raw, s2.raw), _mm256_maddubs_epi16(u3.raw, s3.raw)));
+  return VI{_mm256_add_epi32(acc.raw, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))};
+#endif
+}
+
+struct Int8Rows {
+  const int8_t* q;     // [rows][K], octet order
+  const float* d;      // [rows][groups]
+  const int32_t* off;  // [rows][groups]: 12·Σ q over the group
+};
+
+// Raw sums acc[i][r] for rows r of tiles (ta, tb) and x rows i < kM (block scales applied, global scale not).
+template <WeightLayout kLayout, int kM>
+HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const Int8Rows& x, float* HWY_RESTRICT acc) {
+  const DF df;
+  const DI di;
+  const DU8 du8;
+  const int64_t k_total = w.in_features;
+  const int64_t octets = k_total / 8;
+  const int64_t groups = w.groups();
+  constexpr int64_t kPairsPerGroup = kLayout == WeightLayout::Nvfp4 ? 1 : 2;  // octet pairs per 16 / 32 columns
+  const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
+  const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
+  const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
+  const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
+  (void)codes_b;
+  // u = 2·e2m1 + 12: codes 0..7 = +0 … +6, 8..15 = −0 … −6.
+  alignas(16) static constexpr uint8_t kLut[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  const VU8 lut = hn::LoadDup128(du8, kLut);
+  const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
+  VF total[kM];
+  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
+  for (int64_t g = 0; g < groups; ++g) {
+    VI isum[kM];
+    for (int i = 0; i < kM; ++i) isum[i] = hn::Zero(di);
+    for (int64_t p = 0; p < kPairsPerGroup; ++p) {
+      const int64_t c = (g * kPairsPerGroup + p) * 2;
+      const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
+      const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
+      const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
+      const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
+      const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
+      const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
+      for (int i = 0; i < kM; ++i) {
+        const int8_t* xq = x.q + i * k_total + 8 * c;
+        isum[i] = DotAdd(isum[i], even0, Broadcast4(xq), odd0, Broadcast4(xq + 4), even1, Broadcast4(xq + 8),
+                         odd1, Broadcast4(xq + 12));
+      }
+    }
+    // The table holds 2·e2m1: the ½ is folded into the scale.
+    const VF scale = BlockScales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
+    for (int i = 0; i < kM; ++i) {
+      const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[i * groups + g]));
+      // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
+      total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
+    }
+  }
+  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
+}
+
+template <WeightLayout kLayout, int kM>
+void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
+  const int64_t n_total = w.out_features;
+  constexpr int64_t kTilesPerItem = kRows / kTileRows;
+  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t ta = it * kTilesPerItem;
+    // An odd last tile on AVX-512 is read twice; its second copy lands in rows ≥ padded_rows, never written.
+    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
+    alignas(64) float acc[kM * kRows];
+    Int8Tiles<kLayout, kM>(w, ta, tb, x, acc);
+    const int64_t rows = std::min(kRows, n_total - ta * kTileRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = ta * kTileRows + r;
+        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kRows + r]);
+      }
+    }
+  }
+}
+
+template <WeightLayout kLayout>
+void Int8ByRows(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
+  switch (m) {
+    case 1: return Int8Layer<kLayout, 1>(w, x, y);
+    case 2: return Int8Layer<kLayout, 2>(w, x, y);
+    case 3: return Int8Layer<kLayout, 3>(w, x, y);
+#if HWY_TARGET == HWY_AVX2
+    default: return Int8Layer<kLayout, 4>(w, x, y);
+#else
+    case 4: return Int8Layer<kLayout, 4>(w, x, y);
+    case 5: return Int8Layer<kLayout, 5>(w, x, y);
+    case 6: return Int8Layer<kLayout, 6>(w, x, y);
+    case 7: return Int8Layer<kLayout, 7>(w, x, y);
+    default: return Int8Layer<kLayout, 8>(w, x, y);
+#endif
+  }
+}
+
+bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const int32_t* off, int64_t m, float* y) {
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  for (int64_t m0 = 0; m0 < m; m0 += kMaxM) {
+    const Int8Rows rows{q + m0 * k, d + m0 * groups, off + m0 * groups};
+    const int64_t mm = std::min(kMaxM, m - m0);
+    float* ym = y + m0 * w.out_features;
+    switch (w.layout) {
+      case WeightLayout::Nvfp4: Int8ByRows<WeightLayout::Nvfp4>(w, rows, mm, ym); break;
+      case WeightLayout::Mxfp4: Int8ByRows<WeightLayout::Mxfp4>(w, rows, mm, ym); break;
+      case WeightLayout::Int4:
+      case WeightLayout::Fp8:
+      case WeightLayout::Int8:
+      case WeightLayout::Dense: return false;
+    }
+  }
+  return true;
+}
+
+#if FP4SERVE_VNNI
+#pragma GCC pop_options
+#endif
+#undef FP4SERVE_VNNI
+
+#else
+
+bool Int8Impl(const PreparedLinear&, const int8_t*, const float*, const int32_t*, int64_t, float*) { return false; }
+
+#endif
+
+int64_t Int8TargetId() { return HWY_TARGET; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+HWY_EXPORT(Int8Impl);
+HWY_EXPORT(Int8TargetId);
+
+namespace {
+
+// The same integer math without SIMD, for targets that have no kernel above (and the same results up to the
+// fp32 order of the group sums).
+void int8_scalar(const prepare::PreparedLinear& w, const int8_t* q, const float* d, int64_t m, float* y) {
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  const int64_t octets = k / 8;
+  const uint8_t* codes = w.codes.as<uint8_t>();
+  const uint8_t* scales = w.scales.as<uint8_t>();
+  static constexpr int32_t kTwiceE2m1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < w.out_features; ++n) {
+      const int64_t tile = n / prepare::kTileRows, r = n % prepare::kTileRows;
+      float total = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t sum = 0;
+        for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
+          const uint8_t byte = codes[(tile * octets + col / 8) * 32 + 4 * r + (col % 8) / 2];
+          const uint8_t code = col % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+          sum += kTwiceE2m1[code] * q[i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2];
+        }
+        const uint8_t sb = scales[(tile * groups + g) * prepare::kTileRows + r];
+        const float s = w.layout == prepare::WeightLayout::Nvfp4 ? quant::e4m3_to_float(sb) : quant::e8m0_to_float(sb);
+        total += static_cast<float>(sum) * d[i * groups + g] * (0.5f * s);
+      }
+      y[i * w.out_features + n] = apply_epilogue(w, n, total);
+    }
+  }
+}
+
+struct Int8Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+};
+
+}  // namespace
+
+void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  // Reused between calls: the decode step calls this for every layer with the same few sizes.
+  thread_local Int8Scratch s;
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  s.q.resize(static_cast<size_t>(m * k));
+  s.d.resize(static_cast<size_t>(m * groups));
+  s.off.resize(static_cast<size_t>(m * groups));
+  quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, s.q.data(), s.d.data(), s.off.data());
+  for (int32_t& v : s.off) v *= 12;  // the +12 bias of the unsigned weight table, per group
+  if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, s.q.data(), s.d.data(), s.off.data(), m, y)) {
+    int8_scalar(w, s.q.data(), s.d.data(), m, y);
+  }
+}
+
+std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+const char* int8_target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(Int8TargetId)()); }
+
+}  // namespace fp4serve::kernels
+#endif

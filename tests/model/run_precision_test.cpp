@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// The run-time approximations of LoadOptions (activation_precision = int8, lm_head_dtype = fp8 | int8) on the
+// reference fixtures: logits of both prompts against transformers' fp32 golden within a bound that covers the
+// approximation, and different from the exact path's logits (the option must reach the kernels). Bounds, relative
+// to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
+// error per linear of ≤ Σ|w|·d/2 (kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row lm_head
+// copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
+// measured 2.9–3.0e-2, bound 4e-2).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "checkpoint/safetensors.h"
+#include "fp4serve/error.h"
+#include "model/loader.h"
+
+namespace fp4serve::model {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
+
+std::vector<float> prompt_logits(const LoadedModel& loaded, const std::vector<int32_t>& ids) {
+  KvCache cache = loaded.decoder->make_cache(64, 1);
+  const int slot = cache.acquire();
+  SequenceChunk chunk{slot, 0, ids, true};
+  return loaded.decoder->forward(std::span(&chunk, 1), cache);
+}
+
+struct Case {
+  std::string fixture, activation_precision, lm_head_dtype;
+  double tolerance;  // max|Δ| vs the golden, relative to max|golden logit|
+};
+
+class RunPrecision : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
+  const Case& c = GetParam();
+  const fs::path dir = kRef / c.fixture;
+  if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
+  LoadOptions exact_options;
+  exact_options.progress = false;
+  LoadOptions options = exact_options;
+  options.activation_precision = c.activation_precision;
+  options.lm_head_dtype = c.lm_head_dtype;
+  const LoadedModel exact = load_model(dir, exact_options);
+  const LoadedModel approx = load_model(dir, options);
+  const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
+  for (const std::string prompt : {"prompt0", "prompt1"}) {
+    SCOPED_TRACE(prompt);
+    const auto ids_view = golden.view(*golden.find(prompt));
+    std::vector<int32_t> ids(static_cast<size_t>(ids_view.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(ids_view.load<int64_t>(i));
+    const auto want = golden.view(*golden.find("logits." + prompt));
+    const std::vector<float> got = prompt_logits(approx, ids);
+    const std::vector<float> ref = prompt_logits(exact, ids);
+    ASSERT_EQ(got.size(), static_cast<size_t>(want.numel()));
+    double max_ref = 0, max_diff = 0, max_vs_exact = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double r = want.load<float>(i);
+      max_ref = std::max(max_ref, std::fabs(r));
+      max_diff = std::max(max_diff, std::fabs(r - got[i]));
+      max_vs_exact = std::max(max_vs_exact, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    }
+    EXPECT_LE(max_diff, c.tolerance * max_ref) << "max|Δ| = " << max_diff << ", max|logit| = " << max_ref;
+    EXPECT_GT(max_vs_exact, 1e-6 * max_ref) << "the option changed nothing: it did not reach the kernels";
+    RecordProperty(prompt + "_max_rel_diff", std::to_string(max_diff / max_ref));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
+                         ::testing::Values(Case{"llama-nvfp4a16", "int8", "bf16", 5e-3},
+                                           Case{"llama-mxfp4a16", "int8", "bf16", 5e-3},
+                                           Case{"qwen3-nvfp4a16", "int8", "bf16", 5e-3},
+                                           Case{"llama-bf16", "fp32", "int8", 1.2e-2},
+                                           Case{"llama-bf16", "fp32", "fp8", 4e-2},
+                                           Case{"llama-nvfp4a16", "int8", "int8", 1.2e-2}),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" + p.param.lm_head_dtype;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+TEST(RunPrecision, UnknownChoicesAreUsageErrors) {
+  LoadOptions options;
+  options.progress = false;
+  options.activation_precision = "int4";
+  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
+  options.activation_precision = "fp32";
+  options.lm_head_dtype = "fp4";
+  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
+}
+
+}  // namespace
+}  // namespace fp4serve::model
