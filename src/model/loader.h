@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "dist/communicator.h"
 #include "model/decoder.h"
 #include "model/forward_model.h"
 #include "model/model_config.h"
@@ -23,6 +24,12 @@ struct LoadOptions {
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
   bool progress = true;                   ///< loading progress bar on stderr
+  /// Tensor parallelism (plan/shard.h): this process loads and runs rank `rank`'s shard of
+  /// `tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank. nullptr = 1.
+  int tensor_parallel_size = 1;
+  int rank = 0;
+  bool expert_parallel = false;  ///< MoE layers: whole experts per rank instead of split experts
+  dist::Communicator* comm = nullptr;
 };
 
 struct LoadedModel {
@@ -37,7 +44,8 @@ struct LoadedModel {
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
 /// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
 /// UnsupportedError when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
-/// backend throws for an op it does not have (naming the op and the layer).
+/// backend throws for an op it does not have (naming the op and the layer). Tensor parallelism: UsageError when
+/// the size, rank and communicator disagree or the model does not split over that size (naming the valid sizes).
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
 
 }  // namespace fp4serve::model

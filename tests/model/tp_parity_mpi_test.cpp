@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor parallelism end to end under mpirun (ctest label `mpi`): every rank loads a reference fixture twice, whole
+// (TP = 1) and as its shard of TP = world size, runs the same prompt prefill + greedy decode through both, and
+// checks that the greedy tokens are identical and every step's logits agree within 1e-4 · max|logit|. Rank 0
+// prints one parity-table row per fixture. The communicator is a test-side adapter over MPI's own collectives
+// (MPI_Allreduce & co.), so the test depends on no project code beyond the dist::Communicator interface.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fp4serve/error.h"
+#include "model/loader.h"
+
+namespace fp4serve::model {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
+
+class MpiTestCommunicator final : public dist::Communicator {
+ public:
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi-test"; }
+  bool device_memory() const override { return false; }
+  void all_reduce_sum(float* data, std::size_t count) override {
+    MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  void all_gather(const void* send, void* recv, std::size_t bytes) override {
+    MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, MPI_COMM_WORLD);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
+  }
+  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);
+  }
+
+ private:
+  int rank_ = [] { int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }();
+  int size_ = [] { int s = 0; MPI_Comm_size(MPI_COMM_WORLD, &s); return s; }();
+};
+
+struct ParityCase {
+  std::string fixture;
+  bool expert_parallel = false;
+};
+
+struct Run {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // per step, the last row
+};
+
+Run greedy(const LoadedModel& m, int steps) {
+  const int64_t vocab = m.config.vocab_size;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 7; ++i) prompt.push_back(static_cast<int32_t>((1 + 13 * i) % vocab));
+  KvCache cache = m.decoder->make_cache(64, 1);
+  const int slot = cache.acquire();
+  Run run;
+  int64_t pos = 0;
+  std::vector<int32_t> next = prompt;
+  for (int s = 0; s < steps; ++s) {
+    SequenceChunk chunk{slot, pos, next, false};
+    std::vector<float> logits = m.decoder->forward(std::span(&chunk, 1), cache);
+    pos += static_cast<int64_t>(next.size());
+    const auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    run.tokens.push_back(best);
+    run.logits.push_back(std::move(logits));
+    next = {best};
+  }
+  return run;
+}
+
+class TpParity : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
+  const ParityCase& c = GetParam();
+  MpiTestCommunicator comm;
+  LoadOptions whole;
+  whole.progress = false;
+  whole.threads = 1;
+  LoadOptions shard = whole;
+  shard.tensor_parallel_size = comm.size();
+  shard.rank = comm.rank();
+  shard.comm = &comm;
+  shard.expert_parallel = c.expert_parallel;
+  const LoadedModel reference = load_model(kRef / c.fixture, whole);
+  const LoadedModel sharded = load_model(kRef / c.fixture, shard);
+  constexpr int kSteps = 9;
+  const Run a = greedy(reference, kSteps);
+  const Run b = greedy(sharded, kSteps);
+  double max_diff = 0, max_logit = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < a.logits[static_cast<size_t>(s)].size(); ++i) {
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i]) -
+                                              b.logits[static_cast<size_t>(s)][i]));
+    }
+  }
+  const bool same = a.tokens == b.tokens;
+  if (comm.rank() == 0) {
+    std::printf("TP-PARITY | %s%s | %d | %s | %.3g (%.3g of max|logit|)\n", c.fixture.c_str(),
+                c.expert_parallel ? " --expert-parallel" : "", comm.size(), same ? "yes" : "NO", max_diff,
+                max_diff / max_logit);
+  }
+  EXPECT_TRUE(same) << c.fixture;
+  EXPECT_LE(max_diff, 1e-4 * max_logit) << c.fixture;
+}
+
+// Dense, uneven MXFP4 (intermediate 352 = 128/128/96 at TP 3), NVFP4 with per-shard global scales, int4, FP8
+// block, online transforms (QuIP input/output, SpinQuant R3 q_attn/k_cache), Qwen3 q/k-norm, Qwen2 q/k/v biases,
+// MoE with split experts and expert-parallel, GPT-OSS (sinks, biases, fused MXFP4 experts).
+std::vector<ParityCase> cases() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<ParityCase> out;
+  for (const char* f : {"llama-bf16", "llama-nvfp4a16", "llama-i352-mxfp4a16", "llama-i352-nvfp4", "llama-w4a16-asym",
+                        "llama-fp8-block", "llama-quip-mxfp4a16", "llama-quipuv-nvfp4a16", "llama-spinquant-nvfp4a16",
+                        "llama-spinquant-r3-nvfp4a16", "qwen3-nvfp4a16", "qwen2-nvfp4a16", "granite-nvfp4a16",
+                        "mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "granitemoe-bf16", "gptoss-mxfp4-native"}) {
+    out.push_back({f, false});
+  }
+  for (const char* f : {"mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "gptoss-mxfp4-native"}) out.push_back({f, true});
+  // Only the fixtures whose heads split over this world size (the refusal itself is a unit test).
+  std::vector<ParityCase> fits;
+  for (const ParityCase& c : out) {
+    const auto cfg = nlohmann::json::parse(std::ifstream(kRef / c.fixture / "config.json"));
+    const int64_t heads = cfg.value("num_attention_heads", 0), kv = cfg.value("num_key_value_heads", heads);
+    if (heads % size == 0 && (kv % size == 0 || size % kv == 0)) fits.push_back(c);
+  }
+  return fits;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](const auto& info) {
+  std::string n = info.param.fixture + (info.param.expert_parallel ? "_ep" : "");
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+}  // namespace
+}  // namespace fp4serve::model
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Only rank 0 reports; every rank runs every test (the collectives need them all).
+  if (rank != 0) delete ::testing::UnitTest::GetInstance()->listeners().Release(
+      ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+  const int result = RUN_ALL_TESTS();
+  int worst = result;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
