@@ -11,11 +11,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "fp4serve/error.h"
 #include "model/loader.h"
+#include "tp_checkpoint.h"
 
 namespace fp4serve::model {
 namespace {
@@ -50,22 +52,24 @@ class MpiTestCommunicator final : public dist::Communicator {
 };
 
 struct ParityCase {
-  std::string fixture;
+  std::string fixture;  // a tests/data/ref folder, or the tag of a tp_checkpoint.h checkpoint
   bool expert_parallel = false;
+  std::optional<tp_testing::Format> synthetic;  // written per rank by tp_testing::write_llama
+  int64_t intermediate = 0;
 };
 
-struct Run {
+struct GreedyRun {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;  // per step, the last row
 };
 
-Run greedy(const LoadedModel& m, int steps) {
+GreedyRun greedy(const LoadedModel& m, int steps) {
   const int64_t vocab = m.config.vocab_size;
   std::vector<int32_t> prompt;
   for (int i = 0; i < 7; ++i) prompt.push_back(static_cast<int32_t>((1 + 13 * i) % vocab));
   KvCache cache = m.decoder->make_cache(64, 1);
   const int slot = cache.acquire();
-  Run run;
+  GreedyRun run;
   int64_t pos = 0;
   std::vector<int32_t> next = prompt;
   for (int s = 0; s < steps; ++s) {
@@ -93,11 +97,18 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   shard.rank = comm.rank();
   shard.comm = &comm;
   shard.expert_parallel = c.expert_parallel;
-  const LoadedModel reference = load_model(kRef / c.fixture, whole);
-  const LoadedModel sharded = load_model(kRef / c.fixture, shard);
+  std::unique_ptr<tp_testing::Checkpoint> written;
+  fs::path dir = kRef / c.fixture;
+  if (c.synthetic) {
+    written = tp_testing::write_llama(*c.synthetic, c.intermediate, c.fixture + "_rank" + std::to_string(comm.rank()),
+                                      comm.size());
+    dir = written->dir;
+  }
+  const LoadedModel reference = load_model(dir, whole);
+  const LoadedModel sharded = load_model(dir, shard);
   constexpr int kSteps = 9;
-  const Run a = greedy(reference, kSteps);
-  const Run b = greedy(sharded, kSteps);
+  const GreedyRun a = greedy(reference, kSteps);
+  const GreedyRun b = greedy(sharded, kSteps);
   double max_diff = 0, max_logit = 0;
   for (int s = 0; s < kSteps; ++s) {
     for (size_t i = 0; i < a.logits[static_cast<size_t>(s)].size(); ++i) {
@@ -117,19 +128,26 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
 }
 
 // Dense, uneven MXFP4 (intermediate 352 = 128/128/96 at TP 3), NVFP4 with per-shard global scales, int4, FP8
-// block, online transforms (QuIP input/output, SpinQuant R3 q_attn/k_cache), Qwen3 q/k-norm, Qwen2 q/k/v biases,
+// channel (llama-fp8-block's 128-row scale blocks cannot split head_dim-32 KV heads: refused by the plan), online transforms (QuIP input/output, SpinQuant R3 q_attn/k_cache), Qwen3 q/k-norm, Qwen2 q/k/v biases,
 // MoE with split experts and expert-parallel, GPT-OSS (sinks, biases, fused MXFP4 experts).
 std::vector<ParityCase> cases() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<ParityCase> out;
   for (const char* f : {"llama-bf16", "llama-nvfp4a16", "llama-i352-mxfp4a16", "llama-i352-nvfp4", "llama-w4a16-asym",
-                        "llama-fp8-block", "llama-quip-mxfp4a16", "llama-quipuv-nvfp4a16", "llama-spinquant-nvfp4a16",
+                        "llama-fp8-dynamic", "llama-quip-mxfp4a16", "llama-quipuv-nvfp4a16", "llama-spinquant-nvfp4a16",
                         "llama-spinquant-r3-nvfp4a16", "qwen3-nvfp4a16", "qwen2-nvfp4a16", "granite-nvfp4a16",
                         "mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "granitemoe-bf16", "gptoss-mxfp4-native"}) {
-    out.push_back({f, false});
+    out.push_back({f, false, std::nullopt, 0});
   }
-  for (const char* f : {"mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "gptoss-mxfp4-native"}) out.push_back({f, true});
+  for (const char* f : {"mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "gptoss-mxfp4-native"}) out.push_back({f, true, std::nullopt, 0});
+  // The fixtures have 2, 4 or 8 heads; these one-layer checkpoints have 6 q / 3 KV heads at 3 ranks (uneven
+  // 352 = 128/128/96 MXFP4 and 80 = 32/32/16 NVFP4 intermediates, int4 with a rank-local activation order).
+  using tp_testing::Format;
+  std::vector<ParityCase> synthetic = {{"synthetic-mxfp4-i352", false, Format::Mxfp4, 352},
+                                       {"synthetic-nvfp4-i80", false, Format::Nvfp4, 80},
+                                       {"synthetic-int4-gidx-i192", false, Format::Int4Actorder, 192},
+                                       {"synthetic-bf16-i88", false, Format::Dense, 88}};
   // Only the fixtures whose heads split over this world size (the refusal itself is a unit test).
   std::vector<ParityCase> fits;
   for (const ParityCase& c : out) {
@@ -137,11 +155,12 @@ std::vector<ParityCase> cases() {
     const int64_t heads = cfg.value("num_attention_heads", 0), kv = cfg.value("num_key_value_heads", heads);
     if (heads % size == 0 && (kv % size == 0 || size % kv == 0)) fits.push_back(c);
   }
+  fits.insert(fits.end(), synthetic.begin(), synthetic.end());
   return fits;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](const auto& info) {
-  std::string n = info.param.fixture + (info.param.expert_parallel ? "_ep" : "");
+INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](const auto& param_info) {
+  std::string n = param_info.param.fixture + (param_info.param.expert_parallel ? "_ep" : "");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 });
