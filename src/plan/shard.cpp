@@ -342,25 +342,25 @@ std::string render_tensor_parallel_text(const LayerPlan& plan, const TensorParal
   auto describe = [&](const LayerShard& l) {
     const int64_t q = l.q_heads.front().size(), kv = l.kv_heads.front().size();
     std::string text = fmt::format(
-        "attention  {} q heads, {} KV heads → {} q + {} KV head(s) per rank{}; q/k/v column-parallel, o_proj "
+        "  attention  {} q heads, {} KV heads → {} q + {} KV head(s) per rank{}; q/k/v column-parallel, o_proj "
         "row-parallel K {} per rank (granule {})\n",
         d.num_attention_heads, d.num_key_value_heads, q, kv,
         d.num_key_value_heads < tp.size ? " (KV replicated)" : "", q * d.head_dim, l.o_granule);
     if (!l.moe) {
-      text += fmt::format("           mlp  intermediate {} → {} per rank (granule {}); gate/up column-, down row-parallel\n",
+      text += fmt::format("  mlp        intermediate {} → {} per rank (granule {}); gate/up column-, down row-parallel\n",
                           l.intermediate, sizes_text(l.ffn_columns), l.ffn_granule);
     } else if (l.ffn == FfnSplit::Intermediate) {
-      text += fmt::format("           moe  {} experts, each intermediate {} → {} per rank (granule {}); router "
+      text += fmt::format("  moe        {} experts, each intermediate {} → {} per rank (granule {}); router "
                           "replicated\n", l.experts, l.intermediate, sizes_text(l.ffn_columns), l.ffn_granule);
     } else {
-      text += fmt::format("           moe  {} experts whole per rank → {} experts per rank{}; router replicated\n",
+      text += fmt::format("  moe        {} experts whole per rank → {} experts per rank{}; router replicated\n",
                           l.experts, sizes_text(l.expert_ranges),
                           tp.expert_parallel ? " (--expert-parallel)"
                                              : fmt::format(" (intermediate {} has fewer than {} granules of {})",
                                                            l.intermediate, tp.size, l.ffn_granule));
     }
     if (l.shared_intermediate > 0) {
-      text += fmt::format("           shared expert intermediate {} → {} per rank\n", l.shared_intermediate,
+      text += fmt::format("  shared     expert intermediate {} → {} per rank\n", l.shared_intermediate,
                           sizes_text(l.shared_columns));
     }
     return text;
@@ -375,7 +375,7 @@ std::string render_tensor_parallel_text(const LayerPlan& plan, const TensorParal
     }
     previous = text;
   }
-  for (const auto& [text, range] : lines) out += fmt::format("{}\n  {}", range, text);
+  for (const auto& [text, range] : lines) out += fmt::format("{}\n{}", range, text);
   out += "embedding, lm_head, norms, router: replicated on every rank (full logits on every rank)\n";
   out += "one all-reduce (sum, fp32) after o_proj and one after the MLP / MoE block per layer\n";
   return out;

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <fstream>
@@ -156,12 +158,18 @@ std::vector<ParityCase> cases() {
     if (heads % size == 0 && (kv % size == 0 || size % kv == 0)) fits.push_back(c);
   }
   fits.insert(fits.end(), synthetic.begin(), synthetic.end());
+  // A checkpoint folder of one's own (e.g. the default model, 9 q / 3 KV heads, at 3 ranks): FP4SERVE_TP_MODEL.
+  if (const char* extra = std::getenv("FP4SERVE_TP_MODEL"); extra != nullptr && *extra != 0) {
+    fits.push_back({fs::absolute(extra).string(), false, std::nullopt, 0});
+  }
   return fits;
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](const auto& param_info) {
-  std::string n = param_info.param.fixture + (param_info.param.expert_parallel ? "_ep" : "");
-  std::replace(n.begin(), n.end(), '-', '_');
+  std::string n = fs::path(param_info.param.fixture).filename().string() + (param_info.param.expert_parallel ? "_ep" : "");
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
   return n;
 });
 
