@@ -29,7 +29,7 @@ test-release: build
 
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test runtime_generation_test runtime_bench_test server_test server_e2e_test \
+	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test runtime_generation_test runtime_bench_test runtime_rank_zero_model_test server_test server_e2e_test \
 	  server_hardening_test server_soak_test server_chat_prompt_test device_caps_test
 	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan|runtime|server"
 

@@ -6,6 +6,10 @@ find_package(CLI11 REQUIRED)
 find_package(hwy REQUIRED)
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+# Tensor parallelism's host collectives and launch (src/dist): Open MPI, Debian libopenmpi-dev + openmpi-bin. The
+# C API only (MPI_CXX_SKIP_MPICXX: the deprecated C++ bindings stay out).
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI REQUIRED COMPONENTS CXX)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(HTTPLIB IMPORTED_TARGET cpp-httplib)

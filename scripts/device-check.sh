@@ -16,7 +16,8 @@
 #      device-to-device copy bandwidth (one table row per shape and M); then bench_attention_cuda: split-KV decode
 #      attention verified against the serial kernel, then timed against it (vs_serial, KV bytes per second);
 #   5. on the random SmolLM2-shaped model: `fp4serve generate` 32 greedy tokens on the CPU and on the GPU
-#      (tokens/s of prefill and decode) and the teacher-forced greedy comparison of the two (margins printed; a
+#      (tokens/s of prefill and decode), `fp4serve bench model --device cuda` with and without CUDA graphs
+#      (FP4SERVE_CUDA_GRAPHS=0) and the teacher-forced greedy comparison of CPU and GPU (margins printed; a
 #      mismatch fails only when its margin exceeds 1e-3 · max|logit|).
 # Each step's row is appended to $OUT/summary.txt the moment it ends (a call cut short keeps what finished), the
 # whole table is printed last, and the exit status is 1 when any step FAILED (or hit its time limit).
@@ -174,6 +175,7 @@ if [[ -n $bin && ${#tests[@]} -gt 0 ]]; then
     done
     while read -r line; do row "  parity" "info" "${line#\[cuda-parity\] }"; done < <(grep '^\[cuda-parity\]' "$OUT/test-$name.log")
     while read -r line; do row "  greedy" "info" "${line#\[cuda-greedy\] }"; done < <(grep '^\[cuda-greedy\]' "$OUT/test-$name.log")
+    while read -r line; do row "  graphs" "info" "${line#\[cuda-graphs\] }"; done < <(grep '^\[cuda-graphs\]' "$OUT/test-$name.log")
     while read -r line; do row "  linear" "info" "$line"; done < <(grep -E '^\[ .* \] worst' "$OUT/test-$name.log")
   done
 else
@@ -186,7 +188,7 @@ bench_bin=""
 if [[ -z $bench_bin ]]; then
   row "bench_gemm_cuda" "skipped" "not in this build"
 else
-  limit=$(budget 90 60)
+  limit=$(budget 90 80)
   if (( limit < 10 )); then
     row "bench_gemm_cuda" "skipped" "deadline"
   else
@@ -261,6 +263,25 @@ if [[ -n $model_pid ]]; then
     else
       row "generate --device cuda" "$(status_of $gpu_rc)" "$(grep -Eo '(prompt|decode) [0-9]+ tokens, [0-9.]+ tokens/s' "$OUT/generate-cuda.err" | tr '\n' ' ')$([[ $gpu_rc != 0 ]] && tail -1 "$OUT/generate-cuda.err" | cut -c1-140)"
     fi
+    # Prefill and decode tokens/s of `bench model` on the GPU, with CUDA graphs (the default) and without
+    # (FP4SERVE_CUDA_GRAPHS=0: every decode step launched kernel by kernel), one after the other.
+    for graphs in 1 0; do
+      lim=$(budget 35 25)
+      if (( lim < 10 )); then row "bench model cuda graphs=$graphs" "skipped" "deadline"; continue; fi
+      FP4SERVE_CUDA_GRAPHS=$graphs timeout -k 5 "$lim" "$bin/fp4serve" bench model -m "$model" --device cuda -p 128 -n 64 \
+        -r 2 --json >"$OUT/bench-model-graphs$graphs.json" 2>"$OUT/bench-model-graphs$graphs.err"
+      rc=$?
+      if [[ $rc == 0 ]]; then
+        detail=$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))["models"][0]; print("prefill %.0f tokens/s, decode %.1f tokens/s (128-token prompt, 64 tokens, median of 2)" % (m["prefill_tokens_per_s"], m["decode_tokens_per_s"]))' "$OUT/bench-model-graphs$graphs.json" 2>&1)
+      else
+        detail="exit $rc: $(grep -m1 -o 'fp4serve:.*' "$OUT/bench-model-graphs$graphs.err" | cut -c1-140)"
+      fi
+      if [[ $have_gpu == 0 ]]; then
+        row "bench model cuda graphs=$graphs" "$([[ $rc == 124 || $rc == 137 ]] && echo TIMEOUT || echo 'no GPU')" "$detail"
+      else
+        row "bench model cuda graphs=$graphs" "$(status_of $rc)" "$detail"
+      fi
+    done
     if [[ $cpu_rc == 0 && $gpu_rc == 0 ]]; then
       if cmp -s "$OUT/generate-cpu.txt" "$OUT/generate-cuda.txt"; then
         row "32 greedy tokens cpu vs cuda" "info" "identical text"

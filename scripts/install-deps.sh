@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages fp4serve builds against (cmake/Deps.cmake finds each one; README "Build options").
-# tmux runs the chat REPL test (tests/app/chat_repl_tmux_test.sh); libedit-dev is the REPL's line editor. Idempotent:
+# tmux runs the chat REPL test (tests/app/chat_repl_tmux_test.sh); libedit-dev is the REPL's line editor; Open MPI
+# (libopenmpi-dev, openmpi-bin) is tensor parallelism's launcher and host transport (src/dist). Idempotent:
 # does nothing when every package is already installed. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libspdlog-dev libfmt-dev
-  libpcre2-dev libutf8proc-dev libopenblas-dev libedit-dev
+  libpcre2-dev libutf8proc-dev libopenblas-dev libedit-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev xz-utils
   clang-14 libclang-rt-14-dev tmux
 )

@@ -10,6 +10,7 @@
 
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/tensor_parallel.h"
 #include "model/loader.h"
 #include "runtime/model_bench.h"
 #include "server/bench_client.h"
@@ -20,18 +21,33 @@ namespace {
 struct ModelBenchOptions {
   std::vector<std::string> models;
   model::LoadOptions load;
+  int tensor_parallel_size = 1;
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
   require_runnable_device(opts.load.device);
+  ModelOptions first;
+  first.load = opts.load;
+  first.tensor_parallel_size = opts.tensor_parallel_size;
+  TensorParallelRun tp(first);
+  std::vector<ModelOptions> per_model;  // what every rank loads for each -m, in order
+  for (const std::string& dir : opts.models) {
+    per_model.push_back(first);
+    per_model.back().model = dir;
+  }
+  if (!tp.leader()) return tp.follow(per_model);
   std::vector<runtime::ModelBenchTarget> targets;
-  for (const std::string& dir : opts.models) targets.push_back({dir, resolve_model_path(dir).string(), opts.load});
+  for (const std::string& dir : opts.models) targets.push_back({dir, resolve_model_path(dir).string(), first.load});
+  const auto loader = [&](size_t i, const runtime::ModelBenchTarget&) {
+    RankModel loaded = tp.load(per_model[i], i);
+    return runtime::BenchModel{std::move(loaded.loaded), std::move(loaded.tp)};
+  };
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
     fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, opts.models[m],
                s.prefill_seconds, s.decode_seconds);
-  });
+  }, loader);
   const auto rows = runtime::summarize_model_bench(opts.models, samples, opts.bench);
   if (!opts.json) {
     fmt::print("{}", runtime::format_model_bench(rows, opts.bench));
@@ -41,6 +57,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
                         {"gen_tokens", opts.bench.gen_tokens},
                         {"repetitions", opts.bench.repetitions},
                         {"threads", opts.load.threads},
+                        {"tensor_parallel_size", opts.tensor_parallel_size},
                         {"models", nlohmann::json::array()}};
   for (size_t i = 0; i < rows.size(); ++i) {
     nlohmann::json seconds = nlohmann::json::array();
@@ -67,6 +84,7 @@ void register_bench_model(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
   add_threads_option(*cmd, opts->load.threads);
+  add_tensor_parallel_options(*cmd, opts->tensor_parallel_size, opts->load.expert_parallel);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("-n,--gen-tokens", opts->bench.gen_tokens, "decode steps (≥ 2)")->capture_default_str()

@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "core/threading.h"
 #include "fp4serve/error.h"
@@ -57,9 +58,13 @@ std::string prompt_text(const GenerateOptions& opts) {
 }
 
 void run_generate(const GenerateOptions& opts) {
+  ModelOptions model_opts = opts.model;
+  TensorParallelRun tp(model_opts);
+  if (!tp.leader()) return tp.follow(std::span(&model_opts, 1));
   const std::string prompt = prompt_text(opts);
   if (prompt.empty()) throw UsageError("the prompt is empty (-p TEXT, -p - for stdin, or -f FILE)");
-  const model::LoadedModel loaded = load_model_for(opts.model);
+  const RankModel run = tp.load(model_opts);
+  const model::LoadedModel& loaded = run.loaded;
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::string text = prompt;
   if (opts.chat) {
@@ -98,13 +103,13 @@ void run_generate(const GenerateOptions& opts) {
         opts.model.max_model_len > 0 ? fmt::format("--max-model-len; the model allows {}", limit.tokens) : limit.source));
   }
   // The cache holds what this request can use, not the whole context: one sequence, allocated up front.
-  model::KvCache cache = loaded.decoder->make_cache(prompt_tokens + opts.max_new_tokens, 1);
+  model::KvCache cache = run.model().make_cache(prompt_tokens + opts.max_new_tokens, 1);
   if (!opts.chat && !opts.json) {  // a completion continues the prompt; a chat reply stands on its own
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
   }
   const bool stream = !opts.json;
-  const auto result = runtime::generate(*loaded.decoder, cache, tokenizer, request, [stream](std::string_view piece) {
+  const auto result = runtime::generate(run.model(), cache, tokenizer, request, [stream](std::string_view piece) {
     if (stream) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
@@ -145,6 +150,7 @@ void register_generate(CLI::App& root) {
   auto opts = std::make_shared<GenerateOptions>();
   CLI::App* cmd = root.add_subcommand("generate", "Generate text from a prompt (streams to stdout)");
   add_model_options(*cmd, opts->model);
+  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
   auto* prompt = cmd->add_option("-p,--prompt", opts->prompt, "prompt text; - reads it from stdin");
   auto* file = cmd->add_option("-f,--file", opts->prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
   prompt->excludes(file);

@@ -9,6 +9,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/tensor_parallel.h"
 #include "fp4serve/error.h"
 #include "runtime/perplexity.h"
 #include "runtime/text_setup.h"
@@ -35,7 +36,11 @@ std::string read_file(const std::string& path) {
 }
 
 void run_perplexity(const PerplexityCliOptions& opts) {
-  const model::LoadedModel loaded = load_model_for(opts.model);
+  ModelOptions model_opts = opts.model;
+  TensorParallelRun tp(model_opts);
+  if (!tp.leader()) return tp.follow(std::span(&model_opts, 1));
+  const RankModel run = tp.load(model_opts);
+  const model::LoadedModel& loaded = run.loaded;
   const ContextLimit limit = context_limit(loaded.config);
   if (opts.context > limit.tokens) {
     throw UsageError(fmt::format("--ctx {} is above this model's maximum context length of {} tokens ({})", opts.context,
@@ -43,15 +48,19 @@ void run_perplexity(const PerplexityCliOptions& opts) {
   }
   std::optional<model::LoadedModel> base;
   if (!opts.kld_base.empty()) {
-    ModelOptions base_opts = opts.model;
+    ModelOptions base_opts = model_opts;
     base_opts.model = opts.kld_base;
+    // The base runs whole on rank 0 (the followers are inside the model's steps): a reference, not a speed.
+    base_opts.load.tensor_parallel_size = 1;
+    base_opts.load.rank = 0;
+    base_opts.load.comm = nullptr;
     base.emplace(load_model_for(base_opts));
   }
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);
   if (opts.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(static_cast<size_t>(opts.max_tokens));
   runtime::PerplexityOptions po{opts.context, opts.stride};
-  const auto result = runtime::perplexity(*loaded.decoder, base ? base->decoder.get() : nullptr, tokens, po,
+  const auto result = runtime::perplexity(run.model(), base ? base->decoder.get() : nullptr, tokens, po,
                                           [](int64_t done, int64_t total) {
                                             if (!log_enabled(LogLevel::Info)) return;
                                             fmt::print(stderr, "\rperplexity: window {}/{}", done, total);
@@ -86,6 +95,7 @@ void register_perplexity(CLI::App& root) {
   auto opts = std::make_shared<PerplexityCliOptions>();
   CLI::App* cmd = root.add_subcommand("perplexity", "Sliding-window perplexity of a text file (and KLD vs a base model)");
   add_model_options(*cmd, opts->model, /*context_option=*/false);
+  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx,--ctx-size", opts->context, "window length in tokens (at most the model's context length)")->capture_default_str();
   cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();

@@ -11,6 +11,7 @@
 #include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "fp4serve/error.h"
 #include "model/loader.h"
@@ -42,7 +43,12 @@ void run_serve(ServeOptions opts) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const model::LoadedModel loaded = load_model_for(opts.model);
+  // Followers keep the signals blocked too: mpirun forwards them to every rank, and a follower ends when rank 0's
+  // shutdown (below, in the destructors) tells it to, not in the middle of a step.
+  TensorParallelRun tp(opts.model);
+  if (!tp.leader()) return tp.follow(std::span(&opts.model, 1));
+  const RankModel run = tp.load(opts.model);
+  const model::LoadedModel& loaded = run.loaded;
   // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
   const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
   runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
@@ -59,7 +65,7 @@ void run_serve(ServeOptions opts) {
 
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
                                                 opts.scheduler.max_num_seqs);
-  server::DecoderStepModel step_model(*loaded.decoder, context_length, slots);
+  server::DecoderStepModel step_model(run.model(), context_length, slots);
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
   const std::string name = opts.served_model_name.empty() ? opts.model.model : opts.served_model_name;
@@ -93,6 +99,7 @@ void register_serve(CLI::App& root) {
   auto opts = std::make_shared<ServeOptions>();
   CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   add_model_options(*cmd, opts->model);
+  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
   cmd->add_option("--host", opts->http.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", opts->http.port, "TCP port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", opts->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");

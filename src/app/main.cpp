@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/suggest.h"
+#include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "app/version.h"
 #include "fp4serve/error.h"
@@ -99,8 +100,12 @@ int main(int argc, char** argv) {
   fp4serve::app::register_serve(root);
   fp4serve::app::register_bench(root);
   fp4serve::app::register_template(root);
+  // -tp N → --tensor-parallel-size N; argv is kept for the mpirun command a refused launch prints.
+  std::vector<std::string> args = fp4serve::app::remember_command_line(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
   try {
-    root.parse(argc, argv);
+    root.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a command's own non-zero status (explain: a layer has no scheme); already reported
   } catch (const CLI::ParseError& e) {

@@ -86,6 +86,14 @@ void add_threads_option(CLI::App& cmd, int& threads) {
       ->check(CLI::Range(0, 4096));
 }
 
+void add_tensor_parallel_options(CLI::App& cmd, int& tensor_parallel_size, bool& expert_parallel) {
+  cmd.add_option("--tensor-parallel-size", tensor_parallel_size,
+                 "ranks (-tp N): one process per device, launched by `mpirun -np N` or srun; rank 0 prints and serves")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd.add_flag("--expert-parallel", expert_parallel, "MoE layers: whole experts per rank instead of split experts");
+}
+
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
   add_model_path_option(cmd, opts.model,
                         "checkpoint folder (config.json + safetensors), or ORG/NAME from the local Hugging Face cache");

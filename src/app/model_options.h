@@ -17,11 +17,15 @@ struct ModelOptions {
   std::string model;  ///< -m/--model or the positional MODEL: a folder, a .safetensors file or ORG/NAME
   model::LoadOptions load;
   int64_t max_model_len = 0;  ///< -c/--ctx-size/--max-model-len; 0 = the model's limit (context_limit)
+  int tensor_parallel_size = 1;  ///< --tensor-parallel-size/-tp: ranks (processes, one per device); app/tensor_parallel.h
 };
 
-/// Adds MODEL (positional) with -m/--model, --device, --activation-quant, -t/--threads and, when
+/// Adds MODEL (positional) with -m/--model, --device, --activation-quant, -t/--threads, and, when
 /// `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's -c is its window instead).
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option = true);
+
+/// Adds --tensor-parallel-size N (-tp N, see remember_command_line) and --expert-parallel to `cmd`.
+void add_tensor_parallel_options(CLI::App& cmd, int& tensor_parallel_size, bool& expert_parallel);
 
 /// Adds the positional MODEL with -m/--model alone (inspect, explain, quantize).
 CLI::Option* add_model_path_option(CLI::App& cmd, std::string& model, const std::string& help);

@@ -38,4 +38,28 @@ class Communicator {
 /// The size-1 communicator: rank 0 of 1, every collective a copy or nothing. Needs no MPI.
 std::unique_ptr<Communicator> make_single_communicator();
 
+/// The MPI communicator over every process of the launch (a duplicate of MPI_COMM_WORLD), host memory. The first
+/// call initialises MPI for the process (MPI_Init_thread, MPI_THREAD_SERIALIZED: the server's scheduler thread
+/// makes the calls, one at a time); MPI_Finalize runs at exit. Counts above 2³⁰ go in pieces. Throws
+/// fp4serve::Error with MPI's error string when initialisation or a collective fails. Run without a launcher it is
+/// a one-rank communicator (an MPI singleton). `max_piece`: elements (floats, bytes) per MPI call; tests pass
+/// small values to exercise the pieces.
+std::unique_ptr<Communicator> make_mpi_communicator(std::size_t max_piece = std::size_t{1} << 30);
+
+struct NcclOptions {
+  int cuda_device = 0;           ///< the CUDA device this rank drives: its local rank on the node
+  void* cuda_stream = nullptr;   ///< cudaStream_t the collectives are enqueued on; nullptr = the legacy stream
+  std::string library = "libnccl.so.2";  ///< what dlopen opens (a path, or a name the loader searches)
+};
+
+/// The NCCL communicator for device memory: rank r of `bootstrap` (MPI, host memory) becomes NCCL rank r. Opens
+/// `options.library` at run time, selects the CUDA device, rank 0 makes the ncclUniqueId and `bootstrap` broadcasts
+/// it, then ncclCommInitRank. The collectives take device pointers and are stream-ordered: they are enqueued on
+/// options.cuda_stream and done for later work on that stream (barrier() also waits on the host). Every rank
+/// checks the library and its device first and all ranks agree over `bootstrap`, so a failure on one rank throws
+/// on every rank (DeviceError naming the failing rank and what is missing: the library with dlopen's reason, or
+/// the CUDA device with the runtime's error) instead of leaving the others waiting. UnsupportedError in a build
+/// without the CUDA toolkit. Collective bodies throw DeviceError with ncclGetErrorString's text.
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const NcclOptions& options = {});
+
 }  // namespace fp4serve::dist

@@ -39,7 +39,17 @@ FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers
     for (int64_t i = chunk.all_logits ? 0 : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
     row0 += t;
   }
+  flat.decode = !batch.empty() && row0 == static_cast<int64_t>(batch.size());
   return flat;
+}
+
+void Backend::decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) {
+  const FlatBatch& s = step();
+  const int64_t width = op.num_heads * op.head_dim;
+  for (size_t r = 0; r < s.ids.size(); ++r) {
+    const auto offset = static_cast<int64_t>(r) * width;
+    attention(layer, s.slots[r], q + offset, 1, s.positions[r], op, out + offset);
+  }
 }
 
 #if !FP4SERVE_HAVE_CUDA

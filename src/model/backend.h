@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -80,6 +81,12 @@ struct FlatBatch {
   std::vector<int> slots;
   std::vector<int64_t> cache_rows;
   std::vector<int64_t> logit_rows;
+  /// Every chunk is one token (a decode step): row r is chunk r, logit_rows = 0 … rows − 1, and the decoder
+  /// runs attention as Backend::decode_attention and the whole step through Backend::run_decode.
+  bool decode = false;
+  /// Set by the decoder on a decode step whose work depends on nothing but device memory (no MoE routing on
+  /// the host, no observer): the backend may then pad it (step_rows) and capture it (run_decode).
+  bool capturable = false;
 };
 
 /// Validates `batch` once for every backend and flattens it. Throws UsageError for an empty chunk, a chunk
@@ -193,6 +200,22 @@ class Backend {
   virtual const float* host_view(const float* x, int64_t n, std::vector<float>& copy) = 0;
   /// The step's FlatBatch (valid between begin_step and end_step).
   virtual const FlatBatch& step() const = 0;
+
+  // ---- decode steps (FlatBatch::decode) ---------------------------------------------------------------------
+  /// Rows the step's ops run on (every m / tokens / rows argument of the step): the batch's rows, or more on a
+  /// capturable decode step that the backend pads to a batch-size bucket. Rows past the batch's are padding:
+  /// valid work on scratch cache rows whose results the caller ignores. Default: the batch's rows.
+  virtual int64_t step_rows() const { return static_cast<int64_t>(step().ids.size()); }
+  /// Attention of a decode step: query row r < step_rows() (q [rows, H_q, D]) at its position over its slot's
+  /// keys of `layer` (written by write_kv first), as attention() with t = 1. out: [rows, H_q, D]. The default
+  /// calls attention() row by row; the CUDA backend splits each row's keys over several blocks.
+  virtual void decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out);
+  /// Runs `work`, the decode step's whole device work (embedding to logits, written to workspace() arrays
+  /// unless host_memory()). A backend may instead replay what `work` queued on an earlier call with the same
+  /// step_rows() (a CUDA graph), when the step is capturable: so `work` must queue the same ops on the same
+  /// workspace addresses each time, reading what changes between steps only through the step's ops. The
+  /// default calls `work`.
+  virtual void run_decode(const std::function<void()>& work) { work(); }
 };
 
 /// The CPU backend (cpu_backend.h).

@@ -4,14 +4,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
+#include <thread>
 
 #include "fp4serve/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/linear_cuda.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_moe.h"
+#include "kernels/cuda/partition.h"
+#include "model/step_arrays.h"
 #include "quant/dequant.h"
 
 namespace fp4serve::model {
@@ -70,12 +77,63 @@ struct CudaRope final : BackendRope {
   kc::DeviceBuffer<float> cos, sin;
 };
 
-// The device KV cache of one KvCache (same layout as the host cache).
+// The device KV cache of one KvCache (same layout as the host cache), with one more slot than the KvCache
+// hands out: `scratch_slot`, where the padding rows of a padded decode step write and read (step_arrays.h).
 struct CudaKvStorage final : KvStorage {
   const void* owner = nullptr;
+  uint64_t id = 0;  // unique per storage: graphs captured on another cache are stale
   int64_t layers = 0, seq = 0, row = 0;
+  int scratch_slot = 0;
   kc::DeviceBuffer<float> keys, values;
 };
+
+std::atomic<uint64_t> next_storage_id{1};
+
+// Page-locked host memory for the step arrays: a copy from it is asynchronous (pageable memory is staged by
+// the driver at the call), so the step's one host→device copy does not block the host.
+class PinnedBytes {
+ public:
+  PinnedBytes() = default;
+  ~PinnedBytes() {
+    if (data_ != nullptr) cudaFreeHost(data_);  // no check: a destructor must not throw
+  }
+  PinnedBytes(const PinnedBytes&) = delete;
+  PinnedBytes& operator=(const PinnedBytes&) = delete;
+  std::span<std::byte> get(size_t bytes) {
+    if (bytes > size_) {
+      if (data_ != nullptr) FP4SERVE_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      size_ = 0;
+      FP4SERVE_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      size_ = bytes;
+    }
+    return {static_cast<std::byte*>(data_), bytes};
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Marks when the last copy out of the pinned staging has run, so that the next step does not overwrite it
+// early (normally the step's closing logits copy has waited for it already).
+class CopyDone {
+ public:
+  CopyDone() { FP4SERVE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~CopyDone() { cudaEventDestroy(event_); }
+  CopyDone(const CopyDone&) = delete;
+  CopyDone& operator=(const CopyDone&) = delete;
+  void record(cudaStream_t s) { FP4SERVE_CUDA_CHECK(cudaEventRecord(event_, s)); }
+  void wait() { FP4SERVE_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+bool graphs_from_environment() {
+  const char* v = std::getenv("FP4SERVE_CUDA_GRAPHS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
 
 template <class T, class B>
 const T& as(const B& handle, const char* what) {
@@ -96,13 +154,32 @@ struct CudaBackend::Impl {
   std::vector<kc::DeviceBuffer<float>> workspace;
   kc::DeviceBuffer<kc::bf16> x_bf16;
   kc::DeviceBuffer<float> transformed, part_out, row_weights;
-  kc::DeviceBuffer<int32_t> ids;
-  kc::DeviceBuffer<int64_t> positions, cache_rows, gather_index, scatter_index;
+  kc::DeviceBuffer<int64_t> gather_index, scatter_index;
   kc::W4A4Scratch w4a4;
 
   const FlatBatch* flat = nullptr;
   CudaKvStorage* storage = nullptr;
   int64_t max_position = -1;
+  int64_t rope_limit = INT64_MAX;  // the smallest max_positions of the uploaded RoPE tables
+  int multiprocessors = 1;
+
+  // The step's per-row arrays (step_arrays.h) at a fixed device address, refreshed by one copy per step.
+  int64_t run_rows = 0;  // step_rows()
+  StepArraysLayout layout;
+  kc::DeviceBuffer<int64_t> step_arrays;
+  PinnedBytes staging;
+  CopyDone staging_copied;
+  kc::DeviceBuffer<float> attention_workspace;
+
+  // Decode-step graphs. Every buffer a captured step reads is one of this Impl's, the cache's or a weight's;
+  // `generation` counts reallocations of the first kind, so that graphs holding an old address are dropped.
+  kc::StepGraphs graphs;
+  bool graphs_enabled = graphs_from_environment();
+  uint64_t generation = 0;
+  uint64_t graph_generation = 0;
+  uint64_t graph_storage = 0;
+  std::thread::id graph_thread;  // the split-K workspace and the cuBLAS handle of linear() are per host thread
+  CudaBackend::GraphStats stats;
 
   cudaStream_t s() const { return stream.get(); }
 
@@ -113,9 +190,20 @@ struct CudaBackend::Impl {
     if (static_cast<int64_t>(buffer.size()) < n) {
       stream.sync();
       buffer = kc::DeviceBuffer<T>(static_cast<size_t>(n));
+      ++generation;
     }
     return buffer.data();
   }
+
+  template <class T>
+  T* array(size_t offset) const {
+    return reinterpret_cast<T*>(reinterpret_cast<std::byte*>(const_cast<int64_t*>(step_arrays.data())) + offset);
+  }
+  const int32_t* ids() const { return array<int32_t>(layout.ids); }
+  const int32_t* seq_len() const { return array<int32_t>(layout.seq_len); }
+  const int64_t* positions() const { return array<int64_t>(layout.positions); }
+  const int64_t* cache_rows() const { return array<int64_t>(layout.cache_rows); }
+  const int64_t* seq_base() const { return array<int64_t>(layout.seq_base); }
 
   template <class T>
   T* upload(kc::DeviceBuffer<T>& buffer, std::span<const T> host) {
@@ -155,7 +243,12 @@ struct CudaBackend::Impl {
 
   void run_part(const GpuPart& p, const kc::bf16* in, int64_t m, float* out) {
     if (p.emulate_w4a4) {
+      const void* before[] = {w4a4.activations.data(), w4a4.codes.data(), w4a4.scales.data(), w4a4.product.data(),
+                              w4a4.workspace.data()};
       kc::linear_w4a4(p.weight, in, m, out, w4a4, stream);
+      const void* after[] = {w4a4.activations.data(), w4a4.codes.data(), w4a4.scales.data(), w4a4.product.data(),
+                             w4a4.workspace.data()};
+      if (!std::equal(std::begin(before), std::end(before), std::begin(after))) ++generation;  // scratch regrown
     } else {
       kc::linear(p.weight, in, m, out, stream);
     }
@@ -173,6 +266,7 @@ CudaBackend::CudaBackend(int ordinal) {
   FP4SERVE_CUDA_CHECK(cudaSetDevice(ordinal));
   impl_ = std::make_unique<Impl>();
   impl_->ordinal = ordinal;
+  impl_->multiprocessors = kc::cuda_device(ordinal)->multiprocessors;
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -256,6 +350,7 @@ std::unique_ptr<BackendRope> CudaBackend::upload_rope(kernels::RopeCache rope) {
   const auto table = static_cast<size_t>(rope.max_positions() * (rope.rotary_dim() / 2));
   r->cos = kc::DeviceBuffer<float>::from_host(std::span<const float>(rope.cos(0), table));
   r->sin = kc::DeviceBuffer<float>::from_host(std::span<const float>(rope.sin(0), table));
+  impl_->rope_limit = std::min(impl_->rope_limit, r->max_positions);
   return r;
 }
 
@@ -271,10 +366,13 @@ KvCache CudaBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_
                                 int max_slots) const {
   auto storage = std::make_unique<CudaKvStorage>();
   storage->owner = this;
+  storage->id = next_storage_id.fetch_add(1);
   storage->layers = num_layers;
   storage->seq = max_seq_len;
   storage->row = num_kv_heads * head_dim;
-  const auto n = static_cast<size_t>(std::max<int64_t>(max_slots, 0) * std::max<int64_t>(num_layers, 0) *
+  storage->scratch_slot = std::max(max_slots, 0);
+  // max_slots + 1 slots: the last is the padding rows' scratch slot.
+  const auto n = static_cast<size_t>((std::max<int64_t>(max_slots, 0) + 1) * std::max<int64_t>(num_layers, 0) *
                                      std::max<int64_t>(max_seq_len, 0) * std::max<int64_t>(storage->row, 0));
   storage->keys = kc::DeviceBuffer<float>(n);
   storage->values = kc::DeviceBuffer<float>(n);
@@ -287,12 +385,101 @@ void CudaBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
     throw UsageError("CudaBackend: the KV cache was not made by this backend's make_cache");
   }
   Impl& im = *impl_;
+  const int64_t max_position =
+      flat.positions.empty() ? -1 : *std::max_element(flat.positions.begin(), flat.positions.end());
+  if (max_position >= im.rope_limit) {  // checked here, not in rope(): a replayed step calls no op
+    throw UsageError(fmt::format("CudaBackend: position {} is outside the RoPE table's [0, {}) "
+                                 "(max_position_embeddings)",
+                                 max_position, im.rope_limit));
+  }
   im.flat = &flat;
   im.storage = storage;
-  im.max_position = flat.positions.empty() ? -1 : *std::max_element(flat.positions.begin(), flat.positions.end());
-  im.upload(im.ids, std::span<const int32_t>(flat.ids));
-  im.upload(im.positions, std::span<const int64_t>(flat.positions));
-  im.upload(im.cache_rows, std::span<const int64_t>(flat.cache_rows));
+  im.max_position = max_position;
+  im.run_rows =
+      im.graphs_enabled ? padded_step_rows(flat, im.graphs.buckets()) : static_cast<int64_t>(flat.ids.size());
+  im.layout = step_arrays_layout(im.run_rows);
+  // Sized for the largest bucket at once, so that the buffer stays put while the batch size moves between
+  // buckets (a move drops every graph).
+  const size_t capacity = std::max(im.layout.bytes, step_arrays_layout(im.graphs.buckets().back()).bytes);
+  im.grow(im.step_arrays, static_cast<int64_t>(capacity / sizeof(int64_t)));
+  im.staging_copied.wait();
+  const std::span<std::byte> host = im.staging.get(im.layout.bytes);
+  pack_step_arrays(flat, im.run_rows, storage->layers, storage->seq, storage->scratch_slot, host);
+  if (im.layout.bytes > 0) {
+    FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(im.step_arrays.data(), host.data(), im.layout.bytes, cudaMemcpyHostToDevice,
+                                        im.s()));
+  }
+  im.staging_copied.record(im.s());
+}
+
+int64_t CudaBackend::step_rows() const {
+  (void)step();
+  return impl_->run_rows;
+}
+
+void CudaBackend::decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) {
+  Impl& im = *impl_;
+  if (!step().decode) throw UsageError("CudaBackend::decode_attention: the step is not a decode step");
+  CudaKvStorage& c = *im.storage;
+  const float* sinks = op.sinks == nullptr ? nullptr : as<CudaVector>(*op.sinks, "sinks").values.data();
+  const kc::AttentionShape shape{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window, sinks};
+  // Planned for the cache length, not this step's longest sequence: a captured step keeps its split count while
+  // the sequences grow (short ranges of a long split plan are empty blocks that return at once).
+  const int64_t splits = kc::plan_kv_splits(im.run_rows, op.num_heads, c.seq, im.multiprocessors);
+  const int64_t floats = kc::attention_decode_workspace_floats(im.run_rows, op.num_heads, op.head_dim, splits);
+  float* workspace = im.grow(im.attention_workspace, floats);
+  const int64_t layer_offset = layer * c.seq * c.row;
+  const kc::DecodeAttentionBatch batch{q,     c.keys.data() + layer_offset, c.values.data() + layer_offset,
+                                       c.row, im.seq_base(), im.seq_len(), im.run_rows, c.seq};
+  kc::attention_decode(batch, shape, splits, workspace, floats, out, im.s());
+}
+
+void CudaBackend::run_decode(const std::function<void()>& work) {
+  Impl& im = *impl_;
+  const FlatBatch& flat = step();
+  if (!flat.capturable || !im.graphs_enabled || im.graphs.bucket_for(im.run_rows) != im.run_rows) {
+    ++im.stats.eager;
+    work();
+    return;
+  }
+  if (im.generation != im.graph_generation || im.storage->id != im.graph_storage ||
+      im.graph_thread != std::this_thread::get_id()) {
+    if (im.graphs.graphs() > 0) ++im.stats.resets;
+    im.graphs.reset();
+    im.graph_generation = im.generation;
+    im.graph_storage = im.storage->id;
+    im.graph_thread = std::this_thread::get_id();
+  }
+  const uint64_t before = im.generation;
+  const kc::StepGraphs::Ran ran = im.graphs.run(im.run_rows, im.s(), [&](int64_t rows, cudaStream_t /*stream*/) {
+    if (rows != im.run_rows) {
+      throw UsageError(fmt::format("CudaBackend: graph bucket {} for a step of {} rows", rows, im.run_rows));
+    }
+    work();
+  });
+  if (im.generation != before) {
+    // The warm-up run grew a buffer: the graph just captured reads the new one, the others the old one.
+    if (im.graphs.graphs() > 1) ++im.stats.resets;
+    im.graphs.reset_except(im.run_rows);
+    im.graph_generation = im.generation;
+  }
+  switch (ran) {
+    case kc::StepGraphs::Ran::Eager: ++im.stats.eager; break;
+    case kc::StepGraphs::Ran::Captured: ++im.stats.captures; break;
+    case kc::StepGraphs::Ran::Replayed: ++im.stats.replays; break;
+  }
+  im.stats.capture_error = im.graphs.capture_error();
+}
+
+CudaBackend::GraphStats CudaBackend::graph_stats() const {
+  GraphStats out = impl_->stats;
+  out.graphs = static_cast<int64_t>(impl_->graphs.graphs());
+  return out;
+}
+
+void CudaBackend::set_graphs(bool enabled) {
+  impl_->graphs_enabled = enabled;
+  if (!enabled) impl_->graphs.reset();
 }
 
 void CudaBackend::end_step() {
@@ -314,8 +501,8 @@ float* CudaBackend::workspace(int slot, int64_t floats) {
 
 void CudaBackend::embed(const BackendEmbedding& table, float scale, float* out) {
   const auto& e = as<CudaEmbedding>(table, "an embedding");
-  const auto n = static_cast<int64_t>(step().ids.size());
-  kc::embedding_gather(e.table(), e.type, e.vocab, e.dim, impl_->ids.data(), n, scale, out, impl_->s());
+  (void)step();
+  kc::embedding_gather(e.table(), e.type, e.vocab, e.dim, impl_->ids(), impl_->run_rows, scale, out, impl_->s());
 }
 
 void CudaBackend::rms_norm(const float* x, const BackendVector& weight, int64_t rows, int64_t dim, float eps, float* out) {
@@ -366,14 +553,14 @@ void CudaBackend::copy_columns(const float* src, int64_t src_stride, float* dst,
 
 void CudaBackend::rope(const BackendRope& rope, float* x, int64_t heads, int64_t head_dim) {
   const auto& r = as<CudaRope>(rope, "a RoPE table");
-  const FlatBatch& s = step();
+  (void)step();
   if (impl_->max_position >= r.max_positions) {
     throw UsageError(fmt::format("CudaBackend: position {} is outside the RoPE table's [0, {}) "
                                  "(max_position_embeddings)",
                                  impl_->max_position, r.max_positions));
   }
-  kc::apply_rope_neox(x, static_cast<int64_t>(s.positions.size()), heads, head_dim, r.rotary_dim,
-                      impl_->positions.data(), r.cos.data(), r.sin.data(), impl_->s());
+  kc::apply_rope_neox(x, impl_->run_rows, heads, head_dim, r.rotary_dim, impl_->positions(), r.cos.data(),
+                      r.sin.data(), impl_->s());
 }
 
 void CudaBackend::transform(const BackendTransform& t, float* x, int64_t rows, int64_t dim) {
@@ -382,13 +569,12 @@ void CudaBackend::transform(const BackendTransform& t, float* x, int64_t rows, i
 
 void CudaBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {
   Impl& im = *impl_;
-  const FlatBatch& s = step();
+  (void)step();
   CudaKvStorage& c = *im.storage;
-  const auto total = static_cast<int64_t>(s.cache_rows.size());
   float* k_layer = c.keys.data() + layer * c.seq * c.row;
   float* v_layer = c.values.data() + layer * c.seq * c.row;
-  kc::copy_rows(k, k_stride, nullptr, k_layer, c.row, im.cache_rows.data(), total, c.row, im.s());
-  kc::copy_rows(v, v_stride, nullptr, v_layer, c.row, im.cache_rows.data(), total, c.row, im.s());
+  kc::copy_rows(k, k_stride, nullptr, k_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
+  kc::copy_rows(v, v_stride, nullptr, v_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
 }
 
 void CudaBackend::attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // model::Backend on an NVIDIA GPU (kernels/cuda): weights in the GPU GEMM layouts (linear_cuda.h), norms, sinks,
 // the embedding table and the RoPE cos/sin table uploaded once, the KV cache in device memory (same
-// [slot][layer][position][kv_heads · head_dim] fp32 layout as the host cache), activations fp32 in device
-// workspaces, one stream. Compiled only with the CUDA backend (FP4SERVE_HAVE_CUDA); make_cuda_backend
-// (backend.h) is the way in. Numerics: fp32 activations and KV cache as on the CPU; GEMM inputs are rounded to
-// bf16 (the GPU GEMMs take bf16 activations) and dense fp32-stored weights run as bf16: those are the deliberate
-// differences from CpuBackend. MoE routing copies the router logits [m, E] to the host and routes them with
-// model::route, so the chosen experts are exactly the CPU's for the same logits.
+// [slot][layer][position][kv_heads · head_dim] fp32 layout as the host cache, plus one scratch slot for the padding
+// rows of graph steps), activations fp32 in device workspaces, one stream. Decode steps of dense models run as
+// CUDA graphs per batch-size bucket (run_decode) between one host→device copy of the step's arrays and one copy of
+// the logits back, the step's only sync. Compiled only with the CUDA backend (FP4SERVE_HAVE_CUDA);
+// make_cuda_backend (backend.h) is the way in. Numerics: fp32 activations and KV cache as on the CPU; GEMM inputs
+// are rounded to bf16 (the GPU GEMMs take bf16 activations) and dense fp32-stored weights run as bf16: those are
+// the deliberate differences from CpuBackend. Decode attention splits each row's keys over several blocks
+// (flash-decoding), so its fp32 sums run in another order than the CPU's. MoE routing copies the router logits
+// [m, E] to the host and routes them with model::route, so the chosen experts are exactly the CPU's for the same
+// logits.
 //
 // What the GPU does not run throws UnsupportedError at load, naming the op and the module: int4 and FP8 linears
 // (no CUDA GEMM), a head_dim above kernels::cuda::kMaxAttentionHeadDim, online transforms with a block above
@@ -70,6 +74,32 @@ class CudaBackend final : public Backend {
   void to_host(const float* x, int64_t n, float* host) override;
   const float* host_view(const float* x, int64_t n, std::vector<float>& copy) override;
   const FlatBatch& step() const override;
+
+  /// A capturable decode step (FlatBatch::capturable) runs on the smallest graph bucket ≥ its rows
+  /// (kernels::cuda::default_graph_buckets: 1, 2, 4, … 256), the padding rows on the cache's scratch slot.
+  int64_t step_rows() const override;
+  /// kernels::cuda::attention_decode over the step's rows, split over the cache length (plan_kv_splits).
+  void decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) override;
+  /// A capturable decode step runs as a CUDA graph of its bucket (kernels::cuda::StepGraphs): the first step of a
+  /// bucket runs `work` and captures it, later ones replay it after begin_step's one copy of the step arrays
+  /// (model/step_arrays.h). Graphs are dropped when the cache, the host thread or any buffer they read changes
+  /// (a workspace or scratch that grows, e.g. for a longer prefill); they are captured again on the next step.
+  /// Non-capturable steps, batches above 256 rows and buckets whose capture failed run `work` directly.
+  void run_decode(const std::function<void()>& work) override;
+
+  /// How decode steps ran since construction.
+  struct GraphStats {
+    int64_t captures = 0;  ///< steps that ran eagerly and captured their bucket
+    int64_t replays = 0;   ///< steps that were one graph launch
+    int64_t eager = 0;     ///< decode steps without a graph (not capturable, too large, disabled, capture failed)
+    int64_t resets = 0;    ///< times graphs were dropped because something they read moved
+    int64_t graphs = 0;    ///< graphs held now
+    std::string capture_error;  ///< why the last failed capture failed, or empty
+  };
+  GraphStats graph_stats() const;
+  /// Turns graph capture on or off (off drops the graphs). The initial state is on unless the environment has
+  /// FP4SERVE_CUDA_GRAPHS=0 (for A/B measurements and debugging).
+  void set_graphs(bool enabled);
 
   /// Device bytes of the uploaded linear weights (GPU layout) and the embedding table.
   int64_t weight_bytes() const;

@@ -165,6 +165,11 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
                                   lm_head.out_features(), lm_head.in_features(), c.vocab_size, c.hidden_size));
   }
   lm_head_ = b.upload_linear(std::move(lm_head));
+  // MoE blocks route on the host (Backend::route copies the router logits back), so their decode steps cannot
+  // be captured; dense models run every op on the backend.
+  // Tensor parallelism: the all-reduces wait on the stream and call the communicator, outside any graph.
+  capturable_ = comm_ == nullptr;
+  for (int64_t l = 0; l < c.num_layers; ++l) capturable_ = capturable_ && !c.is_moe_layer(l);
   rope_ = b.upload_rope(kernels::RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
 }
 
@@ -180,75 +185,98 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   const int64_t q_width = num_heads_ * hd;
   const int64_t kv_width = num_kv_heads_ * hd;
   const int64_t qkv_width = q_width + 2 * kv_width;
+  const int64_t vocab = lm_head_->out_features;
 
-  const FlatBatch flat = flatten_batch(batch, c.num_layers, cache.max_seq_len(), cache.max_slots(), c.vocab_size);
-  const auto total = static_cast<int64_t>(flat.ids.size());
+  FlatBatch flat = flatten_batch(batch, c.num_layers, cache.max_seq_len(), cache.max_slots(), c.vocab_size);
+  flat.capturable = flat.decode && capturable_ && observer_ == nullptr;
   const auto logit_rows = static_cast<int64_t>(flat.logit_rows.size());
   b.begin_step(flat, cache);
   struct EndStep {  // the step's references to `flat` and `cache` end with this call, also when an op throws
     Backend& b;
     ~EndStep() { b.end_step(); }
   } end_step{b};
+  // A decode step may be padded past the batch's rows (step_rows); every op below runs on `rows` rows.
+  const int64_t rows = b.step_rows();
 
   // Sized once per step for the whole step, so that no buffer is reallocated while queued work may read it.
-  float* x = b.workspace(kX, total * hidden);
-  float* h = b.workspace(kH, total * hidden);
-  float* qkv = b.workspace(kQkv, total * qkv_width);
-  float* q = b.workspace(kQ, total * q_width);
-  float* k = b.workspace(kK, total * kv_width);
-  float* attn = b.workspace(kAttn, total * q_width);
-  float* delta = b.workspace(kDelta, total * hidden);
+  float* x = b.workspace(kX, rows * hidden);
+  float* h = b.workspace(kH, rows * hidden);
+  float* qkv = b.workspace(kQkv, rows * qkv_width);
+  float* q = b.workspace(kQ, rows * q_width);
+  float* k = b.workspace(kK, rows * kv_width);
+  float* attn = b.workspace(kAttn, rows * q_width);
+  float* delta = b.workspace(kDelta, rows * hidden);
 
-  b.embed(*embed_tokens_, c.embedding_multiplier, x);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const Layer& layer = layers_[static_cast<size_t>(l)];
-    const AttentionOp attention{num_heads_, num_kv_heads_, hd, c.attention_scale, layer.sliding_window,
-                                layer.sinks.get()};
-    b.rms_norm(x, *layer.input_norm, total, hidden, c.rms_norm_eps, h);
-    observe(observer_, b, *layer.qkv, h, total);
-    b.linear(*layer.qkv, h, total, qkv);
-    b.copy_columns(qkv, qkv_width, q, q_width, total, q_width);
-    b.copy_columns(qkv + q_width, qkv_width, k, kv_width, total, kv_width);
-    if (c.qk_norm) {
-      b.rms_norm(q, *layer.q_norm, total * num_heads_, hd, c.rms_norm_eps, q);
-      b.rms_norm(k, *layer.k_norm, total * num_kv_heads_, hd, c.rms_norm_eps, k);
+  const auto layers = [&] {
+    b.embed(*embed_tokens_, c.embedding_multiplier, x);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const Layer& layer = layers_[static_cast<size_t>(l)];
+      const AttentionOp attention{num_heads_, num_kv_heads_, hd, c.attention_scale, layer.sliding_window,
+                                  layer.sinks.get()};
+      b.rms_norm(x, *layer.input_norm, rows, hidden, c.rms_norm_eps, h);
+      observe(observer_, b, *layer.qkv, h, rows);
+      b.linear(*layer.qkv, h, rows, qkv);
+      b.copy_columns(qkv, qkv_width, q, q_width, rows, q_width);
+      b.copy_columns(qkv + q_width, qkv_width, k, kv_width, rows, kv_width);
+      if (c.qk_norm) {
+        b.rms_norm(q, *layer.q_norm, rows * num_heads_, hd, c.rms_norm_eps, q);
+        b.rms_norm(k, *layer.k_norm, rows * num_kv_heads_, hd, c.rms_norm_eps, k);
+      }
+      b.rope(*rope_, q, num_heads_, hd);
+      b.rope(*rope_, k, num_kv_heads_, hd);
+      // compressed-tensors' query / key hooks see the post-RoPE (and post-q/k-norm) states; the keys are rotated
+      // before the cache write below, so the cache holds rotated keys. head_dim blocks never straddle two heads.
+      for (const auto& t : layer.query_transforms) b.transform(*t, q, rows, q_width);
+      for (const auto& t : layer.key_transforms) b.transform(*t, k, rows, kv_width);
+
+      b.write_kv(l, k, kv_width, qkv + q_width + kv_width, qkv_width);
+      if (flat.decode) {
+        b.decode_attention(l, q, attention, attn);
+      } else {
+        int64_t row0 = 0;
+        for (const SequenceChunk& chunk : batch) {
+          const auto t = static_cast<int64_t>(chunk.tokens.size());
+          b.attention(l, chunk.slot, q + row0 * q_width, t, chunk.start_pos, attention, attn + row0 * q_width);
+          row0 += t;
+        }
+      }
+      observe(observer_, b, *layer.o_proj, attn, rows);
+      b.linear(*layer.o_proj, attn, rows, delta);
+      if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, rows * hidden);  // row-parallel partial sums
+      b.add_scaled(x, delta, c.residual_multiplier, rows * hidden);
+
+      b.rms_norm(x, *layer.post_attention_norm, rows, hidden, c.rms_norm_eps, h);
+      layer.ffn->forward(h, rows, delta, observer_);
+      if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, rows * hidden);
+      b.add_scaled(x, delta, c.residual_multiplier, rows * hidden);
     }
-    b.rope(*rope_, q, num_heads_, hd);
-    b.rope(*rope_, k, num_kv_heads_, hd);
-    // compressed-tensors' query / key hooks see the post-RoPE (and post-q/k-norm) states; the keys are rotated
-    // before the cache write below, so the cache holds rotated keys. head_dim blocks never straddle two heads.
-    for (const auto& t : layer.query_transforms) b.transform(*t, q, total, q_width);
-    for (const auto& t : layer.key_transforms) b.transform(*t, k, total, kv_width);
+  };
 
-    b.write_kv(l, k, kv_width, qkv + q_width + kv_width, qkv_width);
-    int64_t row0 = 0;
-    for (const SequenceChunk& chunk : batch) {
-      const auto t = static_cast<int64_t>(chunk.tokens.size());
-      b.attention(l, chunk.slot, q + row0 * q_width, t, chunk.start_pos, attention, attn + row0 * q_width);
-      row0 += t;
-    }
-    observe(observer_, b, *layer.o_proj, attn, total);
-    b.linear(*layer.o_proj, attn, total, delta);
-    if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, total * hidden);  // row-parallel partial sums
-    b.add_scaled(x, delta, c.residual_multiplier, total * hidden);
-
-    b.rms_norm(x, *layer.post_attention_norm, total, hidden, c.rms_norm_eps, h);
-    layer.ffn->forward(h, total, delta, observer_);
-    if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, total * hidden);
-    b.add_scaled(x, delta, c.residual_multiplier, total * hidden);
-  }
-
-  // Final norm and lm_head only on the rows whose logits are wanted.
-  float* selected = b.workspace(kSelected, logit_rows * hidden);
-  b.gather_rows(x, hidden, flat.logit_rows, selected);
-  b.rms_norm(selected, *final_norm_, logit_rows, hidden, c.rms_norm_eps, selected);
-  std::vector<float> logits(static_cast<size_t>(logit_rows * lm_head_->out_features));
-  if (b.host_memory()) {
-    b.linear(*lm_head_, selected, logit_rows, logits.data());
+  std::vector<float> logits(static_cast<size_t>(logit_rows * vocab));
+  if (flat.decode) {
+    // Every row wants its logits (logit_rows = 0 … n − 1): final norm and lm_head on all step rows, inside the
+    // work a backend may capture; only the batch's rows are copied back.
+    float* out = b.host_memory() ? logits.data() : b.workspace(kLogits, rows * vocab);
+    float* normed = b.workspace(kSelected, rows * hidden);
+    b.run_decode([&] {
+      layers();
+      b.rms_norm(x, *final_norm_, rows, hidden, c.rms_norm_eps, normed);
+      b.linear(*lm_head_, normed, rows, out);
+    });
+    if (!b.host_memory()) b.to_host(out, static_cast<int64_t>(logits.size()), logits.data());
   } else {
-    float* logits_dev = b.workspace(kLogits, logit_rows * lm_head_->out_features);
-    b.linear(*lm_head_, selected, logit_rows, logits_dev);
-    b.to_host(logits_dev, static_cast<int64_t>(logits.size()), logits.data());
+    layers();
+    // Final norm and lm_head only on the rows whose logits are wanted.
+    float* selected = b.workspace(kSelected, logit_rows * hidden);
+    b.gather_rows(x, hidden, flat.logit_rows, selected);
+    b.rms_norm(selected, *final_norm_, logit_rows, hidden, c.rms_norm_eps, selected);
+    if (b.host_memory()) {
+      b.linear(*lm_head_, selected, logit_rows, logits.data());
+    } else {
+      float* logits_dev = b.workspace(kLogits, logit_rows * vocab);
+      b.linear(*lm_head_, selected, logit_rows, logits_dev);
+      b.to_host(logits_dev, static_cast<int64_t>(logits.size()), logits.data());
+    }
   }
   if (c.logits_scaling != 1.0f) {
     for (float& v : logits) v /= c.logits_scaling;

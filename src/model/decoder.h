@@ -58,6 +58,7 @@ class Decoder final : public ForwardModel {
   void set_observer(ActivationObserver* observer) { observer_ = observer; }
 
   const Backend& backend() const { return *backend_; }
+  Backend& backend() { return *backend_; }
 
  private:
   struct Layer {
@@ -80,6 +81,7 @@ class Decoder final : public ForwardModel {
   ActivationObserver* observer_ = nullptr;
   dist::Communicator* comm_ = nullptr;  // null unless size > 1
   int64_t num_heads_ = 0, num_kv_heads_ = 0;  // this rank's (all of config's without tensor parallelism)
+  bool capturable_ = false;  // decode steps may be captured (FlatBatch::capturable): no MoE layer
 };
 
 /// Reads a [n] BF16/F16/F32 tensor as fp32. Throws FormatError when the shape is not [n].

@@ -25,16 +25,23 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
 
 int KvCache::acquire() {
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    if (s.in_use) continue;
-    if (s.keys.empty() && storage_ == nullptr) {
-      s.keys.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
-      s.values.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
-    }
-    s.in_use = true;
-    return static_cast<int>(i);
+    if (acquire(static_cast<int>(i))) return static_cast<int>(i);
   }
   return -1;
+}
+
+bool KvCache::acquire(int slot) {
+  if (slot < 0 || slot >= max_slots()) {
+    throw UsageError(fmt::format("KvCache: slot {} is outside [0, {})", slot, max_slots()));
+  }
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.in_use) return false;
+  if (s.keys.empty() && storage_ == nullptr) {
+    s.keys.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
+    s.values.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
+  }
+  s.in_use = true;
+  return true;
 }
 
 void KvCache::release(int slot) {

@@ -30,6 +30,10 @@ class KvCache {
 
   /// A free slot, or −1 when all are in use.
   int acquire();
+  /// Takes `slot` itself (allocating its memory like acquire) and returns true, or false when it is already in
+  /// use: a tensor-parallel rank mirrors the slots rank 0's scheduler chose. Throws UsageError outside
+  /// [0, max_slots).
+  bool acquire(int slot);
   /// Returns a slot to the pool; its contents become garbage.
   void release(int slot);
   int free_slots() const;

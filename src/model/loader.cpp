@@ -47,7 +47,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
   plan::PlanOptions plan_options;
   plan_options.device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
-  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
+  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(options.cuda_device) : make_cpu_backend();
   if (options.threads > 0) core::set_num_threads(options.threads);
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());

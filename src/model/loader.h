@@ -21,6 +21,7 @@ struct LoadOptions {
   /// cpu | cuda | sm80 … sm120. "cuda" plans for the GPU found and runs the model on it (model::CudaBackend,
   /// which needs a build with the CUDA backend); a GPU name plans only (dry run: the CPU backend runs).
   std::string device = "cpu";
+  int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
   bool progress = true;                   ///< loading progress bar on stderr

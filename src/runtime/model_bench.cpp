@@ -25,7 +25,7 @@ double per_second(int64_t count, double seconds) { return static_cast<double>(co
 
 std::vector<std::vector<ModelBenchSample>> run_model_bench(
     std::span<const ModelBenchTarget> targets, const ModelBenchConfig& config,
-    const std::function<void(size_t, int, const ModelBenchSample&)>& progress) {
+    const std::function<void(size_t, int, const ModelBenchSample&)>& progress, const ModelBenchLoader& loader) {
   if (targets.empty()) throw UsageError("bench model: no model to benchmark");
   if (config.prompt_tokens < 1 || config.gen_tokens < 2 || config.repetitions < 1) {
     throw UsageError(fmt::format("bench model: prompt tokens ({}) and repetitions ({}) must be ≥ 1 and generated "
@@ -56,10 +56,10 @@ std::vector<std::vector<ModelBenchSample>> run_model_bench(
     for (size_t j = 0; j < targets.size(); ++j) {
       const size_t i = (j + static_cast<size_t>(r)) % targets.size();
       const ModelBenchTarget& t = targets[i];
-      const model::LoadedModel loaded = model::load_model(t.dir, t.load);
-      const Tokenizer tokenizer = load_tokenizer(loaded.checkpoint);
-      model::KvCache cache = loaded.decoder->make_cache(config.prompt_tokens + config.gen_tokens, 1);
-      const GenerationResult result = generate(*loaded.decoder, cache, tokenizer, request, [](std::string_view) { return true; });
+      const BenchModel bench = loader ? loader(i, t) : BenchModel{model::load_model(t.dir, t.load), nullptr};
+      const Tokenizer tokenizer = load_tokenizer(bench.loaded.checkpoint);
+      model::KvCache cache = bench.model().make_cache(config.prompt_tokens + config.gen_tokens, 1);
+      const GenerationResult result = generate(bench.model(), cache, tokenizer, request, [](std::string_view) { return true; });
       if (static_cast<int64_t>(result.tokens.size()) != config.gen_tokens) {
         throw FormatError(fmt::format("bench model: {} generated {} of {} tokens", t.name, result.tokens.size(),
                                       config.gen_tokens));

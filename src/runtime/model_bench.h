@@ -50,6 +50,16 @@ struct ModelBenchSummary {
   double prefill_vs_first = 1;
 };
 
+/// The model one sample runs: what the loader loaded and the ForwardModel timed (the decoder itself, or a
+/// tensor-parallel RankZeroModel around it; destroyed first).
+struct BenchModel {
+  model::LoadedModel loaded;
+  std::unique_ptr<model::ForwardModel> wrapper;  ///< null: loaded.decoder runs
+  const model::ForwardModel& model() const { return wrapper ? *wrapper : *loaded.decoder; }
+};
+/// Loads targets[index] for one sample; the default is model::load_model(target.dir, target.load).
+using ModelBenchLoader = std::function<BenchModel(size_t index, const ModelBenchTarget& target)>;
+
 /// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) is loaded, prefills the same prompt,
 /// decodes gen_tokens greedily from an empty KV cache, and is freed (load time is not counted). `progress` (may
 /// be empty) is told each finished sample. Returns samples[model][repetition]. Throws UsageError when a count is
@@ -57,7 +67,8 @@ struct ModelBenchSummary {
 /// (max_position_embeddings); what load_model and the model throw.
 std::vector<std::vector<ModelBenchSample>> run_model_bench(
     std::span<const ModelBenchTarget> targets, const ModelBenchConfig& config,
-    const std::function<void(size_t model, int repetition, const ModelBenchSample&)>& progress = {});
+    const std::function<void(size_t model, int repetition, const ModelBenchSample&)>& progress = {},
+    const ModelBenchLoader& loader = {});
 
 /// Medians, spreads and ratios of run_model_bench's samples for `prompt_tokens` / `gen_tokens` as configured.
 /// samples[i] belongs to names[i]; every model must have the same number (≥ 1) of samples (UsageError).

@@ -2,10 +2,9 @@
 // Tensor parallelism end to end under mpirun (ctest label `mpi`): every rank loads a reference fixture twice, whole
 // (TP = 1) and as its shard of TP = world size, runs the same prompt prefill + greedy decode through both, and
 // checks that the greedy tokens are identical and every step's logits agree within 1e-4 · max|logit|. Rank 0
-// prints one parity-table row per fixture. The communicator is a test-side adapter over MPI's own collectives
-// (MPI_Allreduce & co.), so the test depends on no project code beyond the dist::Communicator interface.
+// prints one parity-table row per fixture. The communicator is dist::make_mpi_communicator, the one
+// `mpirun fp4serve … --tensor-parallel-size N` uses.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,31 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
-class MpiTestCommunicator final : public dist::Communicator {
- public:
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return "mpi-test"; }
-  bool device_memory() const override { return false; }
-  void all_reduce_sum(float* data, std::size_t count) override {
-    MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  }
-  void all_gather(const void* send, void* recv, std::size_t bytes) override {
-    MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, MPI_COMM_WORLD);
-  }
-  void broadcast(void* data, std::size_t bytes, int root) override {
-    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
-  }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
-  [[noreturn]] void abort(int code) override {
-    MPI_Abort(MPI_COMM_WORLD, code);
-    std::exit(code);
-  }
-
- private:
-  int rank_ = [] { int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }();
-  int size_ = [] { int s = 0; MPI_Comm_size(MPI_COMM_WORLD, &s); return s; }();
-};
+// The run's MPI communicator (dist::make_mpi_communicator, which initialises MPI), made first thing in main().
+dist::Communicator* g_comm = nullptr;
 
 struct ParityCase {
   std::string fixture;  // a tests/data/ref folder, or the tag of a tp_checkpoint.h checkpoint
@@ -90,7 +66,7 @@ class TpParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   const ParityCase& c = GetParam();
-  MpiTestCommunicator comm;
+  dist::Communicator& comm = *g_comm;
   LoadOptions whole;
   whole.progress = false;
   whole.threads = 1;
@@ -133,8 +109,7 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
 // channel (llama-fp8-block's 128-row scale blocks cannot split head_dim-32 KV heads: refused by the plan), online transforms (QuIP input/output, SpinQuant R3 q_attn/k_cache), Qwen3 q/k-norm, Qwen2 q/k/v biases,
 // MoE with split experts and expert-parallel, GPT-OSS (sinks, biases, fused MXFP4 experts).
 std::vector<ParityCase> cases() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int size = g_comm->size();
   std::vector<ParityCase> out;
   for (const char* f : {"llama-bf16", "llama-nvfp4a16", "llama-i352-mxfp4a16", "llama-i352-nvfp4", "llama-w4a16-asym",
                         "llama-fp8-dynamic", "llama-quip-mxfp4a16", "llama-quipuv-nvfp4a16", "llama-spinquant-nvfp4a16",
@@ -177,16 +152,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](co
 }  // namespace fp4serve::model
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const std::unique_ptr<fp4serve::dist::Communicator> comm = fp4serve::dist::make_mpi_communicator();
+  fp4serve::model::g_comm = comm.get();
   ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = comm->rank();
   // Only rank 0 reports; every rank runs every test (the collectives need them all).
   if (rank != 0) delete ::testing::UnitTest::GetInstance()->listeners().Release(
       ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-  const int result = RUN_ALL_TESTS();
-  int worst = result;
-  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  // Any rank's failure fails the run (mpirun reports the first non-zero exit).
+  float failed = RUN_ALL_TESTS() != 0 ? 1.f : 0.f;
+  comm->all_reduce_sum(&failed, 1);
+  return failed > 0.f ? 1 : 0;
 }

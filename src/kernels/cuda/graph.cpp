@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kernels/cuda/graph.h"
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,15 @@ void StepGraphs::reset() {
   capture_error_.clear();
 }
 
+void StepGraphs::reset_except(int64_t bucket) {
+  for (auto& [b, entry] : entries_) {
+    if (b != bucket && entry.exec != nullptr) {
+      cudaGraphExecDestroy(entry.exec);
+      entry.exec = nullptr;
+    }
+  }
+}
+
 size_t StepGraphs::graphs() const {
   size_t n = 0;
   for (const auto& [bucket, entry] : entries_) n += entry.exec != nullptr ? 1 : 0;
@@ -65,7 +75,7 @@ void StepGraphs::capture(int64_t bucket, cudaStream_t stream, const Step& step, 
     set_thread_capturing(true);
     try {
       step(bucket, stream);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // any exception: the capture must end before anything else runs
       failure = e.what();
     }
     set_thread_capturing(false);

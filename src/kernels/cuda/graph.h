@@ -64,6 +64,9 @@ class StepGraphs {
 
   /// Drops every graph (the next run of each bucket captures again) and forgets capture failures.
   void reset();
+  /// Drops every graph but `bucket`'s (after a buffer that the others baked has moved while `bucket` was being
+  /// captured with the new one); keeps capture failures.
+  void reset_except(int64_t bucket);
   /// Buckets that hold a graph now.
   size_t graphs() const;
   /// Why the last failed capture failed; empty when none has.

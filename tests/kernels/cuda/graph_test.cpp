@@ -64,6 +64,16 @@ TEST(CudaStepGraphs, CapturesOncePerBucketAndReplaysWithNewInputs) {
   EXPECT_EQ(x_dev.download(), x);
   EXPECT_TRUE(graphs.capture_error().empty()) << graphs.capture_error();
 
+  // reset_except keeps one bucket's graph (it replays) and drops the others (they capture again).
+  graphs.reset_except(8);
+  EXPECT_EQ(graphs.graphs(), 1u);
+  EXPECT_EQ(graphs.run(6, stream.get(), step), StepGraphs::Ran::Replayed);
+  expect_rows(8);
+  EXPECT_EQ(graphs.run(2, stream.get(), step), StepGraphs::Ran::Captured);
+  expect_rows(2);
+  stream.sync();
+  EXPECT_EQ(x_dev.download(), x);
+
   graphs.reset();
   EXPECT_EQ(graphs.graphs(), 0u);
   EXPECT_EQ(graphs.run(2, stream.get(), step), StepGraphs::Ran::Captured);

@@ -300,6 +300,94 @@ TEST_F(CudaOps, SplitDecodeAttentionMatchesCpuOverLongContextsWindowsAndSinks) {
   }
 }
 
+// Decode attention of one query over keys seq_base … seq_base + len − 1 in float64 (softmax with the max
+// subtracted; the sink joins the denominator only), written out here from the formula of ops.h.
+std::vector<double> attention_f64(const float* q, const float* k, const float* v, int64_t stride, int64_t len,
+                                  int64_t heads, int64_t kv_heads, int64_t d, double scale, int64_t window,
+                                  const float* sinks) {
+  std::vector<double> out(static_cast<size_t>(heads * d), 0.0);
+  const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t kvh = h / (heads / kv_heads);
+    std::vector<double> score(static_cast<size_t>(len - first));
+    double big = sinks != nullptr ? sinks[h] : -INFINITY;
+    for (int64_t p = first; p < len; ++p) {
+      double dot = 0.0;
+      for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(q[h * d + j]) * k[p * stride + kvh * d + j];
+      score[static_cast<size_t>(p - first)] = scale * dot;
+      big = std::max(big, scale * dot);
+    }
+    double denom = sinks != nullptr ? std::exp(sinks[h] - big) : 0.0;
+    for (double& sc : score) denom += (sc = std::exp(sc - big));
+    for (int64_t p = first; p < len; ++p) {
+      const double w = score[static_cast<size_t>(p - first)] / denom;
+      for (int64_t j = 0; j < d; ++j) out[static_cast<size_t>(h * d + j)] += w * v[p * stride + kvh * d + j];
+    }
+  }
+  return out;
+}
+
+// The split-KV decode attention at long contexts (up to 32768 keys, where each split walks ~1000 keys and the
+// merge adds 32 partial softmaxes) against float64: the error must stay at fp32 rounding of the output scale,
+// for the planned split count as for 1 and 32 splits, with a window and with sinks.
+TEST_F(CudaOps, SplitDecodeAttentionMatchesAFloat64ReferenceAtLongContexts) {
+  constexpr int64_t kHeads = 8, kKvHeads = 2, kDim = 128;
+  const std::vector<int32_t> lens = {32768, 9000, 1, 20001};
+  const int64_t stride = kKvHeads * kDim;
+  std::vector<int64_t> base;
+  int64_t total = 0;
+  for (const int32_t len : lens) {
+    base.push_back(total);
+    total += len;
+  }
+  const auto rows = static_cast<int64_t>(lens.size());
+  const auto q = random_nonzero(static_cast<size_t>(rows * kHeads * kDim), 31, 0.5f, 4.0f);  // peaked softmax
+  const auto k = random_nonzero(static_cast<size_t>(total * stride), 32, 0.05f, 1.0f);
+  const auto v = random_nonzero(static_cast<size_t>(total * stride), 33);
+  const auto sinks = random_nonzero(static_cast<size_t>(kHeads), 34, 0.5f, 3.0f);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  const auto q_dev = to_device(q);
+  const auto k_dev = to_device(k);
+  const auto v_dev = to_device(v);
+  const auto base_dev = to_device(base);
+  const auto len_dev = to_device(lens);
+  const auto sinks_dev = to_device(sinks);
+  const int sms = cuda_device(0)->multiprocessors;
+  for (const int64_t window : {int64_t{0}, int64_t{4000}}) {
+    for (const bool with_sinks : {false, true}) {
+      std::vector<double> want;
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto one = attention_f64(q.data() + r * kHeads * kDim, k.data() + base[static_cast<size_t>(r)] * stride,
+                                       v.data() + base[static_cast<size_t>(r)] * stride, stride,
+                                       lens[static_cast<size_t>(r)], kHeads, kKvHeads, kDim, scale, window,
+                                       with_sinks ? sinks.data() : nullptr);
+        want.insert(want.end(), one.begin(), one.end());
+      }
+      const DecodeAttentionBatch batch{q_dev.data(), k_dev.data(), v_dev.data(), stride, base_dev.data(),
+                                       len_dev.data(), rows, 32768};
+      const AttentionShape shape{kHeads, kKvHeads, kDim, static_cast<float>(scale), window,
+                                 with_sinks ? sinks_dev.data() : nullptr};
+      for (const int64_t splits : {plan_kv_splits(rows, kHeads, 32768, sms), int64_t{1}, kMaxKvSplits}) {
+        SCOPED_TRACE(::testing::Message() << "window " << window << " sinks " << with_sinks << " splits " << splits);
+        const int64_t floats = attention_decode_workspace_floats(rows, kHeads, kDim, splits);
+        DeviceBuffer<float> workspace(static_cast<size_t>(floats));
+        DeviceBuffer<float> out(q.size());
+        FP4SERVE_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));  // NaN: an unwritten output fails
+        attention_decode(batch, shape, splits, workspace.data(), floats, out.data(), kDefaultStream);
+        const std::vector<float> got = out.download();
+        double worst = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+          worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+        }
+        // |v| ≤ 1, so every output is a convex combination within [−1, 1]; fp32 scores (σ ≈ 1.4, max ≈ 6) carry
+        // ~1e-6 relative error into the weights, the sums of up to 32768 terms a few 1e-6 more.
+        EXPECT_LE(worst, 2e-5) << "max |GPU − float64| over " << want.size() << " outputs";
+      }
+    }
+  }
+}
+
 TEST(CudaOpsHost, AttentionRejectsUnsupportedShapesBeforeLaunching) {
   // Host-side argument checks run without a GPU.
   EXPECT_THROW(attention(nullptr, 1, 0, nullptr, nullptr, 512, AttentionShape{2, 1, 512, 1.0f}, nullptr, nullptr),

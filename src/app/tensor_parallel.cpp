@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "app/tensor_parallel.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <array>
+#include <cstdio>
+#include <cstring>
+
+#include "app/log.h"
+#include "fp4serve/error.h"
+
+namespace fp4serve::app {
+namespace {
+
+std::vector<std::string>& command_line() {
+  static std::vector<std::string> args;
+  return args;
+}
+
+// Rank 0 → followers before each load: the model's index + 1, or 0 to end the run.
+constexpr int64_t kEndRun = 0;
+
+// Every rank's load outcome, gathered: empty strings for success.
+std::vector<std::string> gather_errors(dist::Communicator& comm, const std::string& mine) {
+  std::array<char, 1024> buf{};
+  std::memcpy(buf.data(), mine.data(), std::min(mine.size(), buf.size() - 1));
+  std::vector<char> all(buf.size() * static_cast<size_t>(comm.size()));
+  comm.all_gather(buf.data(), all.data(), buf.size());
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r) out.emplace_back(all.data() + static_cast<size_t>(r) * buf.size());
+  return out;
+}
+
+runtime::FatalHandler print_and_abort(int rank) {
+  return [rank](const std::exception& e) {
+    std::fprintf(stderr, "fp4serve: error: rank %d: %s (the other ranks cannot go on: ending the run)\n", rank, e.what());
+  };
+}
+
+}  // namespace
+
+std::vector<std::string> remember_command_line(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-tp") {
+      args.emplace_back("--tensor-parallel-size");
+    } else if (a.starts_with("-tp=")) {
+      args.push_back("--tensor-parallel-size=" + a.substr(4));
+    } else {
+      args.push_back(a);
+    }
+  }
+  command_line() = args;
+  return args;
+}
+
+TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
+  const dist::LaunchInfo launch = dist::detect_launch();
+  const std::vector<std::string>& args = command_line();
+  std::vector<const char*> rest;
+  for (size_t i = 1; i < args.size(); ++i) rest.push_back(args[i].c_str());
+  const std::string hint = dist::mpirun_command(opts.tensor_parallel_size, args.empty() ? "fp4serve" : args[0],
+                                                static_cast<int>(rest.size()), rest.data(), geteuid() == 0);
+  try {
+    dist::check_tensor_parallel_size(opts.tensor_parallel_size, launch, hint);
+  } catch (const UsageError&) {
+    if (launch.launched && launch.rank != 0) throw CLI::RuntimeError(2);  // rank 0 prints the refusal once
+    throw;
+  }
+  if (opts.tensor_parallel_size == 1) {
+    comm_ = dist::make_single_communicator();
+    return;
+  }
+  comm_ = dist::make_mpi_communicator();
+  if (comm_->size() != opts.tensor_parallel_size) {  // a PMIx launch that did not export its size
+    throw UsageError(fmt::format("--tensor-parallel-size {} does not match MPI's world size {}", opts.tensor_parallel_size,
+                                 comm_->size()));
+  }
+  opts.load.tensor_parallel_size = comm_->size();
+  opts.load.rank = comm_->rank();
+  opts.load.comm = comm_.get();
+  if (opts.load.device == "cuda") opts.load.cuda_device = launch.local_rank;
+  if (comm_->rank() != 0) {
+    set_log_level(LogLevel::Error);
+    opts.load.progress = false;
+  }
+}
+
+TensorParallelRun::~TensorParallelRun() {
+  if (!leader() || ended_ || size() == 1) return;
+  try {
+    int64_t end = kEndRun;
+    comm_->broadcast(&end, sizeof(end), 0);
+  } catch (const std::exception& e) {
+    print_and_abort(0)(e);
+    comm_->abort(3);
+  }
+}
+
+RankModel TensorParallelRun::load(const ModelOptions& opts, size_t index) {
+  if (!leader()) throw UsageError("TensorParallelRun::load runs on rank 0; the other ranks follow");
+  if (size() > 1) {
+    auto go = static_cast<int64_t>(index + 1);
+    comm_->broadcast(&go, sizeof(go), 0);
+  }
+  RankModel out;
+  std::string error;
+  std::exception_ptr own;
+  try {
+    out.loaded = load_model_for(opts);
+  } catch (const std::exception& e) {
+    error = e.what();
+    own = std::current_exception();
+  }
+  if (size() > 1) {
+    const std::vector<std::string> errors = gather_errors(*comm_, error);
+    for (const std::string& e : errors) ended_ = ended_ || !e.empty();  // the followers have returned
+    if (own) std::rethrow_exception(own);
+    for (int r = 1; r < size(); ++r) {
+      if (!errors[static_cast<size_t>(r)].empty()) {
+        throw Error(fmt::format("rank {} of {} failed to load the model: {}", r, size(), errors[static_cast<size_t>(r)]));
+      }
+    }
+  } else if (own) {
+    std::rethrow_exception(own);
+  }
+  out.tp = std::make_unique<runtime::RankZeroModel>(*out.loaded.decoder, *comm_, print_and_abort(0));
+  return out;
+}
+
+void TensorParallelRun::follow(std::span<const ModelOptions> models) {
+  if (leader()) throw UsageError("TensorParallelRun::follow runs on ranks other than 0");
+  for (;;) {
+    int64_t go = kEndRun;
+    comm_->broadcast(&go, sizeof(go), 0);
+    if (go == kEndRun) return;
+    const auto index = static_cast<size_t>(go - 1);
+    if (index >= models.size()) {
+      throw FormatError(fmt::format("rank {}: rank 0 asked for model {} of {}", comm_->rank(), index, models.size()));
+    }
+    model::LoadedModel loaded;
+    std::string error;
+    try {
+      loaded = load_model_for(models[index]);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const std::vector<std::string> errors = gather_errors(*comm_, error);
+    bool any = false;
+    for (const std::string& e : errors) any = any || !e.empty();
+    if (any) throw CLI::RuntimeError(2);  // rank 0 prints the failing rank's message and exits 2
+    runtime::run_follower(*loaded.decoder, *comm_, print_and_abort(comm_->rank()));
+  }
+}
+
+}  // namespace fp4serve::app

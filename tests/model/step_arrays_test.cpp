@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// The host side of GPU decode steps (model/step_arrays.h): which steps are decode steps, the rows a step is
+// padded to, and the packed per-row arrays a captured graph reads, unpacked here and checked field by field
+// against values computed in the test from the batch.
+#include "model/step_arrays.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::model {
+namespace {
+
+template <class T>
+std::vector<T> unpack(const std::vector<std::byte>& bytes, size_t offset, int64_t rows) {
+  std::vector<T> out(static_cast<size_t>(rows));
+  std::memcpy(out.data(), bytes.data() + offset, out.size() * sizeof(T));
+  return out;
+}
+
+const std::vector<int64_t> kBuckets = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+
+TEST(StepArrays, DecodeStepsAreBatchesOfOneTokenChunks) {
+  const std::vector<int32_t> one = {7}, two = {7, 8};
+  const auto flat = [](std::vector<SequenceChunk> b) { return flatten_batch(b, 2, 32, 4, 100); };
+  EXPECT_TRUE(flat({{0, 5, one, false}}).decode);
+  EXPECT_TRUE(flat({{0, 5, one, false}, {3, 0, one, true}, {1, 9, one, false}}).decode);
+  EXPECT_FALSE(flat({{0, 5, two, false}}).decode);
+  EXPECT_FALSE(flat({{0, 5, one, false}, {1, 0, two, false}}).decode);
+  // A decode step wants every row's logits, in row order, all_logits or not (the decoder's decode path relies on
+  // it: lm_head runs on all rows and the first rows are copied back).
+  EXPECT_EQ(flat({{2, 5, one, true}, {0, 0, one, false}, {1, 3, one, false}}).logit_rows,
+            (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_FALSE(flat({{0, 5, one, false}}).capturable) << "the decoder, not flatten_batch, decides";
+}
+
+TEST(StepArrays, CapturableDecodeStepsArePaddedToTheirBucket) {
+  FlatBatch f;
+  const auto rows_for = [&](int64_t n, bool decode, bool capturable) {
+    f.ids.assign(static_cast<size_t>(n), 1);
+    f.decode = decode;
+    f.capturable = capturable;
+    return padded_step_rows(f, kBuckets);
+  };
+  EXPECT_EQ(rows_for(1, true, true), 1);
+  EXPECT_EQ(rows_for(3, true, true), 4);
+  EXPECT_EQ(rows_for(17, true, true), 24);
+  EXPECT_EQ(rows_for(200, true, true), 256);
+  EXPECT_EQ(rows_for(256, true, true), 256);
+  EXPECT_EQ(rows_for(257, true, true), 257) << "above the largest bucket: eager, unpadded";
+  EXPECT_EQ(rows_for(3, true, false), 3) << "not capturable (MoE, observer): no padding";
+  EXPECT_EQ(rows_for(3, false, true), 3) << "prefill: no padding";
+}
+
+TEST(StepArrays, LayoutIsAlignedAndDisjoint) {
+  for (const int64_t rows : {0, 1, 3, 4, 255, 256}) {
+    const StepArraysLayout l = step_arrays_layout(rows);
+    const auto n = static_cast<size_t>(rows);
+    EXPECT_EQ(l.bytes, 32 * n);
+    EXPECT_EQ(l.positions % 8, 0u);
+    EXPECT_EQ(l.cache_rows % 8, 0u);
+    EXPECT_EQ(l.seq_base % 8, 0u);
+    EXPECT_EQ(l.ids % 4, 0u);
+    EXPECT_EQ(l.seq_len % 4, 0u);
+    // [begin, end) of each array, sorted by offset: consecutive, covering exactly `bytes`.
+    EXPECT_EQ(l.cache_rows, l.positions + 8 * n);
+    EXPECT_EQ(l.seq_base, l.cache_rows + 8 * n);
+    EXPECT_EQ(l.ids, l.seq_base + 8 * n);
+    EXPECT_EQ(l.seq_len, l.ids + 4 * n);
+    EXPECT_EQ(l.bytes, l.seq_len + 4 * n);
+  }
+  EXPECT_THROW(step_arrays_layout(-1), UsageError);
+}
+
+TEST(StepArrays, PackWritesTheBatchThenScratchPadding) {
+  constexpr int64_t kLayers = 3, kSeq = 50;
+  constexpr int kSlots = 6;
+  const std::vector<int32_t> a = {11}, b = {12}, c = {13};
+  const std::vector<SequenceChunk> batch = {{4, 17, a, false}, {0, 0, b, false}, {2, 49, c, true}};
+  FlatBatch flat = flatten_batch(batch, kLayers, kSeq, kSlots, 100);
+  flat.capturable = true;
+  const int64_t rows = padded_step_rows(flat, kBuckets);
+  ASSERT_EQ(rows, 4);
+  const StepArraysLayout l = step_arrays_layout(rows);
+  std::vector<std::byte> bytes(l.bytes + 8, std::byte{0xAB});
+  pack_step_arrays(flat, rows, kLayers, kSeq, /*scratch_slot=*/kSlots, bytes);
+
+  const int64_t per_slot = kLayers * kSeq;
+  EXPECT_EQ(unpack<int64_t>(bytes, l.positions, rows), (std::vector<int64_t>{17, 0, 49, 0}));
+  EXPECT_EQ(unpack<int64_t>(bytes, l.cache_rows, rows),
+            (std::vector<int64_t>{4 * per_slot + 17, 0, 2 * per_slot + 49, kSlots * per_slot}));
+  EXPECT_EQ(unpack<int64_t>(bytes, l.seq_base, rows),
+            (std::vector<int64_t>{4 * per_slot, 0, 2 * per_slot, kSlots * per_slot}));
+  EXPECT_EQ(unpack<int32_t>(bytes, l.ids, rows), (std::vector<int32_t>{11, 12, 13, 0}));
+  EXPECT_EQ(unpack<int32_t>(bytes, l.seq_len, rows), (std::vector<int32_t>{18, 1, 50, 1}));
+  for (size_t i = l.bytes; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], std::byte{0xAB}) << "wrote past the layout";
+
+  // Unpadded (eager) packing of the same batch: the same real rows, no padding row.
+  const StepArraysLayout l3 = step_arrays_layout(3);
+  std::vector<std::byte> exact(l3.bytes);
+  pack_step_arrays(flat, 3, kLayers, kSeq, kSlots, exact);
+  EXPECT_EQ(unpack<int32_t>(exact, l3.seq_len, 3), (std::vector<int32_t>{18, 1, 50}));
+  EXPECT_EQ(unpack<int64_t>(exact, l3.cache_rows, 3), flat.cache_rows);
+}
+
+TEST(StepArrays, PackRefusesTooFewRowsOrBytes) {
+  const std::vector<int32_t> a = {1};
+  const std::vector<SequenceChunk> batch = {{0, 0, a, false}, {1, 0, a, false}};
+  const FlatBatch flat = flatten_batch(batch, 2, 8, 2, 10);
+  std::vector<std::byte> bytes(step_arrays_layout(4).bytes);
+  EXPECT_THROW(pack_step_arrays(flat, 1, 2, 8, 2, bytes), UsageError);
+  EXPECT_THROW(pack_step_arrays(flat, 4, 2, 8, 2, std::span(bytes).first(bytes.size() - 1)), UsageError);
+  EXPECT_THROW(pack_step_arrays(flat, 4, 0, 8, 2, bytes), UsageError);
+  EXPECT_THROW(pack_step_arrays(flat, 4, 2, 8, -1, bytes), UsageError);
+  EXPECT_NO_THROW(pack_step_arrays(flat, 4, 2, 8, 2, bytes));
+}
+
+}  // namespace
+}  // namespace fp4serve::model
