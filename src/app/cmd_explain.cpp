@@ -10,6 +10,7 @@
 #include "checkpoint/checkpoint.h"
 #include "plan/explain.h"
 #include "plan/layer_plan.h"
+#include "plan/shard.h"
 
 namespace fp4serve::app {
 namespace {
@@ -20,6 +21,8 @@ struct ExplainOptions {
   std::string activation_quant = "auto";
   bool json = false;
   bool check_scales = false;
+  int tensor_parallel_size = 1;
+  bool expert_parallel = false;
 };
 
 // Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
@@ -30,10 +33,20 @@ void run_explain(const ExplainOptions& opts) {
   const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(opts.model, /*allow_file=*/true));
   const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
   if (opts.check_scales) plan::check_scale_values(layer_plan, ckpt);
+  std::string tp_text;
+  if (opts.tensor_parallel_size > 1 || opts.expert_parallel) {
+    // Refuses (exit 2, naming the valid sizes) a size the model cannot split.
+    const plan::TensorParallelPlan tp =
+        plan::plan_tensor_parallel(layer_plan, opts.tensor_parallel_size, opts.expert_parallel);
+    tp_text = plan::render_tensor_parallel_text(layer_plan, tp);
+  }
   if (opts.json) {
-    fmt::print("{}\n", plan::render_explain_json(layer_plan, opts.model).dump(2));
+    nlohmann::json j = plan::render_explain_json(layer_plan, opts.model);
+    if (!tp_text.empty()) j["tensor_parallel"] = tp_text;
+    fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model));
+    if (!tp_text.empty()) fmt::print("\n{}", tp_text);
   }
   if (!layer_plan.complete()) throw CLI::RuntimeError(1);
 }
@@ -51,6 +64,10 @@ void register_explain(CLI::App& root) {
   cmd->add_flag("--json", opts->json, "print JSON (rows, notices, every module with its tensors) instead of a table");
   cmd->add_flag("--check-scales", opts->check_scales,
                 "also read the scalar global/input scales (4 bytes each) and reject zero, NaN or Inf");
+  cmd->add_option("--tensor-parallel-size", opts->tensor_parallel_size,
+                  "also show how N ranks split every layer, and the valid sizes (no MPI needed)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--expert-parallel", opts->expert_parallel, "MoE layers: whole experts per rank instead of split experts");
   cmd->callback([opts] { run_explain(*opts); });
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/tensor_view.h"
+#include "dist/communicator.h"
 #include "kernels/rope.h"
 #include "model/forward_model.h"
 #include "model/kv_cache.h"
@@ -189,6 +190,10 @@ class Backend {
                                 std::span<const float> weights, float* out) = 0;
   /// out[t, :] += sigmoid(gate[t]) · y[t, :] for t < m (Qwen2-MoE shared expert). gate: [m]; y, out: [m, width].
   virtual void add_sigmoid_gated(const float* y, const float* gate, int64_t m, int64_t width, float* out) = 0;
+  /// Tensor parallelism: x[0:n] ← Σ over the ranks of `comm` of x[0:n] (fp32), after this backend's queued work
+  /// on x; every rank calls it with the same n. Device memory goes to a device communicator (NCCL) directly and
+  /// through a host copy to a host one (MPI). Throws what the communicator throws.
+  virtual void all_reduce_sum(dist::Communicator& comm, float* x, int64_t n) = 0;
   /// host[0:n] = x[0:n].
   virtual void to_host(const float* x, int64_t n, float* host) = 0;
   /// x[0:n] readable on the host: x itself on a host backend, else a copy in `copy`.

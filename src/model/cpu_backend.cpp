@@ -217,6 +217,16 @@ void CpuBackend::add_sigmoid_gated(const float* y, const float* gate, int64_t m,
   }
 }
 
+void CpuBackend::all_reduce_sum(dist::Communicator& comm, float* x, int64_t n) {
+  if (n <= 0) return;
+  if (comm.device_memory()) {
+    throw UsageError(fmt::format("all_reduce_sum: the {} communicator reduces device memory; the CPU backend's "
+                                 "activations are host memory (use an MPI communicator with --device cpu)",
+                                 comm.name()));
+  }
+  comm.all_reduce_sum(x, static_cast<size_t>(n));
+}
+
 void CpuBackend::to_host(const float* x, int64_t n, float* host) {
   if (n > 0 && host != x) std::memcpy(host, x, static_cast<size_t>(n) * sizeof(float));
 }

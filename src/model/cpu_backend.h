@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
   void scatter_add_rows(const float* y, int64_t width, std::span<const int64_t> rows, std::span<const float> weights,
                         float* out) override;
   void add_sigmoid_gated(const float* y, const float* gate, int64_t m, int64_t width, float* out) override;
+  void all_reduce_sum(dist::Communicator& comm, float* x, int64_t n) override;
   void to_host(const float* x, int64_t n, float* host) override;
   const float* host_view(const float* x, int64_t n, std::vector<float>& copy) override;
   const FlatBatch& step() const override;

@@ -633,6 +633,21 @@ void CudaBackend::add_sigmoid_gated(const float* y, const float* gate, int64_t m
   kc::add_sigmoid_gated(y, gate, m, width, out, impl_->s());
 }
 
+void CudaBackend::all_reduce_sum(dist::Communicator& comm, float* x, int64_t n) {
+  if (n <= 0) return;
+  // The communicator's collectives block until done; the stream's work on x must be finished first.
+  impl_->stream.sync();
+  if (comm.device_memory()) {
+    comm.all_reduce_sum(x, static_cast<size_t>(n));
+    return;
+  }
+  std::vector<float> host(static_cast<size_t>(n));
+  to_host(x, n, host.data());
+  comm.all_reduce_sum(host.data(), host.size());
+  FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(x, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, impl_->s()));
+  impl_->stream.sync();
+}
+
 void CudaBackend::to_host(const float* x, int64_t n, float* host) {
   if (n <= 0) return;
   FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(host, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, impl_->s()));

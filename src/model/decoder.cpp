@@ -65,9 +65,21 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights) : Decoder(std:
 Decoder::~Decoder() = default;
 
 Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend)
-    : config_(std::move(config)), backend_(std::move(backend)) {
+    : Decoder(std::move(config), weights, std::move(backend), nullptr) {}
+
+Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend,
+                 dist::Communicator* comm)
+    : config_(std::move(config)), backend_(std::move(backend)), comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr) {
   if (!backend_) throw UsageError("Decoder: no backend");
   const ModelConfig& c = config_;
+  const std::optional<AttentionHeads> shard = weights.attention_heads();
+  num_heads_ = shard ? shard->q_count : c.num_heads;
+  num_kv_heads_ = shard ? shard->kv_count : c.num_kv_heads;
+  if (shard.has_value() != (comm_ != nullptr)) {
+    throw UsageError(fmt::format("Decoder: a {} weight source needs {} (communicator size {})",
+                                 shard ? "sharded" : "whole", shard ? "a communicator of size > 1" : "no communicator",
+                                 comm ? comm->size() : 1));
+  }
   Backend& b = *backend_;
   const checkpoint::ArchitectureSpec& spec = checkpoint::architecture_spec(c.architecture_name);
   const auto vector = [&](TensorRole role, int64_t layer, int64_t n) {
@@ -96,10 +108,17 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
       layer.q_norm = vector(TensorRole::QNorm, l, c.head_dim);
       layer.k_norm = vector(TensorRole::KNorm, l, c.head_dim);
     }
-    if (c.attention_sinks) layer.sinks = vector(TensorRole::Sinks, l, c.num_heads);
+    if (c.attention_sinks) {
+      std::vector<float> sinks = load_vector(weights, checkpoint::tensor_name(spec, TensorRole::Sinks, l), c.num_heads);
+      if (shard) {
+        const auto first = sinks.begin() + shard->q_begin;
+        sinks = std::vector<float>(first, first + shard->q_count);
+      }
+      layer.sinks = b.upload_vector(std::move(sinks));
+    }
     layer.sliding_window = c.sliding_window_of(l);
     const std::string attn = checkpoint::attention_module(spec, l);
-    b.check_attention({c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale, layer.sliding_window,
+    b.check_attention({num_heads_, num_kv_heads_, c.head_dim, c.attention_scale, layer.sliding_window,
                        layer.sinks.get()},
                       attn);
     LinearGroup qkv = group({ModuleRole::QProj, ModuleRole::KProj, ModuleRole::VProj}, l);
@@ -115,7 +134,7 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
         out.push_back(b.upload_transform(t, attn));
       }
     }
-    const int64_t qkv_out = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+    const int64_t qkv_out = (num_heads_ + 2 * num_kv_heads_) * c.head_dim;
     if (qkv.out_features() != qkv_out || qkv.in_features() != c.hidden_size) {
       throw FormatError(fmt::format("{} q/k/v: [{}, {}] in total where [{}, {}] was expected from config.json", attn,
                                     qkv.out_features(), qkv.in_features(), qkv_out, c.hidden_size));
@@ -129,9 +148,10 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
     }
     LinearGroup gate_up = group({ModuleRole::GateProj, ModuleRole::UpProj}, l);
     LinearGroup down = group({ModuleRole::DownProj}, l);
-    if (gate_up.out_features() != 2 * c.intermediate_size || down.out_features() != c.hidden_size) {
+    const int64_t inter = shard ? down.in_features() : c.intermediate_size;  // a shard holds a slice of I
+    if (gate_up.out_features() != 2 * inter || down.out_features() != c.hidden_size) {
       throw FormatError(fmt::format("{}.mlp: gate|up has {} outputs and down {}; config.json expects {} and {}", p,
-                                    gate_up.out_features(), down.out_features(), 2 * c.intermediate_size,
+                                    gate_up.out_features(), down.out_features(), 2 * inter,
                                     c.hidden_size));
     }
     layer.ffn = std::make_unique<DenseMlp>(b, b.upload_linear(std::move(gate_up)), b.upload_linear(std::move(down)));
@@ -147,13 +167,14 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
   lm_head_ = b.upload_linear(std::move(lm_head));
   // MoE blocks route on the host (Backend::route copies the router logits back), so their decode steps cannot
   // be captured; dense models run every op on the backend.
-  capturable_ = true;
+  // Tensor parallelism: the all-reduces wait on the stream and call the communicator, outside any graph.
+  capturable_ = comm_ == nullptr;
   for (int64_t l = 0; l < c.num_layers; ++l) capturable_ = capturable_ && !c.is_moe_layer(l);
   rope_ = b.upload_rope(kernels::RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
 }
 
 KvCache Decoder::make_cache(int64_t max_seq_len, int max_slots) const {
-  return backend_->make_cache(config_.num_layers, config_.num_kv_heads, config_.head_dim, max_seq_len, max_slots);
+  return backend_->make_cache(config_.num_layers, num_kv_heads_, config_.head_dim, max_seq_len, max_slots);
 }
 
 std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCache& cache) const {
@@ -161,8 +182,8 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   Backend& b = *backend_;
   const int64_t hidden = c.hidden_size;
   const int64_t hd = c.head_dim;
-  const int64_t q_width = c.num_heads * hd;
-  const int64_t kv_width = c.num_kv_heads * hd;
+  const int64_t q_width = num_heads_ * hd;
+  const int64_t kv_width = num_kv_heads_ * hd;
   const int64_t qkv_width = q_width + 2 * kv_width;
   const int64_t vocab = lm_head_->out_features;
 
@@ -190,7 +211,7 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
     b.embed(*embed_tokens_, c.embedding_multiplier, x);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Layer& layer = layers_[static_cast<size_t>(l)];
-      const AttentionOp attention{c.num_heads, c.num_kv_heads, hd, c.attention_scale, layer.sliding_window,
+      const AttentionOp attention{num_heads_, num_kv_heads_, hd, c.attention_scale, layer.sliding_window,
                                   layer.sinks.get()};
       b.rms_norm(x, *layer.input_norm, rows, hidden, c.rms_norm_eps, h);
       observe(observer_, b, *layer.qkv, h, rows);
@@ -198,11 +219,11 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
       b.copy_columns(qkv, qkv_width, q, q_width, rows, q_width);
       b.copy_columns(qkv + q_width, qkv_width, k, kv_width, rows, kv_width);
       if (c.qk_norm) {
-        b.rms_norm(q, *layer.q_norm, rows * c.num_heads, hd, c.rms_norm_eps, q);
-        b.rms_norm(k, *layer.k_norm, rows * c.num_kv_heads, hd, c.rms_norm_eps, k);
+        b.rms_norm(q, *layer.q_norm, rows * num_heads_, hd, c.rms_norm_eps, q);
+        b.rms_norm(k, *layer.k_norm, rows * num_kv_heads_, hd, c.rms_norm_eps, k);
       }
-      b.rope(*rope_, q, c.num_heads, hd);
-      b.rope(*rope_, k, c.num_kv_heads, hd);
+      b.rope(*rope_, q, num_heads_, hd);
+      b.rope(*rope_, k, num_kv_heads_, hd);
       // compressed-tensors' query / key hooks see the post-RoPE (and post-q/k-norm) states; the keys are rotated
       // before the cache write below, so the cache holds rotated keys. head_dim blocks never straddle two heads.
       for (const auto& t : layer.query_transforms) b.transform(*t, q, rows, q_width);
@@ -221,10 +242,12 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
       }
       observe(observer_, b, *layer.o_proj, attn, rows);
       b.linear(*layer.o_proj, attn, rows, delta);
+      if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, rows * hidden);  // row-parallel partial sums
       b.add_scaled(x, delta, c.residual_multiplier, rows * hidden);
 
       b.rms_norm(x, *layer.post_attention_norm, rows, hidden, c.rms_norm_eps, h);
       layer.ffn->forward(h, rows, delta, observer_);
+      if (comm_ != nullptr) b.all_reduce_sum(*comm_, delta, rows * hidden);
       b.add_scaled(x, delta, c.residual_multiplier, rows * hidden);
     }
   };

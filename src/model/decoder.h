@@ -36,6 +36,10 @@ class Decoder final : public ForwardModel {
   /// tensor or module for shapes that disagree with config.json, UnsupportedError naming the op and the layer for
   /// what the backend cannot run, and what the weight source throws.
   Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend);
+  /// Tensor parallelism: `weights` is this rank's shard (WeightSource::attention_heads) and `comm` (kept, must
+  /// outlive the decoder; null or size 1: a whole model) sums the row-parallel partial outputs, one all-reduce
+  /// after o_proj and one after the MLP / MoE block per layer. Every rank must run the same steps.
+  Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend, dist::Communicator* comm);
   /// The same on the CPU backend.
   Decoder(ModelConfig config, const WeightSource& weights);
   ~Decoder() override;
@@ -75,6 +79,8 @@ class Decoder final : public ForwardModel {
   std::unique_ptr<BackendLinear> lm_head_;
   std::unique_ptr<BackendRope> rope_;
   ActivationObserver* observer_ = nullptr;
+  dist::Communicator* comm_ = nullptr;  // null unless size > 1
+  int64_t num_heads_ = 0, num_kv_heads_ = 0;  // this rank's (all of config's without tensor parallelism)
   bool capturable_ = false;  // decode steps may be captured (FlatBatch::capturable): no MoE layer
 };
 

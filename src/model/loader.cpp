@@ -13,6 +13,7 @@
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
+#include "plan/shard.h"
 
 namespace fp4serve::model {
 namespace {
@@ -98,9 +99,18 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     bytes += use.bytes;
   }
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
-  LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
-  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, prepare);
-  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend));
+  const int tp_size = options.tensor_parallel_size;
+  const int comm_size = options.comm != nullptr ? options.comm->size() : 1;
+  const int comm_rank = options.comm != nullptr ? options.comm->rank() : 0;
+  if (tp_size != comm_size || options.rank != comm_rank) {
+    throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}", tp_size,
+                                 options.rank, comm_size, comm_rank));
+  }
+  // Every rank plans the same split from the same headers; rank 0 only draws the progress bar.
+  const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, tp_size, options.expert_parallel);
+  LoadProgress progress(tensors, bytes, options.progress && options.rank == 0 && ::isatty(STDERR_FILENO) == 1);
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, options.rank, prepare);
+  loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend), options.comm);
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loaded;

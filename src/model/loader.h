@@ -50,7 +50,8 @@ struct LoadedModel {
 /// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
 /// UsageError when activation_precision is not fp32 or lm_head_dtype not bf16 (CPU-only paths), UnsupportedError
 /// when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
-/// backend throws for an op it does not have (naming the op and the layer).
+/// backend throws for an op it does not have (naming the op and the layer). Tensor parallelism: UsageError when
+/// the size, rank and communicator disagree or the model does not split over that size (naming the valid sizes).
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options);
 
 }  // namespace fp4serve::model

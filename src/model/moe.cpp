@@ -56,9 +56,13 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
     throw FormatError(fmt::format("{}: num_experts_per_tok {} outside 1 … {}", name_, settings_.router.top_k, e));
   }
   hidden_ = router.in_features();
-  intermediate_ = experts.front().down.in_features();
+  // Under expert parallelism the experts of other ranks are empty groups: not run here.
+  const auto local = std::find_if(experts.begin(), experts.end(), [](const ExpertWeights& x) { return !x.down.empty(); });
+  if (local == experts.end()) throw FormatError(fmt::format("{}: no expert of this block is loaded", name_));
+  intermediate_ = local->down.in_features();
   for (size_t i = 0; i < experts.size(); ++i) {
     const ExpertWeights& x = experts[i];
+    if (x.w13.empty() && x.down.empty()) continue;
     if (x.w13.in_features() != hidden_ || x.w13.out_features() != w13_rows(settings_.activation, intermediate_) ||
         x.down.in_features() != intermediate_ || x.down.out_features() != hidden_) {
       throw FormatError(fmt::format(
@@ -85,7 +89,13 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
   backend_ = backend;
   router_ = backend_->upload_linear(std::move(router));
   experts_.reserve(experts.size());
-  for (ExpertWeights& x : experts) experts_.push_back({backend_->upload_linear(std::move(x.w13)), backend_->upload_linear(std::move(x.down))});
+  for (ExpertWeights& x : experts) {
+    if (x.down.empty()) {
+      experts_.push_back({nullptr, nullptr});
+      continue;
+    }
+    experts_.push_back({backend_->upload_linear(std::move(x.w13)), backend_->upload_linear(std::move(x.down))});
+  }
   if (shared) {
     shared_intermediate_ = shared->down.in_features();
     shared_w13_ = backend_->upload_linear(std::move(shared->w13));
@@ -135,8 +145,8 @@ void MoeBlock::forward(const float* h, int64_t m, float* out, ActivationObserver
   b.fill(out, m * hidden_, 0.0f);
   for (int64_t e = 0; e < e_count; ++e) {
     const auto& tokens = rows[static_cast<size_t>(e)];
-    if (tokens.empty()) continue;
     const Expert& expert = experts_[static_cast<size_t>(e)];
+    if (tokens.empty() || !expert.down) continue;
     const auto me = static_cast<int64_t>(tokens.size());
     b.gather_rows(h, hidden_, tokens, x);
     observe(observer, b, *expert.w13, x, me);
@@ -223,7 +233,9 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
   }
   auto block = std::make_unique<MoeBlock>(where, settings, std::move(router), std::move(experts), std::move(shared),
                                           backend);
-  if (block->intermediate_size() != mc.intermediate_size || block->hidden_size() != config.hidden_size) {
+  // A tensor-parallel shard holds a slice of each expert's intermediate (plan/shard.h checked it against the headers).
+  const bool sharded = weights.attention_heads().has_value();
+  if ((!sharded && block->intermediate_size() != mc.intermediate_size) || block->hidden_size() != config.hidden_size) {
     throw FormatError(fmt::format("{}: experts are [I = {}, H = {}] where config.json gives [{}, {}]", where,
                                   block->intermediate_size(), block->hidden_size(), mc.intermediate_size, config.hidden_size));
   }

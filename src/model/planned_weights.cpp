@@ -9,6 +9,7 @@
 
 #include "fp4serve/error.h"
 #include "prepare/repack.h"
+#include "prepare/slice.h"
 #include "quant/dequant.h"
 #include "quant/formats.h"
 
@@ -98,8 +99,16 @@ void LoadProgress::finish() {
 }
 
 PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
-                               PrepareOptions options)
-    : ckpt_(ckpt), plan_(plan), progress_(progress), options_(options) {
+                               const plan::TensorParallelPlan* tp, int rank, PrepareOptions options)
+    : ckpt_(ckpt),
+      plan_(plan),
+      progress_(progress),
+      options_(options),
+      tp_(tp != nullptr && tp->size > 1 ? tp : nullptr),
+      rank_(rank) {
+  if (tp_ != nullptr && (rank < 0 || rank >= tp_->size)) {
+    throw UsageError(fmt::format("rank {} is outside 0 … {} (tensor_parallel_size {})", rank, tp_->size - 1, tp_->size));
+  }
   modules_.reserve(plan.modules.size());
   for (const plan::ModulePlan& m : plan.modules) modules_.emplace(m.module.name, &m);
 }
@@ -115,13 +124,94 @@ bool PlannedWeights::has_tensor(const std::string& name) const { return ckpt_.co
 LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   const std::string& name = m.module.name;
   if (!m.scheme) throw UnsupportedError(fmt::format("{}: no scheme runs this layer on {}: {}", name, plan_.device.label(), m.reason_text));
+  const plan::ModuleShard shard = shard_of(m);
+  const bool row_split = shard.rows.size() != m.module.out_features;
+  const bool col_split = shard.columns.size() != m.module.in_features;
+  const int64_t k_local = shard.columns.size();
+  // Element columns [c0, c1) of K → stored columns of a tensor with `per` elements per stored column.
+  std::vector<prepare::OwnedTensor> owned;  // keeps the shard slices alive until the part is prepared
+  const auto keep = [&](prepare::OwnedTensor t) {
+    owned.push_back(std::move(t));
+    return owned.back().view;
+  };
+  const auto slice = [&](core::TensorView t, TensorRole role) -> core::TensorView {
+    if (!row_split && !col_split) return t;
+    const std::string what = fmt::format("{} {} (rank {} shard)", name, plan::tensor_role_name(role), rank_);
+    const int64_t group = plan::row_split_granule(m) > 0 && m.quant.weights && m.quant.weights->group_size.value_or(0) > 0
+                              ? *m.quant.weights->group_size
+                              : 0;
+    const bool fp8_block = m.quant.weights && m.quant.weights->block.has_value();
+    switch (role) {
+      case TensorRole::Weight:
+      case TensorRole::WeightPacked: {
+        if (row_split) t = keep(prepare::slice_rows(t, shard.rows.begin, shard.rows.end, what));
+        if (col_split) {
+          const int64_t per = t.dtype == core::DType::I32 ? 8 : (t.dtype == core::DType::U8 ? 2 : 1);
+          t = keep(prepare::slice_columns(t, shard.columns.begin / per, shard.columns.end / per, what));
+        }
+        return t;
+      }
+      case TensorRole::WeightScale:
+      case TensorRole::WeightZeroPoint: {
+        if (t.shape.size() <= 1 && (t.shape.empty() || t.shape[0] == 1)) return t;  // a per-tensor scale
+        int64_t bh = 1, bw = m.module.in_features;  // rows and K columns one stored scale covers
+        if (fp8_block) {
+          bh = (*m.quant.weights->block)[0];
+          bw = (*m.quant.weights->block)[1];
+        } else if (t.shape.size() == 2 && t.shape[1] > 0) {
+          bw = (m.module.in_features + t.shape[1] - 1) / t.shape[1];
+          if (group > 0) bw = group;
+        }
+        if (row_split) {
+          t = role == TensorRole::WeightZeroPoint
+                  ? keep(prepare::slice_packed_int4_rows(t, shard.rows.begin, shard.rows.end, what))
+                  : keep(prepare::slice_rows(t, shard.rows.begin / bh, (shard.rows.end + bh - 1) / bh, what));
+        }
+        if (col_split && t.shape.size() == 2 && t.shape[1] > 1) {
+          t = keep(prepare::slice_columns(t, shard.columns.begin / bw, (shard.columns.end + bw - 1) / bw, what));
+        }
+        return t;
+      }
+      case TensorRole::WeightGIdx: {
+        if (!col_split) return t;
+        // Activation order under a K split: every column of this rank must belong to a group that lies wholly in
+        // its columns, so that the rank holds all scales its columns read (renumbered from its first group).
+        prepare::OwnedTensor g = prepare::slice_rows(t, shard.columns.begin, shard.columns.end, what);
+        const int64_t g0 = shard.columns.begin / std::max<int64_t>(group, 1);
+        const int64_t g1 = (shard.columns.end + std::max<int64_t>(group, 1) - 1) / std::max<int64_t>(group, 1);
+        auto* v = reinterpret_cast<int32_t*>(g.bytes.data());
+        for (int64_t i = 0; i < k_local; ++i) {
+          int32_t x = 0;
+          std::memcpy(&x, v + i, sizeof x);
+          if (x < g0 || x >= g1) {
+            throw UnsupportedError(fmt::format(
+                "{}: activation-order column {} reads group {}, which lies outside this rank's columns [{}, {}) "
+                "(groups {} … {}); this g_idx cannot be split over tensor_parallel_size {}",
+                what, shard.columns.begin + i, x, shard.columns.begin, shard.columns.end, g0, g1 - 1, tp_->size));
+          }
+          x -= static_cast<int32_t>(g0);
+          std::memcpy(v + i, &x, sizeof x);
+        }
+        return keep(std::move(g));
+      }
+      case TensorRole::Bias:
+        return row_split ? keep(prepare::slice_rows(t, shard.rows.begin, shard.rows.end, what)) : t;
+      case TensorRole::WeightGlobalScale:
+      case TensorRole::WeightShape:
+      case TensorRole::InputGlobalScale:
+      case TensorRole::InputScale:
+      case TensorRole::TransformMatrix:
+      case TensorRole::TransformPerm: return t;  // scalars and block-diagonal matrices: every shard keeps them
+    }
+    return t;
+  };
   auto view = [&](TensorRole role) {
     const plan::TensorUse* use = m.tensor(role);
     if (use == nullptr) {
       throw FormatError(fmt::format("{}: the plan lists no {} tensor for scheme {}", name, plan::tensor_role_name(role),
                                     plan::scheme_name(*m.scheme)));
     }
-    return ckpt_.tensor(use->name);
+    return slice(ckpt_.tensor(use->name), role);
   };
   auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
   LinearPart part;
@@ -161,12 +251,12 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     case SchemeId::W4A16Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
       const plan::TensorUse* gidx = m.tensor(TensorRole::WeightGIdx);
-      const core::TensorView zp_view = zp ? ckpt_.tensor(zp->name) : core::TensorView{};
-      const core::TensorView gidx_view = gidx ? ckpt_.tensor(gidx->name) : core::TensorView{};
+      const core::TensorView zp_view = zp ? slice(ckpt_.tensor(zp->name), TensorRole::WeightZeroPoint) : core::TensorView{};
+      const core::TensorView gidx_view = gidx ? slice(ckpt_.tensor(gidx->name), TensorRole::WeightGIdx) : core::TensorView{};
       const int64_t group = m.quant.weights && m.quant.weights->group_size ? *m.quant.weights->group_size : -1;
       part.weight = prepare::prepare_int4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale),
                                           zp ? &zp_view : nullptr, gidx ? &gidx_view : nullptr,
-                                          m.module.in_features, group, name);
+                                          k_local, group, name);
       break;
     }
     case SchemeId::W8A16Fp8: {
@@ -176,7 +266,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       break;
     }
     case SchemeId::Unquantized: {
-      const core::TensorView dense = ckpt_.tensor(m.module.dense_weight);
+      const core::TensorView dense = slice(ckpt_.tensor(m.module.dense_weight), TensorRole::Weight);
       const bool lm_head = m.module.role == checkpoint::ModuleRole::LmHead;
       if (lm_head && options_.lm_head_dtype == LmHeadDtype::Fp8) {
         part.weight = prepare::prepare_dense_as_fp8_rows(dense, name);
@@ -195,10 +285,14 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
           "only as weight-only or emulation (use --device cpu, or --activation-quant weight-only|emulate)",
           name, plan::scheme_name(*m.scheme), plan_.device.label()));
   }
-  if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias)) prepare::attach_bias(part.weight, ckpt_.tensor(bias->name), name);
+  if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
+    prepare::attach_bias(part.weight, slice(ckpt_.tensor(bias->name), TensorRole::Bias), name);
+  }
   if (part.activation_quant == kernels::ActivationQuant::None) part.weight.activation_precision = options_.activation_precision;
-  part.input_transform = online_transform(m, "input");
-  if (auto output = online_transform(m, "output")) part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});
+  part.input_transform = online_transform(m, "input", k_local);
+  if (auto output = online_transform(m, "output", shard.rows.size())) {
+    part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});
+  }
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m.tensors) {
     if (use.dropped || use.shared) continue;
@@ -224,6 +318,37 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
   const plan::ModulePlan* m = it->second;
   const std::string name = fmt::format("{} expert {}", module, expert);
   if (!m->scheme) throw UnsupportedError(fmt::format("{}: no scheme runs this layer on {}: {}", name, plan_.device.label(), m->reason_text));
+  // Tensor parallelism: whole experts of other ranks are not loaded; split experts keep this rank's slice of the
+  // intermediate: gate and up rows (each half of a gate | up expert) or down's K columns.
+  plan::ModuleShard shard = shard_of(*m);
+  const plan::LayerShard* layer_shard = tp_ ? &tp_->layers.at(static_cast<size_t>(m->module.layer)) : nullptr;
+  if (layer_shard != nullptr && layer_shard->ffn == plan::FfnSplit::WholeExperts) {
+    const plan::IndexRange& mine = layer_shard->expert_ranges[static_cast<size_t>(rank_)];
+    if (expert < mine.begin || expert >= mine.end) return LinearGroup();
+  }
+  const bool gate_up = m->module.role == checkpoint::ModuleRole::ExpertsGateUp;
+  const bool split = layer_shard != nullptr && layer_shard->ffn == plan::FfnSplit::Intermediate;
+  std::vector<prepare::OwnedTensor> owned;
+  const auto cut = [&](core::TensorView v, int64_t per) -> core::TensorView {
+    if (!split) return v;
+    if (gate_up) {  // rows: [h·I + i0, h·I + i1) of each half h
+      const int64_t inter = layer_shard->intermediate;
+      const int64_t halves = v.shape[0] / inter;
+      prepare::OwnedTensor out;
+      for (int64_t h = 0; h < halves; ++h) {
+        prepare::OwnedTensor part = prepare::slice_rows(v, h * inter + shard.rows.begin, h * inter + shard.rows.end, name);
+        out.bytes.insert(out.bytes.end(), part.bytes.begin(), part.bytes.end());
+      }
+      std::vector<int64_t> shape = v.shape;
+      shape[0] = halves * shard.rows.size();
+      out.view = core::TensorView{v.dtype, shape, std::span<const std::byte>(out.bytes)};
+      owned.push_back(std::move(out));
+      return owned.back().view;
+    }
+    if (v.shape.size() == 1) return v;  // down's bias: kept whole, added by rank 0 only
+    owned.push_back(prepare::slice_columns(v, shard.columns.begin / per, shard.columns.end / per, name));
+    return owned.back().view;
+  };
   auto slice = [&](TensorRole role, bool transpose) {
     const plan::TensorUse* use = m->tensor(role);
     if (use == nullptr) throw FormatError(fmt::format("{}: the plan lists no {} tensor", name, plan::tensor_role_name(role)));
@@ -236,13 +361,13 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
       ExpertSlice blocks = slice(TensorRole::WeightPacked, false);
       blocks.view.shape = {blocks.view.shape[0], m->module.in_features / 2};
       const ExpertSlice scales = slice(TensorRole::WeightScale, false);
-      part.weight = prepare::prepare_mxfp4(blocks.view, scales.view, name);
+      part.weight = prepare::prepare_mxfp4(cut(blocks.view, 2), cut(scales.view, 32), name);
       break;
     }
     case SchemeId::Unquantized: {
       const ExpertSlice w = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
                                          m->module.dense_weight_in_out, name);
-      part.weight = prepare::prepare_dense(w.view, name);
+      part.weight = prepare::prepare_dense(cut(w.view, 1), name);
       break;
     }
     case SchemeId::W4A16Nvfp4:
@@ -256,9 +381,9 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
       throw UnsupportedError(fmt::format("{}: scheme {} has no fused 3-D expert slicing (only GPT-OSS MXFP4 blocks and "
                                          "unquantized 3-D experts)", name, plan::scheme_name(*m->scheme)));
   }
-  if (m->tensor(TensorRole::Bias) != nullptr) {
+  if (m->tensor(TensorRole::Bias) != nullptr && (shard.bias || !split || gate_up)) {
     const ExpertSlice bias = slice(TensorRole::Bias, false);
-    prepare::attach_bias(part.weight, bias.view, name);
+    prepare::attach_bias(part.weight, cut(bias.view, 1), name);
   }
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m->tensors) {
@@ -290,7 +415,8 @@ std::shared_ptr<const OnlineTransform> PlannedWeights::transform(const std::stri
 }
 
 std::shared_ptr<const OnlineTransform> PlannedWeights::online_transform(const plan::ModulePlan& m,
-                                                                        std::string_view location) const {
+                                                                        std::string_view location,
+                                                                        int64_t width) const {
   // The contract (plan/scheme.cpp) lists each online transform's matrix, then its perm when randomized, in config
   // order; the names may be tied copies stored under another module, so go by position rather than by name.
   std::vector<const plan::TensorUse*> transform_tensors;
@@ -315,7 +441,6 @@ std::shared_ptr<const OnlineTransform> PlannedWeights::online_transform(const pl
                                          location, t.group));
     }
     out = transform(m.module.name, t, uses);
-    const int64_t width = location == "input" ? m.module.in_features : m.module.out_features;
     if (width % out->block() != 0) {
       throw FormatError(fmt::format("{}: transform {} has block {} that does not divide {} {}", m.module.name, t.group,
                                     out->block(), location == "input" ? "in_features" : "out_features", width));
@@ -341,6 +466,7 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
     const auto it = modules_.find(name);
     if (it == modules_.end()) throw FormatError(fmt::format("{}: module is not in the layer plan", name));
     const plan::ModulePlan* m = it->second;
+    if (!shard_of(*m).present) return LinearGroup();  // an expert of another rank
     fuse = fuse && m->run_fused;
     parts.push_back(prepare_module(*m));
   }
@@ -357,6 +483,22 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
     return LinearGroup(std::move(fused), modules);
   }
   return LinearGroup(std::move(parts), modules);
+}
+
+}  // namespace fp4serve::model
+
+namespace fp4serve::model {
+
+plan::ModuleShard PlannedWeights::shard_of(const plan::ModulePlan& m) const {
+  if (tp_ == nullptr) return {true, {0, m.module.out_features}, {0, m.module.in_features}, true};
+  return plan::module_shard(*tp_, m, rank_);
+}
+
+std::optional<AttentionHeads> PlannedWeights::attention_heads() const {
+  if (tp_ == nullptr || tp_->layers.empty()) return std::nullopt;
+  const plan::LayerShard& l = tp_->layers.front();
+  const auto r = static_cast<size_t>(rank_);
+  return AttentionHeads{l.q_heads[r].begin, l.q_heads[r].size(), l.kv_heads[r].begin, l.kv_heads[r].size()};
 }
 
 }  // namespace fp4serve::model

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "model/weight_source.h"
 #include "plan/layer_plan.h"
+#include "plan/shard.h"
 #include "prepare/prepared_linear.h"
 
 namespace fp4serve::model {
@@ -63,8 +64,10 @@ struct PrepareOptions {
 
 class PlannedWeights final : public WeightSource {
  public:
+  /// With `tp` (null or size 1: the whole model), every module is prepared as rank `rank`'s shard of it
+  /// (plan::module_shard), sliced in element space before repack. Throws UsageError when rank is outside the plan.
   PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
-                 PrepareOptions options = {});
+                 const plan::TensorParallelPlan* tp = nullptr, int rank = 0, PrepareOptions options = {});
 
   core::TensorView tensor(const std::string& name) const override;
   bool has_tensor(const std::string& name) const override;
@@ -79,13 +82,16 @@ class PlannedWeights final : public WeightSource {
   LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const override;
   /// The plan's q_attn / k_cache transforms of `layer`. Throws FormatError for malformed matrices or perms.
   AttentionTransforms attention_transforms(int64_t layer) const override;
+  std::optional<AttentionHeads> attention_heads() const override;
 
  private:
   LinearPart prepare_module(const plan::ModulePlan& module) const;
   /// The module's online transform at `location` ("input" or "output"; null when it has none). Throws
   /// UnsupportedError for an online transform at a location a Linear cannot take or two at one location,
   /// FormatError for missing/malformed matrices or a block that does not divide the transformed width.
-  std::shared_ptr<const OnlineTransform> online_transform(const plan::ModulePlan& module, std::string_view location) const;
+  std::shared_ptr<const OnlineTransform> online_transform(const plan::ModulePlan& module, std::string_view location,
+                                                          int64_t width) const;
+  plan::ModuleShard shard_of(const plan::ModulePlan& module) const;
   /// The shared transform of `t` built from `tensors` (its matrix, and perm when randomized). Throws FormatError
   /// naming `owner` when they are missing or malformed.
   std::shared_ptr<const OnlineTransform> transform(const std::string& owner, const quant::TransformUse& t,
@@ -97,6 +103,8 @@ class PlannedWeights final : public WeightSource {
   PrepareOptions options_;
   std::unordered_map<std::string, const plan::ModulePlan*> modules_;  // by checkpoint module name
   mutable TransformCache transforms_;  // identical transform matrices are built once and shared
+  const plan::TensorParallelPlan* tp_ = nullptr;  // null: the whole model
+  int rank_ = 0;
 };
 
 }  // namespace fp4serve::model

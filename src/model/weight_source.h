@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@ namespace fp4serve::model {
 struct AttentionTransforms {
   std::vector<std::shared_ptr<const OnlineTransform>> query;
   std::vector<std::shared_ptr<const OnlineTransform>> key;
+};
+
+/// This rank's attention heads under tensor parallelism (plan/shard.h): q heads [q_begin, q_begin + q_count) and
+/// KV heads [kv_begin, kv_begin + kv_count) of the checkpoint's.
+struct AttentionHeads {
+  int64_t q_begin = 0, q_count = 0;
+  int64_t kv_begin = 0, kv_count = 0;
 };
 
 class WeightSource {
@@ -41,6 +49,10 @@ class WeightSource {
   virtual LinearGroup fused_expert(const std::string& module, int64_t expert, bool deinterleave) const = 0;
   /// The q_attn / k_cache transforms of decoder layer `layer`; none by default (a source without transforms).
   virtual AttentionTransforms attention_transforms(int64_t /*layer*/) const { return {}; }
+  /// Tensor parallelism: this rank's heads, nullopt when the source holds the whole model. A sharded source
+  /// returns linear groups with this rank's rows / columns only, and an empty group for an expert of another
+  /// rank (expert parallelism).
+  virtual std::optional<AttentionHeads> attention_heads() const { return std::nullopt; }
 };
 
 }  // namespace fp4serve::model

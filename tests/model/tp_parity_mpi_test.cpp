@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor parallelism end to end under mpirun (ctest label `mpi`): every rank loads a reference fixture twice, whole
+// (TP = 1) and as its shard of TP = world size, runs the same prompt prefill + greedy decode through both, and
+// checks that the greedy tokens are identical and every step's logits agree within 1e-4 · max|logit|. Rank 0
+// prints one parity-table row per fixture. The communicator is dist::make_mpi_communicator, the one
+// `mpirun fp4serve … --tensor-parallel-size N` uses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fp4serve/error.h"
+#include "model/loader.h"
+#include "tp_checkpoint.h"
+
+namespace fp4serve::model {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
+
+// The run's MPI communicator (dist::make_mpi_communicator, which initialises MPI), made first thing in main().
+dist::Communicator* g_comm = nullptr;
+
+struct ParityCase {
+  std::string fixture;  // a tests/data/ref folder, or the tag of a tp_checkpoint.h checkpoint
+  bool expert_parallel = false;
+  std::optional<tp_testing::Format> synthetic;  // written per rank by tp_testing::write_llama
+  int64_t intermediate = 0;
+};
+
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // per step, the last row
+};
+
+GreedyRun greedy(const LoadedModel& m, int steps) {
+  const int64_t vocab = m.config.vocab_size;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 7; ++i) prompt.push_back(static_cast<int32_t>((1 + 13 * i) % vocab));
+  KvCache cache = m.decoder->make_cache(64, 1);
+  const int slot = cache.acquire();
+  GreedyRun run;
+  int64_t pos = 0;
+  std::vector<int32_t> next = prompt;
+  for (int s = 0; s < steps; ++s) {
+    SequenceChunk chunk{slot, pos, next, false};
+    std::vector<float> logits = m.decoder->forward(std::span(&chunk, 1), cache);
+    pos += static_cast<int64_t>(next.size());
+    const auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    run.tokens.push_back(best);
+    run.logits.push_back(std::move(logits));
+    next = {best};
+  }
+  return run;
+}
+
+class TpParity : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
+  const ParityCase& c = GetParam();
+  dist::Communicator& comm = *g_comm;
+  LoadOptions whole;
+  whole.progress = false;
+  whole.threads = 1;
+  LoadOptions shard = whole;
+  shard.tensor_parallel_size = comm.size();
+  shard.rank = comm.rank();
+  shard.comm = &comm;
+  shard.expert_parallel = c.expert_parallel;
+  std::unique_ptr<tp_testing::Checkpoint> written;
+  fs::path dir = kRef / c.fixture;
+  if (c.synthetic) {
+    written = tp_testing::write_llama(*c.synthetic, c.intermediate, c.fixture + "_rank" + std::to_string(comm.rank()),
+                                      comm.size());
+    dir = written->dir;
+  }
+  const LoadedModel reference = load_model(dir, whole);
+  const LoadedModel sharded = load_model(dir, shard);
+  constexpr int kSteps = 9;
+  const GreedyRun a = greedy(reference, kSteps);
+  const GreedyRun b = greedy(sharded, kSteps);
+  double max_diff = 0, max_logit = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < a.logits[static_cast<size_t>(s)].size(); ++i) {
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i]) -
+                                              b.logits[static_cast<size_t>(s)][i]));
+    }
+  }
+  const bool same = a.tokens == b.tokens;
+  if (comm.rank() == 0) {
+    std::printf("TP-PARITY | %s%s | %d | %s | %.3g (%.3g of max|logit|)\n", c.fixture.c_str(),
+                c.expert_parallel ? " --expert-parallel" : "", comm.size(), same ? "yes" : "NO", max_diff,
+                max_diff / max_logit);
+  }
+  EXPECT_TRUE(same) << c.fixture;
+  EXPECT_LE(max_diff, 1e-4 * max_logit) << c.fixture;
+}
+
+// Dense, uneven MXFP4 (intermediate 352 = 128/128/96 at TP 3), NVFP4 with per-shard global scales, int4, FP8
+// channel (llama-fp8-block's 128-row scale blocks cannot split head_dim-32 KV heads: refused by the plan), online transforms (QuIP input/output, SpinQuant R3 q_attn/k_cache), Qwen3 q/k-norm, Qwen2 q/k/v biases,
+// MoE with split experts and expert-parallel, GPT-OSS (sinks, biases, fused MXFP4 experts).
+std::vector<ParityCase> cases() {
+  const int size = g_comm->size();
+  std::vector<ParityCase> out;
+  for (const char* f : {"llama-bf16", "llama-nvfp4a16", "llama-i352-mxfp4a16", "llama-i352-nvfp4", "llama-w4a16-asym",
+                        "llama-fp8-dynamic", "llama-quip-mxfp4a16", "llama-quipuv-nvfp4a16", "llama-spinquant-nvfp4a16",
+                        "llama-spinquant-r3-nvfp4a16", "qwen3-nvfp4a16", "qwen2-nvfp4a16", "granite-nvfp4a16",
+                        "mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "granitemoe-bf16", "gptoss-mxfp4-native"}) {
+    out.push_back({f, false, std::nullopt, 0});
+  }
+  for (const char* f : {"mixtral-mxfp4a16", "qwen3moe-nvfp4a16", "gptoss-mxfp4-native"}) out.push_back({f, true, std::nullopt, 0});
+  // The fixtures have 2, 4 or 8 heads; these one-layer checkpoints have 6 q / 3 KV heads at 3 ranks (uneven
+  // 352 = 128/128/96 MXFP4 and 80 = 32/32/16 NVFP4 intermediates, int4 with a rank-local activation order).
+  using tp_testing::Format;
+  std::vector<ParityCase> synthetic = {{"synthetic-mxfp4-i352", false, Format::Mxfp4, 352},
+                                       {"synthetic-nvfp4-i80", false, Format::Nvfp4, 80},
+                                       {"synthetic-int4-gidx-i192", false, Format::Int4Actorder, 192},
+                                       {"synthetic-bf16-i88", false, Format::Dense, 88}};
+  // Only the fixtures whose heads split over this world size (the refusal itself is a unit test).
+  std::vector<ParityCase> fits;
+  for (const ParityCase& c : out) {
+    const auto cfg = nlohmann::json::parse(std::ifstream(kRef / c.fixture / "config.json"));
+    const int64_t heads = cfg.value("num_attention_heads", 0), kv = cfg.value("num_key_value_heads", heads);
+    if (heads % size == 0 && (kv % size == 0 || size % kv == 0)) fits.push_back(c);
+  }
+  fits.insert(fits.end(), synthetic.begin(), synthetic.end());
+  // A checkpoint folder of one's own (e.g. the default model, 9 q / 3 KV heads, at 3 ranks): FP4SERVE_TP_MODEL.
+  if (const char* extra = std::getenv("FP4SERVE_TP_MODEL"); extra != nullptr && *extra != 0) {
+    fits.push_back({fs::absolute(extra).string(), false, std::nullopt, 0});
+  }
+  return fits;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TpParity, ::testing::ValuesIn(cases()), [](const auto& param_info) {
+  std::string n = fs::path(param_info.param.fixture).filename().string() + (param_info.param.expert_parallel ? "_ep" : "");
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+});
+
+}  // namespace
+}  // namespace fp4serve::model
+
+int main(int argc, char** argv) {
+  const std::unique_ptr<fp4serve::dist::Communicator> comm = fp4serve::dist::make_mpi_communicator();
+  fp4serve::model::g_comm = comm.get();
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rank = comm->rank();
+  // Only rank 0 reports; every rank runs every test (the collectives need them all).
+  if (rank != 0) delete ::testing::UnitTest::GetInstance()->listeners().Release(
+      ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+  // Any rank's failure fails the run (mpirun reports the first non-zero exit).
+  float failed = RUN_ALL_TESTS() != 0 ? 1.f : 0.f;
+  comm->all_reduce_sum(&failed, 1);
+  return failed > 0.f ? 1 : 0;
+}
