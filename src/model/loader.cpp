@@ -98,7 +98,6 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     ++tensors;
     bytes += use.bytes;
   }
-  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   const int tp_size = options.tensor_parallel_size;
   const int comm_size = options.comm != nullptr ? options.comm->size() : 1;
   const int comm_rank = options.comm != nullptr ? options.comm->rank() : 0;
@@ -108,6 +107,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   // Every rank plans the same split from the same headers; rank 0 only draws the progress bar.
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, tp_size, options.expert_parallel);
+  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   LoadProgress progress(tensors, bytes, options.progress && options.rank == 0 && ::isatty(STDERR_FILENO) == 1);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, options.rank, prepare);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend), options.comm);
