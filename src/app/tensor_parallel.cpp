@@ -83,10 +83,24 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   opts.load.tensor_parallel_size = comm_->size();
   opts.load.rank = comm_->rank();
   opts.load.comm = comm_.get();
-  if (opts.load.device == "cuda") opts.load.cuda_device = launch.local_rank;
   if (comm_->rank() != 0) {
     set_log_level(LogLevel::Error);
     opts.load.progress = false;
+  }
+  if (opts.load.device == "cuda") {
+    opts.load.cuda_device = launch.local_rank;
+    // GPU ranks all-reduce device buffers with NCCL; MPI stays the channel of the step plans. make_nccl_communicator
+    // agrees on a failed setup across ranks before it throws, so every rank takes the MPI fallback together.
+    try {
+      dist::NcclOptions nccl;
+      nccl.cuda_device = launch.local_rank;
+      device_comm_ = dist::make_nccl_communicator(*comm_, nccl);
+      opts.load.comm = device_comm_.get();
+    } catch (const DeviceError& e) {  // no GPU or no libnccl on some rank
+      log_warning("NCCL is not usable ({}); the all-reduces go over MPI through host memory", e.what());
+    } catch (const UnsupportedError& e) {  // a build without the CUDA toolkit's nccl.h
+      log_warning("{}; the all-reduces go over MPI through host memory", e.what());
+    }
   }
 }
 

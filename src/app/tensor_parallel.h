@@ -32,7 +32,9 @@ class TensorParallelRun {
  public:
   /// Checks opts.tensor_parallel_size against the launch (dist::check_tensor_parallel_size: UsageError, exit 2,
   /// with the mpirun command to run, or naming both sizes), starts MPI for N > 1 and fills opts.load: rank,
-  /// size, communicator, and for --device cuda the GPU = the local rank. Non-zero ranks log errors only.
+  /// size, communicator, and for --device cuda the GPU = the local rank and NCCL for the decoder's all-reduces
+  /// (when libnccl or a GPU is missing on any rank, every rank warns and uses MPI over host copies instead).
+  /// Non-zero ranks log errors only.
   explicit TensorParallelRun(ModelOptions& opts);
   /// Rank 0: when load() never ran, tells the followers to return without loading.
   ~TensorParallelRun();
@@ -53,7 +55,8 @@ class TensorParallelRun {
   void follow(std::span<const ModelOptions> models);
 
  private:
-  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::Communicator> comm_;         // MPI: the step plans, load outcomes, CPU all-reduces
+  std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for --device cuda (destroyed before MPI ends)
   bool ended_ = false;
 };
 

@@ -148,26 +148,26 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
   bool device_memory() const override { return true; }
 
+  // Communicator's contract: a collective returns when it is done, so every call waits for its stream (a caller
+  // on another stream may read the buffer next). Enqueueing on the caller's stream without the wait is the faster
+  // form a CUDA-graph step would want; it needs that stream here, not this contract.
   void all_reduce_sum(float* data, std::size_t count) override {
     check(api_.all_reduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+    wait("ncclAllReduce");
   }
   void all_gather(const void* send, void* recv, std::size_t bytes) override {
     check(api_.all_gather(send, recv, bytes, ncclUint8, comm_, stream_), "ncclAllGather");
+    wait("ncclAllGather");
   }
   void broadcast(void* data, std::size_t bytes, int root) override {
     if (root < 0 || root >= size_) {
       throw UsageError(fmt::format("broadcast: root {} is not a rank of this {}-rank communicator", root, size_));
     }
     check(api_.broadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast");
+    wait("ncclBroadcast");
   }
   // NCCL has no barrier: a one-float all-reduce that every rank waits for on the host.
-  void barrier() override {
-    all_reduce_sum(static_cast<float*>(scratch_), 1);
-    const cudaError_t e = cudaStreamSynchronize(stream_);
-    if (e != cudaSuccess) {
-      throw DeviceError(fmt::format("NCCL barrier on rank {}: cudaStreamSynchronize: {}", rank_, cudaGetErrorString(e)));
-    }
-  }
+  void barrier() override { all_reduce_sum(static_cast<float*>(scratch_), 1); }
   [[noreturn]] void abort(int code) override {
     if (comm_ != nullptr) api_.comm_abort(comm_);
     comm_ = nullptr;
@@ -175,6 +175,13 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  void wait(const char* call) const {
+    const cudaError_t e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) {
+      throw DeviceError(fmt::format("{} on rank {} of {} (CUDA device {}): cudaStreamSynchronize: {}", call, rank_, size_,
+                                    device_, cudaGetErrorString(e)));
+    }
+  }
   void check(ncclResult_t r, const char* call) const {
     if (r != ncclSuccess) {
       throw DeviceError(fmt::format("{} failed on rank {} of {} (CUDA device {}): {}", call, rank_, size_, device_,

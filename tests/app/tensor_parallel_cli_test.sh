@@ -39,6 +39,17 @@ n=$(grep -c "no such file or folder" "$work/out")
 [ "$n" -eq 1 ] || fail "missing model: the error was printed $n times: $(cat "$work/out")"
 echo "ok: failures end every rank"
 
+# 3b. --device cuda where no rank has a GPU: NCCL setup fails on every rank, rank 0 warns once that the all-reduces
+# fall back to MPI, then loading ends every rank with the no-GPU refusal (exit 2, no hang).
+if [ -z "${FP4SERVE_TEST_HAS_GPU:-}" ]; then
+  timeout 60 $mpirun -np 2 "$bin" generate -m "$model" -p hi -n 2 -tp 2 --device cuda > "$work/out" 2>&1
+  code=$?
+  [ $code -eq 2 ] || fail "cuda without GPU: exit $code, expected 2: $(cat "$work/out")"
+  n=$(grep -c "NCCL is not usable" "$work/out")
+  [ "$n" -eq 1 ] || fail "cuda without GPU: the NCCL warning was printed $n times: $(cat "$work/out")"
+  echo "ok: --device cuda without a GPU: one NCCL warning, every rank ends"
+fi
+
 # 4. generate: the same greedy text at TP=2 as at TP=1, printed once.
 "$bin" generate -m "$model" -p 'This License' -n 12 --temperature 0 --threads 1 > "$work/tp1" 2> "$work/tp1.err" ||
   fail "generate TP=1: $(cat "$work/tp1.err")"
