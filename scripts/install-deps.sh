@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libspdlog-dev libfmt-dev
+  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libfmt-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev libedit-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev xz-utils
   clang-14 libclang-rt-14-dev tmux

@@ -219,27 +219,40 @@ void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
     fwht_scalar(x, n, block, scale);
     return;
   }
-  using VF = hn::Vec<DF>;
-  using IF = decltype(hn::SetTableIndices(d, static_cast<const int32_t*>(nullptr)));
-  int32_t idx[kMaxLanes];
-  float sign[kMaxLanes];
+  int32_t idx[6][kMaxLanes];  // lanes ≤ 64 → at most 6 in-register stages
+  float sign[6][kMaxLanes];
   int stages = 0;
-  IF perms[6];  // lanes ≤ 64 → at most 6 in-register stages
-  VF signs[6];
   for (int64_t h = 1; h < lanes; h *= 2, ++stages) {
     for (int64_t i = 0; i < lanes; ++i) {
-      idx[i] = static_cast<int32_t>(i ^ h);
-      sign[i] = (i & h) ? -1.0f : 1.0f;
+      idx[stages][i] = static_cast<int32_t>(i ^ h);
+      sign[stages][i] = (i & h) ? -1.0f : 1.0f;
     }
-    perms[stages] = hn::SetTableIndices(d, idx);
-    signs[stages] = hn::LoadU(d, sign);
   }
   const auto vscale = hn::Set(d, scale);
+#if HWY_HAVE_SCALABLE
+  // SVE vectors are sizeless and cannot form arrays: each stage's tables are loaded where they are used.
+  for (int64_t i = 0; i < n; i += lanes) {
+    auto v = hn::LoadU(d, x + i);
+    for (int s = 0; s < stages; ++s) {
+      v = hn::MulAdd(hn::LoadU(d, sign[s]), v, hn::TableLookupLanes(v, hn::SetTableIndices(d, idx[s])));
+    }
+    hn::StoreU(hn::Mul(v, vscale), d, x + i);
+  }
+#else
+  using VF = hn::Vec<DF>;
+  using IF = decltype(hn::SetTableIndices(d, static_cast<const int32_t*>(nullptr)));
+  IF perms[6];
+  VF signs[6];
+  for (int s = 0; s < stages; ++s) {
+    perms[s] = hn::SetTableIndices(d, idx[s]);
+    signs[s] = hn::LoadU(d, sign[s]);
+  }
   for (int64_t i = 0; i < n; i += lanes) {
     auto v = hn::LoadU(d, x + i);
     for (int s = 0; s < stages; ++s) v = hn::MulAdd(signs[s], v, hn::TableLookupLanes(v, perms[s]));
     hn::StoreU(hn::Mul(v, vscale), d, x + i);
   }
+#endif
   for (int64_t base = 0; base < n; base += block) {
     float* b = x + base;
     for (int64_t h = lanes; h < block; h *= 2) {
