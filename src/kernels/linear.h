@@ -11,7 +11,9 @@
 
 namespace fp4serve::kernels {
 
-enum class ActivationQuant : uint8_t {
+/// What linear() does to its input x before the GEMM (not plan::ActivationQuant, the --activation-quant policy
+/// that decides, per layer, which of these a scheme gets).
+enum class ActivationEmulation : uint8_t {
   None,          ///< activations stay fp32
   EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
   EmulateMxfp4,  ///< W4A4 emulation: x is quantized to MXFP4 (E8M0 per 32, dynamic) as compressed-tensors does
@@ -33,7 +35,7 @@ enum class ActivationQuant : uint8_t {
 /// Throws UsageError when x or y is null with m > 0, m < 0, EmulateNvfp4 is asked for a layer that is not
 /// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
 void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
-            ActivationQuant aq = ActivationQuant::None);
+            ActivationEmulation aq = ActivationEmulation::None);
 
 /// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.
 /// NVFP4: q·(s / gs) with the division in fp32 (Divisor; compressed-tensors' op order) or q·(s·ws2)
@@ -41,11 +43,11 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
 /// q·2^(b−127). Int4: (q − z)·scale. FP8: e4m3·scale. Dense: the stored value. A test and benchmark helper.
 void dequantize(const prepare::PreparedLinear& w, float* out);
 
-/// The plain scalar reference for linear() (no SIMD, one thread, ActivationQuant::None): the fallback
+/// The plain scalar reference for linear() (no SIMD, one thread, ActivationEmulation::None): the fallback
 /// target's implementation and a test oracle.
 void linear_reference(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationQuant::EmulateNvfp4.
+/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationEmulation::EmulateNvfp4.
 /// K must be a multiple of 16 and igs finite > 0 (throws UsageError).
 void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_global_scale);
 

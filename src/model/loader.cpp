@@ -13,16 +13,10 @@
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
+#include "plan/select.h"
 
 namespace fp4serve::model {
 namespace {
-
-plan::ActivationQuant parse_activation_quant(const std::string& text) {
-  if (text == "auto") return plan::ActivationQuant::Auto;
-  if (text == "weight-only") return plan::ActivationQuant::WeightOnly;
-  if (text == "emulate") return plan::ActivationQuant::Emulate;
-  throw UsageError(fmt::format("--activation-quant '{}': expected auto, weight-only or emulate", text));
-}
 
 // The plan refuses nothing by itself; a model runs only when every layer has a scheme.
 void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir) {
@@ -51,7 +45,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
 
-  plan_options.activation_quant = parse_activation_quant(options.activation_quant);
+  plan_options.activation_quant = plan::parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
   plan::check_scale_values(layer_plan, loaded.checkpoint);

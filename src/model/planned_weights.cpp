@@ -147,7 +147,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
                                    std::as_bytes(std::span<const uint16_t>(bf16))};
       part.weight = prepare::prepare_dense(dense, name);
       prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
-      part.activation_quant = kernels::ActivationQuant::EmulateNvfp4;
+      part.activation_quant = kernels::ActivationEmulation::EmulateNvfp4;
       break;
     }
     case SchemeId::W4A16Mxfp4:
@@ -155,7 +155,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       // MXFP4 weights are exact in the reference's BF16 decompression (2-bit mantissa × power of two), so the
       // emulation keeps the packed layout and only fake-quantizes the activations.
       part.weight = prepare::prepare_mxfp4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale), name);
-      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationQuant::EmulateMxfp4;
+      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationEmulation::EmulateMxfp4;
       break;
     case SchemeId::W4A16Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);

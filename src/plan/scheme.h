@@ -48,7 +48,6 @@ struct SchemeTraits {
   SchemeId id;
   std::string_view name;
   bool quantizes_activations;  ///< uses the checkpoint's activation scales (else they are dropped)
-  std::string_view where;      ///< devices, for messages
 };
 const SchemeTraits& scheme_traits(SchemeId id);
 

@@ -239,7 +239,7 @@ TEST(LinearErrors, BadArgumentsThrowUsageError) {
   EXPECT_THROW(linear(w, x.data(), -1, y.data()), UsageError);
   EXPECT_THROW(linear(w, nullptr, 1, y.data()), UsageError);
   EXPECT_NO_THROW(linear(w, nullptr, 0, nullptr));
-  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationQuant::EmulateNvfp4), UsageError);
+  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationEmulation::EmulateNvfp4), UsageError);
   EXPECT_THROW(core::set_num_threads(-2), UsageError);
 }
 

@@ -131,30 +131,6 @@ void SiluImpl(const float* x, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = x[i] * sigmoid_scalar(x[i]);
 }
 
-// √(2/π) and the cubic coefficient of the tanh approximation (Hendrycks & Gimpel 2016; HF "gelu_pytorch_tanh").
-constexpr float kGeluC = 0.7978845608028654f;
-constexpr float kGeluA = 0.044715f;
-
-void GeluTanhMulImpl(const float* gate, const float* up, int64_t n, float* out) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto half = hn::Set(d, 0.5f);
-  const auto one = hn::Set(d, 1.0f);
-  const auto c = hn::Set(d, kGeluC);
-  const auto a = hn::Set(d, kGeluA);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto g = hn::LoadU(d, gate + i);
-    const auto inner = hn::Mul(c, hn::MulAdd(hn::Mul(a, g), hn::Mul(g, g), g));
-    const auto gelu = hn::Mul(hn::Mul(half, g), hn::Add(one, hn::Tanh(d, inner)));
-    hn::StoreU(hn::Mul(gelu, hn::LoadU(d, up + i)), d, out + i);
-  }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + std::tanh(kGeluC * (g + kGeluA * g * g * g))) * up[i];
-  }
-}
-
 void SwigluOaiMulImpl(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -330,7 +306,6 @@ HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ExpShiftedSumImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(SiluImpl);
-HWY_EXPORT(GeluTanhMulImpl);
 HWY_EXPORT(SwigluOaiMulImpl);
 HWY_EXPORT(ReluSquaredImpl);
 HWY_EXPORT(FwhtImpl);
@@ -350,9 +325,6 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n, out);
 }
 void silu(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(SiluImpl)(x, n, out); }
-void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
-  HWY_DYNAMIC_DISPATCH(GeluTanhMulImpl)(gate, up, n, out);
-}
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   HWY_DYNAMIC_DISPATCH(SwigluOaiMulImpl)(gate, up, n, alpha, limit, out);
 }
