@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <unistd.h>
-
 #include <chrono>
 
 #include "core/threading.h"
@@ -67,8 +65,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     ++tensors;
     bytes += use.bytes;
   }
-  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
-  LoadProgress progress(tensors, bytes, options.progress && ::isatty(STDERR_FILENO) == 1);
+  LoadProgress progress(tensors, bytes, options.progress);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend));
   progress.finish();

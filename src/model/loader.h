@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // From a checkpoint folder to a runnable model: open the checkpoint, parse its quantization config, plan a
 // scheme per layer for the device, validate every tensor against the schemes' contracts, then prepare the
-// weights (with a progress bar on stderr) and build the decoder.
+// weights (reporting progress to a callback) and build the decoder.
 #pragma once
 
 #include <filesystem>
@@ -13,6 +13,7 @@
 #include "model/decoder.h"
 #include "model/forward_model.h"
 #include "model/model_config.h"
+#include "model/planned_weights.h"
 
 namespace fp4serve::model {
 
@@ -22,7 +23,7 @@ struct LoadOptions {
   std::string device = "cpu";
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
-  bool progress = true;                   ///< loading progress bar on stderr
+  LoadProgressCallback progress;          ///< loading progress reports (empty: none); the library prints nothing
 };
 
 struct LoadedModel {
