@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
-// shapes of docs (KERNELS-AND-TARGETS.md §9). Weights rotate through copies totalling > LLC so M = 1 reads
+// SmolLM2 (576×1536) and Llama-7B (4096, 11008) shapes. Weights rotate through copies totalling > LLC so M = 1 reads
 // them from DRAM. Counters: weight GB/s, GFLOP/s, and the ratios to the read bandwidth and FMA peak measured
 // at start-up in this binary (bw_ratio on M ≤ 8 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found

@@ -27,7 +27,7 @@ enum class ActivationEmulation : uint8_t {
 /// threads splitting N; other layouts with m ≤ 6 (AVX2) / 12 (AVX-512) run the streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
 /// register-blocked fp32 micro-kernel over it.
-/// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
+/// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
 /// EmulateMxfp4 (W4A4 MXFP4): per row and 32-column group, emulate_mxfp4_activations, then the GEMM on the

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Execution schemes (shared SCHEMES.md "Schemes"), the checkpoint variants they serve, the predicates that map a
+// Execution schemes (docs/SCHEMES.md "Schemes"), the checkpoint variants they serve, the predicates that map a
 // LayerQuant to a variant (SCHEMES.md rule 1), and each scheme's parameter contract: the checkpoint tensors it
 // consumes with dtypes and shape formulas (rule 6).
 #pragma once

@@ -12,7 +12,7 @@ namespace fp4serve::prepare {
 
 enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Dense };
 
-/// How a checkpoint's NVFP4 per-tensor scale is applied (shared FORMATS.md §2.1, §3.2, Gotcha 1).
+/// How a checkpoint's NVFP4 per-tensor scale is applied (docs/FORMATS.md §2.1, §3.2).
 enum class GlobalScaleConvention : uint8_t {
   Divisor,     ///< compressed-tensors `weight_global_scale` / `input_global_scale`: w = q·(s / gs)
   Multiplier,  ///< ModelOpt `weight_scale_2` / `input_scale`: w = q·(s · ws2)

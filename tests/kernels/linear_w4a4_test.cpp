@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// W4A4 emulation: the activation quantizer is re-implemented here from shared FORMATS.md §2.1 (thresholds of
+// W4A4 emulation: the activation quantizer is re-implemented here from docs/FORMATS.md §2.1 (thresholds of
 // §0.1 for E2M1, byte layout of §0.2 for E4M3) and the product checked in float64 on every target.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
