@@ -24,6 +24,7 @@ struct CpuFeatures {
   bool avx512bf16 = false;
   bool amx_bf16 = false;
   bool neon = false;
+  bool sve = false;  ///< Arm SVE (any vector length): the kernels' SVE / SVE_256 Highway targets
 };
 
 struct DeviceCaps {
