@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // y = x·Wᵀ (+ bias) for every prepared weight layout (NVFP4, MXFP4, int4, FP8, dense) on the CPU.
-// The SIMD code is compiled for several targets (Highway: AVX-512, AVX2, and a portable fallback that runs
-// the scalar reference) and chosen at run time; threads come from core::set_num_threads.
+// The SIMD code is compiled for several targets (Highway: AVX-512 and AVX2 on x86, NEON, SVE and SVE_256 on
+// Arm, and a portable fallback that runs the scalar reference) and chosen at run time; threads come from
+// core::set_num_threads.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ enum class ActivationEmulation : uint8_t {
 /// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
 /// x: [m, K] fp32 row-major (K = w.in_features); y: [m, N] fp32 row-major (N = w.out_features); m ≥ 0.
 /// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
-/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2) / 8 (AVX-512) run a fused
+/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2, NEON, SVE) / 8 (AVX-512) run a fused
 /// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
 /// threads splitting N; other layouts with m ≤ 6 (AVX2) / 12 (AVX-512) run the streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a

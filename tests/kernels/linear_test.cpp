@@ -28,8 +28,8 @@ using prepare::PreparedLinear;
 using testing::Layer;
 using testing::OwnedTensor;
 
-// 1..4 run the fused NVFP4/MXFP4 GEMV on AVX2, 1..8 on AVX-512 (gemv_max_rows), 5..8 the streaming panel path
-// on AVX2, 9 on AVX-512, 33 the blocked panel path.
+// 1..4 run the fused NVFP4/MXFP4 GEMV on AVX2, NEON and SVE, 1..8 on AVX-512 (gemv_max_rows), 5..8 the
+// streaming panel path on AVX2 / NEON / SVE, 9 on AVX-512, 33 the blocked panel path.
 constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 33};
 
 // Runs `body` once per compiled SIMD target supported by this CPU.
@@ -190,7 +190,8 @@ TEST(LinearFusedGemv, SmallMMatchesFloat64OnEverySimdTarget) {
       std::vector<float> y(static_cast<size_t>(m * l.n));
       for_each_target([&] {
         const std::string target = gemm_target_name();
-        const int64_t max_rows = target == "AVX2" ? 4 : target == "AVX3" || target == "AVX3_DL" ? 8 : 0;
+        const bool arm = target == "NEON" || target == "SVE" || target == "SVE_256" || target == "SVE2" || target == "SVE2_128";
+        const int64_t max_rows = target == "AVX2" || arm ? 4 : target == "AVX3" || target == "AVX3_DL" ? 8 : 0;
         EXPECT_EQ(gemv_max_rows(), max_rows);
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
         const bool fused = gemv_dispatch(w, x.data(), m, y.data());

@@ -23,7 +23,7 @@ void reference_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m,
 /// [1, gemv_max_rows()].
 bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// Largest m the fused GEMV serves on the current target: 4 (AVX2), 8 (AVX-512), 0 (others).
+/// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 
 /// The SIMD GEMM for the best supported target, x in prepared column order (defined in gemm_simd.cpp).
