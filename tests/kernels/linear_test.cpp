@@ -10,8 +10,10 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <string>
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
@@ -230,6 +232,20 @@ TEST(LinearThreads, OneAndTwoThreadsGiveIdenticalResults) {
     core::set_num_threads(0);
     EXPECT_EQ(y1, y2) << "m " << m;  // each output is summed by one thread in a fixed order
   }
+}
+
+// The dispatch runs the best compiled target the CPU supports (the one `make test-arm` shows per qemu CPU model).
+TEST(LinearTargets, DispatchPicksTheBestSupportedTarget) {
+  const auto targets = gemm_targets();
+  ASSERT_FALSE(targets.empty());
+  std::string names;
+  for (int64_t t : targets) names += std::string(" ") + hwy::TargetName(t);
+  std::printf("[  target  ] linear() dispatches to %s; compiled and supported:%s\n", gemm_target_name(), names.c_str());
+  EXPECT_STREQ(gemm_target_name(), hwy::TargetName(targets.front()));
+#if defined(__aarch64__)
+  // Every AArch64 CPU has NEON, so its GEMM must be compiled in.
+  EXPECT_NE(names.find(" NEON"), std::string::npos) << names;
+#endif
 }
 
 TEST(LinearErrors, BadArgumentsThrowUsageError) {
