@@ -21,8 +21,10 @@ enum class GlobalScaleConvention : uint8_t {
 /// Storage of Dense weights: bf16 checkpoints stay bf16 (half the bytes per token); f16 and f32 become f32.
 enum class DenseStorage : uint8_t { Bf16, F32 };
 
-/// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so one
-/// SIMD load brings the same column of 8 rows (one fp32 AVX2 vector per column).
+/// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same
+/// column of the 8 rows is contiguous. The tile is a target-neutral layout unit, not a register shape: each
+/// Highway target reads a column as one vector of 8 rows (AVX2, AVX-512, 256-bit SVE) or two of 4 (NEON, 128-bit
+/// SVE), and picks its own panel width and rows per work item (kernels/cpu/gemm_simd.cpp, gemm_gemv.cpp).
 inline constexpr int64_t kTileRows = 8;
 
 /// 64-byte aligned, zero-initialised, owned bytes.
