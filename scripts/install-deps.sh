@@ -18,7 +18,8 @@ arm64=0
 [ "${1:-}" = "--arm64" ] && arm64=1
 if [ "$arm64" -eq 1 ]; then
   packages+=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64 libfmt-dev:arm64
-             libssl-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libedit-dev:arm64 libcpp-httplib-dev:arm64)
+             libssl-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libedit-dev:arm64 libcpp-httplib-dev:arm64
+             libgomp1:arm64)
 fi
 
 missing=()
