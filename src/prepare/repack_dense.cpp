@@ -5,6 +5,7 @@
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
+#include "quant/dequant.h"
 #include "quant/formats.h"
 
 namespace fp4serve::prepare {
@@ -64,7 +65,7 @@ PreparedLinear prepare_fp8(const core::TensorView& weight, const core::TensorVie
     for (int64_t col = 0; col < k; ++col) codes[(t * k + col) * kTileRows + r] = src[row * k + col];
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t si = kind == Kind::Tensor ? 0 : kind == Kind::Channel ? row : (row / bh) * scale_cols + g;
-      const float s = detail::load_float(weight_scale, static_cast<size_t>(si));
+      const float s = quant::load_float(weight_scale, static_cast<size_t>(si), name);
       if (std::isfinite(s) && std::fabs(s) > std::ldexp(1.f, 7)) {
         throw UnsupportedError(fmt::format("{}: weight_scale value {} exceeds 2^7, which the FP8 kernel cannot fold "
                                            "into fp32",
@@ -91,7 +92,7 @@ PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view na
       if (bf16) {
         w.codes.as<uint16_t>()[dst] = weight.load<uint16_t>(src);
       } else {
-        w.codes.as<float>()[dst] = detail::load_float(weight, src);
+        w.codes.as<float>()[dst] = quant::load_float(weight, src, name);
       }
     }
   }
