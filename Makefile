@@ -4,7 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run test test-release test-asan fuzz fixtures clean bench-peer
+.PHONY: deps build build-cli run test test-release test-asan test-arm fuzz fixtures clean bench-peer
 
 deps:
 	./scripts/install-deps.sh
@@ -32,6 +32,12 @@ test-asan: deps
 	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test runtime_generation_test runtime_bench_test runtime_rank_zero_model_test server_test server_e2e_test \
 	  server_hardening_test server_soak_test server_chat_prompt_test device_caps_test
 	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan|runtime|server"
+
+# Not part of `make test`: cross-builds the kernels, prepare, quant and model suites for aarch64 and runs them
+# under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; README "Arm CPUs").
+test-arm:
+	./scripts/install-deps.sh --arm64
+	JOBS=$(JOBS) ./scripts/test-arm.sh
 
 # 60 seconds of libFuzzer on the safetensors header parser, seeded with the malformed corpus.
 fuzz: deps

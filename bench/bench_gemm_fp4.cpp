@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
-// shapes of docs (KERNELS-AND-TARGETS.md §9). Weights rotate through copies totalling > LLC so M = 1 reads
+// SmolLM2 (576×1536) and Llama-7B (4096, 11008) shapes. Weights rotate through copies totalling > LLC so M = 1 reads
 // them from DRAM. Counters: weight GB/s, GFLOP/s, and the ratios to the read bandwidth and FMA peak measured
 // at start-up in this binary (bw_ratio on M ≤ 8 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
-// dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights. For NVFP4/MXFP4, M ≤ 4
+// dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
+// OpenBLAS: FP4SERVE_HAVE_OPENBLAS). For NVFP4/MXFP4, M ≤ 4
 // (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM.
 #include <benchmark/benchmark.h>
+#ifdef FP4SERVE_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
 #include <hwy/targets.h>
 
 #include <cstdio>
@@ -176,6 +179,7 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   state.SetLabel(kernels::gemm_target_name());
 }
 
+#ifdef FP4SERVE_HAVE_OPENBLAS
 // dequantize (scalar, one thread) + sgemm, then sgemm alone on weights dequantized once.
 void BM_DequantSgemm(benchmark::State& state, Format f, int64_t n, int64_t k, bool include_dequant) {
   const int64_t m = state.range(0);
@@ -191,6 +195,7 @@ void BM_DequantSgemm(benchmark::State& state, Format f, int64_t n, int64_t k, bo
   }
   set_counters(state, static_cast<double>(prepare::weight_bytes(w)), m, n, k);
 }
+#endif
 
 void register_all() {
   const std::pair<int64_t, int64_t> shapes[] = {{576, 1536}, {1536, 576}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
@@ -210,6 +215,7 @@ void register_all() {
       }
     }
   }
+#ifdef FP4SERVE_HAVE_OPENBLAS
   for (auto [n, k] : shapes) {
     const std::string suffix = std::string("nvfp4/") + std::to_string(n) + "x" + std::to_string(k);
     benchmark::RegisterBenchmark(("dequant+sgemm/" + suffix).c_str(), BM_DequantSgemm, Format::Nvfp4, n, k, true)
@@ -217,6 +223,7 @@ void register_all() {
     benchmark::RegisterBenchmark(("sgemm_only/" + suffix).c_str(), BM_DequantSgemm, Format::Nvfp4, n, k, false)
         ->ArgName("M")->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
+#endif
 }
 
 }  // namespace
@@ -241,7 +248,9 @@ int main(int argc, char** argv) {
     }
   }
   const int threads = core::num_threads();
+#ifdef FP4SERVE_HAVE_OPENBLAS
   openblas_set_num_threads(threads);
+#endif
   const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
   bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
   bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;

@@ -7,12 +7,21 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libspdlog-dev libfmt-dev
+  libhwy-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libfmt-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev libedit-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev xz-utils
   clang-14 libclang-rt-14-dev tmux
 )
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
+# --arm64: also what `make test-arm` needs (the cross compiler, qemu-user and the arm64 multiarch -dev packages
+# the kernels, prepare, quant and model suites link; header-only packages are shared between architectures).
+arm64=0
+[ "${1:-}" = "--arm64" ] && arm64=1
+if [ "$arm64" -eq 1 ]; then
+  packages+=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64 libfmt-dev:arm64
+             libssl-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libedit-dev:arm64 libcpp-httplib-dev:arm64
+             libgomp1:arm64)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -25,5 +34,8 @@ fi
 echo "install-deps: installing ${missing[*]}"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+if [ "$arm64" -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  "${sudo_cmd[@]}" dpkg --add-architecture arm64
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

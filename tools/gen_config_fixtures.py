@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/configs/<name>/: tiny checkpoints (config.json [+ hf_quant_config.json] + model.safetensors)
 whose quantization configs follow the structure of real published ones (compressed-tensors / llm-compressor,
-NVIDIA ModelOpt, GPT-OSS native mxfp4) and whose tensors follow shared FORMATS.md §2-§5 (names, dtypes, shapes).
+NVIDIA ModelOpt, GPT-OSS native mxfp4) and whose tensors follow docs/FORMATS.md §2-§5 (names, dtypes, shapes).
 Weights are random codes with realistic scales; they are not trained models. Used by tests/plan and the
 `fp4serve explain` CLI tests.
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Throughput of the CPU model ops at Llama-3-8B / GPT-OSS shapes. Run single-threaded for per-op cost
 // (OMP_NUM_THREADS=1) or with the cores to be used. The FWHT-16 row on a 4096-vector is the number that
-// the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV, KERNELS-AND-TARGETS.md §9).
+// the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV).
 #include <algorithm>
 #include <cmath>
 #include <random>

@@ -108,7 +108,6 @@ CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std:
   if (text.str().empty()) throw UsageError(fmt::format("--calibration {}: the file is empty", calibration_text.string()));
 
   model::LoadOptions options;
-  options.progress = false;
   options.device = device;
   const model::LoadedModel loaded = model::load_model(source.root(), options);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);

@@ -120,7 +120,6 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--seed", opts->bench.seed, "prompt token-id seed")->capture_default_str();
   cmd->add_flag("--json", opts->json, "print JSON (with every repetition's seconds)");
   cmd->callback([opts] {
-    opts->load.progress = false;
     run_bench_model(*opts);
   });
 }

@@ -2,9 +2,11 @@
 #include "app/model_options.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <vector>
@@ -217,11 +219,29 @@ void require_runnable_device(const std::string& device) {
   }
 }
 
+namespace {
+
+// "loading [=====     ] 42%  120/210 tensors  30.1/71.6 MiB", redrawn in place; a newline after the last report.
+void draw_load_bar(const model::LoadProgressReport& r) {
+  const int percent = r.total_bytes == 0 ? 100 : static_cast<int>(std::min<uint64_t>(100, r.bytes * 100 / r.total_bytes));
+  constexpr int kWidth = 30;
+  const int filled = percent * kWidth / 100;
+  std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%  %llu/%llu tensors  %.1f/%.1f MiB%s", filled,
+               "==============================", kWidth - filled, "", percent,
+               static_cast<unsigned long long>(r.tensors), static_cast<unsigned long long>(r.total_tensors),
+               static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(r.total_bytes) / 1048576.0,
+               r.done ? "\n" : "");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
 model::LoadedModel load_model_for(const ModelOptions& opts) {
   require_runnable_device(opts.load.device);
   const fs::path dir = resolve_model_path(opts.model);
   model::LoadOptions load = opts.load;
-  load.progress = load.progress && log_enabled(LogLevel::Info);
+  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
+  if (!load.progress && log_enabled(LogLevel::Info) && ::isatty(STDERR_FILENO) == 1) load.progress = draw_load_bar;
   model::LoadedModel loaded = model::load_model(dir, load);
   for (const std::string& w : loaded.warnings) log_warning("{}", w);
   return loaded;

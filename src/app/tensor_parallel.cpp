@@ -83,10 +83,7 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   opts.load.tensor_parallel_size = comm_->size();
   opts.load.rank = comm_->rank();
   opts.load.comm = comm_.get();
-  if (comm_->rank() != 0) {
-    set_log_level(LogLevel::Error);
-    opts.load.progress = false;
-  }
+  if (comm_->rank() != 0) set_log_level(LogLevel::Error);  // also no loading bar (load_model_for draws it at Info)
   if (opts.load.device == "cuda") {
     opts.load.cuda_device = launch.local_rank;
     // GPU ranks all-reduce device buffers with NCCL; MPI stays the channel of the step plans. make_nccl_communicator

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The safetensors container: strict header validation and zero-copy tensor views over a memory-mapped file.
 // Rules follow the reference implementation (huggingface/safetensors `safetensors/src/tensor.rs`), see
-// shared FORMATS.md §6.
+// docs/FORMATS.md §6.
 #pragma once
 
 #include <cstdint>

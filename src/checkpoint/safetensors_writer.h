@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writing safetensors shards and the shard index the way the Hugging Face tools do, so files we produce are
-// byte-for-byte laid out like theirs (shared FORMATS.md §6): header layout and tensor order from the Rust
+// byte-for-byte laid out like theirs (docs/FORMATS.md §6): header layout and tensor order from the Rust
 // writer (huggingface/safetensors `serialize`), shard split and index from huggingface_hub
 // `split_state_dict_into_shards_factory` + transformers `save_pretrained`.
 #pragma once

@@ -14,10 +14,6 @@ namespace fp4serve::kernels {
 /// x: [m, 2·inter]; out: [m, inter].
 void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out);
 
-/// out[r, i] = gelu_tanh(g) · u, gelu_tanh(g) = ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))) (HF
-/// "gelu_pytorch_tanh"). x: [m, 2·inter]; out: [m, inter].
-void gelu_tanh_and_mul(const float* x, int64_t m, int64_t inter, float* out);
-
 /// GPT-OSS "swiglu-oai" (HF `GptOssExperts`, FORMATS.md §5): g = min(gate, limit) (no lower clamp),
 /// u = clamp(up, −limit, limit), out = (u + 1) · g · sigmoid(alpha · g). GPT-OSS uses alpha = 1.702,
 /// limit = config "swiglu_limit" = 7. x: [m, 2·inter] (gate | up halves); out: [m, inter].

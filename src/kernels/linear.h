@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // y = x·Wᵀ (+ bias) for every prepared weight layout (NVFP4, MXFP4, int4, FP8, dense) on the CPU.
-// The SIMD code is compiled for several targets (Highway: AVX-512, AVX2, and a portable fallback that runs
-// the scalar reference) and chosen at run time; threads come from core::set_num_threads.
+// The SIMD code is compiled for several targets (Highway: AVX-512 and AVX2 on x86, NEON, SVE and SVE_256 on
+// Arm, and a portable fallback that runs the scalar reference) and chosen at run time; threads come from
+// core::set_num_threads.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,9 @@
 
 namespace fp4serve::kernels {
 
-enum class ActivationQuant : uint8_t {
+/// What linear() does to its input x before the GEMM (not plan::ActivationQuant, the --activation-quant policy
+/// that decides, per layer, which of these a scheme gets).
+enum class ActivationEmulation : uint8_t {
   None,          ///< activations stay fp32
   EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
   EmulateMxfp4,  ///< W4A4 emulation: x is quantized to MXFP4 (E8M0 per 32, dynamic) as compressed-tensors does
@@ -20,7 +23,7 @@ enum class ActivationQuant : uint8_t {
 /// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
 /// x: [m, K] fp32 row-major (K = w.in_features); y: [m, N] fp32 row-major (N = w.out_features); m ≥ 0.
 /// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
-/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2) / 8 (AVX-512) run a fused
+/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2, NEON, SVE) / 8 (AVX-512) run a fused
 /// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
 /// threads splitting N; bf16 Dense and per-row-scaled FP8 layers with m ≤ 4 run a GEMV that multiplies the
 /// loaded weights in registers (kernels/cpu/gemm_gemv.cpp); other cases with m ≤ 6 (AVX2) / 12 (AVX-512) run the
@@ -31,7 +34,7 @@ enum class ActivationQuant : uint8_t {
 /// of x is quantized per weight group (16 / 32 columns) by quantize_activations_int8 and the products are integer
 /// dot products: y[m, n] = Σ_g d[m, g] · s[n, g] · Σ_{k∈g} q[m, k] · e2m1[n, k], fp32 per group (the error against
 /// the fp32 path is bounded by Σ_k |W[n, k]| · d[m, g(k)] / 2); any m, in chunks of 4 (AVX2) / 8 (AVX-512) rows.
-/// EmulateNvfp4 (W4A4, shared FORMATS.md §2.1): per row and 16-column group,
+/// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
 /// EmulateMxfp4 (W4A4 MXFP4): per row and 32-column group, emulate_mxfp4_activations, then the GEMM on the
@@ -39,7 +42,7 @@ enum class ActivationQuant : uint8_t {
 /// Throws UsageError when x or y is null with m > 0, m < 0, EmulateNvfp4 is asked for a layer that is not
 /// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
 void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
-            ActivationQuant aq = ActivationQuant::None);
+            ActivationEmulation aq = ActivationEmulation::None);
 
 /// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.
 /// NVFP4: q·(s / gs) with the division in fp32 (Divisor; compressed-tensors' op order) or q·(s·ws2)
@@ -47,11 +50,11 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
 /// q·2^(b−127). Int4: (q − z)·scale. FP8: e4m3·scale. Dense: the stored value. A test and benchmark helper.
 void dequantize(const prepare::PreparedLinear& w, float* out);
 
-/// The plain scalar reference for linear() (no SIMD, one thread, ActivationQuant::None): the fallback
+/// The plain scalar reference for linear() (no SIMD, one thread, ActivationEmulation::None): the fallback
 /// target's implementation and a test oracle.
 void linear_reference(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationQuant::EmulateNvfp4.
+/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationEmulation::EmulateNvfp4.
 /// K must be a multiple of 16 and igs finite > 0 (throws UsageError).
 void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_global_scale);
 

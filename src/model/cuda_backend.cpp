@@ -50,7 +50,7 @@ struct GpuOutputTransform {
 struct GpuPart {
   kc::DeviceLinear weight;
   int64_t out = 0;
-  bool emulate_w4a4 = false;  // ActivationQuant::EmulateNvfp4 or EmulateMxfp4
+  bool emulate_w4a4 = false;  // ActivationEmulation::EmulateNvfp4 or EmulateMxfp4
   const GpuTransform* input = nullptr;
   std::vector<GpuOutputTransform> outputs;
 };
@@ -284,7 +284,7 @@ std::unique_ptr<BackendLinear> CudaBackend::upload_linear(LinearGroup group) {
   const std::string where = join(w->modules);
   for (const LinearPart& part : group.parts()) {
     GpuPart g;
-    const bool mxfp4_w4a4 = part.activation_quant == kernels::ActivationQuant::EmulateMxfp4;
+    const bool mxfp4_w4a4 = part.activation_quant == kernels::ActivationEmulation::EmulateMxfp4;
     try {
       g.weight = kc::upload_linear(part.weight, im.stream, mxfp4_w4a4);
     } catch (const UnsupportedError& e) {
@@ -292,7 +292,7 @@ std::unique_ptr<BackendLinear> CudaBackend::upload_linear(LinearGroup group) {
                                          where, e.what()));
     }
     g.out = part.weight.out_features;
-    g.emulate_w4a4 = mxfp4_w4a4 || part.activation_quant == kernels::ActivationQuant::EmulateNvfp4;
+    g.emulate_w4a4 = mxfp4_w4a4 || part.activation_quant == kernels::ActivationEmulation::EmulateNvfp4;
     g.input = im.transform_of(part.input_transform, where);
     for (const OutputTransform& t : part.output_transforms) {
       g.outputs.push_back({t.offset, t.width, im.transform_of(t.transform, where)});

@@ -25,7 +25,7 @@ struct OutputTransform {
 
 struct LinearPart {
   prepare::PreparedLinear weight;
-  kernels::ActivationQuant activation_quant = kernels::ActivationQuant::None;
+  kernels::ActivationEmulation activation_quant = kernels::ActivationEmulation::None;
   /// Online `input` transform applied to x before this part's GEMM (null: none). Parts of a fused group share
   /// one object; identical matrices are shared across layers (TransformCache).
   std::shared_ptr<const OnlineTransform> input_transform;

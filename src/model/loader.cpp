@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <unistd.h>
-
 #include <chrono>
 
 #include "core/threading.h"
@@ -13,17 +11,11 @@
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
 #include "plan/layer_plan.h"
+#include "plan/select.h"
 #include "plan/shard.h"
 
 namespace fp4serve::model {
 namespace {
-
-plan::ActivationQuant parse_activation_quant(const std::string& text) {
-  if (text == "auto") return plan::ActivationQuant::Auto;
-  if (text == "weight-only") return plan::ActivationQuant::WeightOnly;
-  if (text == "emulate") return plan::ActivationQuant::Emulate;
-  throw UsageError(fmt::format("--activation-quant '{}': expected auto, weight-only or emulate", text));
-}
 
 // The plan refuses nothing by itself; a model runs only when every layer has a scheme.
 void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir) {
@@ -76,7 +68,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
 
-  plan_options.activation_quant = parse_activation_quant(options.activation_quant);
+  plan_options.activation_quant = plan::parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
   plan::check_scale_values(layer_plan, loaded.checkpoint);
@@ -105,10 +97,9 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}", tp_size,
                                  options.rank, comm_size, comm_rank));
   }
-  // Every rank plans the same split from the same headers; rank 0 only draws the progress bar.
+  // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, tp_size, options.expert_parallel);
-  // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
-  LoadProgress progress(tensors, bytes, options.progress && options.rank == 0 && ::isatty(STDERR_FILENO) == 1);
+  LoadProgress progress(tensors, bytes, options.progress);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, options.rank, prepare);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend), options.comm);
   progress.finish();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // From a checkpoint folder to a runnable model: open the checkpoint, parse its quantization config, plan a
 // scheme per layer for the device, validate every tensor against the schemes' contracts, then prepare the
-// weights (with a progress bar on stderr) and build the decoder.
+// weights (reporting progress to a callback) and build the decoder.
 #pragma once
 
 #include <filesystem>
@@ -14,6 +14,7 @@
 #include "model/decoder.h"
 #include "model/forward_model.h"
 #include "model/model_config.h"
+#include "model/planned_weights.h"
 
 namespace fp4serve::model {
 
@@ -28,7 +29,7 @@ struct LoadOptions {
   std::string activation_precision = "fp32";
   /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
   std::string lm_head_dtype = "bf16";
-  bool progress = true;                   ///< loading progress bar on stderr
+  LoadProgressCallback progress;          ///< loading progress reports (empty: none); the library prints nothing
   /// Tensor parallelism (plan/shard.h): this process loads and runs rank `rank`'s shard of
   /// `tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank. nullptr = 1.
   int tensor_parallel_size = 1;

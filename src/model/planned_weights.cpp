@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "fp4serve/error.h"
@@ -65,37 +64,33 @@ ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinter
   return out;
 }
 
-LoadProgress::LoadProgress(uint64_t total_tensors, uint64_t total_bytes, bool enabled)
-    : total_tensors_(total_tensors), total_bytes_(total_bytes), enabled_(enabled) {}
-
-void LoadProgress::add(uint64_t tensors, uint64_t bytes) {
-  tensors_ += tensors;
-  bytes_ += bytes;
-  draw();
+LoadProgress::LoadProgress(uint64_t total_tensors, uint64_t total_bytes, LoadProgressCallback callback)
+    : callback_(std::move(callback)) {
+  state_.total_tensors = total_tensors;
+  state_.total_bytes = total_bytes;
 }
 
-void LoadProgress::draw() {
-  if (!enabled_) return;
-  int percent = total_bytes_ == 0 ? 100 : static_cast<int>(100.0 * static_cast<double>(bytes_) / static_cast<double>(total_bytes_));
-  percent = std::min(percent, 100);  // shared tensors (a tied embedding) may be read twice
-  if (percent == last_percent_) return;
+void LoadProgress::add(uint64_t tensors, uint64_t bytes) {
+  state_.tensors += tensors;
+  state_.bytes += bytes;
+  report(false);
+}
+
+void LoadProgress::report(bool done) {
+  if (!callback_) return;
+  const uint64_t total = state_.total_bytes;
+  // Shared tensors (a tied embedding) may be read twice, so the count can pass the total.
+  const int percent = total == 0 ? 100 : static_cast<int>(std::min<uint64_t>(100, state_.bytes * 100 / total));
+  if (!done && percent == last_percent_) return;
   last_percent_ = percent;
-  constexpr int kWidth = 30;
-  const int filled = percent * kWidth / 100;
-  std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%  %llu/%llu tensors  %.1f/%.1f MiB", filled,
-               "==============================", kWidth - filled, "", percent,
-               static_cast<unsigned long long>(tensors_), static_cast<unsigned long long>(total_tensors_),
-               static_cast<double>(bytes_) / 1048576.0, static_cast<double>(total_bytes_) / 1048576.0);
-  std::fflush(stderr);
+  state_.done = done;
+  callback_(state_);
 }
 
 void LoadProgress::finish() {
-  if (!enabled_) return;
-  tensors_ = total_tensors_;
-  bytes_ = total_bytes_;
-  last_percent_ = -1;
-  draw();
-  std::fprintf(stderr, "\n");
+  state_.tensors = state_.total_tensors;
+  state_.bytes = state_.total_bytes;
+  report(true);
 }
 
 PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
@@ -238,7 +233,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
                                    std::as_bytes(std::span<const uint16_t>(bf16))};
       part.weight = prepare::prepare_dense(dense, name);
       prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
-      part.activation_quant = kernels::ActivationQuant::EmulateNvfp4;
+      part.activation_quant = kernels::ActivationEmulation::EmulateNvfp4;
       break;
     }
     case SchemeId::W4A16Mxfp4:
@@ -246,7 +241,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       // MXFP4 weights are exact in the reference's BF16 decompression (2-bit mantissa × power of two), so the
       // emulation keeps the packed layout and only fake-quantizes the activations.
       part.weight = prepare::prepare_mxfp4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale), name);
-      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationQuant::EmulateMxfp4;
+      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationEmulation::EmulateMxfp4;
       break;
     case SchemeId::W4A16Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
@@ -288,7 +283,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
     prepare::attach_bias(part.weight, slice(ckpt_.tensor(bias->name), TensorRole::Bias), name);
   }
-  if (part.activation_quant == kernels::ActivationQuant::None) part.weight.activation_precision = options_.activation_precision;
+  if (part.activation_quant == kernels::ActivationEmulation::None) part.weight.activation_precision = options_.activation_precision;
   part.input_transform = online_transform(m, "input", k_local);
   if (auto output = online_transform(m, "output", shard.rows.size())) {
     part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});

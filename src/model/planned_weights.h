@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,18 +21,27 @@
 
 namespace fp4serve::model {
 
-/// Counts prepared tensors and bytes for the loading progress bar on stderr.
+/// Loading progress: tensors and bytes (as stored in the checkpoint) prepared so far, out of the totals.
+struct LoadProgressReport {
+  uint64_t tensors = 0, total_tensors = 0;
+  uint64_t bytes = 0, total_bytes = 0;
+  bool done = false;  ///< the last report of a load
+};
+/// Called on the loading thread. The library prints nothing; the CLI draws a bar (app/model_options.cpp).
+using LoadProgressCallback = std::function<void(const LoadProgressReport&)>;
+
+/// Counts prepared tensors and bytes and reports them to a callback (empty: counts only) each time the byte
+/// percentage changes, and once more at the end.
 class LoadProgress {
  public:
-  LoadProgress(uint64_t total_tensors, uint64_t total_bytes, bool enabled);
+  LoadProgress(uint64_t total_tensors, uint64_t total_bytes, LoadProgressCallback callback);
   void add(uint64_t tensors, uint64_t bytes);
   void finish();
 
  private:
-  void draw();
-  uint64_t total_tensors_, total_bytes_;
-  uint64_t tensors_ = 0, bytes_ = 0;
-  bool enabled_;
+  void report(bool done);
+  LoadProgressReport state_;
+  LoadProgressCallback callback_;
   int last_percent_ = -1;
 };
 

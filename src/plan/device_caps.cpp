@@ -2,6 +2,10 @@
 #include "plan/device_caps.h"
 
 #include <dlfcn.h>
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #include <fmt/format.h>
 
 #include <charconv>
@@ -44,7 +48,8 @@ DeviceCaps detect_cpu() {
   caps.name = fmt::format("x86-64 CPU ({})", flags.empty() ? "baseline" : fmt::format("{}", fmt::join(flags, " ")));
 #elif defined(__aarch64__)
   caps.cpu.neon = true;  // mandatory on AArch64
-  caps.name = "arm64 CPU (neon)";
+  caps.cpu.sve = (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
+  caps.name = caps.cpu.sve ? "arm64 CPU (neon sve)" : "arm64 CPU (neon)";
 #else
   caps.name = "CPU";
 #endif

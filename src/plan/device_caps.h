@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the execution device can do, detected at run time (CPU ISA via cpuid; NVIDIA GPU via the driver library
 // loaded with dlopen, so the build needs no CUDA) or named on the command line for dry runs (`--device`).
-// Scheme selection (select.h) asks only the questions below; the device buckets follow shared SCHEMES.md.
+// Scheme selection (select.h) asks only the questions below; the device buckets follow docs/SCHEMES.md.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,7 @@ struct CpuFeatures {
   bool avx512bf16 = false;
   bool amx_bf16 = false;
   bool neon = false;
+  bool sve = false;  ///< Arm SVE (any vector length): the kernels' SVE / SVE_256 Highway targets
 };
 
 struct DeviceCaps {

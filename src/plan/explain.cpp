@@ -22,6 +22,7 @@ std::string backend_name(const DeviceCaps& d) {
   if (d.kind == DeviceKind::Cuda) return fmt::format("cuda-sm{}", d.sm);
   if (d.cpu.avx512f) return "cpu-avx512";
   if (d.cpu.avx2) return "cpu-avx2";
+  if (d.cpu.sve) return "cpu-sve";
   if (d.cpu.neon) return "cpu-neon";
   return "cpu-scalar";
 }

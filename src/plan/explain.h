@@ -40,7 +40,8 @@ struct SchemeTotal {
   uint64_t resident_bytes = 0;    ///< tensors kept after loading
 };
 
-/// The backend a scheme runs on for `device`: "cpu-avx512", "cpu-avx2", "cpu-scalar", "cuda-smNN".
+/// The backend a scheme runs on for `device`: "cpu-avx512", "cpu-avx2", "cpu-sve", "cpu-neon", "cpu-scalar",
+/// "cuda-smNN" (each CPU name is a Highway target family the CPU kernels are compiled for).
 std::string backend_name(const DeviceCaps& device);
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan);

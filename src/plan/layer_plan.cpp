@@ -13,6 +13,7 @@
 
 #include "fp4serve/error.h"
 #include "plan/name_pattern.h"
+#include "quant/dequant.h"
 #include "quant/formats.h"
 
 namespace fp4serve::plan {
@@ -467,16 +468,8 @@ void check_scale_values(const LayerPlan& plan, const checkpoint::Checkpoint& ckp
       const core::TensorView v = ckpt.tensor(t.name);
       if (v.numel() != 1) continue;
       // Contracts admit only these dtypes for scalar scales; anything else was already reported.
-      float value = 0.0f;
-      if (v.dtype == core::DType::F32) {
-        value = v.load<float>(0);
-      } else if (v.dtype == core::DType::BF16) {
-        value = quant::bf16_to_float(v.load<uint16_t>(0));
-      } else if (v.dtype == core::DType::F16) {
-        value = quant::f16_to_float(v.load<uint16_t>(0));
-      } else {
-        continue;
-      }
+      if (v.dtype != core::DType::F32 && v.dtype != core::DType::BF16 && v.dtype != core::DType::F16) continue;
+      const float value = quant::load_float(v, 0, t.name);
       const bool divisor = global && mp.global_scale == ScaleConvention::Divisor;
       if (!std::isfinite(value) || value < 0.0f || (divisor && value == 0.0f)) {
         bad.push_back(fmt::format("{} = {} ({} {}; must be finite{})", t.name, value,

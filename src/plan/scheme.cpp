@@ -19,16 +19,16 @@ using quant::StorageFormat;
 using quant::Strategy;
 
 constexpr std::array<SchemeTraits, 10> kSchemes{{
-    {SchemeId::W4A4Nvfp4, "W4A4_NVFP4", true, "sm100+, sm120+"},
-    {SchemeId::W4A16Nvfp4, "W4A16_NVFP4", false, "cpu, sm80+"},
-    {SchemeId::W4A4Nvfp4Emulated, "W4A4_NVFP4_EMULATED", true, "cpu, sm80+ (opt-in)"},
-    {SchemeId::W4A4Mxfp4, "W4A4_MXFP4", true, "sm100 family"},
-    {SchemeId::W4A4Mxfp4Emulated, "W4A4_MXFP4_EMULATED", true, "cpu, sm80+ (opt-in)"},
-    {SchemeId::W4A16Mxfp4, "W4A16_MXFP4", false, "cpu, sm80+"},
-    {SchemeId::W4A16Int4, "W4A16_INT4", false, "cpu, sm80+"},
-    {SchemeId::W8A8Fp8, "W8A8_FP8", true, "sm89+"},
-    {SchemeId::W8A16Fp8, "W8A16_FP8", false, "cpu, sm80+"},
-    {SchemeId::Unquantized, "UNQUANTIZED", false, "everywhere"},
+    {SchemeId::W4A4Nvfp4, "W4A4_NVFP4", true},
+    {SchemeId::W4A16Nvfp4, "W4A16_NVFP4", false},
+    {SchemeId::W4A4Nvfp4Emulated, "W4A4_NVFP4_EMULATED", true},
+    {SchemeId::W4A4Mxfp4, "W4A4_MXFP4", true},
+    {SchemeId::W4A4Mxfp4Emulated, "W4A4_MXFP4_EMULATED", true},
+    {SchemeId::W4A16Mxfp4, "W4A16_MXFP4", false},
+    {SchemeId::W4A16Int4, "W4A16_INT4", false},
+    {SchemeId::W8A8Fp8, "W8A8_FP8", true},
+    {SchemeId::W8A16Fp8, "W8A16_FP8", false},
+    {SchemeId::Unquantized, "UNQUANTIZED", false},
 }};
 
 // --- rule 1 predicates: every distinguishing field -------------------------------------------------------------

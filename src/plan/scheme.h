@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Execution schemes (shared SCHEMES.md "Schemes"), the checkpoint variants they serve, the predicates that map a
+// Execution schemes (docs/SCHEMES.md "Schemes"), the checkpoint variants they serve, the predicates that map a
 // LayerQuant to a variant (SCHEMES.md rule 1), and each scheme's parameter contract: the checkpoint tensors it
 // consumes with dtypes and shape formulas (rule 6).
 #pragma once
@@ -48,7 +48,6 @@ struct SchemeTraits {
   SchemeId id;
   std::string_view name;
   bool quantizes_activations;  ///< uses the checkpoint's activation scales (else they are dropped)
-  std::string_view where;      ///< devices, for messages
 };
 const SchemeTraits& scheme_traits(SchemeId id);
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Scheme selection for one layer: candidates for the checkpoint variant → scheme_supported(device) → the first
-// that runs, with the reason and every rejected candidate. Implements the decision table of shared SCHEMES.md;
+// that runs, with the reason and every rejected candidate. Implements the decision table of docs/SCHEMES.md;
 // per-layer wiring (fused groups, warnings, contracts) is in layer_plan.h.
 #pragma once
 

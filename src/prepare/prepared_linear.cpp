@@ -72,21 +72,6 @@ void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected
   }
 }
 
-float load_float(const core::TensorView& t, size_t i) {
-  switch (t.dtype) {
-    case core::DType::BF16: return quant::bf16_to_float(t.load<uint16_t>(i));
-    case core::DType::F16: return quant::f16_to_float(t.load<uint16_t>(i));
-    case core::DType::F32: return t.load<float>(i);
-    case core::DType::Bool: case core::DType::U8: case core::DType::I8: case core::DType::I16:
-    case core::DType::U16: case core::DType::I32: case core::DType::U32: case core::DType::I64:
-    case core::DType::U64: case core::DType::F64: case core::DType::F8_E4M3: case core::DType::F8_E5M2:
-    case core::DType::F8_E8M0: case core::DType::F8_E4M3FNUZ: case core::DType::F8_E5M2FNUZ:
-    case core::DType::F4: case core::DType::F6_E2M3: case core::DType::F6_E3M2: case core::DType::C64:
-      break;
-  }
-  throw UsageError("load_float: dtype is not a float type (callers check it first)");
-}
-
 void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, int64_t group_size,
                 size_t code_bytes_per_tile, size_t scale_bytes_per_tile, size_t offset_bytes_per_tile) {
   w.layout = layout;

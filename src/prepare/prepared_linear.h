@@ -12,7 +12,7 @@ namespace fp4serve::prepare {
 
 enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Int8, Dense };
 
-/// How a checkpoint's NVFP4 per-tensor scale is applied (shared FORMATS.md §2.1, §3.2, Gotcha 1).
+/// How a checkpoint's NVFP4 per-tensor scale is applied (docs/FORMATS.md §2.1, §3.2).
 enum class GlobalScaleConvention : uint8_t {
   Divisor,     ///< compressed-tensors `weight_global_scale` / `input_global_scale`: w = q·(s / gs)
   Multiplier,  ///< ModelOpt `weight_scale_2` / `input_scale`: w = q·(s · ws2)
@@ -30,8 +30,10 @@ enum class ActivationPrecision : uint8_t {
   Int8,
 };
 
-/// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so one
-/// SIMD load brings the same column of 8 rows (one fp32 AVX2 vector per column).
+/// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same
+/// column of the 8 rows is contiguous. The tile is a target-neutral layout unit, not a register shape: each
+/// Highway target reads a column as one vector of 8 rows (AVX2, AVX-512, 256-bit SVE) or two of 4 (NEON, 128-bit
+/// SVE), and picks its own panel width and rows per work item (kernels/cpu/gemm_simd.cpp, gemm_gemv.cpp).
 inline constexpr int64_t kTileRows = 8;
 
 /// 64-byte aligned, zero-initialised, owned bytes.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Checkpoint tensors (shared FORMATS.md layouts) → PreparedLinear (kernel layout), once at load.
+// Checkpoint tensors (docs/FORMATS.md layouts) → PreparedLinear (kernel layout), once at load.
 // Every function validates dtypes and shapes first and throws FormatError naming `name` (the module path,
 // e.g. "model.layers.0.self_attn.q_proj") with the expected and the found value; nothing is read out of bounds.
 #pragma once

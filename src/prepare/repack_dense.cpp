@@ -8,6 +8,7 @@
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
+#include "quant/dequant.h"
 #include "quant/formats.h"
 
 namespace fp4serve::prepare {
@@ -67,7 +68,7 @@ PreparedLinear prepare_fp8(const core::TensorView& weight, const core::TensorVie
     for (int64_t col = 0; col < k; ++col) codes[(t * k + col) * kTileRows + r] = src[row * k + col];
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t si = kind == Kind::Tensor ? 0 : kind == Kind::Channel ? row : (row / bh) * scale_cols + g;
-      const float s = detail::load_float(weight_scale, static_cast<size_t>(si));
+      const float s = quant::load_float(weight_scale, static_cast<size_t>(si), name);
       if (std::isfinite(s) && std::fabs(s) > std::ldexp(1.f, 7)) {
         throw UnsupportedError(fmt::format("{}: weight_scale value {} exceeds 2^7, which the FP8 kernel cannot fold "
                                            "into fp32",
@@ -94,7 +95,7 @@ PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view na
       if (bf16) {
         w.codes.as<uint16_t>()[dst] = weight.load<uint16_t>(src);
       } else {
-        w.codes.as<float>()[dst] = detail::load_float(weight, src);
+        w.codes.as<float>()[dst] = quant::load_float(weight, src, name);
       }
     }
   }
@@ -110,7 +111,7 @@ PreparedLinear prepare_dense_as_fp8_rows(const core::TensorView& weight, std::st
   for (int64_t r = 0; r < n; ++r) {
     float amax = 0.f;
     for (int64_t c = 0; c < k; ++c) {
-      row[static_cast<size_t>(c)] = detail::load_float(weight, static_cast<size_t>(r * k + c));
+      row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
       amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
     }
     // amax/448 maps the row's largest magnitude to E4M3's largest finite value; an all-zero row keeps scale 1.
@@ -133,7 +134,7 @@ PreparedLinear prepare_dense_as_int8_rows(const core::TensorView& weight, std::s
     const int64_t t = r / kTileRows, lane = r % kTileRows;
     float amax = 0.f;
     for (int64_t c = 0; c < k; ++c) {
-      row[static_cast<size_t>(c)] = detail::load_float(weight, static_cast<size_t>(r * k + c));
+      row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
       amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
     }
     const float scale = amax > 0.f ? amax / 127.f : 1.f;

@@ -5,6 +5,7 @@
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
+#include "quant/dequant.h"
 
 namespace fp4serve::prepare {
 
@@ -12,7 +13,7 @@ void attach_bias(PreparedLinear& w, const core::TensorView& bias, std::string_vi
   detail::check_dtype(bias, {core::DType::BF16, core::DType::F16, core::DType::F32}, name, "bias");
   detail::check_shape(bias, {w.out_features}, name, "bias");
   w.bias.resize(static_cast<size_t>(w.out_features));
-  for (size_t i = 0; i < w.bias.size(); ++i) w.bias[i] = detail::load_float(bias, i);
+  for (size_t i = 0; i < w.bias.size(); ++i) w.bias[i] = quant::load_float(bias, i, name);
 }
 
 void set_input_global_scale(PreparedLinear& w, float value, GlobalScaleConvention convention) {

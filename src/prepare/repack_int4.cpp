@@ -5,6 +5,7 @@
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
+#include "quant/dequant.h"
 
 namespace fp4serve::prepare {
 namespace {
@@ -98,7 +99,7 @@ PreparedLinear prepare_int4(const core::TensorView& weight_packed, const core::T
       detail::put_octet(codes + (t * (k / 8) + c) * 32, r, nib);
     }
     for (int64_t g = 0; g < groups; ++g) {
-      const float s = detail::load_float(weight_scale, static_cast<size_t>(row * groups + g));
+      const float s = quant::load_float(weight_scale, static_cast<size_t>(row * groups + g), name);
       int z = 0;
       if (zero_point != nullptr) {
         const auto word = static_cast<uint32_t>(zero_point->load<int32_t>(static_cast<size_t>((row / 8) * groups + g)));

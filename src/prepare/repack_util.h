@@ -27,9 +27,6 @@ void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> a
 void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
                  std::string_view role);
 
-/// Element i of a BF16/F16/F32 tensor, converted exactly to fp32.
-float load_float(const core::TensorView& t, size_t i);
-
 /// padded rows and zeroed buffers for a layout with `code_bytes` and `scale_bytes` per tile.
 void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, int64_t group_size,
                 size_t code_bytes_per_tile, size_t scale_bytes_per_tile, size_t offset_bytes_per_tile);

@@ -13,7 +13,7 @@
 
 namespace fp4serve::quant {
 
-/// How a checkpoint stores the NVFP4 per-tensor scale (FORMATS.md Gotcha 1).
+/// How a checkpoint stores the NVFP4 per-tensor scale (FORMATS.md §2.1, §3.2).
 enum class GlobalScaleConvention {
   Divisor,     ///< compressed-tensors `weight_global_scale` = 448·6/amax: w = q · (s / gs), the division in fp32
   Multiplier,  ///< ModelOpt `weight_scale_2` = amax/(448·6): w = q · (s · ws2), the product in fp32
@@ -28,7 +28,7 @@ struct DequantizedWeight {
 };
 
 /// NVFP4: `weight_packed` [N, K/2] U8, `weight_scale` [N, K/16] F8_E4M3, `global_scale` finite and > 0.
-/// Output BF16 (compressed-tensors decompresses FP4 to BF16 even for FP16 models, Gotcha 11). With the
+/// Output BF16 (compressed-tensors decompresses FP4 to BF16 even for FP16 models, FORMATS.md §2.1). With the
 /// Multiplier convention the code −0 decodes to +0 as ModelOpt's `NVFP4QTensor.dequantize` does.
 /// Throws FormatError naming `name` on a dtype/shape mismatch or a zero/NaN/Inf global scale.
 DequantizedWeight dequantize_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Element and scale formats of quantized checkpoints: one constexpr traits table plus bit-exact decode/encode
-// with the rounding the reference tools use (shared FORMATS.md §0). Every later module takes format facts from
+// with the rounding the reference tools use (docs/FORMATS.md §0). Every later module takes format facts from
 // here; kernels keep their own fast paths but are tested against these functions.
 #pragma once
 
@@ -74,7 +74,7 @@ float e5m2_to_float(uint8_t code);
 uint8_t float_to_e5m2(float x);
 
 /// 2^(b − 127). b = 255 (NaN in OCP MX) decodes to +inf, as the reference decoders (HF `ldexp`, CT `2**(b−127)`)
-/// do: FORMATS.md Gotcha 10. b = 0 gives 2^−127, an fp32 subnormal.
+/// do: FORMATS.md §0.2. b = 0 gives 2^−127, an fp32 subnormal.
 float e8m0_to_float(uint8_t code);
 
 // --- 16-bit floats ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Module-name matching exactly as the producers match their target and ignore lists (shared FORMATS.md §1.4,
+// Module-name matching exactly as the producers match their target and ignore lists (docs/FORMATS.md §1.4,
 // §3.1): compressed-tensors `re:` patterns with Python `re.match` semantics (anchored at the start only), exact
 // module names and class names; ModelOpt fnmatch wildcards. Used by quant_config.cpp; no other module needs it.
 #pragma once
@@ -13,7 +13,7 @@
 namespace fp4serve::quant {
 
 /// A compiled Python-style regular expression that matches like `re.match(pattern, name)`: anchored at the
-/// start of the name only, so `.*mlp.gate` also matches `model.layers.0.mlp.gate_proj` (FORMATS.md Gotcha 14).
+/// start of the name only, so `.*mlp.gate` also matches `model.layers.0.mlp.gate_proj` (FORMATS.md §1.4).
 /// Compiled once with PCRE2 (`PCRE2_ANCHORED | PCRE2_UTF`); copies share the compiled code. Not thread-safe:
 /// each instance owns one match-data block.
 class PrefixRegex {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Sub-byte packing exactly as the producers write it (FORMATS.md §0.1, §0.4, §2.3 and Gotcha 7).
+// Sub-byte packing exactly as the producers write it (FORMATS.md §0.1, §0.4, §2.3).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Which tool produced a checkpoint, decided from config.json / hf_quant_config.json only (FORMATS.md §1.1):
-// dispatch on `quant_method`, never on tensor names or dtypes (Gotcha 3).
+// dispatch on `quant_method`, never on tensor names or dtypes (§1.1).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Quantization configs of every supported producer, parsed into one producer-neutral description per module
-// (`LayerQuant`). Sources: compressed-tensors `quantization_config` (shared FORMATS.md §1), ModelOpt
+// (`LayerQuant`). Sources: compressed-tensors `quantization_config` (docs/FORMATS.md §1), ModelOpt
 // `hf_quant_config.json` / `quant_method: "modelopt"` (§3), GPT-OSS native `quant_method: "mxfp4"` (§5).
 // Which execution scheme runs a layer is decided later, in src/plan; nothing here looks at tensors.
 #pragma once

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight quantization exactly as llm-compressor + compressed-tensors produce it (shared FORMATS.md §2): the
+// Weight quantization exactly as llm-compressor + compressed-tensors produce it (docs/FORMATS.md §2): the
 // producer side of the formats that dequant.h reads back. Pure functions over float arrays; the CLI
 // (`fp4serve quantize`) reads the weights, groups fused layers and writes the results.
 //

@@ -63,7 +63,6 @@ TEST(Calibration, HadamardAmaxIsTheAmaxOfTheRotatedInput) {
 
   // Same tokens through the same model, recorded by the reference observer (one 200-token sample).
   model::LoadOptions options;
-  options.progress = false;
   const model::LoadedModel loaded = model::load_model(kLlama, options);
   std::ifstream in(kText, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -10,8 +10,10 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <string>
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
@@ -28,8 +30,8 @@ using prepare::PreparedLinear;
 using testing::Layer;
 using testing::OwnedTensor;
 
-// 1..4 run the fused NVFP4/MXFP4 GEMV on AVX2, 1..8 on AVX-512 (gemv_max_rows), 5..8 the streaming panel path
-// on AVX2, 9 on AVX-512, 33 the blocked panel path.
+// 1..4 run the fused NVFP4/MXFP4 GEMV on AVX2, NEON and SVE, 1..8 on AVX-512 (gemv_max_rows), 5..8 the
+// streaming panel path on AVX2 / NEON / SVE, 9 on AVX-512, 33 the blocked panel path.
 constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 33};
 
 // Runs `body` once per compiled SIMD target supported by this CPU.
@@ -190,7 +192,8 @@ TEST(LinearFusedGemv, SmallMMatchesFloat64OnEverySimdTarget) {
       std::vector<float> y(static_cast<size_t>(m * l.n));
       for_each_target([&] {
         const std::string target = gemm_target_name();
-        const int64_t max_rows = target == "AVX2" ? 4 : target == "AVX3" || target == "AVX3_DL" ? 8 : 0;
+        const bool arm = target == "NEON" || target == "SVE" || target == "SVE_256" || target == "SVE2" || target == "SVE2_128";
+        const int64_t max_rows = target == "AVX2" || arm ? 4 : target == "AVX3" || target == "AVX3_DL" ? 8 : 0;
         EXPECT_EQ(gemv_max_rows(), max_rows);
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
         const bool fused = gemv_dispatch(w, x.data(), m, y.data());
@@ -231,6 +234,30 @@ TEST(LinearThreads, OneAndTwoThreadsGiveIdenticalResults) {
   }
 }
 
+// The dispatch runs a SIMD target whenever one is compiled and supported, never the scalar fallback (the line
+// printed here is what `make test-arm` shows per qemu CPU model). Which SIMD target is Highway's choice: 1.0.3
+// prefers SVE over SVE_256 on a 256-bit SVE CPU; every target is still tested by for_each_target above.
+TEST(LinearTargets, DispatchRunsASupportedSimdTarget) {
+  const auto targets = gemm_targets();
+  ASSERT_FALSE(targets.empty());
+  std::string names;
+  bool listed = false;
+  for (int64_t t : targets) {
+    names += std::string(" ") + hwy::TargetName(t);
+    listed = listed || std::string(hwy::TargetName(t)) == gemm_target_name();
+  }
+  std::printf("[  target  ] linear() dispatches to %s; compiled and supported:%s\n", gemm_target_name(), names.c_str());
+  EXPECT_TRUE(listed) << gemm_target_name();
+  const auto scalar = [](const std::string& name) { return name == "EMU128" || name == "SCALAR"; };
+  if (!scalar(hwy::TargetName(targets.front()))) {
+    EXPECT_FALSE(scalar(gemm_target_name())) << names;
+  }
+#if defined(__aarch64__)
+  // Every AArch64 CPU has NEON, so its GEMM must be compiled in.
+  EXPECT_NE(names.find(" NEON"), std::string::npos) << names;
+#endif
+}
+
 TEST(LinearErrors, BadArgumentsThrowUsageError) {
   std::mt19937 rng(107);
   const Layer l = testing::make_mxfp4(rng, 4, 32);
@@ -239,7 +266,7 @@ TEST(LinearErrors, BadArgumentsThrowUsageError) {
   EXPECT_THROW(linear(w, x.data(), -1, y.data()), UsageError);
   EXPECT_THROW(linear(w, nullptr, 1, y.data()), UsageError);
   EXPECT_NO_THROW(linear(w, nullptr, 0, nullptr));
-  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationQuant::EmulateNvfp4), UsageError);
+  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationEmulation::EmulateNvfp4), UsageError);
   EXPECT_THROW(core::set_num_threads(-2), UsageError);
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// W4A4 emulation: the activation quantizer is re-implemented here from shared FORMATS.md §2.1 (thresholds of
+// W4A4 emulation: the activation quantizer is re-implemented here from docs/FORMATS.md §2.1 (thresholds of
 // §0.1 for E2M1, byte layout of §0.2 for E4M3) and the product checked in float64 on every target.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -78,7 +78,7 @@ TEST(LinearW4A4, EmulationMatchesTheCompressedTensorsQuantizerInFloat64) {
       hwy::SetSupportedTargetsForTest(t);
       SCOPED_TRACE(hwy::TargetName(t));
       std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
-      linear(w, x.data(), m, y.data(), ActivationQuant::EmulateNvfp4);
+      linear(w, x.data(), m, y.data(), ActivationEmulation::EmulateNvfp4);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t r = 0; r < n; ++r) {
           double ref = 0, mag = 0;
@@ -110,7 +110,7 @@ TEST(LinearW4A4, EmulationChangesTheResult) {
   for (auto& v : x) v = dist(rng);
   std::vector<float> a(8), b(8);
   linear(w, x.data(), 1, a.data());
-  linear(w, x.data(), 1, b.data(), ActivationQuant::EmulateNvfp4);
+  linear(w, x.data(), 1, b.data(), ActivationEmulation::EmulateNvfp4);
   EXPECT_NE(a, b);
 }
 
@@ -120,7 +120,7 @@ TEST(LinearW4A4, MissingInputGlobalScaleIsAUsageError) {
   const prepare::PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
                                                            GlobalScaleConvention::Divisor, "t");
   std::vector<float> x(32, 1.f), y(8);
-  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationQuant::EmulateNvfp4), UsageError);
+  EXPECT_THROW(linear(w, x.data(), 1, y.data(), ActivationEmulation::EmulateNvfp4), UsageError);
 }
 
 }  // namespace

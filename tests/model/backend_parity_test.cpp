@@ -62,7 +62,6 @@ TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
   EXPECT_THROW(cache.value(slot, 0, 0), UsageError);
 
   LoadOptions options;
-  options.progress = false;
   const LoadedModel cpu = load_model(kRef / "llama-nvfp4a16", options);
   KvCache foreign(cpu.config.num_layers, cpu.config.num_kv_heads, cpu.config.head_dim, 8, 1,
                   std::make_unique<OpaqueStorage>());
@@ -76,7 +75,6 @@ TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
 TEST(BackendHost, DeviceCudaWithoutAGpuGivesTheNoGpuMessageForEveryArchitecture) {
   if (have_gpu()) GTEST_SKIP() << "a GPU is present: the no-GPU refusal cannot be observed here";
   LoadOptions options;
-  options.progress = false;
   options.device = "cuda";
   for (const char* fixture : {"llama-nvfp4a16", "qwen3moe-nvfp4", "gptoss-mxfp4-native", "llama-spinquant-r3-nvfp4a16"}) {
     SCOPED_TRACE(fixture);
@@ -147,7 +145,6 @@ TEST_P(BackendParity, CudaBackendMatchesTheCpuBackend) {
   const fs::path dir = kRef / GetParam();
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not in this checkout";
   LoadOptions options;
-  options.progress = false;
   const LoadedModel cpu = load_model(dir, options);
   options.device = "cuda";
   const LoadedModel gpu = load_model(dir, options);
@@ -229,7 +226,6 @@ TEST_P(CudaGraphs, ReplayedDecodeStepsMatchEagerOnes) {
   const fs::path dir = kRef / GetParam();
   if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " is not in this checkout";
   LoadOptions options;
-  options.progress = false;
   options.device = "cuda";
   const LoadedModel graphed = load_model(dir, options);
   const LoadedModel eager = load_model(dir, options);
@@ -320,7 +316,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs,
 TEST(CudaGraphsMoe, MoeDecodeStepsRunEagerly) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   LoadOptions options;
-  options.progress = false;
   options.device = "cuda";
   const LoadedModel moe = load_model(kRef / "qwen3moe-nvfp4a16", options);
   KvCache cache = moe.decoder->make_cache(32, 1);
@@ -338,7 +333,6 @@ TEST(CudaGraphsMoe, MoeDecodeStepsRunEagerly) {
 TEST(BackendRefusals, Int4AndFp8LinearsNameTheOpAndTheModule) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   LoadOptions options;
-  options.progress = false;
   options.device = "cuda";
   for (const char* fixture : {"llama-w4a16", "llama-fp8-dynamic"}) {
     SCOPED_TRACE(fixture);

@@ -32,7 +32,6 @@ class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 TEST_P(BatchInvariance, TwoPromptsInOneBatchDecodeAsTheyDoAlone) {
   const fs::path dir = fs::path(FP4SERVE_TEST_DATA) / "ref" / GetParam();
   LoadOptions options;
-  options.progress = false;
   const LoadedModel loaded = load_model(dir, options);
   const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
   const int64_t vocab = loaded.config.vocab_size;

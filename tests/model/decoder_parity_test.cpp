@@ -103,7 +103,6 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
   const fs::path dir = kRef / c.fixture;
   LoadOptions options;
   options.activation_quant = c.activation_quant;
-  options.progress = false;
   const LoadedModel loaded = load_model(dir, options);
   const checkpoint::SafetensorsFile golden(kRef / c.golden_fixture / "golden.safetensors");
   if (c.golden_fixture != c.fixture) {  // the sibling must hold the very same quantized weights
@@ -182,8 +181,7 @@ TEST(DecoderParityKvCache, LayerZeroCachedKeysMatchTheReferenceCache) {
     if (golden.find("kcache.layer0.prompt0") == nullptr) continue;
     SCOPED_TRACE(e.path().filename().string());
     LoadOptions options;
-    options.progress = false;
-    const LoadedModel loaded = load_model(e.path(), options);
+      const LoadedModel loaded = load_model(e.path(), options);
     const int64_t kv_heads = loaded.config.num_kv_heads, hd = loaded.config.head_dim;
     KvCache cache = loaded.decoder->make_cache(64, 1);
     for (const std::string prompt : {"prompt0", "prompt1"}) {

@@ -368,7 +368,6 @@ class FixtureCopy {
 
 std::string load_error(const fs::path& dir) {
   LoadOptions options;
-  options.progress = false;
   try {
     load_model(dir, options);
   } catch (const FormatError& e) {
@@ -426,7 +425,7 @@ TEST(MoeLoad, GateAndUpGlobalScalesStayPerShard) {
   ASSERT_NE(gate, up);
   const auto ckpt = checkpoint::Checkpoint::open(copy.dir());
   const plan::LayerPlan p = plan::build_plan(ckpt, plan::PlanOptions{});
-  LoadProgress progress(1, 1, false);
+  LoadProgress progress(1, 1, {});
   const PlannedWeights weights(ckpt, p, progress);
   const LinearGroup w13 = weights.linear_group({x + ".gate_proj", x + ".up_proj"});
   ASSERT_EQ(w13.parts().size(), 1u) << "the plan runs w13 fused";

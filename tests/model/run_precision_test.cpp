@@ -41,7 +41,6 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
   LoadOptions exact_options;
-  exact_options.progress = false;
   LoadOptions options = exact_options;
   options.activation_precision = c.activation_precision;
   options.lm_head_dtype = c.lm_head_dtype;
@@ -85,7 +84,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
 
 TEST(RunPrecision, UnknownChoicesAreUsageErrors) {
   LoadOptions options;
-  options.progress = false;
   options.activation_precision = "int4";
   EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
   options.activation_precision = "fp32";

@@ -68,7 +68,6 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   const ParityCase& c = GetParam();
   dist::Communicator& comm = *g_comm;
   LoadOptions whole;
-  whole.progress = false;
   whole.threads = 1;
   LoadOptions shard = whole;
   shard.tensor_parallel_size = comm.size();

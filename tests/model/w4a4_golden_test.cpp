@@ -68,7 +68,7 @@ TEST_P(W4A4Golden, EmulatedActivationsAndOutputMatchCompressedTensors) {
 
   const std::vector<float> y_ref = floats(golden.view(*golden.find("w4a4.y")));
   std::vector<float> y(y_ref.size(), std::nanf(""));
-  kernels::linear(w, x.data(), m, y.data(), kernels::ActivationQuant::EmulateNvfp4);
+  kernels::linear(w, x.data(), m, y.data(), kernels::ActivationEmulation::EmulateNvfp4);
   double max_ref = 0.0, max_err = 0.0;
   for (size_t i = 0; i < y.size(); ++i) {
     max_ref = std::max(max_ref, static_cast<double>(std::fabs(y_ref[i])));
@@ -187,7 +187,7 @@ TEST(Mxfp4ActivationFakeQuant, FixtureW4A4ActivationAndOutputMatchCompressedTens
   const std::vector<float> x = floats(x_view);
   const std::vector<float> y_ref = floats(golden.view(*golden.find("w4a4.y")));
   std::vector<float> y(y_ref.size(), std::nanf(""));
-  kernels::linear(w, x.data(), m, y.data(), kernels::ActivationQuant::EmulateMxfp4);
+  kernels::linear(w, x.data(), m, y.data(), kernels::ActivationEmulation::EmulateMxfp4);
   double max_ref = 0.0, max_err = 0.0;
   for (size_t i = 0; i < y.size(); ++i) {
     max_ref = std::max(max_ref, static_cast<double>(std::fabs(y_ref[i])));

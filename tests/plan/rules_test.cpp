@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// One or more named tests per rule of shared SCHEMES.md ("Rules that the table implies"). Test names start with
+// One or more named tests per rule of docs/SCHEMES.md ("Rules"). Test names start with
 // the rule number so that `--gtest_filter=Rule4*` selects a rule.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

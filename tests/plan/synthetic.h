@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Test-side synthetic checkpoints: config.json objects and safetensors headers written from shared FORMATS.md
+// Test-side synthetic checkpoints: config.json objects and safetensors headers written from docs/FORMATS.md
 // (§2 compressed-tensors, §3 ModelOpt, §5 GPT-OSS) independently of src/plan's contracts, so that plan tests
 // check the code against the format documents rather than against itself.
 #pragma once

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Config parsing and name matching. Expected values come from shared FORMATS.md §1.2-§1.8, §3, §5 and Python's
+// Config parsing and name matching. Expected values come from docs/FORMATS.md §1.2-§1.8, §3, §5 and Python's
 // re.match / fnmatch semantics (noted per case).
 #include <gtest/gtest.h>
 

@@ -150,7 +150,6 @@ class Generate : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model::LoadOptions options;
-    options.progress = false;
     model_ = std::make_unique<model::LoadedModel>(model::load_model(kFixture, options));
     tokenizer_ = std::make_unique<Tokenizer>(load_tokenizer(model_->checkpoint));
   }

@@ -49,7 +49,6 @@ TEST(ModelBench, SummaryMediansSpreadsAndPerRepetitionRatios) {
 TEST(ModelBench, RunsEveryModelEveryRepetitionOnATinyFixture) {
   const std::filesystem::path dir = std::filesystem::path(FP4SERVE_TEST_DATA) / "ref" / "llama-nvfp4a16";
   model::LoadOptions options;
-  options.progress = false;
   const std::vector<ModelBenchTarget> targets = {{"x", dir, options}, {"y", dir, options}};
   ModelBenchConfig config;
   config.prompt_tokens = 7;

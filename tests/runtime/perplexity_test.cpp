@@ -30,7 +30,6 @@ class Perplexity : public ::testing::Test {
     golden_ = checkpoint::read_json_object_file(kData / "sampling" / "perplexity.json");
     tokens_ = golden_.at("tokens").get<std::vector<int32_t>>();
     model::LoadOptions options;
-    options.progress = false;
     base_ = std::make_unique<model::LoadedModel>(model::load_model(kData / "ref" / "llama-bf16", options));
     quant_ = std::make_unique<model::LoadedModel>(model::load_model(kData / "ref" / "llama-nvfp4a16", options));
   }

@@ -43,7 +43,6 @@ class CountingStepModel final : public StepModel {
 TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
   const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
   model::LoadOptions load;
-  load.progress = false;
   const model::LoadedModel loaded = model::load_model(dir, load);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   const auto chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
@@ -111,7 +110,6 @@ TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
 TEST(ServerEndToEnd, SeededSampledRequestIsBatchInvariant) {
   const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
   model::LoadOptions load;
-  load.progress = false;
   const model::LoadedModel loaded = model::load_model(dir, load);
   const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   const auto chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());

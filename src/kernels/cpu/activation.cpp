@@ -28,11 +28,6 @@ void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out) {
   for_each_row(x, m, inter, out, cpu::silu_mul);
 }
 
-void gelu_tanh_and_mul(const float* x, int64_t m, int64_t inter, float* out) {
-  check_gated("gelu_tanh_and_mul", x, m, inter, out);
-  for_each_row(x, m, inter, out, cpu::gelu_tanh_mul);
-}
-
 void swiglu_oai_and_mul(const float* x, int64_t m, int64_t inter, float alpha, float limit, float* out) {
   check_gated("swiglu_oai_and_mul", x, m, inter, out);
   if (!(limit > 0)) throw UsageError(fmt::format("swiglu_oai_and_mul: limit must be > 0, found {}", limit));

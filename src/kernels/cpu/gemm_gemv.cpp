@@ -14,7 +14,8 @@
 //   values as the table reads only bits [3:0] of each index lane, so `word >> 4j` needs no mask.
 // - AVX2: 8 rows per vector; vpshufb maps each nibble to E2M1·2 as int8, a shift pair sign-extends byte j of
 //   each lane to int32, vcvtdq2ps makes it fp32 (the ×2 is folded into the scale).
-// Other targets return false and the caller runs the general GEMM. Threads split N (items of 8/16 rows); K is
+// - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
+// EMU128 returns false and the caller runs the general GEMM. Threads split N (items of 8/16 rows); K is
 // never split, so a layer with N < 16·threads (8·threads on AVX2) leaves threads idle.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm_gemv.cpp"
@@ -350,6 +351,135 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
       if (m > 4 || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
       DenseRows(w, x, m, y);
       return true;
+  }
+  return false;
+}
+
+#elif HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR
+
+// Portable fused GEMV (NEON, SVE, and any other non-x86 Highway target): the AVX2 decode in target-neutral ops
+// (the int8 E2M1·2 table through TableLookupBytes, a shift pair per column) over kTileLanes rows of a tile at a
+// time: 4 on NEON and 128-bit SVE, 8 on wider SVE. Accumulators are named per x row because SVE vectors cannot
+// form arrays; 4 rows fill NEON's 32 registers without spills.
+constexpr int64_t kMaxM = 4;
+using DT = hn::CappedTag<float, kTileRows>;
+using DTI = hn::RebindToSigned<DT>;
+using DTU = hn::RebindToUnsigned<DT>;
+
+// Block scales of kTileLanes rows as fp32 · 0.5 (the code table holds E2M1 · 2).
+template <WeightLayout kLayout>
+HWY_INLINE hn::Vec<DT> PortableScales(const uint8_t* p) {
+  const DT df;
+  const DTU du32;
+  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, DT>(), p));
+  if constexpr (kLayout == WeightLayout::Nvfp4) {
+    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
+                             hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p119f));
+  } else {
+    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
+    const auto bits = hn::Max(hn::ShiftLeft<23>(b), hn::Set(du32, 0x00400000u));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0.5f));
+  }
+}
+
+// Raw sums acc[i · kTileRows + r0 + r] for rows r0 .. r0 + Lanes − 1 of `tile` (block scales applied), i < kM.
+template <WeightLayout kLayout, int kM>
+HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t r0, const float* HWY_RESTRICT x,
+                                 float* HWY_RESTRICT acc) {
+  const DT df;
+  const DTI di;
+  const hn::Repartition<uint8_t, DT> du8;
+  const int64_t k_total = w.in_features;
+  const int64_t octets = k_total / 8;
+  const int64_t groups = w.groups();
+  const int64_t octets_per_group = w.group_size / 8;
+  const uint8_t* codes = w.codes.as<uint8_t>() + tile * octets * 32 + 4 * r0;
+  const uint8_t* scales = w.scales.as<uint8_t>() + tile * groups * kTileRows + r0;
+  alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::Repartition<int8_t, DT>(), kLut));
+  const auto mask = hn::Set(du8, uint8_t{0x0F});
+  auto t0 = hn::Zero(df), t1 = hn::Zero(df), t2 = hn::Zero(df), t3 = hn::Zero(df);
+  for (int64_t g = 0; g < groups; ++g) {
+    auto p0 = hn::Zero(df), p1 = hn::Zero(df), p2 = hn::Zero(df), p3 = hn::Zero(df);
+    for (int64_t o = 0; o < octets_per_group; ++o) {
+      const int64_t c = g * octets_per_group + o;
+      const float* xc = x + 8 * c;
+      // Byte b of lane r holds columns 2b (low nibble) and 2b + 1 (high nibble) of row r0 + r.
+      const auto v = hn::LoadU(du8, codes + 32 * c);
+      const auto even = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(v, mask)));
+      const auto odd = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
+#define FP4SERVE_GEMV_COLUMN(J)                                                                                 \
+  {                                                                                                             \
+    const auto col = hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24 - 8 * ((J) / 2)>((J) % 2 == 0 ? even : odd))); \
+    p0 = hn::MulAdd(col, hn::Set(df, xc[J]), p0);                                                               \
+    if constexpr (kM > 1) p1 = hn::MulAdd(col, hn::Set(df, xc[k_total + (J)]), p1);                             \
+    if constexpr (kM > 2) p2 = hn::MulAdd(col, hn::Set(df, xc[2 * k_total + (J)]), p2);                         \
+    if constexpr (kM > 3) p3 = hn::MulAdd(col, hn::Set(df, xc[3 * k_total + (J)]), p3);                         \
+  }
+      FP4SERVE_GEMV_COLUMN(0)
+      FP4SERVE_GEMV_COLUMN(1)
+      FP4SERVE_GEMV_COLUMN(2)
+      FP4SERVE_GEMV_COLUMN(3)
+      FP4SERVE_GEMV_COLUMN(4)
+      FP4SERVE_GEMV_COLUMN(5)
+      FP4SERVE_GEMV_COLUMN(6)
+      FP4SERVE_GEMV_COLUMN(7)
+#undef FP4SERVE_GEMV_COLUMN
+    }
+    const auto scale = PortableScales<kLayout>(scales + g * kTileRows);
+    t0 = hn::MulAdd(p0, scale, t0);
+    if constexpr (kM > 1) t1 = hn::MulAdd(p1, scale, t1);
+    if constexpr (kM > 2) t2 = hn::MulAdd(p2, scale, t2);
+    if constexpr (kM > 3) t3 = hn::MulAdd(p3, scale, t3);
+  }
+  hn::StoreU(t0, df, acc + r0);
+  if constexpr (kM > 1) hn::StoreU(t1, df, acc + kTileRows + r0);
+  if constexpr (kM > 2) hn::StoreU(t2, df, acc + 2 * kTileRows + r0);
+  if constexpr (kM > 3) hn::StoreU(t3, df, acc + 3 * kTileRows + r0);
+}
+
+template <WeightLayout kLayout, int kM>
+void PortableGemvLayer(const PreparedLinear& w, const float* x, float* y) {
+  const int64_t n_total = w.out_features;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t t = 0; t < w.tiles(); ++t) {
+    alignas(64) float acc[kM * kTileRows];
+    for (int64_t r0 = 0; r0 < kTileRows; r0 += lanes) PortableGemvRows<kLayout, kM>(w, t, r0, x, acc);
+    const int64_t rows = std::min(kTileRows, n_total - t * kTileRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = t * kTileRows + r;
+        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kTileRows + r]);
+      }
+    }
+  }
+}
+
+template <WeightLayout kLayout>
+void PortableGemvRowsOf(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  switch (m) {
+    case 1: return PortableGemvLayer<kLayout, 1>(w, x, y);
+    case 2: return PortableGemvLayer<kLayout, 2>(w, x, y);
+    case 3: return PortableGemvLayer<kLayout, 3>(w, x, y);
+    default: return PortableGemvLayer<kLayout, 4>(w, x, y);
+  }
+}
+
+int64_t GemvMaxRows() { return kMaxM; }
+
+bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  // Sub-tiles of Lanes rows must cover a tile, and the byte table needs a 16-byte vector.
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
+  if (m < 1 || m > kMaxM || lanes < 4 || kTileRows % lanes != 0) return false;
+  switch (w.layout) {
+    case WeightLayout::Nvfp4: PortableGemvRowsOf<WeightLayout::Nvfp4>(w, x, m, y); return true;
+    case WeightLayout::Mxfp4: PortableGemvRowsOf<WeightLayout::Mxfp4>(w, x, m, y); return true;
+    case WeightLayout::Int4:
+    case WeightLayout::Fp8:
+    case WeightLayout::Dense: return false;
   }
   return false;
 }

@@ -11,12 +11,12 @@
 
 namespace fp4serve::kernels {
 
-void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, ActivationQuant aq) {
+void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, ActivationEmulation aq) {
   if (m < 0) throw UsageError(fmt::format("linear: m = {} is negative", m));
   if (m == 0) return;
   if (x == nullptr || y == nullptr) throw UsageError("linear: x and y must not be null");
   const int64_t k = w.in_features;
-  const bool emulate = aq == ActivationQuant::EmulateNvfp4;
+  const bool emulate = aq == ActivationEmulation::EmulateNvfp4;
   if (emulate && w.layout != prepare::WeightLayout::Nvfp4 && w.layout != prepare::WeightLayout::Dense) {
     throw UsageError(fmt::format("linear: W4A4 emulation needs an Nvfp4 layer (or its reference-dequantized dense "
                                  "form), this one is {}", prepare::layout_name(w.layout)));
@@ -24,16 +24,16 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (emulate && w.input_global_scale <= 0.f) {
     throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");
   }
-  const bool emulate_mx = aq == ActivationQuant::EmulateMxfp4;
+  const bool emulate_mx = aq == ActivationEmulation::EmulateMxfp4;
   if (emulate_mx && w.layout != prepare::WeightLayout::Mxfp4 && w.layout != prepare::WeightLayout::Dense) {
     throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an Mxfp4 layer (or a dense one), this one is {}",
                                  prepare::layout_name(w.layout)));
   }
   const bool fp4 = w.layout == prepare::WeightLayout::Nvfp4 || w.layout == prepare::WeightLayout::Mxfp4;
-  if (aq == ActivationQuant::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
+  if (aq == ActivationEmulation::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
     return int8_gemm(w, x, m, y);
   }
-  if (aq == ActivationQuant::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
+  if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
   if (w.k_perm.empty()) {

@@ -24,7 +24,7 @@ void reference_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m,
 /// [1, gemv_max_rows()].
 bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// Largest m the fused GEMV serves on the current target: 4 (AVX2), 8 (AVX-512), 0 (others).
+/// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 
 /// ActivationPrecision::Int8 for Nvfp4 / Mxfp4 (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot

@@ -3,7 +3,10 @@
 // file). NVFP4/MXFP4 with m ≤ gemv_max_rows() (4 on AVX2, 8 on AVX-512) go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
 // decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
 // the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
-// rows of x. Targets without 256-bit vectors run the scalar reference instead.
+// rows of x. The code is target-neutral Highway except one AVX-512 FP4 decoder (guarded, with the portable
+// decoder beside it): the prepared layout's 8-row tiles are decoded kTileLanes rows at a time (8 on AVX2 and
+// AVX-512, 4 on NEON and SVE), and the panel width follows the target's vectors. EMU128 runs the scalar
+// reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -34,23 +37,36 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) { re
 
 #else
 
-using DF = hn::CappedTag<float, 16>;             // AVX2: 8 lanes, AVX-512: 16
+#if HWY_HAVE_SCALABLE
+// SVE: the vector length is known only at run time, but the panel width must be a compile-time constant, so
+// the panel uses 128-bit vectors (every SVE length holds them), full 256-bit ones on SVE_256.
+constexpr int64_t kLanes = HWY_TARGET == HWY_SVE_256 ? 8 : 4;
+using DF = hn::CappedTag<float, kLanes>;
+#else
+using DF = hn::CappedTag<float, 16>;             // NEON: 4 lanes, AVX2: 8, AVX-512: 16
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+#endif
 constexpr int64_t kNR = 2 * kLanes;              // panel width (output rows): two vectors per column
 constexpr int64_t kPanelTiles = kNR / kTileRows;
 constexpr int64_t kMR = kLanes == 16 ? 12 : 6;   // x rows per micro-kernel call: fills the register file
 constexpr int64_t kKc = 256;                     // columns decoded per panel chunk (panel ≤ 32 KiB, in L1)
+static_assert(kNR % kTileRows == 0, "a panel holds whole tiles");
 
 // ---- decoders: tile `tile`, columns [k0, k0 + kc) → panel[kk · kNR + r] (panel already offset to the tile) --
 
-using D8 = hn::FixedTag<float, 8>;
+// The decoders handle kTileLanes rows of a tile per vector, kTileRows / kTileLanes sub-tiles one after another.
+constexpr int64_t kTileLanes = kLanes < kTileRows ? kLanes : kTileRows;
+using DT = hn::CappedTag<float, kTileLanes>;
+using DTI = hn::RebindToSigned<DT>;
+using DTU = hn::RebindToUnsigned<DT>;
+static_assert(kTileRows % kTileLanes == 0, "sub-tiles cover a tile");
 
-// 8 E4M3 (NVFP4) or E8M0 (MXFP4) scale bytes → fp32 · 0.5 (the code LUT holds E2M1 · 2).
+// kTileLanes E4M3 (NVFP4) or E8M0 (MXFP4) scale bytes → fp32 · 0.5 (the code LUT holds E2M1 · 2).
 template <WeightLayout kLayout>
-HWY_INLINE hn::Vec<D8> Fp4Scales(const uint8_t* p) {
-  const D8 df;
-  const hn::FixedTag<uint32_t, 8> du32;
-  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::FixedTag<uint8_t, 8>(), p));
+HWY_INLINE hn::Vec<DT> Fp4Scales(const uint8_t* p) {
+  const DT df;
+  const DTU du32;
+  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, DT>(), p));
   if constexpr (kLayout == WeightLayout::Nvfp4) {
     // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
     const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
@@ -63,43 +79,41 @@ HWY_INLINE hn::Vec<D8> Fp4Scales(const uint8_t* p) {
   }
 }
 
-// Column j (0..7) of the 8 rows in a row-word block (prepared_linear.h), as int32 lanes.
+// Column j (0..7) of kTileLanes rows in a row-word block (prepared_linear.h), as int32 lanes.
 // Int4: the unsigned nibble. FP4: E2M1 · 2 from the int8 table, where `even`/`odd` hold the table value of the
 // low/high nibble of every byte (byte b of lane r = columns 2b, 2b + 1 of row r); a shift pair sign-extends it.
-using DI8 = hn::FixedTag<int32_t, 8>;
-using DU8 = hn::FixedTag<uint32_t, 8>;
-
 template <int kJ>
-HWY_INLINE hn::Vec<DI8> Int4Column(hn::Vec<DU8> words) {
-  const auto nibble = hn::And(hn::ShiftRight<4 * kJ>(words), hn::Set(DU8(), 0xFu));
-  return hn::BitCast(DI8(), nibble);
+HWY_INLINE hn::Vec<DTI> Int4Column(hn::Vec<DTU> words) {
+  const auto nibble = hn::And(hn::ShiftRight<4 * kJ>(words), hn::Set(DTU(), 0xFu));
+  return hn::BitCast(DTI(), nibble);
 }
 
 template <int kJ>
-HWY_INLINE hn::Vec<DI8> Fp4Column(hn::Vec<DI8> even, hn::Vec<DI8> odd) {
+HWY_INLINE hn::Vec<DTI> Fp4Column(hn::Vec<DTI> even, hn::Vec<DTI> odd) {
   const auto bytes = kJ % 2 == 0 ? even : odd;
   return hn::ShiftRight<24>(hn::ShiftLeft<24 - 8 * (kJ / 2)>(bytes));
 }
 
 template <WeightLayout kLayout>
-void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  const hn::FixedTag<uint8_t, 32> du8;
-  const D8 df;
+void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, int64_t r0, float* panel) {
+  const hn::Repartition<uint8_t, DT> du8;
+  const DT df;
   const int64_t octets = w.in_features / 8;
   const int64_t groups = w.groups();
-  const uint8_t* codes = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
+  // Rows r0 .. r0 + kTileLanes − 1 of each octet block: 4 bytes (one word) per row.
+  const uint8_t* codes = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32 + 4 * r0;
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::FixedTag<int8_t, 32>(), kLut));
+  const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::Repartition<int8_t, DT>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
   (void)lut;  // unused where the AVX-512 permute decodes FP4
   (void)mask;
   int64_t group = -1;
-  hn::Vec<D8> scale = hn::Zero(df), offset = hn::Zero(df);
+  hn::Vec<DT> scale = hn::Zero(df), offset = hn::Zero(df);
   for (int64_t c = 0; c < kc / 8; ++c) {
     const int64_t k = k0 + 8 * c;
     if (k / w.group_size != group) {
       group = k / w.group_size;
-      const int64_t at = (tile * groups + group) * kTileRows;
+      const int64_t at = (tile * groups + group) * kTileRows + r0;
       if constexpr (kLayout == WeightLayout::Int4) {
         scale = hn::Load(df, w.scales.as<float>() + at);
         offset = hn::Load(df, w.offsets.as<float>() + at);
@@ -108,13 +122,13 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       }
     }
     const auto v = hn::Load(du8, codes + 32 * c);
-    float* out = panel + 8 * c * kNR;
-    const auto emit = [&](int j, hn::Vec<DI8> q) HWY_ATTR {
+    float* out = panel + 8 * c * kNR + r0;
+    const auto emit = [&](int j, hn::Vec<DTI> q) HWY_ATTR {
       const auto f = hn::ConvertTo(df, q);
       hn::Store(kLayout == WeightLayout::Int4 ? hn::MulAdd(f, scale, offset) : hn::Mul(f, scale), df, out + j * kNR);
     };
     if constexpr (kLayout == WeightLayout::Int4) {
-      const auto words = hn::BitCast(DU8(), v);
+      const auto words = hn::BitCast(DTU(), v);
       emit(0, Int4Column<0>(words));
       emit(1, Int4Column<1>(words));
       emit(2, Int4Column<2>(words));
@@ -130,7 +144,7 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       const __m256 neg = _mm256_setr_ps(-0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f);
       const __m256i words = v.raw;
       const auto store = [&](int j, __m256 f) HWY_ATTR {
-        hn::Store(hn::Mul(hn::Vec<D8>{f}, scale), df, out + j * kNR);
+        hn::Store(hn::Mul(hn::Vec<DT>{f}, scale), df, out + j * kNR);
       };
       store(0, _mm256_permutex2var_ps(pos, words, neg));
       store(1, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 4), neg));
@@ -141,8 +155,8 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
       store(6, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 24), neg));
       store(7, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 28), neg));
 #else
-      const auto even = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(v, mask)));
-      const auto odd = hn::BitCast(DI8(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
+      const auto even = hn::BitCast(DTI(), hn::TableLookupBytes(lut, hn::And(v, mask)));
+      const auto odd = hn::BitCast(DTI(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
       emit(0, Fp4Column<0>(even, odd));
       emit(1, Fp4Column<1>(even, odd));
       emit(2, Fp4Column<2>(even, odd));
@@ -156,19 +170,27 @@ void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc
   }
 }
 
+// All rows of the tile, kTileLanes at a time (one pass on AVX2 and AVX-512).
+template <WeightLayout kLayout>
+void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) DecodeNibbleRows<kLayout>(w, tile, k0, kc, r0, panel);
+}
+
 void DecodeFp8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  const D8 df;
-  const hn::FixedTag<int32_t, 8> di32;
+  const DT df;
+  const DTI di32;
   const int64_t groups = w.groups();
   const uint8_t* codes = w.codes.as<uint8_t>() + (tile * w.in_features + k0) * kTileRows;
   const auto keep = hn::Set(di32, static_cast<int32_t>(0x87F00000u));
-  for (int64_t kk = 0; kk < kc; ++kk) {
-    const int64_t k = k0 + kk;
-    const auto scale = hn::Load(df, w.scales.as<float>() + (tile * groups + k / w.group_size) * kTileRows);
-    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
-    const auto b = hn::PromoteTo(di32, hn::LoadU(hn::FixedTag<int8_t, 8>(), reinterpret_cast<const int8_t*>(codes + kk * kTileRows)));
-    const auto f = hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), keep));
-    hn::Store(hn::Mul(f, scale), df, panel + kk * kNR);
+  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) {
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk;
+      const auto scale = hn::Load(df, w.scales.as<float>() + (tile * groups + k / w.group_size) * kTileRows + r0);
+      // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
+      const auto b = hn::PromoteTo(di32, hn::LoadU(hn::Rebind<int8_t, DT>(), reinterpret_cast<const int8_t*>(codes + kk * kTileRows + r0)));
+      const auto f = hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), keep));
+      hn::Store(hn::Mul(f, scale), df, panel + kk * kNR + r0);
+    }
   }
 }
 
@@ -184,17 +206,19 @@ void DecodeInt8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, f
 }
 
 void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  const D8 df;
-  if (w.dense_storage == prepare::DenseStorage::Bf16) {
-    const hn::FixedTag<uint32_t, 8> du32;
-    const uint16_t* src = w.codes.as<uint16_t>() + (tile * w.in_features + k0) * kTileRows;
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const auto b = hn::PromoteTo(du32, hn::Load(hn::FixedTag<uint16_t, 8>(), src + kk * kTileRows));
-      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(b)), df, panel + kk * kNR);
+  const DT df;
+  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) {
+    if (w.dense_storage == prepare::DenseStorage::Bf16) {
+      const DTU du32;
+      const uint16_t* src = w.codes.as<uint16_t>() + (tile * w.in_features + k0) * kTileRows + r0;
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const auto b = hn::PromoteTo(du32, hn::Load(hn::Rebind<uint16_t, DT>(), src + kk * kTileRows));
+        hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(b)), df, panel + kk * kNR + r0);
+      }
+    } else {
+      const float* src = w.codes.as<float>() + (tile * w.in_features + k0) * kTileRows + r0;
+      for (int64_t kk = 0; kk < kc; ++kk) hn::Store(hn::Load(df, src + kk * kTileRows), df, panel + kk * kNR + r0);
     }
-  } else {
-    const float* src = w.codes.as<float>() + (tile * w.in_features + k0) * kTileRows;
-    for (int64_t kk = 0; kk < kc; ++kk) hn::Store(hn::Load(df, src + kk * kTileRows), df, panel + kk * kNR);
   }
 }
 
@@ -220,6 +244,45 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
 
 // ---- micro-kernel: acc[i][0..kNR) += Σ_kk x[i · ldx + kk] · panel[kk][0..kNR), i < kM ----------------------
 
+#if HWY_HAVE_SCALABLE
+// SVE vectors are sizeless and cannot form arrays: one named accumulator pair per x row (kMR = 6 here); the
+// pairs of rows ≥ kM are dead code the compiler drops.
+static_assert(kMR == 6, "the SVE micro-kernel names six rows");
+#define FP4SERVE_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+template <int kM>
+HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
+                        float* HWY_RESTRICT acc) {
+  const DF d;
+#define FP4SERVE_LOAD(i)                                           \
+  auto a0_##i = hn::Zero(d), a1_##i = hn::Zero(d);                 \
+  if constexpr ((i) < kM) {                                        \
+    a0_##i = hn::Load(d, acc + (i) * kNR);                         \
+    a1_##i = hn::Load(d, acc + (i) * kNR + kLanes);                \
+  }
+#define FP4SERVE_FMA(i)                                            \
+  if constexpr ((i) < kM) {                                        \
+    const auto xi = hn::Set(d, x[(i) * ldx + k]);                  \
+    a0_##i = hn::MulAdd(xi, b0, a0_##i);                           \
+    a1_##i = hn::MulAdd(xi, b1, a1_##i);                           \
+  }
+#define FP4SERVE_STORE(i)                                          \
+  if constexpr ((i) < kM) {                                        \
+    hn::Store(a0_##i, d, acc + (i) * kNR);                         \
+    hn::Store(a1_##i, d, acc + (i) * kNR + kLanes);                \
+  }
+  FP4SERVE_ROWS(FP4SERVE_LOAD)
+  for (int64_t k = 0; k < kc; ++k) {
+    const auto b0 = hn::Load(d, panel + k * kNR);
+    const auto b1 = hn::Load(d, panel + k * kNR + kLanes);
+    FP4SERVE_ROWS(FP4SERVE_FMA)
+  }
+  FP4SERVE_ROWS(FP4SERVE_STORE)
+#undef FP4SERVE_LOAD
+#undef FP4SERVE_FMA
+#undef FP4SERVE_STORE
+}
+#undef FP4SERVE_ROWS
+#else
 template <int kM>
 HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
                         float* HWY_RESTRICT acc) {
@@ -246,6 +309,7 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
     hn::Store(a1[i], d, acc + i * kNR + kLanes);
   }
 }
+#endif
 
 template <int kM = kMR>
 void MicroDispatch(int m, const float* x, int64_t ldx, const float* panel, int64_t kc, float* acc) {
@@ -267,6 +331,8 @@ float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need
 }
 
 void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  // The panel assumes kLanes lanes per vector; SVE lengths (≥ 128 bits) always hold them.
+  if (hn::Lanes(DF()) != static_cast<size_t>(kLanes)) return reference_gemm(w, x, m, y);
   const int64_t k_total = w.in_features;
   const int64_t n_total = w.out_features;
   const int64_t panels = (w.tiles() + kPanelTiles - 1) / kPanelTiles;

@@ -32,9 +32,6 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 /// out[i] = silu(x[i]).
 void silu(const float* x, int64_t n, float* out);
 
-/// out[i] = gelu_tanh(gate[i]) · up[i] with gelu_tanh(g) = ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))).
-void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
-
 /// GPT-OSS "swiglu-oai" (FORMATS.md §5): g = min(gate, limit), u = clamp(up, −limit, limit),
 /// out = (u + 1) · g · sigmoid(alpha · g).
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out);

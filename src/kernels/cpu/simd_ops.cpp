@@ -131,30 +131,6 @@ void SiluImpl(const float* x, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = x[i] * sigmoid_scalar(x[i]);
 }
 
-// √(2/π) and the cubic coefficient of the tanh approximation (Hendrycks & Gimpel 2016; HF "gelu_pytorch_tanh").
-constexpr float kGeluC = 0.7978845608028654f;
-constexpr float kGeluA = 0.044715f;
-
-void GeluTanhMulImpl(const float* gate, const float* up, int64_t n, float* out) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto half = hn::Set(d, 0.5f);
-  const auto one = hn::Set(d, 1.0f);
-  const auto c = hn::Set(d, kGeluC);
-  const auto a = hn::Set(d, kGeluA);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto g = hn::LoadU(d, gate + i);
-    const auto inner = hn::Mul(c, hn::MulAdd(hn::Mul(a, g), hn::Mul(g, g), g));
-    const auto gelu = hn::Mul(hn::Mul(half, g), hn::Add(one, hn::Tanh(d, inner)));
-    hn::StoreU(hn::Mul(gelu, hn::LoadU(d, up + i)), d, out + i);
-  }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + std::tanh(kGeluC * (g + kGeluA * g * g * g))) * up[i];
-  }
-}
-
 void SwigluOaiMulImpl(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -219,27 +195,40 @@ void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
     fwht_scalar(x, n, block, scale);
     return;
   }
-  using VF = hn::Vec<DF>;
-  using IF = decltype(hn::SetTableIndices(d, static_cast<const int32_t*>(nullptr)));
-  int32_t idx[kMaxLanes];
-  float sign[kMaxLanes];
+  int32_t idx[6][kMaxLanes];  // lanes ≤ 64 → at most 6 in-register stages
+  float sign[6][kMaxLanes];
   int stages = 0;
-  IF perms[6];  // lanes ≤ 64 → at most 6 in-register stages
-  VF signs[6];
   for (int64_t h = 1; h < lanes; h *= 2, ++stages) {
     for (int64_t i = 0; i < lanes; ++i) {
-      idx[i] = static_cast<int32_t>(i ^ h);
-      sign[i] = (i & h) ? -1.0f : 1.0f;
+      idx[stages][i] = static_cast<int32_t>(i ^ h);
+      sign[stages][i] = (i & h) ? -1.0f : 1.0f;
     }
-    perms[stages] = hn::SetTableIndices(d, idx);
-    signs[stages] = hn::LoadU(d, sign);
   }
   const auto vscale = hn::Set(d, scale);
+#if HWY_HAVE_SCALABLE
+  // SVE vectors are sizeless and cannot form arrays: each stage's tables are loaded where they are used.
+  for (int64_t i = 0; i < n; i += lanes) {
+    auto v = hn::LoadU(d, x + i);
+    for (int s = 0; s < stages; ++s) {
+      v = hn::MulAdd(hn::LoadU(d, sign[s]), v, hn::TableLookupLanes(v, hn::SetTableIndices(d, idx[s])));
+    }
+    hn::StoreU(hn::Mul(v, vscale), d, x + i);
+  }
+#else
+  using VF = hn::Vec<DF>;
+  using IF = decltype(hn::SetTableIndices(d, static_cast<const int32_t*>(nullptr)));
+  IF perms[6];
+  VF signs[6];
+  for (int s = 0; s < stages; ++s) {
+    perms[s] = hn::SetTableIndices(d, idx[s]);
+    signs[s] = hn::LoadU(d, sign[s]);
+  }
   for (int64_t i = 0; i < n; i += lanes) {
     auto v = hn::LoadU(d, x + i);
     for (int s = 0; s < stages; ++s) v = hn::MulAdd(signs[s], v, hn::TableLookupLanes(v, perms[s]));
     hn::StoreU(hn::Mul(v, vscale), d, x + i);
   }
+#endif
   for (int64_t base = 0; base < n; base += block) {
     float* b = x + base;
     for (int64_t h = lanes; h < block; h *= 2) {
@@ -317,7 +306,6 @@ HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ExpShiftedSumImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(SiluImpl);
-HWY_EXPORT(GeluTanhMulImpl);
 HWY_EXPORT(SwigluOaiMulImpl);
 HWY_EXPORT(ReluSquaredImpl);
 HWY_EXPORT(FwhtImpl);
@@ -337,9 +325,6 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n, out);
 }
 void silu(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(SiluImpl)(x, n, out); }
-void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
-  HWY_DYNAMIC_DISPATCH(GeluTanhMulImpl)(gate, up, n, out);
-}
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   HWY_DYNAMIC_DISPATCH(SwigluOaiMulImpl)(gate, up, n, alpha, limit, out);
 }

@@ -62,7 +62,7 @@ FP4SERVE_HD inline float e4m3_value(uint32_t byte) {
   return bits_float(((byte & 0x7Fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f;
 }
 
-/// 2^(b − 127); b = 0 is the fp32 subnormal 2^-127, b = 255 gives +inf (FORMATS.md Gotcha 10).
+/// 2^(b − 127); b = 0 is the fp32 subnormal 2^-127, b = 255 gives +inf (FORMATS.md §0.2).
 FP4SERVE_HD inline float e8m0_value(uint32_t byte) {
   return byte == 0 ? bits_float(0x00400000u) : bits_float((byte & 0xFFu) << 23);
 }

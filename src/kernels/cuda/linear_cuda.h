@@ -67,12 +67,12 @@ DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream, boo
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, float* y, Stream& stream);
 void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& stream);
 
-/// W4A4 emulation on the GPU (ActivationQuant::EmulateNvfp4 of kernels/linear.h): each row's 16-column groups
+/// W4A4 emulation on the GPU (ActivationEmulation::EmulateNvfp4 of kernels/linear.h): each row's 16-column groups
 /// of x are fake-quantized exactly as kernels::emulate_nvfp4_activations does (shared scalar code, fp4_math.h),
 /// then multiplied by the weights. The quantized activations are kept as bf16(code·s_a) — exact — in `scratch`
 /// (resized to m·K when smaller) and the 1/igs of the step s_a/igs is applied in the epilogue (acc / igs), so
 /// the result differs from the CPU only by fp32 rounding order. x, y, m, stream as for linear().
-/// MXFP4 layers uploaded with `mxfp4_w4a4` (ActivationQuant::EmulateMxfp4): 32-column groups quantized as
+/// MXFP4 layers uploaded with `mxfp4_w4a4` (ActivationEmulation::EmulateMxfp4): 32-column groups quantized as
 /// kernels::emulate_mxfp4_activations does (fp4_math.h emulate_mxfp4_group on the bf16 x), no activation factor.
 /// Throws UsageError when the layer is neither (NVFP4 with an input_global_scale, MXFP4 W4A4), or K is not a
 /// multiple of the group.

@@ -47,10 +47,9 @@ void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, fl
 void apply_rope_neox(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rotary_dim,
                      const int64_t* positions, const float* cos_table, const float* sin_table, cudaStream_t stream);
 
-/// Gated MLP activations, as kernels::silu_and_mul / gelu_tanh_and_mul: x [m, 2·inter] f32 with gate | up
-/// halves per row; out [m, inter] f32, must not alias x.
+/// The gated MLP activation, as kernels::silu_and_mul: x [m, 2·inter] f32 with gate | up halves per row;
+/// out [m, inter] f32, must not alias x.
 void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStream_t stream);
-void gelu_tanh_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStream_t stream);
 
 /// x[i] += alpha · delta[i] for i < n (the residual add; alpha is Granite's residual_multiplier, else 1).
 void add_scaled(float* x, const float* delta, float alpha, int64_t n, cudaStream_t stream);

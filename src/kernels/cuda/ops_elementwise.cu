@@ -86,13 +86,6 @@ struct Silu {
   __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
 };
 
-struct GeluTanh {
-  __device__ float operator()(float g) const {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-  }
-};
-
 // out[r, c] = act(x[r, c]) · x[r, inter + c]: rows of x hold gate | up, as the fused gate_up GEMM writes them.
 template <class Act>
 __global__ void gated_act_kernel(const float* x, int64_t m, int64_t inter, float* out) {
@@ -185,13 +178,6 @@ void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStre
   detail::require(m >= 0 && inter >= 0, "silu_and_mul", "negative size");
   if (m * inter == 0) return;
   gated_act_kernel<Silu><<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
-  FP4SERVE_CUDA_CHECK_LAUNCH();
-}
-
-void gelu_tanh_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStream_t stream) {
-  detail::require(m >= 0 && inter >= 0, "gelu_tanh_and_mul", "negative size");
-  if (m * inter == 0) return;
-  gated_act_kernel<GeluTanh><<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -77,7 +77,6 @@ GreedySummary teacher_forced(const model::ForwardModel& cpu, const model::Forwar
 
 void check_model(const fs::path& dir, std::vector<int32_t> prompt, int steps) {
   model::LoadOptions options;
-  options.progress = false;
   const model::LoadedModel cpu = model::load_model(dir, options);
   options.device = "cuda";
   const model::LoadedModel gpu = model::load_model(dir, options);

@@ -245,7 +245,7 @@ void compare(Scheme s, const TestLayer& t, int64_t m, std::mt19937& rng, Stream&
   for (auto& v : x) v = quant::bf16_to_float(quant::float_to_bf16(dist(rng)));
   std::vector<float> y_cpu(static_cast<size_t>(m * n));
   kernels::linear(w, x.data(), m, y_cpu.data(),
-                  s == Scheme::W4A4 ? kernels::ActivationQuant::EmulateNvfp4 : kernels::ActivationQuant::None);
+                  s == Scheme::W4A4 ? kernels::ActivationEmulation::EmulateNvfp4 : kernels::ActivationEmulation::None);
   // Σ|x·w| from the dequantized weights (global scale included) — on the fake-quantized x for W4A4.
   std::vector<float> xq = x;
   if (s == Scheme::W4A4) kernels::emulate_nvfp4_activations(xq.data(), m, k, w.input_global_scale);
@@ -400,7 +400,7 @@ TEST(CudaLinear, W4A4DispatchMatchesCpu) {
     std::normal_distribution<float> dist(0.f, 1.f);
     for (auto& v : x) v = quant::bf16_to_float(quant::float_to_bf16(dist(rng)));
     std::vector<float> y_cpu(static_cast<size_t>(m * 200));
-    kernels::linear(t.prepared, x.data(), m, y_cpu.data(), kernels::ActivationQuant::EmulateNvfp4);
+    kernels::linear(t.prepared, x.data(), m, y_cpu.data(), kernels::ActivationEmulation::EmulateNvfp4);
     auto dx = DeviceBuffer<bf16>::from_host(to_bf16(x));
     DeviceBuffer<float> dy(static_cast<size_t>(m * 200));
     W4A4Scratch scratch;
