@@ -75,7 +75,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
   const plan::LayerPlan lp = plan::build_plan(ckpt, {plan::resolve_device("cpu"), plan::ActivationQuant::Auto});
   ASSERT_TRUE(lp.complete());
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, c.ranks, false);
-  LoadProgress progress(0, 0, false);
+  LoadProgress progress(0, 0, {});
   constexpr int64_t m = 3;
   for (const char* name : {"model.layers.0.mlp.down_proj", "model.layers.0.self_attn.o_proj"}) {
     const Layer& l = ck->layers.at(name);
@@ -139,7 +139,7 @@ TEST(RowParallel, AGlobalActivationOrderThatARankCannotHoldIsRefusedNamingTheGro
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
   const plan::LayerPlan lp = plan::build_plan(ckpt, {plan::resolve_device("cpu"), plan::ActivationQuant::Auto});
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, 2, false);
-  LoadProgress progress(0, 0, false);
+  LoadProgress progress(0, 0, {});
   const PlannedWeights w(ckpt, lp, progress, &tp, 1);
   try {
     (void)w.linear_group({"model.layers.0.mlp.down_proj"});

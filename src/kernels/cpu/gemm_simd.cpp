@@ -195,13 +195,15 @@ void DecodeFp8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, fl
 }
 
 void DecodeInt8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  const D8 df;
-  const hn::FixedTag<int32_t, 8> di32;
+  const DT df;
+  const DTI di32;
   const int8_t* codes = w.codes.as<int8_t>() + (tile * w.in_features + k0) * kTileRows;
-  const auto scale = hn::Load(df, w.scales.as<float>() + tile * kTileRows);  // one group: group_size = K
-  for (int64_t kk = 0; kk < kc; ++kk) {
-    const auto b = hn::PromoteTo(di32, hn::LoadU(hn::FixedTag<int8_t, 8>(), codes + kk * kTileRows));
-    hn::Store(hn::Mul(hn::ConvertTo(df, b), scale), df, panel + kk * kNR);
+  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) {
+    const auto scale = hn::Load(df, w.scales.as<float>() + tile * kTileRows + r0);  // one group: group_size = K
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const auto b = hn::PromoteTo(di32, hn::LoadU(hn::Rebind<int8_t, DT>(), codes + kk * kTileRows + r0));
+      hn::Store(hn::Mul(hn::ConvertTo(df, b), scale), df, panel + kk * kNR + r0);
+    }
   }
 }
 
