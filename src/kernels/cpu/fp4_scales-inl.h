@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Per-target helper shared by the fused FP4 decode kernels (gemm_gemv.cpp, gemm_int8.cpp): the block-scale bytes
-// of one group of an 8-row tile (AVX2) or of two tiles (AVX-512) as fp32 lanes. Re-included once per Highway
+// Per-target helpers shared by the fused decode kernels (gemm_gemv.cpp, gemm_int8.cpp): their parallel loop over
+// output rows, and the block-scale bytes of one group of an 8-row tile (AVX2) or of two tiles (AVX-512) as fp32
+// lanes. Re-included once per Highway
 // target by foreach_target.h through the including file, hence the toggle guard instead of #pragma once.
 #if defined(FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
@@ -11,11 +12,40 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
+
+#include "kernels/cpu/gemm_shared.h"
 #include "prepare/prepared_linear.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels {
 namespace HWY_NAMESPACE {
+
+/// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles);
+/// `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every real row goes through
+/// apply_epilogue into y [kM, N]. Dynamic chunks of `chunk` items, because the cores may be shared and an item
+/// streams little. With two tiles per item an odd last tile comes as ta = tb: read twice, its second copy lands
+/// in acc rows ≥ N - 8·ta that are never written.
+template <int kM, int64_t kItemRows, class Tiles>
+HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, int chunk, const Tiles& tiles) {
+  constexpr int64_t kTilesPerItem = kItemRows / prepare::kTileRows;
+  const int64_t n_total = w.out_features;
+  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
+#pragma omp parallel for schedule(dynamic, chunk)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t ta = it * kTilesPerItem;
+    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
+    alignas(64) float acc[kM * kItemRows];
+    tiles(ta, tb, acc);
+    const int64_t rows = std::min(kItemRows, n_total - ta * prepare::kTileRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = ta * prepare::kTileRows + r;
+        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kItemRows + r]);
+      }
+    }
+  }
+}
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
 

@@ -142,25 +142,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 
 template <WeightLayout kLayout, int kM>
 void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
-  const int64_t n_total = w.out_features;
-  constexpr int64_t kTilesPerItem = kRows / kTileRows;
-  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
-  // Dynamic chunks: the cores may be shared, and each item streams only K/2 · kRows bytes.
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t ta = it * kTilesPerItem;
-    // An odd last tile on AVX-512 is read twice; its second copy lands in rows ≥ padded_rows, never written.
-    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
-    alignas(64) float acc[kM * kRows];
-    GemvTiles<kLayout, kM>(w, ta, tb, x, acc);
-    const int64_t rows = std::min(kRows, n_total - ta * kTileRows);
-    for (int64_t i = 0; i < kM; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = ta * kTileRows + r;
-        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kRows + r]);
-      }
-    }
-  }
+  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { GemvTiles<kLayout, kM>(w, ta, tb, x, acc); });
 }
 
 template <WeightLayout kLayout>
@@ -284,7 +266,6 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
 
 template <int kM>
 void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
-  const int64_t n_total = w.out_features;
   const bool bf16 = w.layout == WeightLayout::Dense;
   const float* xin = x;
   if (bf16) {
@@ -298,9 +279,7 @@ void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
     Replicate4(x, kM, w.in_features, xr.get());
     xin = xr.get();
   }
-#pragma omp parallel for schedule(dynamic, 8)
-  for (int64_t t = 0; t < w.tiles(); ++t) {
-    alignas(64) float acc[kM * kTileRows];
+  ForEachRowItem<kM, kTileRows>(w, y, 8, [&](int64_t t, int64_t, float* acc) {
     if (bf16) {
       Bf16Tile<kM>(w, t, xin, acc);
     } else if (w.layout == WeightLayout::Int8) {
@@ -308,14 +287,7 @@ void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
     } else {
       ByteTile<false, kM>(w, t, xin, acc);
     }
-    const int64_t rows = std::min(kTileRows, n_total - t * kTileRows);
-    for (int64_t i = 0; i < kM; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = t * kTileRows + r;
-        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kTileRows + r]);
-      }
-    }
-  }
+  });
 }
 
 void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
@@ -442,20 +414,10 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
 
 template <WeightLayout kLayout, int kM>
 void PortableGemvLayer(const PreparedLinear& w, const float* x, float* y) {
-  const int64_t n_total = w.out_features;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t t = 0; t < w.tiles(); ++t) {
-    alignas(64) float acc[kM * kTileRows];
+  ForEachRowItem<kM, kTileRows>(w, y, 4, [&](int64_t t, int64_t, float* acc) {
     for (int64_t r0 = 0; r0 < kTileRows; r0 += lanes) PortableGemvRows<kLayout, kM>(w, t, r0, x, acc);
-    const int64_t rows = std::min(kTileRows, n_total - t * kTileRows);
-    for (int64_t i = 0; i < kM; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = t * kTileRows + r;
-        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kTileRows + r]);
-      }
-    }
-  }
+  });
 }
 
 template <WeightLayout kLayout>

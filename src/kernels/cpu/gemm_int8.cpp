@@ -211,24 +211,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 
 template <WeightLayout kLayout, int kM>
 void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
-  const int64_t n_total = w.out_features;
-  constexpr int64_t kTilesPerItem = kRows / kTileRows;
-  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t ta = it * kTilesPerItem;
-    // An odd last tile on AVX-512 is read twice; its second copy lands in rows ≥ padded_rows, never written.
-    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
-    alignas(64) float acc[kM * kRows];
-    Int8Tiles<kLayout, kM>(w, ta, tb, x, acc);
-    const int64_t rows = std::min(kRows, n_total - ta * kTileRows);
-    for (int64_t i = 0; i < kM; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = ta * kTileRows + r;
-        y[i * n_total + n] = apply_epilogue(w, n, acc[i * kRows + r]);
-      }
-    }
-  }
+  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kLayout, kM>(w, ta, tb, x, acc); });
 }
 
 template <WeightLayout kLayout>
