@@ -8,8 +8,10 @@ find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
 # Tensor parallelism's host collectives and launch (src/dist): Open MPI, Debian libopenmpi-dev + openmpi-bin. The
 # C API only (MPI_CXX_SKIP_MPICXX: the deprecated C++ bindings stay out).
-set(MPI_CXX_SKIP_MPICXX ON)
-find_package(MPI REQUIRED COMPONENTS CXX)
+if(FP4SERVE_MPI)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(HTTPLIB IMPORTED_TARGET cpp-httplib)
 # The chat REPL's line editing and history (BSD-licensed libedit, Debian libedit-dev; not GPL readline).

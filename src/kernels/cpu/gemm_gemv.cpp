@@ -441,6 +441,7 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
     case WeightLayout::Mxfp4: PortableGemvRowsOf<WeightLayout::Mxfp4>(w, x, m, y); return true;
     case WeightLayout::Int4:
     case WeightLayout::Fp8:
+    case WeightLayout::Int8:
     case WeightLayout::Dense: return false;
   }
   return false;
