@@ -21,6 +21,49 @@ HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels {
 namespace HWY_NAMESPACE {
 
+/// Lanes(df) E4M3 (NVFP4) or E8M0 (MXFP4) block-scale bytes at `p` as fp32 · 0.5 (the decode tables hold E2M1 · 2),
+/// for the target-neutral decoders (the panel GEMM, the portable GEMV).
+template <prepare::WeightLayout kLayout, class D>
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<D> Fp4ScaleBytes(D df, const uint8_t* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToUnsigned<D> du32;
+  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, D>(), p));
+  if constexpr (kLayout == prepare::WeightLayout::Nvfp4) {
+    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
+    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
+                             hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p119f));
+  } else {
+    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
+    const auto bits = hn::Max(hn::ShiftLeft<23>(b), hn::Set(du32, 0x00400000u));
+    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0.5f));
+  }
+}
+
+/// Calls rows.template operator()<kM>() with kM = m for 1 ≤ m ≤ kMaxM (a larger m: kMaxM), so each row count
+/// of a fused GEMV gets its own unrolled kernel.
+template <int kMaxM, class Rows>
+HWY_INLINE void ForRowCount(int64_t m, const Rows& rows) {
+  static_assert(kMaxM == 4 || kMaxM == 8, "the fused GEMVs run up to 4 (AVX2, NEON, SVE) or 8 rows (AVX-512)");
+  switch (m) {
+    case 1: return rows.template operator()<1>();
+    case 2: return rows.template operator()<2>();
+    case 3: return rows.template operator()<3>();
+    default: break;
+  }
+  if constexpr (kMaxM == 8) {
+    switch (m) {
+      case 4: return rows.template operator()<4>();
+      case 5: return rows.template operator()<5>();
+      case 6: return rows.template operator()<6>();
+      case 7: return rows.template operator()<7>();
+      default: return rows.template operator()<8>();
+    }
+  } else {
+    return rows.template operator()<4>();
+  }
+}
+
 /// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles);
 /// `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every real row goes through
 /// apply_epilogue into y [kM, N]. Dynamic chunks of `chunk` items, because the cores may be shared and an item

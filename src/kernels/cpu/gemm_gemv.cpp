@@ -147,20 +147,7 @@ void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
 
 template <WeightLayout kLayout>
 void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  switch (m) {
-    case 1: return GemvLayer<kLayout, 1>(w, x, y);
-    case 2: return GemvLayer<kLayout, 2>(w, x, y);
-    case 3: return GemvLayer<kLayout, 3>(w, x, y);
-#if HWY_TARGET == HWY_AVX2
-    default: return GemvLayer<kLayout, 4>(w, x, y);
-#else
-    case 4: return GemvLayer<kLayout, 4>(w, x, y);
-    case 5: return GemvLayer<kLayout, 5>(w, x, y);
-    case 6: return GemvLayer<kLayout, 6>(w, x, y);
-    case 7: return GemvLayer<kLayout, 7>(w, x, y);
-    default: return GemvLayer<kLayout, 8>(w, x, y);
-#endif
-  }
+  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { GemvLayer<kLayout, kM>(w, x, y); });
 }
 
 // ---- bf16 Dense and per-row FP8 / Int8 (an lm_head's in-memory copies): [T][K][8] elements, 8 rows per column ----
@@ -338,24 +325,6 @@ using DT = hn::CappedTag<float, kTileRows>;
 using DTI = hn::RebindToSigned<DT>;
 using DTU = hn::RebindToUnsigned<DT>;
 
-// Block scales of kTileLanes rows as fp32 · 0.5 (the code table holds E2M1 · 2).
-template <WeightLayout kLayout>
-HWY_INLINE hn::Vec<DT> PortableScales(const uint8_t* p) {
-  const DT df;
-  const DTU du32;
-  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, DT>(), p));
-  if constexpr (kLayout == WeightLayout::Nvfp4) {
-    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
-    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
-                             hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p119f));
-  } else {
-    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
-    const auto bits = hn::Max(hn::ShiftLeft<23>(b), hn::Set(du32, 0x00400000u));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0.5f));
-  }
-}
-
 // Raw sums acc[i · kTileRows + r0 + r] for rows r0 .. r0 + Lanes − 1 of `tile` (block scales applied), i < kM.
 template <WeightLayout kLayout, int kM>
 HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t r0, const float* HWY_RESTRICT x,
@@ -400,7 +369,7 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
       FP4SERVE_GEMV_COLUMN(7)
 #undef FP4SERVE_GEMV_COLUMN
     }
-    const auto scale = PortableScales<kLayout>(scales + g * kTileRows);
+    const auto scale = Fp4ScaleBytes<kLayout>(DT(), scales + g * kTileRows);
     t0 = hn::MulAdd(p0, scale, t0);
     if constexpr (kM > 1) t1 = hn::MulAdd(p1, scale, t1);
     if constexpr (kM > 2) t2 = hn::MulAdd(p2, scale, t2);
@@ -422,12 +391,7 @@ void PortableGemvLayer(const PreparedLinear& w, const float* x, float* y) {
 
 template <WeightLayout kLayout>
 void PortableGemvRowsOf(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  switch (m) {
-    case 1: return PortableGemvLayer<kLayout, 1>(w, x, y);
-    case 2: return PortableGemvLayer<kLayout, 2>(w, x, y);
-    case 3: return PortableGemvLayer<kLayout, 3>(w, x, y);
-    default: return PortableGemvLayer<kLayout, 4>(w, x, y);
-  }
+  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { PortableGemvLayer<kLayout, kM>(w, x, y); });
 }
 
 int64_t GemvMaxRows() { return kMaxM; }

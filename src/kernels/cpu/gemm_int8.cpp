@@ -216,20 +216,7 @@ void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
 
 template <WeightLayout kLayout>
 void Int8ByRows(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
-  switch (m) {
-    case 1: return Int8Layer<kLayout, 1>(w, x, y);
-    case 2: return Int8Layer<kLayout, 2>(w, x, y);
-    case 3: return Int8Layer<kLayout, 3>(w, x, y);
-#if HWY_TARGET == HWY_AVX2
-    default: return Int8Layer<kLayout, 4>(w, x, y);
-#else
-    case 4: return Int8Layer<kLayout, 4>(w, x, y);
-    case 5: return Int8Layer<kLayout, 5>(w, x, y);
-    case 6: return Int8Layer<kLayout, 6>(w, x, y);
-    case 7: return Int8Layer<kLayout, 7>(w, x, y);
-    default: return Int8Layer<kLayout, 8>(w, x, y);
-#endif
-  }
+  ForRowCount<HWY_TARGET == HWY_AVX2 ? 4 : 8>(m, [&]<int kM>() { Int8Layer<kLayout, kM>(w, x, y); });
 }
 
 bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const int32_t* off, int64_t m, float* y) {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/fp4_scales-inl.h"
 #include "kernels/cpu/gemm_shared.h"
 #include "kernels/linear.h"
 
@@ -61,24 +62,6 @@ using DTI = hn::RebindToSigned<DT>;
 using DTU = hn::RebindToUnsigned<DT>;
 static_assert(kTileRows % kTileLanes == 0, "sub-tiles cover a tile");
 
-// kTileLanes E4M3 (NVFP4) or E8M0 (MXFP4) scale bytes → fp32 · 0.5 (the code LUT holds E2M1 · 2).
-template <WeightLayout kLayout>
-HWY_INLINE hn::Vec<DT> Fp4Scales(const uint8_t* p) {
-  const DT df;
-  const DTU du32;
-  const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, DT>(), p));
-  if constexpr (kLayout == WeightLayout::Nvfp4) {
-    // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
-    const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
-                             hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p119f));
-  } else {
-    // 2^(b−127) is the fp32 with exponent field b, except b = 0 → 2^−127 (a subnormal: bit 22).
-    const auto bits = hn::Max(hn::ShiftLeft<23>(b), hn::Set(du32, 0x00400000u));
-    return hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0.5f));
-  }
-}
-
 // Column j (0..7) of kTileLanes rows in a row-word block (prepared_linear.h), as int32 lanes.
 // Int4: the unsigned nibble. FP4: E2M1 · 2 from the int8 table, where `even`/`odd` hold the table value of the
 // low/high nibble of every byte (byte b of lane r = columns 2b, 2b + 1 of row r); a shift pair sign-extends it.
@@ -118,7 +101,7 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
         scale = hn::Load(df, w.scales.as<float>() + at);
         offset = hn::Load(df, w.offsets.as<float>() + at);
       } else {
-        scale = Fp4Scales<kLayout>(w.scales.as<uint8_t>() + at);
+        scale = Fp4ScaleBytes<kLayout>(DT(), w.scales.as<uint8_t>() + at);
       }
     }
     const auto v = hn::Load(du8, codes + 32 * c);
