@@ -40,11 +40,16 @@ void attention(TensorHeaders& h, const std::string& p, const Dims& d, bool bias)
   for (const char* n : {".input_layernorm.weight", ".post_attention_layernorm.weight"}) put(h, p + n, DType::BF16, {d.hidden});
 }
 
-LayerPlan gpt_oss_plan(const Dims& d) {
-  TensorHeaders h;
+// The tensors outside the layers: embedding, final norm and (untied) lm_head.
+void embedding_norm_and_head(TensorHeaders& h, const Dims& d, bool tied) {
   put(h, "model.embed_tokens.weight", DType::BF16, {d.vocab, d.hidden});
   put(h, "model.norm.weight", DType::BF16, {d.hidden});
-  put(h, "lm_head.weight", DType::BF16, {d.vocab, d.hidden});
+  if (!tied) put(h, "lm_head.weight", DType::BF16, {d.vocab, d.hidden});
+}
+
+LayerPlan gpt_oss_plan(const Dims& d) {
+  TensorHeaders h;
+  embedding_norm_and_head(h, d, /*tied=*/false);
   for (int64_t l = 0; l < d.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
     attention(h, p, d, true);
@@ -73,9 +78,7 @@ LayerPlan gpt_oss_plan(const Dims& d) {
 
 LayerPlan qwen3_moe_plan(const Dims& d) {
   TensorHeaders h;
-  put(h, "model.embed_tokens.weight", DType::BF16, {d.vocab, d.hidden});
-  put(h, "model.norm.weight", DType::BF16, {d.hidden});
-  put(h, "lm_head.weight", DType::BF16, {d.vocab, d.hidden});
+  embedding_norm_and_head(h, d, /*tied=*/false);
   for (int64_t l = 0; l < d.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
     for (const char* n : {".input_layernorm.weight", ".post_attention_layernorm.weight"}) put(h, p + n, DType::BF16, {d.hidden});
@@ -105,8 +108,7 @@ LayerPlan qwen3_moe_plan(const Dims& d) {
 
 LayerPlan granite_moe_plan(const Dims& d) {
   TensorHeaders h;
-  put(h, "model.embed_tokens.weight", DType::BF16, {d.vocab, d.hidden});
-  put(h, "model.norm.weight", DType::BF16, {d.hidden});
+  embedding_norm_and_head(h, d, /*tied=*/true);
   for (int64_t l = 0; l < d.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
     attention(h, p, d, false);
