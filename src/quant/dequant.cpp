@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <span>
 
 #include "fp4serve/error.h"
 #include "quant/formats.h"
@@ -15,7 +16,7 @@ namespace {
 using core::DType;
 using core::TensorView;
 
-void expect_tensor(const TensorView& t, std::initializer_list<DType> dtypes, const std::vector<int64_t>& shape,
+void expect_tensor(const TensorView& t, std::span<const DType> dtypes, const std::vector<int64_t>& shape,
                    std::string_view name, std::string_view role) {
   bool dtype_ok = false;
   for (DType d : dtypes) dtype_ok = dtype_ok || d == t.dtype;
@@ -28,6 +29,10 @@ void expect_tensor(const TensorView& t, std::initializer_list<DType> dtypes, con
     throw FormatError(fmt::format("{}.{}: shape {} where {} was expected", name, role, core::shape_to_string(t.shape),
                                   core::shape_to_string(shape)));
   }
+}
+void expect_tensor(const TensorView& t, std::initializer_list<DType> dtypes, const std::vector<int64_t>& shape,
+                   std::string_view name, std::string_view role) {
+  expect_tensor(t, std::span<const DType>(dtypes.begin(), dtypes.size()), shape, name, role);
 }
 
 float round_to(DType dtype, float v) {
@@ -62,57 +67,42 @@ float load_float(const TensorView& t, size_t i, std::string_view name) {
   throw FormatError(fmt::format("{}: dtype {} where BF16, F16 or F32 was expected", name, core::dtype_name(t.dtype)));
 }
 
-DequantizedWeight dequantize_nvfp4(const TensorView& weight_packed, const TensorView& weight_scale, float global_scale,
-                                   GlobalScaleConvention convention, std::string_view name) {
-  const int64_t n = dim(weight_packed, 0);
-  const int64_t k = 2 * dim(weight_packed, 1);
+DequantizedWeight dequantize_block(BlockFormat format, const TensorView& weight_packed, const TensorView& weight_scale,
+                                   float global_scale, GlobalScaleConvention convention, std::string_view name) {
+  const BlockFormatTraits& f = block_format_traits(format);
   if (weight_packed.shape.size() != 2) {
     throw FormatError(fmt::format("{}.weight_packed: shape {} where [N, K/2] was expected", name,
                                   core::shape_to_string(weight_packed.shape)));
   }
+  const int64_t n = dim(weight_packed, 0);
+  const int64_t k = 2 * dim(weight_packed, 1);
+  const int64_t g = f.group_size;
   expect_tensor(weight_packed, {DType::U8}, {n, k / 2}, name, "weight_packed");
-  if (k % 16 != 0) throw FormatError(fmt::format("{}: K = {} is not a multiple of the NVFP4 group size 16", name, k));
-  expect_tensor(weight_scale, {DType::F8_E4M3}, {n, k / 16}, name, "weight_scale");
-  if (!std::isfinite(global_scale) || global_scale == 0.0f) {
+  if (k % g != 0) {
+    throw FormatError(fmt::format("{}: K = {} is not a multiple of the {} group size {}", name, k, f.name, g));
+  }
+  expect_tensor(weight_scale, f.scale_dtypes, {n, k / g}, name, "weight_scale");
+  if (f.global_scale && (!std::isfinite(global_scale) || global_scale == 0.0f)) {
     throw FormatError(fmt::format("{}: global scale {} must be finite and non-zero", name, global_scale));
   }
   DequantizedWeight out{DType::BF16, n, k, std::vector<float>(static_cast<size_t>(n * k))};
   for (int64_t r = 0; r < n; ++r) {
-    for (int64_t g = 0; g < k / 16; ++g) {
-      const float s = e4m3_to_float(weight_scale.load<uint8_t>(static_cast<size_t>(r * (k / 16) + g)));
-      const float t = convention == GlobalScaleConvention::Divisor ? s / global_scale : s * global_scale;
-      for (int64_t j = 0; j < 16; ++j) {
-        const int64_t col = g * 16 + j;
+    for (int64_t group = 0; group < k / g; ++group) {
+      const float s = decode_block_scale(format, weight_scale.load<uint8_t>(static_cast<size_t>(r * (k / g) + group)));
+      // The block scale and the global scale are combined in fp32 before the element, as both references do;
+      // MXFP4's BF16 scale times an E2M1 value is exact, so its product needs no such order.
+      const float t = !f.global_scale                                 ? s
+                      : convention == GlobalScaleConvention::Divisor ? s / global_scale
+                                                                     : s * global_scale;
+      for (int64_t j = 0; j < g; ++j) {
+        const int64_t col = group * g + j;
         const uint8_t byte = weight_packed.load<uint8_t>(static_cast<size_t>(r * (k / 2) + col / 2));
         float q = e2m1_to_float(col % 2 == 0 ? fp4_even(byte) : fp4_odd(byte));
         // ModelOpt's decoder yields +0 for the code −0 (0x8); compressed-tensors keeps −0. Values are equal;
         // the bits follow each producer's reference.
-        if (convention == GlobalScaleConvention::Multiplier && q == 0.0f) q = 0.0f;
+        if (f.global_scale && convention == GlobalScaleConvention::Multiplier && q == 0.0f) q = 0.0f;
         out.values[static_cast<size_t>(r * k + col)] = round_to(DType::BF16, q * t);
       }
-    }
-  }
-  return out;
-}
-
-DequantizedWeight dequantize_mxfp4(const TensorView& weight_packed, const TensorView& weight_scale,
-                                   std::string_view name) {
-  if (weight_packed.shape.size() != 2) {
-    throw FormatError(fmt::format("{}.weight_packed: shape {} where [N, K/2] was expected", name,
-                                  core::shape_to_string(weight_packed.shape)));
-  }
-  const int64_t n = dim(weight_packed, 0);
-  const int64_t k = 2 * dim(weight_packed, 1);
-  expect_tensor(weight_packed, {DType::U8}, {n, k / 2}, name, "weight_packed");
-  if (k % 32 != 0) throw FormatError(fmt::format("{}: K = {} is not a multiple of the MXFP4 group size 32", name, k));
-  expect_tensor(weight_scale, {DType::U8, DType::F8_E8M0}, {n, k / 32}, name, "weight_scale");
-  DequantizedWeight out{DType::BF16, n, k, std::vector<float>(static_cast<size_t>(n * k))};
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t col = 0; col < k; ++col) {
-      const uint8_t byte = weight_packed.load<uint8_t>(static_cast<size_t>(r * (k / 2) + col / 2));
-      const float q = e2m1_to_float(col % 2 == 0 ? fp4_even(byte) : fp4_odd(byte));
-      const float s = e8m0_to_float(weight_scale.load<uint8_t>(static_cast<size_t>(r * (k / 32) + col / 32)));
-      out.values[static_cast<size_t>(r * k + col)] = round_to(DType::BF16, q * s);
     }
   }
   return out;

@@ -10,14 +10,9 @@
 
 #include "core/dtype.h"
 #include "core/tensor_view.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::quant {
-
-/// How a checkpoint stores the NVFP4 per-tensor scale (FORMATS.md §2.1, §3.2).
-enum class GlobalScaleConvention {
-  Divisor,     ///< compressed-tensors `weight_global_scale` = 448·6/amax: w = q · (s / gs), the division in fp32
-  Multiplier,  ///< ModelOpt `weight_scale_2` = amax/(448·6): w = q · (s · ws2), the product in fp32
-};
 
 /// A dequantized [N, K] weight. Every value is exactly representable in `dtype` (the reference's output dtype).
 struct DequantizedWeight {
@@ -27,18 +22,25 @@ struct DequantizedWeight {
   std::vector<float> values;  ///< [rows, cols] row-major
 };
 
-/// NVFP4: `weight_packed` [N, K/2] U8, `weight_scale` [N, K/16] F8_E4M3, `global_scale` finite and > 0.
-/// Output BF16 (compressed-tensors decompresses FP4 to BF16 even for FP16 models, FORMATS.md §2.1). With the
-/// Multiplier convention the code −0 decodes to +0 as ModelOpt's `NVFP4QTensor.dequantize` does.
-/// Throws FormatError naming `name` on a dtype/shape mismatch or a zero/NaN/Inf global scale.
-DequantizedWeight dequantize_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                                   float global_scale, GlobalScaleConvention convention, std::string_view name);
+/// A block format (quant/block_format.h): `weight_packed` [N, K/2] U8, `weight_scale` [N, K/g] in one of the
+/// row's scale dtypes (NVFP4: F8_E4M3, g = 16; MXFP4: U8 or F8_E8M0, g = 32). Formats with a global scale take
+/// `global_scale` (finite, non-zero) under `convention`; others ignore both. Output BF16, the dtype
+/// compressed-tensors decompresses FP4 to even for FP16 models (FORMATS.md §2.1): w = q · t rounded once, with
+/// t = s / gs (divisor), s · gs (multiplier) or s, in fp32. With the Multiplier convention the code −0 decodes
+/// to +0 as ModelOpt's `NVFP4QTensor.dequantize` does. Throws FormatError naming `name` on a dtype/shape
+/// mismatch, K not a multiple of the group size, or a zero/NaN/Inf global scale.
+DequantizedWeight dequantize_block(BlockFormat format, const core::TensorView& weight_packed,
+                                   const core::TensorView& weight_scale, float global_scale,
+                                   GlobalScaleConvention convention, std::string_view name);
 
-/// MXFP4: `weight_packed` [N, K/2] U8, `weight_scale` [N, K/32] U8 or F8_E8M0. Output BF16: w = q · 2^(b−127)
-/// rounded once to BF16 (compressed-tensors builds the scale in BF16, so the product is exact unless it leaves
-/// BF16's range). Throws FormatError naming `name` on a dtype/shape mismatch.
-DequantizedWeight dequantize_mxfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                                   std::string_view name);
+inline DequantizedWeight dequantize_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
+                                          float global_scale, GlobalScaleConvention convention, std::string_view name) {
+  return dequantize_block(BlockFormat::Nvfp4, weight_packed, weight_scale, global_scale, convention, name);
+}
+inline DequantizedWeight dequantize_mxfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
+                                          std::string_view name) {
+  return dequantize_block(BlockFormat::Mxfp4, weight_packed, weight_scale, 0.0f, GlobalScaleConvention::Divisor, name);
+}
 
 /// compressed-tensors pack-quantized int4: `weight_packed` [N, ceil(K/8)] I32, `weight_scale` [N, G] (group),
 /// [N, 1] (channel) or [1] (tensor) in BF16/F16/F32, optional `zero_point` [ceil(N/8), G] I32 packed along rows

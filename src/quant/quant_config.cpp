@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "fp4serve/error.h"
+#include "quant/block_format.h"
 #include "quant/json_fields.h"
 #include "quant/quant_config.h"
 
@@ -80,11 +81,15 @@ std::optional<Preset> ct_preset(const std::string& name) {
     w["block_structure"] = {128, 128};
     return Preset{w, float_args(8, "group", 128, true, nullptr)};
   }
-  const char* e4m3 = "torch.float8_e4m3fn";
-  if (name == "NVFP4A16") return Preset{float_args(4, "tensor_group", 16, false, e4m3), none};
-  if (name == "NVFP4") return Preset{float_args(4, "tensor_group", 16, false, e4m3), float_args(4, "tensor_group", 16, "local", e4m3)};
-  if (name == "MXFP4A16") return Preset{float_args(4, "group", 32, false, "torch.uint8"), none};
-  if (name == "MXFP4") return Preset{float_args(4, "group", 32, false, "torch.uint8"), float_args(4, "group", 32, true, "torch.uint8")};
+  for (const BlockFormatTraits& f : kBlockFormats) {  // "NVFP4" = W4A4, "NVFP4A16" = weight-only
+    if (name != f.name && name != std::string(f.name) + "A16") continue;
+    const std::string strategy(strategy_name(f.strategy));
+    const char* scale = f.scale == ElementFormat::E4M3 ? "torch.float8_e4m3fn" : "torch.uint8";
+    const int group = static_cast<int>(f.group_size);
+    const json input_dynamic = f.input_dynamic == Dynamic::Local ? json("local") : json(true);
+    return Preset{float_args(4, strategy.c_str(), group, false, scale),
+                  name == f.name ? float_args(4, strategy.c_str(), group, input_dynamic, scale) : none};
+  }
   if (name == "MXFP8A16") return Preset{float_args(8, "group", 32, false, "torch.uint8"), none};
   if (name == "MXFP8") return Preset{float_args(8, "group", 32, false, "torch.uint8"), float_args(8, "group", 32, true, "torch.uint8")};
   return std::nullopt;
@@ -94,9 +99,12 @@ std::optional<Preset> ct_preset(const std::string& name) {
 std::string infer_ct_format(const std::optional<QuantArgs>& w, const std::optional<QuantArgs>& a) {
   if (!w) return "dense";
   const bool fp = w->type == QuantType::Float;
-  if (fp && w->num_bits == 4 && w->strategy == Strategy::Group && w->group_size == 32) return "mxfp4-pack-quantized";
+  for (const BlockFormatTraits& f : kBlockFormats) {  // NVFP4's row is last in the writer's order: any other FP4
+    if (f.format == BlockFormat::Nvfp4) continue;
+    if (fp && w->num_bits == 4 && w->strategy == f.strategy && w->group_size == f.group_size) return std::string(f.ct_format);
+  }
   if (fp && w->num_bits == 8 && w->strategy == Strategy::Group && w->group_size == 32) return "mxfp8-quantized";
-  if (fp && w->num_bits == 4) return "nvfp4-pack-quantized";
+  if (fp && w->num_bits == 4) return std::string(block_format_traits(BlockFormat::Nvfp4).ct_format);
   if (!fp && w->num_bits == 8 && a) return "int-quantized";
   if (!fp && w->num_bits <= 8 && !a) return "pack-quantized";
   if (fp && w->num_bits == 8) return "float-quantized";
@@ -106,8 +114,9 @@ std::string infer_ct_format(const std::optional<QuantArgs>& w, const std::option
 // Format string → storage. Sparse and legacy layouts are refused here, by name.
 StorageFormat storage_of(const std::string& format, const std::optional<QuantArgs>& w, std::string_view where) {
   if (format == "dense") return StorageFormat::Dense;
-  if (format == "nvfp4-pack-quantized") return StorageFormat::Nvfp4Packed;
-  if (format == "mxfp4-pack-quantized") return StorageFormat::Mxfp4Packed;
+  for (const BlockFormatTraits& f : kBlockFormats) {
+    if (format == f.ct_format) return f.storage;
+  }
   if (format == "pack-quantized") return StorageFormat::IntPacked;
   if (format == "float-quantized") return StorageFormat::Fp8;
   if (format == "int-quantized") return StorageFormat::Int8;
@@ -209,7 +218,7 @@ LayerQuant modelopt_algo(const std::string& written, std::optional<int64_t> grou
   lq.format_name = written;
   const std::string e4m3 = "torch.float8_e4m3fn";
   if (algo == "NVFP4" || algo == "W4A16_NVFP4") {
-    const int g = static_cast<int>(group_size.value_or(16));
+    const int g = static_cast<int>(group_size.value_or(block_format_traits(BlockFormat::Nvfp4).group_size));
     lq.format = StorageFormat::Nvfp4Packed;
     lq.weights = parse_quant_args(float_args(4, "tensor_group", g, false, e4m3.c_str()), where);
     if (algo == "NVFP4") lq.input = parse_quant_args(float_args(4, "tensor_group", g, "local", e4m3.c_str()), where);
@@ -430,7 +439,9 @@ LayerQuant resolve_layer_quant(const QuantConfig& config, const ModuleRef& modul
         lq.source = "mxfp4";
         lq.format_name = "mxfp4";
         lq.format = StorageFormat::GptOssMxfp4Blocks;
-        lq.weights = parse_quant_args(float_args(4, "group", 32, false, "torch.uint8"), "GPT-OSS mxfp4");
+        lq.weights = parse_quant_args(
+            float_args(4, "group", static_cast<int>(block_format_traits(BlockFormat::Mxfp4).group_size), false, "torch.uint8"),
+            "GPT-OSS mxfp4");
       }
       break;
     }

@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::quant {
 
-/// Group sizes fixed by the formats (FORMATS.md §2.1, §2.2) and the W4A16 preset default (§1.2).
-inline constexpr int64_t kNvfp4GroupSize = 16;
-inline constexpr int64_t kMxfp4GroupSize = 32;
+/// Group sizes fixed by the block formats (quant/block_format.h) and the W4A16 preset default (FORMATS.md §1.2).
+inline constexpr int64_t kNvfp4GroupSize = block_format_traits(BlockFormat::Nvfp4).group_size;
+inline constexpr int64_t kMxfp4GroupSize = block_format_traits(BlockFormat::Mxfp4).group_size;
 inline constexpr int64_t kInt4DefaultGroupSize = 128;
 
 /// NVFP4 weight in compressed-tensors layout (`nvfp4-pack-quantized`).

@@ -467,23 +467,28 @@ json quantization_config(const QuantizePlan& plan) {
                 {"observer_kwargs", json::object()}, {"scale_dtype", std::move(scale_dtype)},
                 {"strategy", strategy}, {"symmetric", true}, {"type", type}, {"zp_dtype", nullptr}};
   };
+  // A block format's args come from its row: what the config parser's predicates will read back.
+  const auto block_args = [&](BlockFormat f, bool input) {
+    const BlockFormatTraits& t = block_format_traits(f);
+    const json scale_dtype = t.scale == ElementFormat::E4M3 ? "torch.float8_e4m3fn" : "torch.uint8";
+    const bool local = t.input_dynamic == Dynamic::Local;  // only a calibrated global scale is stored
+    if (!input) return args(t.group_size, "float", strategy_name(t.strategy), scale_dtype, false, "memoryless_minmax");
+    return args(t.group_size, "float", strategy_name(t.strategy), scale_dtype, local ? json("local") : json(true),
+                local ? json("static_minmax") : json(nullptr));
+  };
   std::string format;
   json weights, inputs = nullptr;
   switch (plan.scheme) {
     case QuantScheme::Nvfp4:
     case QuantScheme::Nvfp4A16:
-      format = "nvfp4-pack-quantized";
-      weights = args(16, "float", "tensor_group", "torch.float8_e4m3fn", false, "memoryless_minmax");
-      if (plan.scheme == QuantScheme::Nvfp4) {
-        inputs = args(16, "float", "tensor_group", "torch.float8_e4m3fn", "local", "static_minmax");
-      }
-      break;
     case QuantScheme::Mxfp4:
-    case QuantScheme::Mxfp4A16:
-      format = "mxfp4-pack-quantized";
-      weights = args(32, "float", "group", "torch.uint8", false, "memoryless_minmax");
-      if (plan.scheme == QuantScheme::Mxfp4) inputs = args(32, "float", "group", "torch.uint8", true, nullptr);
+    case QuantScheme::Mxfp4A16: {
+      const BlockFormat f = is_nvfp4(plan.scheme) ? BlockFormat::Nvfp4 : BlockFormat::Mxfp4;
+      format = block_format_traits(f).ct_format;
+      weights = block_args(f, false);
+      if (plan.scheme == QuantScheme::Nvfp4 || plan.scheme == QuantScheme::Mxfp4) inputs = block_args(f, true);
       break;
+    }
     case QuantScheme::W4A16:
       format = "pack-quantized";
       weights = args(plan.group_size, "int", "group", nullptr, false, "memoryless_minmax");
