@@ -235,7 +235,7 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
               {"run_name", mp.run_name}, {"run_fused", mp.run_fused}, {"variant", std::string(variant_name(mp.variant))},
               {"scheme", scheme_label(mp.scheme)}, {"reason", std::string(reason_code(mp.reason))},
               {"reason_text", mp.reason_text},
-              {"global_scale", std::string(scale_convention_name(mp.global_scale))},
+              {"global_scale", mp.global_scale ? std::string(quant::global_scale_convention_name(*mp.global_scale)) : "none"},
               {"has_input_global_scale", mp.has_input_global_scale}};
     m["rejected"] = json::array();
     for (const RejectedCandidate& r : mp.rejected) m["rejected"].push_back({{"scheme", std::string(scheme_name(r.scheme))}, {"why", r.why}});

@@ -470,7 +470,7 @@ void check_scale_values(const LayerPlan& plan, const checkpoint::Checkpoint& ckp
       // Contracts admit only these dtypes for scalar scales; anything else was already reported.
       if (v.dtype != core::DType::F32 && v.dtype != core::DType::BF16 && v.dtype != core::DType::F16) continue;
       const float value = quant::load_float(v, 0, t.name);
-      const bool divisor = global && mp.global_scale == ScaleConvention::Divisor;
+      const bool divisor = global && mp.global_scale == quant::GlobalScaleConvention::Divisor;
       if (!std::isfinite(value) || value < 0.0f || (divisor && value == 0.0f)) {
         bad.push_back(fmt::format("{} = {} ({} {}; must be finite{})", t.name, value,
                                   divisor ? "divisor" : "multiplier", tensor_role_name(t.role),

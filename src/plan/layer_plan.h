@@ -59,7 +59,7 @@ struct ModulePlan {
   /// false when it has no group or the shards disagree (SCHEMES.md rule 4). Shards keep their own scales.
   bool run_fused = false;
   std::string run_name;                  ///< fusion group name when run fused, else the module name
-  ScaleConvention global_scale = ScaleConvention::None;
+  std::optional<quant::GlobalScaleConvention> global_scale;  ///< nullopt: the format has no global scale
   bool has_input_global_scale = false;   ///< the checkpoint carries activation scales (kept or dropped)
 
   const TensorUse* tensor(TensorRole role) const;

@@ -18,39 +18,65 @@ using quant::ScaleDtype;
 using quant::StorageFormat;
 using quant::Strategy;
 
+using quant::BlockFormat;
+constexpr std::optional<BlockFormat> kNoBlock = std::nullopt;
+constexpr std::optional<BlockFormat> kNvfp4 = BlockFormat::Nvfp4;
+constexpr std::optional<BlockFormat> kMxfp4 = BlockFormat::Mxfp4;
+
 constexpr std::array<SchemeTraits, 10> kSchemes{{
-    {SchemeId::W4A4Nvfp4, "W4A4_NVFP4", true},
-    {SchemeId::W4A16Nvfp4, "W4A16_NVFP4", false},
-    {SchemeId::W4A4Nvfp4Emulated, "W4A4_NVFP4_EMULATED", true},
-    {SchemeId::W4A4Mxfp4, "W4A4_MXFP4", true},
-    {SchemeId::W4A4Mxfp4Emulated, "W4A4_MXFP4_EMULATED", true},
-    {SchemeId::W4A16Mxfp4, "W4A16_MXFP4", false},
-    {SchemeId::W4A16Int4, "W4A16_INT4", false},
-    {SchemeId::W8A8Fp8, "W8A8_FP8", true},
-    {SchemeId::W8A16Fp8, "W8A16_FP8", false},
-    {SchemeId::Unquantized, "UNQUANTIZED", false},
+    {SchemeId::W4A4Nvfp4, "W4A4_NVFP4", WeightKind::Block, kNvfp4, ActivationMode::Native, true},
+    {SchemeId::W4A16Nvfp4, "W4A16_NVFP4", WeightKind::Block, kNvfp4, ActivationMode::None, false},
+    {SchemeId::W4A4Nvfp4Emulated, "W4A4_NVFP4_EMULATED", WeightKind::Block, kNvfp4, ActivationMode::Emulated, true},
+    {SchemeId::W4A4Mxfp4, "W4A4_MXFP4", WeightKind::Block, kMxfp4, ActivationMode::Native, true},
+    {SchemeId::W4A4Mxfp4Emulated, "W4A4_MXFP4_EMULATED", WeightKind::Block, kMxfp4, ActivationMode::Emulated, true},
+    {SchemeId::W4A16Mxfp4, "W4A16_MXFP4", WeightKind::Block, kMxfp4, ActivationMode::None, false},
+    {SchemeId::W4A16Int4, "W4A16_INT4", WeightKind::Int4, kNoBlock, ActivationMode::None, false},
+    {SchemeId::W8A8Fp8, "W8A8_FP8", WeightKind::Fp8, kNoBlock, ActivationMode::Native, true},
+    {SchemeId::W8A16Fp8, "W8A16_FP8", WeightKind::Fp8, kNoBlock, ActivationMode::None, false},
+    {SchemeId::Unquantized, "UNQUANTIZED", WeightKind::Unquantized, kNoBlock, ActivationMode::None, false},
 }};
+
+constexpr std::array<VariantTraits, 8> kVariants{{
+    {Variant::Unquantized, "unquantized", WeightKind::Unquantized, kNoBlock, false},
+    {Variant::Nvfp4W4A4, "NVFP4 W4A4", WeightKind::Block, kNvfp4, true},
+    {Variant::Nvfp4W4A16, "NVFP4 W4A16", WeightKind::Block, kNvfp4, false},
+    {Variant::Mxfp4W4A4, "MXFP4 W4A4", WeightKind::Block, kMxfp4, true},
+    {Variant::Mxfp4W4A16, "MXFP4 W4A16", WeightKind::Block, kMxfp4, false},
+    {Variant::Int4W4A16, "INT4 W4A16", WeightKind::Int4, kNoBlock, false},
+    {Variant::Fp8W8A8, "FP8 W8A8", WeightKind::Fp8, kNoBlock, true},
+    {Variant::Fp8W8A16, "FP8 W8A16", WeightKind::Fp8, kNoBlock, false},
+}};
+
+static_assert([] {
+  for (size_t i = 0; i < kSchemes.size(); ++i) {
+    const SchemeTraits& t = kSchemes[i];
+    if (static_cast<size_t>(t.id) != i || t.block.has_value() != (t.weights == WeightKind::Block) ||
+        t.quantizes_activations != (t.activations != ActivationMode::None)) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < kVariants.size(); ++i) {
+    if (static_cast<size_t>(kVariants[i].id) != i || kVariants[i].block.has_value() != (kVariants[i].weights == WeightKind::Block)) {
+      return false;
+    }
+  }
+  return true;
+}(), "scheme and variant rows follow their enums; `block` is set exactly for block formats");
 
 // --- rule 1 predicates: every distinguishing field -------------------------------------------------------------
 
-bool e4m3_or_unset(ScaleDtype s) { return s == ScaleDtype::Unspecified || s == ScaleDtype::E4M3; }
-bool e8m0_or_unset(ScaleDtype s) { return s == ScaleDtype::Unspecified || s == ScaleDtype::E8M0; }
+bool scale_dtype_or_unset(ScaleDtype s, ScaleDtype expected) { return s == ScaleDtype::Unspecified || s == expected; }
 
-bool is_nvfp4_weights(const QuantArgs& w) {
-  return w.type == QuantType::Float && w.num_bits == 4 && w.strategy == Strategy::TensorGroup && w.group_size == 16 &&
-         w.symmetric && w.dynamic == Dynamic::Static && e4m3_or_unset(w.scale_dtype);
+// A block format's weights (static scales) or W4A4 activations (the row's `dynamic`), as its row describes them.
+bool is_block_weights(const QuantArgs& w, const quant::BlockFormatTraits& f) {
+  return w.type == QuantType::Float && w.num_bits == quant::format_traits(f.element).bits && w.strategy == f.strategy &&
+         w.group_size == f.group_size && w.symmetric && w.dynamic == Dynamic::Static &&
+         scale_dtype_or_unset(w.scale_dtype, f.scale_dtype);
 }
-bool is_nvfp4_input(const QuantArgs& a) {
-  return a.type == QuantType::Float && a.num_bits == 4 && a.strategy == Strategy::TensorGroup && a.group_size == 16 &&
-         a.symmetric && a.dynamic == Dynamic::Local && e4m3_or_unset(a.scale_dtype);
-}
-bool is_mxfp4_weights(const QuantArgs& w) {
-  return w.type == QuantType::Float && w.num_bits == 4 && w.strategy == Strategy::Group && w.group_size == 32 &&
-         w.symmetric && w.dynamic == Dynamic::Static && e8m0_or_unset(w.scale_dtype);
-}
-bool is_mxfp4_input(const QuantArgs& a) {
-  return a.type == QuantType::Float && a.num_bits == 4 && a.strategy == Strategy::Group && a.group_size == 32 &&
-         a.symmetric && a.dynamic == Dynamic::Dynamic && e8m0_or_unset(a.scale_dtype);
+bool is_block_input(const QuantArgs& a, const quant::BlockFormatTraits& f) {
+  return a.type == QuantType::Float && a.num_bits == quant::format_traits(f.element).bits && a.strategy == f.strategy &&
+         a.group_size == f.group_size && a.symmetric && a.dynamic == f.input_dynamic &&
+         scale_dtype_or_unset(a.scale_dtype, f.scale_dtype);
 }
 bool is_int4_weights(const QuantArgs& w) {
   const bool grouped = (w.strategy == Strategy::Group && w.group_size.value_or(0) > 0) || w.strategy == Strategy::Channel;
@@ -66,6 +92,12 @@ bool is_fp8_input(const QuantArgs& a) {
   if (a.type != QuantType::Float || a.num_bits != 8 || !a.symmetric || a.scale_dtype == ScaleDtype::E8M0) return false;
   if (a.strategy == Strategy::Tensor) return a.dynamic == Dynamic::Static || a.dynamic == Dynamic::Dynamic;
   return (a.strategy == Strategy::Token || a.strategy == Strategy::Group) && a.dynamic == Dynamic::Dynamic;
+}
+
+// "float4 tensor_group group_size=16 dynamic=local" as a refusal names the activations a format needs.
+std::string block_input_description(const quant::BlockFormatTraits& f) {
+  return fmt::format("float4 {} group_size={} dynamic={}", quant::strategy_name(f.strategy), f.group_size,
+                     f.input_dynamic == Dynamic::Local ? "local" : "true");
 }
 
 [[noreturn]] void refuse(const quant::LayerQuant& q, const checkpoint::ModuleInfo& m, std::string_view why) {
@@ -91,34 +123,23 @@ std::string shape_formula_scalar() { return "[1] or []"; }
 std::string_view scheme_name(SchemeId id) { return scheme_traits(id).name; }
 const SchemeTraits& scheme_traits(SchemeId id) { return kSchemes[static_cast<size_t>(id)]; }
 
-std::string_view variant_name(Variant v) {
-  switch (v) {
-    case Variant::Unquantized: return "unquantized";
-    case Variant::Nvfp4W4A4: return "NVFP4 W4A4";
-    case Variant::Nvfp4W4A16: return "NVFP4 W4A16";
-    case Variant::Mxfp4W4A4: return "MXFP4 W4A4";
-    case Variant::Mxfp4W4A16: return "MXFP4 W4A16";
-    case Variant::Int4W4A16: return "INT4 W4A16";
-    case Variant::Fp8W8A8: return "FP8 W8A8";
-    case Variant::Fp8W8A16: return "FP8 W8A16";
+const VariantTraits& variant_traits(Variant v) { return kVariants[static_cast<size_t>(v)]; }
+std::string_view variant_name(Variant v) { return variant_traits(v).name; }
+bool variant_has_activation_quant(Variant v) { return variant_traits(v).activations; }
+
+Variant find_variant(WeightKind kind, std::optional<quant::BlockFormat> block, bool activations) {
+  for (const VariantTraits& t : kVariants) {
+    if (t.weights == kind && t.block == block && t.activations == activations) return t.id;
   }
-  return "?";
+  throw UnsupportedError(fmt::format("no variant row for weight kind {} format {} activations {}", static_cast<int>(kind),
+                                  block ? quant::block_format_name(*block) : "none", activations));
 }
 
-bool variant_has_activation_quant(Variant v) {
-  switch (v) {
-    case Variant::Nvfp4W4A4:
-    case Variant::Mxfp4W4A4:
-    case Variant::Fp8W8A8:
-      return true;
-    case Variant::Unquantized:
-    case Variant::Nvfp4W4A16:
-    case Variant::Mxfp4W4A16:
-    case Variant::Int4W4A16:
-    case Variant::Fp8W8A16:
-      return false;
+std::optional<SchemeId> find_scheme(WeightKind kind, std::optional<quant::BlockFormat> block, ActivationMode activations) {
+  for (const SchemeTraits& t : kSchemes) {
+    if (t.weights == kind && t.block == block && t.activations == activations) return t.id;
   }
-  return false;
+  return std::nullopt;
 }
 
 Variant classify_layer(const quant::LayerQuant& q, const checkpoint::ModuleInfo& m) {
@@ -134,21 +155,24 @@ Variant classify_layer(const quant::LayerQuant& q, const checkpoint::ModuleInfo&
                                                    "weights plus scales), which fp4serve does not load");
   const QuantArgs& w = *q.weights;
   const QuantArgs* a = q.input ? &*q.input : nullptr;
-  if (is_nvfp4_weights(w)) {
-    require_storage(q, m, {StorageFormat::Nvfp4Packed}, "NVFP4 weights");
-    if (a == nullptr) return Variant::Nvfp4W4A16;
-    if (is_nvfp4_input(*a)) return Variant::Nvfp4W4A4;
-    refuse(q, m, "NVFP4 weights need NVFP4 activations (float4 tensor_group group_size=16 dynamic=local) or none");
-  }
-  if (is_mxfp4_weights(w)) {
-    require_storage(q, m, {StorageFormat::Mxfp4Packed, StorageFormat::GptOssMxfp4Blocks}, "MXFP4 weights");
-    if (a == nullptr) return Variant::Mxfp4W4A16;
-    if (is_mxfp4_input(*a)) return Variant::Mxfp4W4A4;
-    refuse(q, m, "MXFP4 weights need MXFP4 activations (float4 group group_size=32 dynamic=true) or none");
+  for (const quant::BlockFormatTraits& f : quant::kBlockFormats) {
+    if (!is_block_weights(w, f)) continue;
+    if (quant::block_format_of(q.format) != f.format) {
+      refuse(q, m, fmt::format("the arguments describe {} weights but the storage format is '{}'", f.name,
+                               quant::storage_format_name(q.format)));
+    }
+    if (a != nullptr && !is_block_input(*a, f)) {
+      refuse(q, m, fmt::format("{} weights need {} activations ({}) or none", f.name, f.name, block_input_description(f)));
+    }
+    return find_variant(WeightKind::Block, f.format, a != nullptr);
   }
   if (w.type == QuantType::Float && w.num_bits == 4) {
-    refuse(q, m, "4-bit float weights match neither NVFP4 (tensor_group, group_size 16, E4M3 scales, symmetric, "
-                 "static) nor MXFP4 (group, group_size 32, E8M0 scales, symmetric, static)");
+    std::string formats;
+    for (const quant::BlockFormatTraits& f : quant::kBlockFormats) {
+      formats += fmt::format("{}{} ({}, group_size {}, {} scales, symmetric, static)", formats.empty() ? "" : " nor ",
+                             f.name, quant::strategy_name(f.strategy), f.group_size, quant::format_traits(f.scale).name);
+    }
+    refuse(q, m, "4-bit float weights match neither " + formats);
   }
   if (is_int4_weights(w)) {
     require_storage(q, m, {StorageFormat::IntPacked}, "int4 weights");
@@ -165,30 +189,21 @@ Variant classify_layer(const quant::LayerQuant& q, const checkpoint::ModuleInfo&
 }
 
 bool scheme_supported(SchemeId id, const DeviceCaps& d, std::string* why_not) {
+  const SchemeTraits& t = scheme_traits(id);
   std::string reason;
-  switch (id) {
-    case SchemeId::W4A4Nvfp4:
-      if (!d.has_nvfp4_mma()) reason = fmt::format("{} has no FP4 matrix units (needs sm100 or sm120)", d.label());
-      break;
-    case SchemeId::W4A4Mxfp4:
-      if (!d.has_mxfp4_mma()) {
-        reason = d.has_nvfp4_mma() ? fmt::format("{}: no MXFP4 W4A4 kernel (MXFP4 activations run on the sm100 family only)", d.label())
-                                   : fmt::format("{} has no FP4 matrix units (needs the sm100 family)", d.label());
-      }
-      break;
-    case SchemeId::W8A8Fp8:
-      if (!d.has_fp8_mma()) reason = fmt::format("{} has no FP8 matrix units (needs sm89+)", d.label());
-      break;
-    case SchemeId::W4A16Nvfp4:
-    case SchemeId::W4A4Nvfp4Emulated:
-    case SchemeId::W4A4Mxfp4Emulated:
-    case SchemeId::W4A16Mxfp4:
-    case SchemeId::W4A16Int4:
-    case SchemeId::W8A16Fp8:
-      if (!d.runs_weight_only()) reason = fmt::format("{} is below sm80: quantized weights are not supported there", d.label());
-      break;
-    case SchemeId::Unquantized:
-      break;
+  if (t.weights == WeightKind::Unquantized) {
+    // any device
+  } else if (t.activations != ActivationMode::Native) {
+    if (!d.runs_weight_only()) reason = fmt::format("{} is below sm80: quantized weights are not supported there", d.label());
+  } else if (t.weights == WeightKind::Fp8) {
+    if (!d.has_fp8_mma()) reason = fmt::format("{} has no FP8 matrix units (needs sm89+)", d.label());
+  } else if (!d.has_fp4_mma(*t.block)) {
+    // The FP4 units of sm120 take NVFP4 only; fp4serve's MXFP4-activation kernel is for the sm100 family.
+    reason = d.has_nvfp4_mma()
+                 ? fmt::format("{}: no {} W4A4 kernel ({} activations run on the sm100 family only)", d.label(),
+                               quant::block_format_name(*t.block), quant::block_format_name(*t.block))
+                 : fmt::format("{} has no FP4 matrix units (needs {})", d.label(),
+                               *t.block == quant::BlockFormat::Nvfp4 ? "sm100 or sm120" : "the sm100 family");
   }
   if (why_not != nullptr) *why_not = reason;
   return reason.empty();
@@ -212,19 +227,10 @@ std::string_view tensor_role_name(TensorRole r) {
   return "?";
 }
 
-std::string_view scale_convention_name(ScaleConvention c) {
-  switch (c) {
-    case ScaleConvention::None: return "none";
-    case ScaleConvention::Divisor: return "divisor";
-    case ScaleConvention::Multiplier: return "multiplier";
-  }
-  return "?";
-}
-
-ScaleConvention global_scale_convention(Variant v, const quant::LayerQuant& q) {
-  const bool has_global = v == Variant::Nvfp4W4A4 || v == Variant::Nvfp4W4A16;
-  if (!has_global) return ScaleConvention::None;
-  return q.producer == quant::Producer::ModelOpt ? ScaleConvention::Multiplier : ScaleConvention::Divisor;
+std::optional<quant::GlobalScaleConvention> global_scale_convention(Variant v, const quant::LayerQuant& q) {
+  const VariantTraits& t = variant_traits(v);
+  if (!t.block || !quant::block_format_traits(*t.block).global_scale) return std::nullopt;
+  return quant::global_scale_convention_of(q.producer);
 }
 
 namespace {
@@ -262,8 +268,9 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
   const int64_t k = m.in_features;
   const bool modelopt = q.producer == quant::Producer::ModelOpt;
   const bool drop_inputs = !scheme_traits(scheme).quantizes_activations;
-  switch (variant) {
-    case Variant::Unquantized:
+  const VariantTraits& v = variant_traits(variant);
+  switch (v.weights) {
+    case WeightKind::Unquantized:
       if (m.dense_weight_in_out) {
         b.add(m.dense_weight, TensorRole::Weight, kFloatTypes, {{m.experts, k, n}}, "[E, K, N]");
       } else if (m.experts > 0) {
@@ -273,31 +280,29 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
       }
       b.out.back().shared = m.tied;
       break;
-    case Variant::Nvfp4W4A4:
-    case Variant::Nvfp4W4A16: {
-      const int64_t g = q.weights->group_size.value_or(16);
-      check_divisible(m, g, "NVFP4", problems);
-      b.add(m.tensor(modelopt ? "weight" : "weight_packed"), modelopt ? TensorRole::Weight : TensorRole::WeightPacked,
-            {DType::U8}, {{n, k / 2}}, "[N, K/2]");
-      b.add(m.tensor("weight_scale"), TensorRole::WeightScale, {DType::F8_E4M3}, {{n, k / g}}, fmt::format("[N, K/{}]", g));
-      b.scalar(m.tensor(modelopt ? "weight_scale_2" : "weight_global_scale"), TensorRole::WeightGlobalScale, false);
-      if (variant == Variant::Nvfp4W4A4) {
-        b.scalar(m.tensor(modelopt ? "input_scale" : "input_global_scale"), TensorRole::InputGlobalScale, drop_inputs);
+    case WeightKind::Block: {
+      const quant::BlockFormatTraits& f = quant::block_format_traits(*v.block);
+      const int64_t g = f.group_size;
+      const std::vector<DType> scale_dtypes(f.scale_dtypes.begin(), f.scale_dtypes.end());
+      check_divisible(m, g, f.name, problems);
+      if (q.format == StorageFormat::GptOssMxfp4Blocks) {
+        b.add(m.tensor("blocks"), TensorRole::WeightPacked, {DType::U8}, {{m.experts, n, k / g, f.packed_bytes_per_group()}},
+              fmt::format("[E, N, K/{}, {}]", g, f.packed_bytes_per_group()));
+        b.add(m.tensor("scales"), TensorRole::WeightScale, scale_dtypes, {{m.experts, n, k / g}}, fmt::format("[E, N, K/{}]", g));
+        break;
+      }
+      b.add(m.tensor(modelopt ? "weight" : "weight_packed"), modelopt ? TensorRole::Weight : TensorRole::WeightPacked, {DType::U8}, {{n, k / 2}}, "[N, K/2]");
+      b.add(m.tensor("weight_scale"), TensorRole::WeightScale, scale_dtypes, {{n, k / g}}, fmt::format("[N, K/{}]", g));
+      if (f.global_scale) {
+        b.scalar(m.tensor(modelopt ? "weight_scale_2" : "weight_global_scale"), TensorRole::WeightGlobalScale, false);
+        // MXFP4 activation scales are dynamic: only formats with a global scale store one for the input.
+        if (v.activations) {
+          b.scalar(m.tensor(modelopt ? "input_scale" : "input_global_scale"), TensorRole::InputGlobalScale, drop_inputs);
+        }
       }
       break;
     }
-    case Variant::Mxfp4W4A4:
-    case Variant::Mxfp4W4A16:
-      check_divisible(m, 32, "MXFP4", problems);
-      if (q.format == StorageFormat::GptOssMxfp4Blocks) {
-        b.add(m.tensor("blocks"), TensorRole::WeightPacked, {DType::U8}, {{m.experts, n, k / 32, 16}}, "[E, N, K/32, 16]");
-        b.add(m.tensor("scales"), TensorRole::WeightScale, {DType::U8, DType::F8_E8M0}, {{m.experts, n, k / 32}}, "[E, N, K/32]");
-      } else {
-        b.add(m.tensor(modelopt ? "weight" : "weight_packed"), TensorRole::WeightPacked, {DType::U8}, {{n, k / 2}}, "[N, K/2]");
-        b.add(m.tensor("weight_scale"), TensorRole::WeightScale, {DType::U8, DType::F8_E8M0}, {{n, k / 32}}, "[N, K/32]");
-      }
-      break;
-    case Variant::Int4W4A16: {
+    case WeightKind::Int4: {
       const QuantArgs& w = *q.weights;
       const bool group = w.strategy == Strategy::Group;
       const int64_t g = group ? *w.group_size : k;
@@ -314,8 +319,7 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
       if (w.actorder == quant::ActOrder::Group) b.add(m.tensor("weight_g_idx"), TensorRole::WeightGIdx, {DType::I32}, {{k}}, "[K]");
       break;
     }
-    case Variant::Fp8W8A8:
-    case Variant::Fp8W8A16: {
+    case WeightKind::Fp8: {
       const QuantArgs& w = *q.weights;
       b.add(m.tensor("weight"), TensorRole::Weight, {DType::F8_E4M3}, {{n, k}}, "[N, K]");
       const std::vector<DType> scale_types = modelopt ? std::vector<DType>{DType::F32} : kFloatTypes;
@@ -339,7 +343,7 @@ std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant,
           break;  // excluded by is_fp8_weights
       }
       const bool static_input = q.input && q.input->strategy == Strategy::Tensor && q.input->dynamic == Dynamic::Static;
-      if (variant == Variant::Fp8W8A8 && static_input) {
+      if (v.activations && static_input) {
         b.scalar(m.tensor("input_scale"), TensorRole::InputScale, drop_inputs, scale_types);
       }
       break;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "checkpoint/architecture.h"
 #include "core/dtype.h"
 #include "plan/device_caps.h"
+#include "quant/block_format.h"
 #include "quant/quant_config.h"
 
 namespace fp4serve::plan {
@@ -44,12 +46,47 @@ enum class Variant : uint8_t {
 };
 std::string_view variant_name(Variant v);
 
+/// What a layer's weights are, apart from the parameters of their format. Code that differs by kind switches on
+/// this; facts that differ by block format come from the format's row (quant/block_format.h).
+enum class WeightKind : uint8_t {
+  Unquantized,  ///< bf16/fp16/fp32
+  Block,        ///< a block format: NVFP4, MXFP4 (`block` names it)
+  Int4,         ///< int4 pack-quantized, group or channel scales from the config
+  Fp8,          ///< FP8 E4M3, tensor / channel / block scales from the config
+};
+
+/// What a scheme does with the activations.
+enum class ActivationMode : uint8_t {
+  None,      ///< 16/32-bit activations (weight-only)
+  Native,    ///< quantized at run time for the device's FP4/FP8 matrix units
+  Emulated,  ///< quantized→dequantized exactly as the reference does, fp32 math
+};
+
+/// The checkpoint side of a layer: one row per Variant.
+struct VariantTraits {
+  Variant id;
+  std::string_view name;  ///< "NVFP4 W4A4"
+  WeightKind weights;
+  std::optional<quant::BlockFormat> block;  ///< set exactly when weights == Block
+  bool activations;                         ///< the checkpoint quantizes activations (W4A4 / W8A8)
+};
+const VariantTraits& variant_traits(Variant v);
+/// The variant of weights `kind` in `block` with or without activation quantization. Throws when no
+/// row has that combination (UnsupportedError).
+Variant find_variant(WeightKind kind, std::optional<quant::BlockFormat> block, bool activations);
+
+/// One row per scheme: what it runs, in which format, and what it does with activations.
 struct SchemeTraits {
   SchemeId id;
   std::string_view name;
-  bool quantizes_activations;  ///< uses the checkpoint's activation scales (else they are dropped)
+  WeightKind weights;
+  std::optional<quant::BlockFormat> block;  ///< set exactly when weights == Block
+  ActivationMode activations;
+  bool quantizes_activations;  ///< uses the checkpoint's activation scales (else they are dropped) = activations != None
 };
 const SchemeTraits& scheme_traits(SchemeId id);
+/// The scheme that runs `kind` / `block` with `activations`; nullopt when there is none (FP8 emulation).
+std::optional<SchemeId> find_scheme(WeightKind kind, std::optional<quant::BlockFormat> block, ActivationMode activations);
 
 /// True when `v` quantizes activations in the checkpoint (W4A4 / W8A8).
 bool variant_has_activation_quant(Variant v);
@@ -82,9 +119,6 @@ enum class TensorRole : uint8_t {
 };
 std::string_view tensor_role_name(TensorRole r);
 
-/// How a global scale is applied: CT stores divisors (448·6/amax), ModelOpt multipliers (amax/(448·6)).
-enum class ScaleConvention : uint8_t { None, Divisor, Multiplier };
-std::string_view scale_convention_name(ScaleConvention c);
 
 /// One tensor a scheme consumes from the checkpoint.
 struct TensorContract {
@@ -104,7 +138,8 @@ struct TensorContract {
 std::vector<TensorContract> parameter_contract(SchemeId scheme, Variant variant, const quant::LayerQuant& quant,
                                                const checkpoint::ModuleInfo& module, std::vector<std::string>& problems);
 
-/// The global-scale convention of a quantized module's tensors.
-ScaleConvention global_scale_convention(Variant variant, const quant::LayerQuant& quant);
+/// The global-scale convention of a quantized module's tensors (CT stores divisors, 448·6/amax; ModelOpt
+/// multipliers, amax/(448·6)); nullopt when the variant's format has no global scale.
+std::optional<quant::GlobalScaleConvention> global_scale_convention(Variant variant, const quant::LayerQuant& quant);
 
 }  // namespace fp4serve::plan

@@ -62,27 +62,16 @@ bool reason_is_warning(Reason r) {
 }
 
 std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode) {
-  const bool weight_only = mode == ActivationQuant::WeightOnly;
-  switch (variant) {
-    case Variant::Nvfp4W4A4:
-      if (weight_only) return {SchemeId::W4A16Nvfp4};
-      if (mode == ActivationQuant::Emulate) return {SchemeId::W4A4Nvfp4Emulated};
-      return {SchemeId::W4A4Nvfp4, SchemeId::W4A16Nvfp4};
-    case Variant::Nvfp4W4A16: return {SchemeId::W4A16Nvfp4};  // never made W4A4 (rule 3)
-    case Variant::Mxfp4W4A4:
-      if (weight_only) return {SchemeId::W4A16Mxfp4};
-      if (mode == ActivationQuant::Emulate) return {SchemeId::W4A4Mxfp4Emulated};
-      return {SchemeId::W4A4Mxfp4, SchemeId::W4A16Mxfp4};
-    case Variant::Mxfp4W4A16: return {SchemeId::W4A16Mxfp4};
-    case Variant::Int4W4A16: return {SchemeId::W4A16Int4};
-    case Variant::Fp8W8A8:
-      if (weight_only) return {SchemeId::W8A16Fp8};
-      if (mode == ActivationQuant::Emulate) return {};  // no FP8 activation emulation: refused, never substituted
-      return {SchemeId::W8A8Fp8, SchemeId::W8A16Fp8};
-    case Variant::Fp8W8A16: return {SchemeId::W8A16Fp8};
-    case Variant::Unquantized: return {SchemeId::Unquantized};
+  const VariantTraits& v = variant_traits(variant);
+  // Every quantized kind has a weight-only scheme; Unquantized's row is its own "weight-only" one.
+  const SchemeId weight_only = *find_scheme(v.weights, v.block, ActivationMode::None);
+  if (!v.activations || mode == ActivationQuant::WeightOnly) return {weight_only};  // never made W4A4 (rule 3)
+  if (mode == ActivationQuant::Emulate) {
+    // No emulation for a kind (FP8) is refused, never substituted.
+    const std::optional<SchemeId> emulated = find_scheme(v.weights, v.block, ActivationMode::Emulated);
+    return emulated ? std::vector<SchemeId>{*emulated} : std::vector<SchemeId>{};
   }
-  return {};
+  return {*find_scheme(v.weights, v.block, ActivationMode::Native), weight_only};
 }
 
 Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode) {
@@ -115,36 +104,29 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
   const SchemeId id = candidates[chosen];
   s.scheme = id;
   const bool acts = variant_has_activation_quant(variant);
-  if (chosen > 0) {  // a downgrade: the first candidate is what the checkpoint describes
-    switch (variant) {
-      case Variant::Mxfp4W4A4:
-        if (device.has_nvfp4_mma()) {
-          s.reason = Reason::NoMxfp4W4A4;
-          s.reason_text = fmt::format("MXFP4 W4A4 checkpoint served weight-only: {} has FP4 matrix units but fp4serve has "
-                                      "no MXFP4-activation kernel for it; the activations stay 16-bit", device.label());
-          return s;
-        }
-        [[fallthrough]];
-      case Variant::Nvfp4W4A4:
-        s.reason = Reason::NoFp4MatrixUnits;
-        // NVFP4 stores input global scales (validated, then dropped); MXFP4 activation scales are dynamic.
-        s.reason_text = fmt::format("W4A4 checkpoint served weight-only: this device has no FP4 matrix units ({}); {}",
-                                    device.label(), variant == Variant::Nvfp4W4A4
-                                                        ? "input global scales are validated and dropped"
-                                                        : "activations stay 16-bit (MXFP4 stores no activation scales)");
-        return s;
-      case Variant::Fp8W8A8:
-        s.reason = Reason::NoFp8MatrixUnits;
-        s.reason_text = fmt::format("FP8 W8A8 checkpoint served W8A16: this device has no FP8 matrix units ({}); "
-                                    "static input scales, if stored, are validated and dropped", device.label());
-        return s;
-      case Variant::Unquantized:
-      case Variant::Nvfp4W4A16:
-      case Variant::Mxfp4W4A16:
-      case Variant::Int4W4A16:
-      case Variant::Fp8W8A16:
-        break;  // single-candidate variants never downgrade
+  const VariantTraits& v = variant_traits(variant);
+  if (chosen > 0) {  // a downgrade (only activation-quantized variants have two candidates): the first is native
+    if (v.weights == WeightKind::Fp8) {
+      s.reason = Reason::NoFp8MatrixUnits;
+      s.reason_text = fmt::format("FP8 W8A8 checkpoint served W8A16: this device has no FP8 matrix units ({}); "
+                                  "static input scales, if stored, are validated and dropped", device.label());
+      return s;
     }
+    const quant::BlockFormatTraits& f = quant::block_format_traits(*v.block);
+    if (device.has_nvfp4_mma()) {  // FP4 units, but not for this format's activations
+      s.reason = Reason::NoMxfp4W4A4;
+      s.reason_text = fmt::format("{} W4A4 checkpoint served weight-only: {} has FP4 matrix units but fp4serve has "
+                                  "no {}-activation kernel for it; the activations stay 16-bit", f.name, device.label(),
+                                  f.name);
+      return s;
+    }
+    s.reason = Reason::NoFp4MatrixUnits;
+    // A format with a global scale stores input global scales (validated, then dropped); MXFP4's are dynamic.
+    s.reason_text = fmt::format("W4A4 checkpoint served weight-only: this device has no FP4 matrix units ({}); {}",
+                                device.label(), f.global_scale ? "input global scales are validated and dropped"
+                                                               : fmt::format("activations stay 16-bit ({} stores no "
+                                                                             "activation scales)", f.name));
+    return s;
   }
   if (id == SchemeId::Unquantized) {
     s.reason = Reason::NotQuantized;
@@ -153,17 +135,19 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
     s.reason = Reason::UserWeightOnly;
     s.reason_text = "--activation-quant weight-only: activations stay 16-bit; stored activation scales are validated "
                     "and dropped";
-  } else if (id == SchemeId::W4A4Nvfp4Emulated) {
+  } else if (scheme_traits(id).activations == ActivationMode::Emulated) {
+    const quant::BlockFormatTraits& f = quant::block_format_traits(*scheme_traits(id).block);
     s.reason = Reason::Emulated;
-    s.reason_text = "--activation-quant emulate: activations quantized to NVFP4 and dequantized as the reference does";
-  } else if (id == SchemeId::W4A4Mxfp4Emulated) {
-    s.reason = Reason::Emulated;
-    s.reason_text = "--activation-quant emulate: activations quantized to MXFP4 (E8M0 per 32) and dequantized as the "
-                    "reference does";
-  } else if (id == SchemeId::W4A4Nvfp4 || id == SchemeId::W4A4Mxfp4) {
+    s.reason_text = f.global_scale
+                        ? fmt::format("--activation-quant emulate: activations quantized to {} and dequantized as the "
+                                      "reference does", f.name)
+                        : fmt::format("--activation-quant emulate: activations quantized to {} ({} per {}) and "
+                                      "dequantized as the reference does", f.name, quant::format_traits(f.scale).name,
+                                      f.group_size);
+  } else if (scheme_traits(id).activations == ActivationMode::Native && scheme_traits(id).weights == WeightKind::Block) {
     s.reason = Reason::NativeW4A4;
     s.reason_text = fmt::format("{} has FP4 matrix units; activations quantized at run time", device.label());
-  } else if (id == SchemeId::W8A8Fp8) {
+  } else if (scheme_traits(id).activations == ActivationMode::Native) {
     s.reason = Reason::NativeFp8;
     s.reason_text = fmt::format("{} has FP8 matrix units", device.label());
   } else {

@@ -16,20 +16,16 @@ using checkpoint::ModuleRole;
 
 // Elements per scale group along K of the chosen scheme (1 when a K split may fall anywhere).
 int64_t k_group(const ModulePlan& m) {
-  if (!m.scheme) return m.quant.weights && m.quant.weights->group_size.value_or(0) > 0 ? *m.quant.weights->group_size : 1;
-  switch (*m.scheme) {
-    case SchemeId::W4A16Nvfp4:
-    case SchemeId::W4A4Nvfp4Emulated:
-    case SchemeId::W4A4Nvfp4: return 16;
-    case SchemeId::W4A16Mxfp4:
-    case SchemeId::W4A4Mxfp4Emulated:
-    case SchemeId::W4A4Mxfp4: return 32;
-    case SchemeId::W4A16Int4:
-      return m.quant.weights && m.quant.weights->group_size.value_or(0) > 0 ? *m.quant.weights->group_size : 1;
-    case SchemeId::W8A16Fp8:
-    case SchemeId::W8A8Fp8:
-      return m.quant.weights && m.quant.weights->block ? (*m.quant.weights->block)[1] : 1;
-    case SchemeId::Unquantized: return 1;
+  const auto config_group = [&] {
+    return m.quant.weights && m.quant.weights->group_size.value_or(0) > 0 ? *m.quant.weights->group_size : 1;
+  };
+  if (!m.scheme) return config_group();
+  const SchemeTraits& t = scheme_traits(*m.scheme);
+  switch (t.weights) {
+    case WeightKind::Block: return quant::block_format_traits(*t.block).group_size;
+    case WeightKind::Int4: return config_group();
+    case WeightKind::Fp8: return m.quant.weights && m.quant.weights->block ? (*m.quant.weights->block)[1] : 1;
+    case WeightKind::Unquantized: return 1;
   }
   return 1;
 }

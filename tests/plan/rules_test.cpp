@@ -112,11 +112,11 @@ TEST(Rule2, ModelOptDowngradeDropsInputScaleAndRecordsMultiplierConvention) {
   const LayerPlan p = build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::MoNvfp4A4)),
                                  {device("cpu"), ActivationQuant::Auto});
   const ModulePlan* m = p.find("model.layers.1.mlp.gate_proj");
-  EXPECT_EQ(m->global_scale, ScaleConvention::Multiplier);
+  EXPECT_EQ(m->global_scale, quant::GlobalScaleConvention::Multiplier);
   EXPECT_EQ(m->tensor(TensorRole::WeightGlobalScale)->name, "model.layers.1.mlp.gate_proj.weight_scale_2");
   EXPECT_TRUE(m->tensor(TensorRole::InputGlobalScale)->dropped);
   const LayerPlan ct = plan_llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a()), all_but_head(Kind::CtNvfp4A4));
-  EXPECT_EQ(ct.find("model.layers.1.mlp.gate_proj")->global_scale, ScaleConvention::Divisor);
+  EXPECT_EQ(ct.find("model.layers.1.mlp.gate_proj")->global_scale, quant::GlobalScaleConvention::Divisor);
 }
 
 // --- Rule 3: a weight-only checkpoint is never made W4A4 --------------------------------------------------------
