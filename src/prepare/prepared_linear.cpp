@@ -27,8 +27,7 @@ size_t weight_bytes(const PreparedLinear& w) {
 
 const char* layout_name(WeightLayout layout) {
   switch (layout) {
-    case WeightLayout::Nvfp4: return "Nvfp4";
-    case WeightLayout::Mxfp4: return "Mxfp4";
+    case WeightLayout::Fp4: return "Fp4";
     case WeightLayout::Int4: return "Int4";
     case WeightLayout::Fp8: return "Fp8";
     case WeightLayout::Int8: return "Int8";
@@ -37,13 +36,17 @@ const char* layout_name(WeightLayout layout) {
   return "?";
 }
 
+std::string_view format_label(const PreparedLinear& w) {
+  return w.layout == WeightLayout::Fp4 ? quant::block_format_name(w.block_format) : layout_name(w.layout);
+}
+
 namespace detail {
 
 void fail(std::string_view name, std::string_view role, const std::string& message) {
   throw FormatError(fmt::format("{}: {} {}", name, role, message));
 }
 
-void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> allowed, std::string_view name,
+void check_dtype(const core::TensorView& t, std::span<const core::DType> allowed, std::string_view name,
                  std::string_view role) {
   bool ok = false;
   std::string expected;

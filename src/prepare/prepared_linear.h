@@ -6,17 +6,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
+
+#include "quant/block_format.h"
 
 namespace fp4serve::prepare {
 
-enum class WeightLayout : uint8_t { Nvfp4, Mxfp4, Int4, Fp8, Int8, Dense };
+/// Kernel layout of a prepared weight; the block format of an Fp4 layout is `PreparedLinear::block_format`.
+enum class WeightLayout : uint8_t { Fp4, Int4, Fp8, Int8, Dense };
 
-/// How a checkpoint's NVFP4 per-tensor scale is applied (docs/FORMATS.md §2.1, §3.2).
-enum class GlobalScaleConvention : uint8_t {
-  Divisor,     ///< compressed-tensors `weight_global_scale` / `input_global_scale`: w = q·(s / gs)
-  Multiplier,  ///< ModelOpt `weight_scale_2` / `input_scale`: w = q·(s · ws2)
-};
+using quant::GlobalScaleConvention;
 
 /// Storage of Dense weights: bf16 checkpoints stay bf16 (half the bytes per token); f16 and f32 become f32.
 enum class DenseStorage : uint8_t { Bf16, F32 };
@@ -62,15 +62,16 @@ class AlignedBuffer {
 ///
 /// Kernel layouts (T = padded_rows / kTileRows tiles; row r of tile t is output row 8t + r; padded rows are
 /// zero and never written to the output):
-/// - Nvfp4 / Mxfp4: `codes` = [T][K/8][32] bytes. The 32 bytes of (tile t, column octet c) hold columns
+/// - Fp4 (every block format: NVFP4, MXFP4): `codes` = [T][K/8][32] bytes. The 32 bytes of (tile t, column octet c) hold columns
 ///   8c..8c+7 of the tile's 8 rows as eight little-endian 32-bit words: word r (bytes 4r..4r+3) is row r,
 ///   and its nibble j (bits 4j..4j+3) is column 8c+j — i.e. the row's 4 checkpoint bytes unchanged. One
 ///   256-bit load thus gives one SIMD lane per row, and a shift by 4j plus a 16-entry table lookup (vpermps
 ///   reads only the low 4 bits of each lane) decodes column 8c+j for all 8 rows at once (the decode-path
 ///   GEMV, kernels/cpu/gemm_gemv.cpp). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
-///   `scales` = [T][K/g][8] bytes, the checkpoint's block-scale bytes unchanged (E4M3 for g = 16, E8M0 for
-///   g = 32): 0.5 resp. 0.25 bits/weight. NVFP4 adds `global_scale` [padded_rows] (+ `convention`), applied
-///   to each output element in the epilogue, so fused rows keep their own global scale at no cost.
+///   `scales` = [T][K/g][8] bytes, the checkpoint's block-scale bytes unchanged (the row of `block_format`
+///   in quant/block_format.h gives g and the scale element: E4M3 per 16 for NVFP4, E8M0 per 32 for MXFP4):
+///   8/g bits/weight. A format with a global scale adds `global_scale` [padded_rows] (+ `convention`),
+///   applied to each output element in the epilogue, so fused rows keep their own global scale at no cost.
 /// - Int4: `codes` as FP4 but each nibble is the stored int4 value q + 8 (columns permuted by `k_perm` when
 ///   the checkpoint has an activation-order g_idx). `scales` and `offsets` = [T][K/g][8] fp32 with
 ///   w = nibble·scale + offset, offset = −(8 + zero_point)·scale (exact in fp32).
@@ -81,6 +82,7 @@ class AlignedBuffer {
 /// - Dense: `codes` = [T][K][8] bf16 bits or fp32 values (`dense_storage`).
 struct PreparedLinear {
   WeightLayout layout = WeightLayout::Dense;
+  quant::BlockFormat block_format = quant::BlockFormat::Nvfp4;  ///< Fp4 layout only: the format of codes and scales
   int64_t out_features = 0;  ///< N
   int64_t in_features = 0;   ///< K
   std::vector<float> bias;   ///< [N] fp32, empty when the layer has none
@@ -92,7 +94,7 @@ struct PreparedLinear {
   AlignedBuffer codes;
   AlignedBuffer scales;
   AlignedBuffer offsets;
-  std::vector<float> global_scale;  ///< Nvfp4: [padded_rows], as stored in the checkpoint (padding: 1)
+  std::vector<float> global_scale;  ///< formats with a global scale: [padded_rows], as stored (padding: 1)
   GlobalScaleConvention convention = GlobalScaleConvention::Divisor;
   std::vector<int32_t> k_perm;  ///< Int4 activation order: prepared column j reads input column k_perm[j]; empty = identity
   DenseStorage dense_storage = DenseStorage::F32;
@@ -112,7 +114,9 @@ struct PreparedLinear {
 /// Bytes the weights occupy in kernel layout (codes + scales + offsets + global scales).
 size_t weight_bytes(const PreparedLinear& w);
 
-/// "Nvfp4", "Mxfp4", ... for messages.
+/// "Fp4", "Int4", ... for messages.
 const char* layout_name(WeightLayout layout);
+/// "NVFP4", "MXFP4" for Fp4 layouts, else layout_name: for messages.
+std::string_view format_label(const PreparedLinear& w);
 
 }  // namespace fp4serve::prepare

@@ -14,19 +14,26 @@
 
 namespace fp4serve::prepare {
 
-/// NVFP4 (compressed-tensors nvfp4-pack-quantized, ModelOpt NVFP4 / W4A16_NVFP4; FORMATS.md §2.1, §3.2).
-/// weight_packed: [N, K/2] U8 (low nibble = even column); weight_scale: [N, K/16] F8_E4M3.
-/// global_scale: CT `weight_global_scale` (Divisor) or ModelOpt `weight_scale_2` (Multiplier).
-/// Throws FormatError on wrong dtype/shape, K not a multiple of 16, a NaN block scale (0x7F/0xFF), or a
+/// A block format (quant/block_format.h): compressed-tensors `<format>-pack-quantized`, ModelOpt NVFP4 /
+/// W4A16_NVFP4, GPT-OSS blocks reshaped to 2-D (FORMATS.md §2.1, §2.2, §3.2, §5).
+/// weight_packed: [N, K/2] U8 (low nibble = even column); weight_scale: [N, K/g] in one of the row's scale dtypes
+/// (NVFP4: F8_E4M3, g = 16; MXFP4: U8 or F8_E8M0, g = 32, 255 decoding to +inf as in the references).
+/// Formats with a global scale take `global_scale`: CT `weight_global_scale` (Divisor) or ModelOpt
+/// `weight_scale_2` (Multiplier); others ignore it and `convention`.
+/// Throws FormatError on wrong dtype/shape, K not a multiple of g, a NaN E4M3 block scale (0x7F/0xFF), or a
 /// global scale that is zero, negative, NaN or Inf.
-PreparedLinear prepare_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                             float global_scale, GlobalScaleConvention convention, std::string_view name);
+PreparedLinear prepare_fp4(quant::BlockFormat format, const core::TensorView& weight_packed,
+                           const core::TensorView& weight_scale, float global_scale, GlobalScaleConvention convention,
+                           std::string_view name);
 
-/// MXFP4 (CT mxfp4-pack-quantized, GPT-OSS blocks reshaped to 2-D; FORMATS.md §2.2, §5).
-/// weight_packed: [N, K/2] U8; weight_scale: [N, K/32] U8 or F8_E8M0 (value 2^(b−127); 255 decodes to +inf as
-/// in the references). Throws FormatError on wrong dtype/shape or K not a multiple of 32.
-PreparedLinear prepare_mxfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                             std::string_view name);
+inline PreparedLinear prepare_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
+                                    float global_scale, GlobalScaleConvention convention, std::string_view name) {
+  return prepare_fp4(quant::BlockFormat::Nvfp4, weight_packed, weight_scale, global_scale, convention, name);
+}
+inline PreparedLinear prepare_mxfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
+                                    std::string_view name) {
+  return prepare_fp4(quant::BlockFormat::Mxfp4, weight_packed, weight_scale, 0.f, GlobalScaleConvention::Divisor, name);
+}
 
 /// int4 pack-quantized (CT, FORMATS.md §0.4, §2.3). weight_packed: [N, ceil(K/8)] I32 (nibble = q + 8);
 /// weight_scale: [N, G] BF16/F16/F32 with G = ceil(K/group_size), or [N, 1] when group_size = −1 (channel);

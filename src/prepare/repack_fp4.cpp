@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// NVFP4 and MXFP4 checkpoint tensors → the row-interleaved FP4 kernel layout (prepared_linear.h).
+// Block-format (NVFP4, MXFP4) checkpoint tensors → the row-interleaved FP4 kernel layout (prepared_linear.h).
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "prepare/repack.h"
 #include "prepare/repack_util.h"
@@ -13,7 +14,7 @@ using detail::fail;
 
 // Shared shape logic: returns K after checking weight_packed [N, K/2] U8 and weight_scale [N, K/group].
 int64_t check_fp4_shapes(const core::TensorView& packed, const core::TensorView& scale, int64_t group,
-                         std::initializer_list<core::DType> scale_dtypes, std::string_view name) {
+                         std::span<const core::DType> scale_dtypes, std::string_view name) {
   detail::check_dtype(packed, {core::DType::U8}, name, "packed FP4 weight");
   if (packed.shape.size() != 2 || packed.shape[0] == 0 || packed.shape[1] == 0) {
     fail(name, "packed FP4 weight",
@@ -65,40 +66,36 @@ void interleave_scale_bytes(const core::TensorView& scale, PreparedLinear& w) {
 
 }  // namespace
 
-PreparedLinear prepare_nvfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                             float global_scale, GlobalScaleConvention convention, std::string_view name) {
-  const int64_t k = check_fp4_shapes(weight_packed, weight_scale, 16, {core::DType::F8_E4M3}, name);
-  const char* role = convention == GlobalScaleConvention::Divisor ? "weight_global_scale" : "weight_scale_2";
-  if (!std::isfinite(global_scale) || global_scale <= 0.f) {
+PreparedLinear prepare_fp4(quant::BlockFormat format, const core::TensorView& weight_packed,
+                           const core::TensorView& weight_scale, float global_scale, GlobalScaleConvention convention,
+                           std::string_view name) {
+  const quant::BlockFormatTraits& f = quant::block_format_traits(format);
+  const int64_t g = f.group_size;
+  const int64_t k = check_fp4_shapes(weight_packed, weight_scale, g, f.scale_dtypes, name);
+  if (f.global_scale && (!std::isfinite(global_scale) || global_scale <= 0.f)) {
+    const char* role = convention == GlobalScaleConvention::Divisor ? "weight_global_scale" : "weight_scale_2";
     fail(name, role, fmt::format("is {}, expected a finite value > 0", global_scale));
   }
+  // E4M3 has NaN codes (0x7F/0xFF), which no reference produces; E8M0's 255 decodes to +inf as in the references.
   const auto* scale_bytes = reinterpret_cast<const uint8_t*>(weight_scale.bytes.data());
-  for (size_t i = 0; i < weight_scale.bytes.size(); ++i) {
+  for (size_t i = 0; f.scale == quant::ElementFormat::E4M3 && i < weight_scale.bytes.size(); ++i) {
     if ((scale_bytes[i] & 0x7F) == 0x7F) {
       fail(name, "block scale",
-           fmt::format("[{}, {}] is NaN (E4M3 byte 0x{:02X})", static_cast<int64_t>(i) / (k / 16),
-                       static_cast<int64_t>(i) % (k / 16), scale_bytes[i]));
+           fmt::format("[{}, {}] is NaN (E4M3 byte 0x{:02X})", static_cast<int64_t>(i) / (k / g),
+                       static_cast<int64_t>(i) % (k / g), scale_bytes[i]));
     }
   }
   PreparedLinear w;
-  detail::init_tiles(w, WeightLayout::Nvfp4, weight_packed.shape[0], k, 16, static_cast<size_t>(k / 2) * kTileRows,
-                     static_cast<size_t>(k / 16) * kTileRows, 0);
+  detail::init_tiles(w, WeightLayout::Fp4, weight_packed.shape[0], k, g, static_cast<size_t>(k / 2) * kTileRows,
+                     static_cast<size_t>(k / g) * kTileRows, 0);
+  w.block_format = format;
   interleave_fp4(weight_packed, w);
   interleave_scale_bytes(weight_scale, w);
-  w.convention = convention;
-  w.global_scale.assign(static_cast<size_t>(w.padded_rows), 1.f);
-  for (int64_t row = 0; row < w.out_features; ++row) w.global_scale[static_cast<size_t>(row)] = global_scale;
-  return w;
-}
-
-PreparedLinear prepare_mxfp4(const core::TensorView& weight_packed, const core::TensorView& weight_scale,
-                             std::string_view name) {
-  const int64_t k = check_fp4_shapes(weight_packed, weight_scale, 32, {core::DType::U8, core::DType::F8_E8M0}, name);
-  PreparedLinear w;
-  detail::init_tiles(w, WeightLayout::Mxfp4, weight_packed.shape[0], k, 32, static_cast<size_t>(k / 2) * kTileRows,
-                     static_cast<size_t>(k / 32) * kTileRows, 0);
-  interleave_fp4(weight_packed, w);
-  interleave_scale_bytes(weight_scale, w);
+  if (f.global_scale) {
+    w.convention = convention;
+    w.global_scale.assign(static_cast<size_t>(w.padded_rows), 1.f);
+    for (int64_t row = 0; row < w.out_features; ++row) w.global_scale[static_cast<size_t>(row)] = global_scale;
+  }
   return w;
 }
 

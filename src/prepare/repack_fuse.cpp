@@ -33,13 +33,13 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   int64_t n = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const PreparedLinear& p = parts[i];
-    if (p.layout != first.layout || p.in_features != first.in_features || p.group_size != first.group_size ||
+    if (p.layout != first.layout || p.block_format != first.block_format || p.in_features != first.in_features || p.group_size != first.group_size ||
         p.dense_storage != first.dense_storage || p.convention != first.convention || p.k_perm != first.k_perm ||
         p.activation_precision != first.activation_precision) {
       throw UsageError(fmt::format(
-          "concat_rows: part {} ({}, K = {}, group {}) does not match part 0 ({}, K = {}, group {}) in layout, K, "
+          "concat_rows: part {} ({}, K = {}, group {}) does not match part 0 ({}, K = {}, group {}) in layout, format, K, "
           "group size, storage, global-scale convention, activation order or activation precision",
-          i, layout_name(p.layout), p.in_features, p.group_size, layout_name(first.layout), first.in_features,
+          i, format_label(p), p.in_features, p.group_size, format_label(first), first.in_features,
           first.group_size));
     }
     if (p.input_global_scale != first.input_global_scale) {
@@ -61,6 +61,7 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   const size_t offset_tile = per_tile(first.offsets, first);
   detail::init_tiles(out, first.layout, n, first.in_features, first.group_size, code_tile, scale_tile, offset_tile);
   out.dense_storage = first.dense_storage;
+  out.block_format = first.block_format;
   out.convention = first.convention;
   out.activation_precision = first.activation_precision;
   out.k_perm = first.k_perm;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -20,8 +21,12 @@ namespace fp4serve::prepare::detail {
 [[noreturn]] void fail(std::string_view name, std::string_view role, const std::string& message);
 
 /// dtype ∈ allowed, byte count = ceil(numel · bits / 8); throws FormatError naming `name` and `role`.
-void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> allowed, std::string_view name,
+void check_dtype(const core::TensorView& t, std::span<const core::DType> allowed, std::string_view name,
                  std::string_view role);
+inline void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> allowed, std::string_view name,
+                        std::string_view role) {
+  check_dtype(t, std::span<const core::DType>(allowed.begin(), allowed.size()), name, role);
+}
 
 /// Exact shape match; throws FormatError with expected and found shapes.
 void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
