@@ -21,14 +21,16 @@ HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels {
 namespace HWY_NAMESPACE {
 
-/// Lanes(df) E4M3 (NVFP4) or E8M0 (MXFP4) block-scale bytes at `p` as fp32 · 0.5 (the decode tables hold E2M1 · 2),
-/// for the target-neutral decoders (the panel GEMM, the portable GEMV).
-template <prepare::WeightLayout kLayout, class D>
+/// Lanes(df) block-scale bytes of format kFormat (E4M3 for NVFP4, E8M0 for MXFP4) at `p` as fp32 · 0.5 (the
+/// decode tables hold E2M1 · 2), for the target-neutral decoders (the panel GEMM, the portable GEMV).
+template <quant::BlockFormat kFormat, class D>
 HWY_INLINE hwy::HWY_NAMESPACE::Vec<D> Fp4ScaleBytes(D df, const uint8_t* p) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::RebindToUnsigned<D> du32;
   const auto b = hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint8_t, D>(), p));
-  if constexpr (kLayout == prepare::WeightLayout::Nvfp4) {
+  constexpr quant::ElementFormat kScale = quant::block_format_traits(kFormat).scale;
+  static_assert(kScale == quant::ElementFormat::E4M3 || kScale == quant::ElementFormat::E8M0, "one-byte scale decoders");
+  if constexpr (kScale == quant::ElementFormat::E4M3) {
     // (sign << 31) | (magnitude << 20) is the E4M3 value · 2^−120 as an fp32, subnormals included.
     const auto bits = hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80u))),
                              hn::ShiftLeft<20>(hn::And(b, hn::Set(du32, 0x7Fu))));
@@ -99,8 +101,8 @@ inline constexpr int64_t kFusedRows = 8;
 inline constexpr int64_t kFusedRows = 16;
 #endif
 
-/// Block scales of rows [tile a | tile b] (8 bytes each, `b` unused on AVX2) as fp32, times `unit`.
-template <prepare::WeightLayout kLayout>
+/// Block scales (format kFormat) of rows [tile a | tile b] (8 bytes each, `b` unused on AVX2) as fp32, times `unit`.
+template <quant::BlockFormat kFormat>
 HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>> BlockScales(const uint8_t* a,
                                                                                               const uint8_t* b,
                                                                                               float unit) {
@@ -116,7 +118,9 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRow
       _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
   const auto bytes = hn::Vec<decltype(di)>{_mm512_cvtepu8_epi32(pair)};
 #endif
-  if constexpr (kLayout == prepare::WeightLayout::Nvfp4) {
+  constexpr quant::ElementFormat kScale = quant::block_format_traits(kFormat).scale;
+  static_assert(kScale == quant::ElementFormat::E4M3 || kScale == quant::ElementFormat::E8M0, "one-byte scale decoders");
+  if constexpr (kScale == quant::ElementFormat::E4M3) {
     // Byte at the top, arithmetic shift by 4, clear bits 30..27: (sign << 31) | (magnitude << 20), which is
     // the E4M3 value · 2^−120 as an fp32, subnormals included.
     const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<24>(bytes)), hn::Set(di, static_cast<int32_t>(0x87FFFFFFu)));

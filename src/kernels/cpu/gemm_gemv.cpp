@@ -104,14 +104,14 @@ constexpr float kLutUnit = 1.f;
 
 // Raw sums acc[i][r] = Σ_k x[i, k] · W[row r of tiles (ta, tb), k] (block scales applied, global scale not),
 // i < kM. Two partial sums per x row (even/odd columns) shorten the FMA dependency chains.
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
                           float* HWY_RESTRICT acc) {
   const DF df;
   const int64_t k_total = w.in_features;
   const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
-  constexpr int64_t kOctetsPerGroup = kLayout == WeightLayout::Nvfp4 ? 2 : 4;
+  constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
   const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
   const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
@@ -134,20 +134,20 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, use);
 #endif
     }
-    const VF scale = BlockScales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
+    const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
     for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(part[i][0], part[i][1]), scale, total[i]);
   }
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }
 
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
-  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { GemvTiles<kLayout, kM>(w, ta, tb, x, acc); });
+  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { GemvTiles<kFormat, kM>(w, ta, tb, x, acc); });
 }
 
-template <WeightLayout kLayout>
+template <quant::BlockFormat kFormat>
 void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { GemvLayer<kLayout, kM>(w, x, y); });
+  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { GemvLayer<kFormat, kM>(w, x, y); });
 }
 
 // ---- bf16 Dense and per-row FP8 / Int8 (an lm_head's in-memory copies): [T][K][8] elements, 8 rows per column ----
@@ -291,13 +291,9 @@ int64_t GemvMaxRows() { return kMaxM; }
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (m < 1) return false;
   switch (w.layout) {
-    case WeightLayout::Nvfp4:
+    case WeightLayout::Fp4:
       if (m > kMaxM) return false;
-      GemvRows<WeightLayout::Nvfp4>(w, x, m, y);
-      return true;
-    case WeightLayout::Mxfp4:
-      if (m > kMaxM) return false;
-      GemvRows<WeightLayout::Mxfp4>(w, x, m, y);
+      quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR { GemvRows<F>(w, x, m, y); });
       return true;
     case WeightLayout::Int4: return false;
     case WeightLayout::Fp8:
@@ -326,7 +322,7 @@ using DTI = hn::RebindToSigned<DT>;
 using DTU = hn::RebindToUnsigned<DT>;
 
 // Raw sums acc[i · kTileRows + r0 + r] for rows r0 .. r0 + Lanes − 1 of `tile` (block scales applied), i < kM.
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t r0, const float* HWY_RESTRICT x,
                                  float* HWY_RESTRICT acc) {
   const DT df;
@@ -369,7 +365,7 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
       FP4SERVE_GEMV_COLUMN(7)
 #undef FP4SERVE_GEMV_COLUMN
     }
-    const auto scale = Fp4ScaleBytes<kLayout>(DT(), scales + g * kTileRows);
+    const auto scale = Fp4ScaleBytes<kFormat>(DT(), scales + g * kTileRows);
     t0 = hn::MulAdd(p0, scale, t0);
     if constexpr (kM > 1) t1 = hn::MulAdd(p1, scale, t1);
     if constexpr (kM > 2) t2 = hn::MulAdd(p2, scale, t2);
@@ -381,17 +377,17 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
   if constexpr (kM > 3) hn::StoreU(t3, df, acc + 3 * kTileRows + r0);
 }
 
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 void PortableGemvLayer(const PreparedLinear& w, const float* x, float* y) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
   ForEachRowItem<kM, kTileRows>(w, y, 4, [&](int64_t t, int64_t, float* acc) {
-    for (int64_t r0 = 0; r0 < kTileRows; r0 += lanes) PortableGemvRows<kLayout, kM>(w, t, r0, x, acc);
+    for (int64_t r0 = 0; r0 < kTileRows; r0 += lanes) PortableGemvRows<kFormat, kM>(w, t, r0, x, acc);
   });
 }
 
-template <WeightLayout kLayout>
+template <quant::BlockFormat kFormat>
 void PortableGemvRowsOf(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { PortableGemvLayer<kLayout, kM>(w, x, y); });
+  ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { PortableGemvLayer<kFormat, kM>(w, x, y); });
 }
 
 int64_t GemvMaxRows() { return kMaxM; }
@@ -401,8 +397,9 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
   if (m < 1 || m > kMaxM || lanes < 4 || kTileRows % lanes != 0) return false;
   switch (w.layout) {
-    case WeightLayout::Nvfp4: PortableGemvRowsOf<WeightLayout::Nvfp4>(w, x, m, y); return true;
-    case WeightLayout::Mxfp4: PortableGemvRowsOf<WeightLayout::Mxfp4>(w, x, m, y); return true;
+    case WeightLayout::Fp4:
+      quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR { PortableGemvRowsOf<F>(w, x, m, y); });
+      return true;
     case WeightLayout::Int4:
     case WeightLayout::Fp8:
     case WeightLayout::Int8:

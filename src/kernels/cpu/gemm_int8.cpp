@@ -161,7 +161,7 @@ struct Int8Rows {
 };
 
 // Raw sums acc[i][r] for rows r of tiles (ta, tb) and x rows i < kM (block scales applied, global scale not).
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const Int8Rows& x, float* HWY_RESTRICT acc) {
   const DF df;
   const DI di;
@@ -169,7 +169,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const int64_t k_total = w.in_features;
   const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
-  constexpr int64_t kPairsPerGroup = kLayout == WeightLayout::Nvfp4 ? 1 : 2;  // octet pairs per 16 / 32 columns
+  constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
   const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
   const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
@@ -199,7 +199,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       }
     }
     // The table holds 2·e2m1: the ½ is folded into the scale.
-    const VF scale = BlockScales<kLayout>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
+    const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
     for (int i = 0; i < kM; ++i) {
       const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[i * groups + g]));
       // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
@@ -209,14 +209,14 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }
 
-template <WeightLayout kLayout, int kM>
+template <quant::BlockFormat kFormat, int kM>
 void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
-  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kLayout, kM>(w, ta, tb, x, acc); });
+  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kFormat, kM>(w, ta, tb, x, acc); });
 }
 
-template <WeightLayout kLayout>
+template <quant::BlockFormat kFormat>
 void Int8ByRows(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
-  ForRowCount<HWY_TARGET == HWY_AVX2 ? 4 : 8>(m, [&]<int kM>() { Int8Layer<kLayout, kM>(w, x, y); });
+  ForRowCount<HWY_TARGET == HWY_AVX2 ? 4 : 8>(m, [&]<int kM>() { Int8Layer<kFormat, kM>(w, x, y); });
 }
 
 bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const int32_t* off, int64_t m, float* y) {
@@ -227,8 +227,9 @@ bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const in
     const int64_t mm = std::min(kMaxM, m - m0);
     float* ym = y + m0 * w.out_features;
     switch (w.layout) {
-      case WeightLayout::Nvfp4: Int8ByRows<WeightLayout::Nvfp4>(w, rows, mm, ym); break;
-      case WeightLayout::Mxfp4: Int8ByRows<WeightLayout::Mxfp4>(w, rows, mm, ym); break;
+      case WeightLayout::Fp4:
+        quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR { Int8ByRows<F>(w, rows, mm, ym); });
+        break;
       case WeightLayout::Int4:
       case WeightLayout::Fp8:
       case WeightLayout::Int8:
@@ -284,7 +285,7 @@ void int8_scalar(const prepare::PreparedLinear& w, const int8_t* q, const float*
           sum += kTwiceE2m1[code] * q[i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2];
         }
         const uint8_t sb = scales[(tile * groups + g) * prepare::kTileRows + r];
-        const float s = w.layout == prepare::WeightLayout::Nvfp4 ? quant::e4m3_to_float(sb) : quant::e8m0_to_float(sb);
+        const float s = quant::decode_block_scale(w.block_format, sb);
         total += static_cast<float>(sum) * d[i * groups + g] * (0.5f * s);
       }
       y[i * w.out_features + n] = apply_epilogue(w, n, total);

@@ -16,20 +16,21 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (m == 0) return;
   if (x == nullptr || y == nullptr) throw UsageError("linear: x and y must not be null");
   const int64_t k = w.in_features;
+  const bool fp4 = w.layout == prepare::WeightLayout::Fp4;
+  const auto is_fp4 = [&](quant::BlockFormat f) { return fp4 && w.block_format == f; };
   const bool emulate = aq == ActivationEmulation::EmulateNvfp4;
-  if (emulate && w.layout != prepare::WeightLayout::Nvfp4 && w.layout != prepare::WeightLayout::Dense) {
-    throw UsageError(fmt::format("linear: W4A4 emulation needs an Nvfp4 layer (or its reference-dequantized dense "
-                                 "form), this one is {}", prepare::layout_name(w.layout)));
+  if (emulate && !is_fp4(quant::BlockFormat::Nvfp4) && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: W4A4 emulation needs an NVFP4 layer (or its reference-dequantized dense "
+                                 "form), this one is {}", prepare::format_label(w)));
   }
   if (emulate && w.input_global_scale <= 0.f) {
     throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");
   }
   const bool emulate_mx = aq == ActivationEmulation::EmulateMxfp4;
-  if (emulate_mx && w.layout != prepare::WeightLayout::Mxfp4 && w.layout != prepare::WeightLayout::Dense) {
-    throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an Mxfp4 layer (or a dense one), this one is {}",
-                                 prepare::layout_name(w.layout)));
+  if (emulate_mx && !is_fp4(quant::BlockFormat::Mxfp4) && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an MXFP4 layer (or a dense one), this one is {}",
+                                 prepare::format_label(w)));
   }
-  const bool fp4 = w.layout == prepare::WeightLayout::Nvfp4 || w.layout == prepare::WeightLayout::Mxfp4;
   if (aq == ActivationEmulation::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
     return int8_gemm(w, x, m, y);
   }

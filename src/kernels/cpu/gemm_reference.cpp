@@ -36,12 +36,9 @@ size_t group_index(const PreparedLinear& w, int64_t n, int64_t k) {
 
 float decode_weight(const PreparedLinear& w, int64_t n, int64_t k) {
   switch (w.layout) {
-    case WeightLayout::Nvfp4:
+    case WeightLayout::Fp4:
       return quant::e2m1_to_float(interleaved_nibble(w, n, k)) *
-             quant::e4m3_to_float(w.scales.as<uint8_t>()[group_index(w, n, k)]);
-    case WeightLayout::Mxfp4:
-      return quant::e2m1_to_float(interleaved_nibble(w, n, k)) *
-             quant::e8m0_to_float(w.scales.as<uint8_t>()[group_index(w, n, k)]);
+             quant::decode_block_scale(w.block_format, w.scales.as<uint8_t>()[group_index(w, n, k)]);
     case WeightLayout::Int4: {
       const size_t g = group_index(w, n, k);
       return static_cast<float>(interleaved_nibble(w, n, k)) * w.scales.as<float>()[g] + w.offsets.as<float>()[g];
@@ -79,9 +76,9 @@ void dequantize(const PreparedLinear& w, float* out) {
     for (int64_t j = 0; j < k_total; ++j) {
       const int64_t col = w.k_perm.empty() ? j : w.k_perm[static_cast<size_t>(j)];
       float v;
-      if (w.layout == WeightLayout::Nvfp4) {
+      if (w.layout == WeightLayout::Fp4 && !w.global_scale.empty()) {
         // The producers' op order (FORMATS.md §2.1, §3.2): scale ∘ global first, then times the code.
-        const float s = quant::e4m3_to_float(w.scales.as<uint8_t>()[group_index(w, n, j)]);
+        const float s = quant::decode_block_scale(w.block_format, w.scales.as<uint8_t>()[group_index(w, n, j)]);
         const float g = w.global_scale[static_cast<size_t>(n)];
         const float per_block = w.convention == prepare::GlobalScaleConvention::Divisor ? s / g : s * g;
         v = quant::e2m1_to_float(interleaved_nibble(w, n, j)) * per_block;

@@ -77,7 +77,8 @@ HWY_INLINE hn::Vec<DTI> Fp4Column(hn::Vec<DTI> even, hn::Vec<DTI> odd) {
   return hn::ShiftRight<24>(hn::ShiftLeft<24 - 8 * (kJ / 2)>(bytes));
 }
 
-template <WeightLayout kLayout>
+// Int4 or Fp4 codes; kFormat is the block format of an Fp4 layout (ignored for Int4).
+template <WeightLayout kLayout, quant::BlockFormat kFormat>
 void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, int64_t r0, float* panel) {
   const hn::Repartition<uint8_t, DT> du8;
   const DT df;
@@ -101,7 +102,7 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
         scale = hn::Load(df, w.scales.as<float>() + at);
         offset = hn::Load(df, w.offsets.as<float>() + at);
       } else {
-        scale = Fp4ScaleBytes<kLayout>(DT(), w.scales.as<uint8_t>() + at);
+        scale = Fp4ScaleBytes<kFormat>(DT(), w.scales.as<uint8_t>() + at);
       }
     }
     const auto v = hn::Load(du8, codes + 32 * c);
@@ -154,9 +155,9 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
 }
 
 // All rows of the tile, kTileLanes at a time (one pass on AVX2 and AVX-512).
-template <WeightLayout kLayout>
+template <WeightLayout kLayout, quant::BlockFormat kFormat = quant::BlockFormat::Nvfp4>
 void DecodeNibbles(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) DecodeNibbleRows<kLayout>(w, tile, k0, kc, r0, panel);
+  for (int64_t r0 = 0; r0 < kTileRows; r0 += kTileLanes) DecodeNibbleRows<kLayout, kFormat>(w, tile, k0, kc, r0, panel);
 }
 
 void DecodeFp8(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
@@ -217,8 +218,11 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
       continue;
     }
     switch (w.layout) {
-      case WeightLayout::Nvfp4: DecodeNibbles<WeightLayout::Nvfp4>(w, tile, k0, kc, out); break;
-      case WeightLayout::Mxfp4: DecodeNibbles<WeightLayout::Mxfp4>(w, tile, k0, kc, out); break;
+      case WeightLayout::Fp4:
+        quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+          DecodeNibbles<WeightLayout::Fp4, F>(w, tile, k0, kc, out);
+        });
+        break;
       case WeightLayout::Int4: DecodeNibbles<WeightLayout::Int4>(w, tile, k0, kc, out); break;
       case WeightLayout::Fp8: DecodeFp8(w, tile, k0, kc, out); break;
       case WeightLayout::Int8: DecodeInt8(w, tile, k0, kc, out); break;
