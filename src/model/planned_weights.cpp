@@ -18,13 +18,21 @@ namespace {
 using plan::SchemeId;
 using plan::TensorRole;
 
-prepare::GlobalScaleConvention convention_of(plan::ScaleConvention c, const std::string& module) {
-  switch (c) {
-    case plan::ScaleConvention::Divisor: return prepare::GlobalScaleConvention::Divisor;
-    case plan::ScaleConvention::Multiplier: return prepare::GlobalScaleConvention::Multiplier;
-    case plan::ScaleConvention::None: break;
+quant::GlobalScaleConvention convention_of(const plan::ModulePlan& m, const std::string& module) {
+  if (!m.global_scale) {
+    throw FormatError(fmt::format("{}: the plan gives no global-scale convention for a {} layer", module,
+                                  plan::scheme_name(*m.scheme)));
   }
-  throw FormatError(fmt::format("{}: the plan gives no global-scale convention for an NVFP4 layer", module));
+  return *m.global_scale;
+}
+
+// The activation emulation of a block format's W4A4 scheme (kernels/linear.h): a new format needs its own.
+kernels::ActivationEmulation emulation_of(quant::BlockFormat f) {
+  switch (f) {
+    case quant::BlockFormat::Nvfp4: return kernels::ActivationEmulation::EmulateNvfp4;
+    case quant::BlockFormat::Mxfp4: return kernels::ActivationEmulation::EmulateMxfp4;
+  }
+  return kernels::ActivationEmulation::None;
 }
 
 }  // namespace
@@ -210,40 +218,43 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   };
   auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
   LinearPart part;
-  switch (*m.scheme) {
-    case SchemeId::W4A16Nvfp4:
-    case SchemeId::W4A4Nvfp4Emulated: {
+  const plan::SchemeTraits& scheme = plan::scheme_traits(*m.scheme);
+  if (scheme.activations == plan::ActivationMode::Native) {
+    throw UnsupportedError(fmt::format(
+        "{}: scheme {} was planned for {} and needs that GPU's FP4/FP8 matrix units; this build runs it on the CPU "
+        "only as weight-only or emulation (use --device cpu, or --activation-quant weight-only|emulate)",
+        name, scheme.name, plan_.device.label()));
+  }
+  switch (scheme.weights) {
+    case plan::WeightKind::Block: {
+      const quant::BlockFormat format = *scheme.block;
+      const bool global = quant::block_format_traits(format).global_scale;
       const TensorRole packed_role = m.tensor(TensorRole::WeightPacked) ? TensorRole::WeightPacked : TensorRole::Weight;
-      const auto convention = convention_of(m.global_scale, name);
-      if (*m.scheme == SchemeId::W4A16Nvfp4) {
-        part.weight = prepare::prepare_nvfp4(view(packed_role), view(TensorRole::WeightScale),
-                                             scalar(TensorRole::WeightGlobalScale), convention, name);
-        break;
+      const auto convention = global ? convention_of(m, name) : quant::GlobalScaleConvention::Divisor;
+      const float global_scale = global ? scalar(TensorRole::WeightGlobalScale) : 0.f;
+      const bool emulated = scheme.activations == plan::ActivationMode::Emulated;
+      if (emulated && global) {
+        // The numerical reference for W4A4: the weights exactly as the producer's decompression yields them
+        // (BF16: block scale ∘ global scale is rounded there), activations quantized and dequantized as
+        // compressed-tensors does, fp32 math. Costs 16 bits per weight.
+        const quant::DequantizedWeight dq = quant::dequantize_block(format, view(packed_role), view(TensorRole::WeightScale),
+                                                                    global_scale, convention, name);
+        std::vector<uint16_t> bf16(dq.values.size());
+        for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = quant::float_to_bf16(dq.values[i]);
+        const core::TensorView dense{core::DType::BF16, {dq.rows, dq.cols},
+                                     std::as_bytes(std::span<const uint16_t>(bf16))};
+        part.weight = prepare::prepare_dense(dense, name);
+        prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
+      } else {
+        // Without a global scale the weights are exact in the reference's BF16 decompression (2-bit mantissa ×
+        // power of two), so the emulation keeps the packed layout and only fake-quantizes the activations.
+        part.weight = prepare::prepare_fp4(format, view(packed_role), view(TensorRole::WeightScale), global_scale,
+                                           convention, name);
       }
-      // The numerical reference for W4A4: the weights exactly as the producer's decompression yields them (BF16),
-      // activations quantized and dequantized as compressed-tensors does, fp32 math. Costs 16 bits per weight.
-      const quant::DequantizedWeight dq = quant::dequantize_nvfp4(
-          view(packed_role), view(TensorRole::WeightScale), scalar(TensorRole::WeightGlobalScale),
-          convention == prepare::GlobalScaleConvention::Divisor ? quant::GlobalScaleConvention::Divisor
-                                                                : quant::GlobalScaleConvention::Multiplier,
-          name);
-      std::vector<uint16_t> bf16(dq.values.size());
-      for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = quant::float_to_bf16(dq.values[i]);
-      const core::TensorView dense{core::DType::BF16, {dq.rows, dq.cols},
-                                   std::as_bytes(std::span<const uint16_t>(bf16))};
-      part.weight = prepare::prepare_dense(dense, name);
-      prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
-      part.activation_quant = kernels::ActivationEmulation::EmulateNvfp4;
+      if (emulated) part.activation_quant = emulation_of(format);
       break;
     }
-    case SchemeId::W4A16Mxfp4:
-    case SchemeId::W4A4Mxfp4Emulated:
-      // MXFP4 weights are exact in the reference's BF16 decompression (2-bit mantissa × power of two), so the
-      // emulation keeps the packed layout and only fake-quantizes the activations.
-      part.weight = prepare::prepare_mxfp4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale), name);
-      if (*m.scheme == SchemeId::W4A4Mxfp4Emulated) part.activation_quant = kernels::ActivationEmulation::EmulateMxfp4;
-      break;
-    case SchemeId::W4A16Int4: {
+    case plan::WeightKind::Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
       const plan::TensorUse* gidx = m.tensor(TensorRole::WeightGIdx);
       const core::TensorView zp_view = zp ? slice(ckpt_.tensor(zp->name), TensorRole::WeightZeroPoint) : core::TensorView{};
@@ -254,13 +265,13 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
                                           k_local, group, name);
       break;
     }
-    case SchemeId::W8A16Fp8: {
+    case plan::WeightKind::Fp8: {
       std::array<int64_t, 2> block{0, 0};
       if (m.quant.weights && m.quant.weights->block) block = *m.quant.weights->block;
       part.weight = prepare::prepare_fp8(view(TensorRole::Weight), view(TensorRole::WeightScale), block, name);
       break;
     }
-    case SchemeId::Unquantized: {
+    case plan::WeightKind::Unquantized: {
       const core::TensorView dense = slice(ckpt_.tensor(m.module.dense_weight), TensorRole::Weight);
       const bool lm_head = m.module.role == checkpoint::ModuleRole::LmHead;
       if (lm_head && options_.lm_head_dtype == LmHeadDtype::Fp8) {
@@ -272,13 +283,6 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       }
       break;
     }
-    case SchemeId::W4A4Nvfp4:
-    case SchemeId::W4A4Mxfp4:
-    case SchemeId::W8A8Fp8:
-      throw UnsupportedError(fmt::format(
-          "{}: scheme {} was planned for {} and needs that GPU's FP4/FP8 matrix units; this build runs it on the CPU "
-          "only as weight-only or emulation (use --device cpu, or --activation-quant weight-only|emulate)",
-          name, plan::scheme_name(*m.scheme), plan_.device.label()));
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
     prepare::attach_bias(part.weight, slice(ckpt_.tensor(bias->name), TensorRole::Bias), name);
@@ -350,31 +354,23 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
     return slice_expert(ckpt_.tensor(use->name), expert, deinterleave, transpose, name);
   };
   LinearPart part;
-  switch (*m->scheme) {
-    case SchemeId::W4A16Mxfp4: {
-      // GPT-OSS blocks [E, N, K/32, 16]: one expert's [N, K/32, 16] bytes are the CT-style packed [N, K/2].
-      ExpertSlice blocks = slice(TensorRole::WeightPacked, false);
-      blocks.view.shape = {blocks.view.shape[0], m->module.in_features / 2};
-      const ExpertSlice scales = slice(TensorRole::WeightScale, false);
-      part.weight = prepare::prepare_mxfp4(cut(blocks.view, 2), cut(scales.view, 32), name);
-      break;
-    }
-    case SchemeId::Unquantized: {
-      const ExpertSlice w = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
-                                         m->module.dense_weight_in_out, name);
-      part.weight = prepare::prepare_dense(cut(w.view, 1), name);
-      break;
-    }
-    case SchemeId::W4A16Nvfp4:
-    case SchemeId::W4A4Nvfp4Emulated:
-    case SchemeId::W4A4Mxfp4Emulated:
-    case SchemeId::W4A16Int4:
-    case SchemeId::W8A16Fp8:
-    case SchemeId::W4A4Nvfp4:
-    case SchemeId::W4A4Mxfp4:
-    case SchemeId::W8A8Fp8:
-      throw UnsupportedError(fmt::format("{}: scheme {} has no fused 3-D expert slicing (only GPT-OSS MXFP4 blocks and "
-                                         "unquantized 3-D experts)", name, plan::scheme_name(*m->scheme)));
+  const plan::SchemeTraits& scheme = plan::scheme_traits(*m->scheme);
+  if (m->quant.format == quant::StorageFormat::GptOssMxfp4Blocks && scheme.weights == plan::WeightKind::Block &&
+      scheme.activations == plan::ActivationMode::None) {
+    // GPT-OSS blocks [E, N, K/g, g/2]: one expert's [N, K/g, g/2] bytes are the CT-style packed [N, K/2].
+    const quant::BlockFormatTraits& f = quant::block_format_traits(*scheme.block);
+    ExpertSlice blocks = slice(TensorRole::WeightPacked, false);
+    blocks.view.shape = {blocks.view.shape[0], m->module.in_features / 2};
+    const ExpertSlice scales = slice(TensorRole::WeightScale, false);
+    part.weight = prepare::prepare_fp4(f.format, cut(blocks.view, 2), cut(scales.view, f.group_size), 0.f,
+                                       quant::GlobalScaleConvention::Divisor, name);
+  } else if (scheme.weights == plan::WeightKind::Unquantized) {
+    const ExpertSlice w = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
+                                       m->module.dense_weight_in_out, name);
+    part.weight = prepare::prepare_dense(cut(w.view, 1), name);
+  } else {
+    throw UnsupportedError(fmt::format("{}: scheme {} has no fused 3-D expert slicing (only GPT-OSS MXFP4 blocks and "
+                                       "unquantized 3-D experts)", name, scheme.name));
   }
   if (m->tensor(TensorRole::Bias) != nullptr && (shard.bias || !split || gate_up)) {
     const ExpertSlice bias = slice(TensorRole::Bias, false);
