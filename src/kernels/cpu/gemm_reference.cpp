@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Scalar reference of the prepared-weight GEMM: element decode straight from the kernel layouts (the layout
 // comment in prepared_linear.h), fp32 dot products, the same epilogue as the SIMD kernels.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -115,19 +117,22 @@ void linear_reference(const PreparedLinear& w, const float* x, int64_t m, float*
 }
 
 void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float igs) {
-  if (k % 16 != 0) throw UsageError("W4A4 emulation needs K to be a multiple of 16, got " + std::to_string(k));
+  constexpr int64_t kGroup = quant::block_format_traits(quant::BlockFormat::Nvfp4).group_size;
+  if (k % kGroup != 0) {
+    throw UsageError(fmt::format("NVFP4 W4A4 emulation needs K to be a multiple of {}, got {}", kGroup, k));
+  }
   if (!std::isfinite(igs) || igs <= 0.f) {
     throw UsageError("W4A4 emulation needs a finite input_global_scale > 0, got " + std::to_string(igs));
   }
-  for (int64_t i = 0; i < m * k; i += 16) {
+  for (int64_t i = 0; i < m * k; i += kGroup) {
     float amax = 0.f;
-    for (int j = 0; j < 16; ++j) amax = std::fmax(amax, std::fabs(x[i + j]));
+    for (int64_t j = 0; j < kGroup; ++j) amax = std::fmax(amax, std::fabs(x[i + j]));
     // compressed-tensors `calculate_qparams`: scale = E4M3(clamp(igs · (amax / 6), ±448)) in that operation order,
     // a zero scale becomes 0.125; dequantization multiplies by the same step s / igs that quantization divided by.
     float s = quant::e4m3_to_float(quant::float_to_e4m3(std::fmin(igs * (amax / 6.f), 448.f)));
     if (s == 0.f) s = 0.125f;
     const float step = s / igs;
-    for (int j = 0; j < 16; ++j) {
+    for (int64_t j = 0; j < kGroup; ++j) {
       const float q = quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(x[i + j] / step, 6.f), -6.f)));
       x[i + j] = q * step;
     }
@@ -150,17 +155,20 @@ uint8_t mxfp4_activation_exponent(float amax) {
 }
 
 void emulate_mxfp4_activations(float* x, int64_t m, int64_t k) {
-  if (k % 32 != 0) throw UsageError("MXFP4 W4A4 emulation needs K to be a multiple of 32, got " + std::to_string(k));
-  for (int64_t i = 0; i < m * k; i += 32) {
+  constexpr int64_t kGroup = quant::block_format_traits(quant::BlockFormat::Mxfp4).group_size;
+  if (k % kGroup != 0) {
+    throw UsageError(fmt::format("MXFP4 W4A4 emulation needs K to be a multiple of {}, got {}", kGroup, k));
+  }
+  for (int64_t i = 0; i < m * k; i += kGroup) {
     float amax = 0.f;
     bool nan = false;
-    for (int j = 0; j < 32; ++j) {
+    for (int64_t j = 0; j < kGroup; ++j) {
       nan = nan || std::isnan(x[i + j]);
       amax = std::fmax(amax, std::fabs(x[i + j]));
     }
     if (nan) amax = std::numeric_limits<float>::quiet_NaN();  // torch.amax propagates NaN (exponent 0, see above)
     const float s = quant::e8m0_to_float(mxfp4_activation_exponent(amax));
-    for (int j = 0; j < 32; ++j) {
+    for (int64_t j = 0; j < kGroup; ++j) {
       const float q = x[i + j] / s;
       // torch.clamp and cast_to_fp4 keep a NaN quotient NaN (inf / inf, or any value over an inf scale times 0).
       x[i + j] = std::isnan(q) ? q : quant::e2m1_to_float(quant::float_to_e2m1(std::fmax(std::fmin(q, 6.f), -6.f))) * s;
