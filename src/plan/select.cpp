@@ -138,12 +138,8 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
   } else if (scheme_traits(id).activations == ActivationMode::Emulated) {
     const quant::BlockFormatTraits& f = quant::block_format_traits(*scheme_traits(id).block);
     s.reason = Reason::Emulated;
-    s.reason_text = f.global_scale
-                        ? fmt::format("--activation-quant emulate: activations quantized to {} and dequantized as the "
-                                      "reference does", f.name)
-                        : fmt::format("--activation-quant emulate: activations quantized to {} ({} per {}) and "
-                                      "dequantized as the reference does", f.name, quant::format_traits(f.scale).name,
-                                      f.group_size);
+    s.reason_text = fmt::format("--activation-quant emulate: activations quantized to {} ({} per {}) and dequantized "
+                                "as the reference does", f.name, quant::format_traits(f.scale).name, f.group_size);
   } else if (scheme_traits(id).activations == ActivationMode::Native && scheme_traits(id).weights == WeightKind::Block) {
     s.reason = Reason::NativeW4A4;
     s.reason_text = fmt::format("{} has FP4 matrix units; activations quantized at run time", device.label());
