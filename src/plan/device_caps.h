@@ -44,8 +44,14 @@ struct DeviceCaps {
   /// Block-scaled FP4 MMA with MXFP4 (E8M0) scales that fp4serve uses: the sm100 family only; on sm120 the
   /// table serves MXFP4 weight-only (SCHEMES.md decision table).
   bool has_mxfp4_mma() const { return kind == DeviceKind::Cuda && sm >= 100 && sm < 120; }
-  /// FP4 MMA that fp4serve runs for block format `f` (the two above).
-  bool has_fp4_mma(quant::BlockFormat f) const { return f == quant::BlockFormat::Nvfp4 ? has_nvfp4_mma() : has_mxfp4_mma(); }
+  /// FP4 MMA that fp4serve runs for block format `f` (the two above; a new format states its own).
+  bool has_fp4_mma(quant::BlockFormat f) const {
+    switch (f) {
+      case quant::BlockFormat::Nvfp4: return has_nvfp4_mma();
+      case quant::BlockFormat::Mxfp4: return has_mxfp4_mma();
+    }
+    return false;
+  }
   /// FP8 tensor-core MMA (sm89 and later).
   bool has_fp8_mma() const { return kind == DeviceKind::Cuda && sm >= 89; }
   /// Runs 16-bit weight-only kernels: any CPU, CUDA from sm80 (below: no 4-bit float support, SCHEMES.md).

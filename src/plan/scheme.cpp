@@ -188,6 +188,15 @@ Variant classify_layer(const quant::LayerQuant& q, const checkpoint::ModuleInfo&
   refuse(q, m, "no fp4serve scheme matches this combination");
 }
 
+namespace {
+bool runs_on_sm120(quant::BlockFormat f) {
+  DeviceCaps sm120;
+  sm120.kind = DeviceKind::Cuda;
+  sm120.sm = 120;
+  return sm120.has_fp4_mma(f);
+}
+}  // namespace
+
 bool scheme_supported(SchemeId id, const DeviceCaps& d, std::string* why_not) {
   const SchemeTraits& t = scheme_traits(id);
   std::string reason;
@@ -203,7 +212,7 @@ bool scheme_supported(SchemeId id, const DeviceCaps& d, std::string* why_not) {
                  ? fmt::format("{}: no {} W4A4 kernel ({} activations run on the sm100 family only)", d.label(),
                                quant::block_format_name(*t.block), quant::block_format_name(*t.block))
                  : fmt::format("{} has no FP4 matrix units (needs {})", d.label(),
-                               *t.block == quant::BlockFormat::Nvfp4 ? "sm100 or sm120" : "the sm100 family");
+                               runs_on_sm120(*t.block) ? "sm100 or sm120" : "the sm100 family");
   }
   if (why_not != nullptr) *why_not = reason;
   return reason.empty();
