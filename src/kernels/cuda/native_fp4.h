@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/fp4_math.h"  // FP4SERVE_HD
 #include "prepare/prepared_linear.h"
 
 namespace fp4serve::kernels::cuda {
 
 /// Byte offset of scale (row, col) in the tiled 128×4 layout of a scale matrix with `cols` columns (the padded
-/// column count is ⌈cols/4⌉·4).
-inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
+/// column count is ⌈cols/4⌉·4). Host and device (act_quant.cu writes the activation scales with it).
+FP4SERVE_HD inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
   const int64_t col_blocks = (cols + 3) / 4;
   return ((row / 128) * col_blocks + col / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + col % 4;
 }
