@@ -241,7 +241,7 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dyn
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
       }
-      if (is_w4a4(d) && has_native) {
+      if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format)) {
         const NativeFp4Weight native = pack_native_fp4(w);
         d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
         d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);

@@ -52,7 +52,8 @@ struct DeviceLinear {
 
 /// Repacks `w` into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
 /// asynchronous upload). W4A4 layers — NVFP4 with an input_global_scale, MXFP4 uploaded with `dynamic_w4a4` —
-/// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available).
+/// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available) and
+/// cuBLASLt scales the format (native_fp4_supports).
 /// Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers with a column permutation,
 /// UsageError for a malformed layer or `dynamic_w4a4` on a layer whose format is not dynamic W4A4 (only MXFP4),
 /// DeviceError when a CUDA call fails.

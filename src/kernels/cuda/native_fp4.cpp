@@ -4,6 +4,7 @@
 
 #include <cublasLt.h>
 
+#include <optional>
 #include <string>
 
 #include "fp4serve/error.h"
@@ -51,11 +52,17 @@ struct LtMatmul {
 };
 
 // cuBLASLt's block-scale mode for FP4 operands of format f: its modes pair one E4M3 with 16 elements
-// (VEC16_UE4M3) and one E8M0 with 32 (VEC32_UE8M0). Throws UnsupportedError for any other row.
-cublasLtMatmulMatrixScale_t lt_scale_mode(quant::BlockFormat f) {
+// (VEC16_UE4M3) and one E8M0 with 32 (VEC32_UE8M0); nullopt for any other row.
+std::optional<cublasLtMatmulMatrixScale_t> find_lt_scale_mode(quant::BlockFormat f) {
   const quant::BlockFormatTraits& row = quant::block_format_traits(f);
   if (row.scale == quant::ElementFormat::E4M3 && row.group_size == 16) return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
   if (row.scale == quant::ElementFormat::E8M0 && row.group_size == 32) return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  return std::nullopt;
+}
+
+cublasLtMatmulMatrixScale_t lt_scale_mode(quant::BlockFormat f) {
+  if (const auto mode = find_lt_scale_mode(f)) return *mode;
+  const quant::BlockFormatTraits& row = quant::block_format_traits(f);
   throw UnsupportedError("native W4A4: cuBLASLt has no block-scale mode for " + std::string(row.name) + " (" +
                          std::to_string(row.group_size) + " elements per scale)");
 }
@@ -89,6 +96,8 @@ NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
   }
   return out;
 }
+
+bool native_fp4_supports(quant::BlockFormat format) { return find_lt_scale_mode(format).has_value(); }
 
 bool native_fp4_available(const DeviceInfo& device) { return device.sm >= 100 && cublasLtGetVersion() >= 120800; }
 

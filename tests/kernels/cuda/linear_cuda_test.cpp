@@ -198,6 +198,9 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
   EXPECT_EQ(block_scale_offset(32, 0, 8), 4);
   EXPECT_EQ(block_scale_offset(0, 3, 8), 3);
   EXPECT_EQ(block_scale_offset(0, 4, 8), 512);
+  // Both rows of quant/block_format.h have a cuBLASLt scale mode (E4M3 per 16, E8M0 per 32).
+  EXPECT_TRUE(native_fp4_supports(quant::BlockFormat::Nvfp4));
+  EXPECT_TRUE(native_fp4_supports(quant::BlockFormat::Mxfp4));
   EXPECT_EQ(block_scale_offset(128, 0, 8), 1024);
 
   std::mt19937 rng(21);
