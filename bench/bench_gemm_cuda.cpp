@@ -32,6 +32,7 @@
 #include "kernels/cuda/linear_cuda.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
+#include "quant/block_format.h"
 #include "quant/formats.h"
 
 namespace fp4serve::bench {
@@ -135,17 +136,22 @@ DeviceLinear make_layer(Kind kind, int64_t n, int64_t k) {
     FP4SERVE_CUDA_CHECK(cudaMemset(w.dense.data(), 0x3C, w.dense.bytes()));  // bf16 0x3C3C ≈ 0.0115
     return w;
   }
-  const bool nvfp4 = kind == Kind::Nvfp4;
-  w.layout = nvfp4 ? WeightLayout::Nvfp4 : WeightLayout::Mxfp4;
-  w.group_size = nvfp4 ? 16 : 32;
-  w.padded_rows = (n + 15) / 16 * 16;
-  w.padded_cols = (k + 63) / 64 * 64;
-  const int64_t tiles = w.padded_rows / 16, chunks = w.padded_cols / 64;
+  using kernels::cuda::kGpuColChunk;
+  using kernels::cuda::kGpuRowTile;
+  w.layout = WeightLayout::Fp4;
+  w.block_format = kind == Kind::Nvfp4 ? quant::BlockFormat::Nvfp4 : quant::BlockFormat::Mxfp4;
+  const quant::BlockFormatTraits& row = quant::block_format_traits(w.block_format);
+  w.group_size = row.group_size;
+  w.padded_rows = (n + kGpuRowTile - 1) / kGpuRowTile * kGpuRowTile;
+  w.padded_cols = (k + kGpuColChunk - 1) / kGpuColChunk * kGpuColChunk;
+  const int64_t tiles = w.padded_rows / kGpuRowTile, chunks = w.padded_cols / kGpuColChunk;
   w.codes = DeviceBuffer<uint32_t>(static_cast<size_t>(tiles * chunks * 128));
   FP4SERVE_CUDA_CHECK(cudaMemset(w.codes.data(), 0x5A, w.codes.bytes()));
-  w.scales = DeviceBuffer<uint8_t>(static_cast<size_t>(tiles * chunks * (nvfp4 ? 64 : 32)));
-  FP4SERVE_CUDA_CHECK(cudaMemset(w.scales.data(), nvfp4 ? 0x38 : 127, w.scales.bytes()));  // 1.0 in E4M3 / E8M0
-  if (nvfp4) {
+  w.scales = DeviceBuffer<uint8_t>(static_cast<size_t>(tiles * chunks * kernels::cuda::gpu_scale_slots(w.group_size) * 2));
+  // 1.0 as the row's scale element: E4M3 0x38, E8M0 2^(127 − 127).
+  const int one = row.scale == quant::ElementFormat::E4M3 ? quant::float_to_e4m3(1.f) : 127;
+  FP4SERVE_CUDA_CHECK(cudaMemset(w.scales.data(), one, w.scales.bytes()));
+  if (row.global_scale) {
     const std::vector<float> ones(static_cast<size_t>(w.padded_rows), 1.f);
     w.global_scale = DeviceBuffer<float>::from_host(ones);
   }

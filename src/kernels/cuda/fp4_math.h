@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant/block_format.h"
+
 #ifdef __CUDACC__
 #define FP4SERVE_HD __host__ __device__
 #else
@@ -18,6 +20,11 @@
 #endif
 
 namespace fp4serve::kernels::cuda {
+
+/// Elements per block scale of format F, from its row (quant/block_format.h); a scalar constexpr, so device code
+/// reads it directly.
+template <quant::BlockFormat F>
+inline constexpr int kGroupSize = static_cast<int>(quant::block_format_traits(F).group_size);
 
 FP4SERVE_HD inline uint32_t float_bits(float x) {
 #ifdef __CUDA_ARCH__
@@ -67,6 +74,18 @@ FP4SERVE_HD inline float e8m0_value(uint32_t byte) {
   return byte == 0 ? bits_float(0x00400000u) : bits_float((byte & 0xFFu) << 23);
 }
 
+/// Value of one block-scale byte of format F, decoded as its row's scale element says (E4M3 or E8M0).
+template <quant::BlockFormat F>
+FP4SERVE_HD inline float block_scale_value(uint32_t byte) {
+  constexpr quant::ElementFormat kScale = quant::block_format_traits(F).scale;
+  static_assert(kScale == quant::ElementFormat::E4M3 || kScale == quant::ElementFormat::E8M0, "one-byte scale decoders");
+  if constexpr (kScale == quant::ElementFormat::E4M3) {
+    return e4m3_value(byte);
+  } else {
+    return e8m0_value(byte);
+  }
+}
+
 /// Nearest E2M1 code of x: |x| clamped to 6, round to nearest with ties to the even code, sign kept (−0 → 0x8),
 /// NaN → 0x0. quant::float_to_e2m1 is the reference.
 FP4SERVE_HD inline uint32_t e2m1_encode(float x) {
@@ -112,10 +131,11 @@ FP4SERVE_HD inline uint32_t nvfp4_activation_code(float x, float step) {
 /// The fake-quant of one group of 16 activations in place, bit for bit what kernels::emulate_nvfp4_activations
 /// computes: x ← E2M1(x/step)·step with step = nvfp4_activation_scale(amax, igs) / igs.
 FP4SERVE_HD inline void emulate_nvfp4_group(float* x, float input_global_scale) {
+  constexpr int kGroup = kGroupSize<quant::BlockFormat::Nvfp4>;
   float amax = 0.f;
-  for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  for (int j = 0; j < kGroup; ++j) amax = fmaxf(amax, fabsf(x[j]));
   const float step = nvfp4_activation_scale(amax, input_global_scale) / input_global_scale;
-  for (int j = 0; j < 16; ++j) x[j] = e2m1_value(nvfp4_activation_code(x[j], step)) * step;
+  for (int j = 0; j < kGroup; ++j) x[j] = e2m1_value(nvfp4_activation_code(x[j], step)) * step;
 }
 
 /// E8M0 exponent of an MXFP4 activation group (compressed-tensors `generate_mx_scales` on fp32; the math of
@@ -133,14 +153,15 @@ FP4SERVE_HD inline uint32_t mxfp4_activation_exponent(float amax) {
 /// The MXFP4 fake-quant of one group of 32 activations in place, bit for bit kernels::emulate_mxfp4_activations:
 /// s = 2^(e − 127) (e8m0_value), x ← E2M1(clamp(x / s, ±6))·s, a NaN quotient staying NaN.
 FP4SERVE_HD inline void emulate_mxfp4_group(float* x) {
+  constexpr int kGroup = kGroupSize<quant::BlockFormat::Mxfp4>;
   float amax = 0.f;
   bool nan = false;
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < kGroup; ++j) {
     nan = nan || x[j] != x[j];
     amax = fmaxf(amax, fabsf(x[j]));
   }
   const float s = e8m0_value(nan ? 0u : mxfp4_activation_exponent(amax));
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < kGroup; ++j) {
     const float q = x[j] / s;
     x[j] = q != q ? q : e2m1_value(e2m1_encode(fmaxf(fminf(q, 6.f), -6.f))) * s;
   }

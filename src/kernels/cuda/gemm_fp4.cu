@@ -23,6 +23,9 @@
 //   decode NT=1 (m ≤ 8):   64 / 68 regs, 32 KiB cp.async ring + 4 KiB split-K partials (87 / 92 before the ring)
 //   decode NT=2 (m ≤ 16):  83 / 88 regs, 32 KiB ring + 8 KiB partials (126 / 126 before)
 //   tiled  NT=8 (m > 16): 134 / 138 regs, no smem; split-K reduce 32 regs
+// With the block format a template parameter (one kernel per format, the scale decode and slot count resolved at
+// compile time; same arithmetic), sm_90, NVFP4 / MXFP4 (ptxas 13.0.88 -v, 2026-12-01): decode NT=1 64 / 63,
+// NT=2 83 / 84, tiled 133 / 134 regs, same shared memory, no stack frame or spills.
 // Before the ring (2026-11-29, cuobjdump 13.1 --dump-sass) the decode NT=1 loop body of 4 chunks had
 // 4 LDG.E.NA.128.CONSTANT (weights), 4 LDG.E.U16.CONSTANT (scales), 8 LDG.E.128.CONSTANT (activations),
 // 16 HMMA.16816.F32.BF16 and 128 HMUL2.BF16 (sm_90; HFMA2.BF16 on sm_80), no LDL/STL.
@@ -34,7 +37,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp4_math.h"
 #include "kernels/cuda/gemm_fp4_launch.h"
+#include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/partition.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
 namespace {
@@ -65,9 +70,10 @@ __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
 __device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 bits_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
 
-// Block-scale byte → (s, s) in bf16, exact.
-__device__ __forceinline__ __nv_bfloat162 scale_pair(uint32_t byte, bool nvfp4) {
-  return __float2bfloat162_rn(nvfp4 ? e4m3_value(byte) : e8m0_value(byte));
+// Block-scale byte of format F → (s, s) in bf16, exact.
+template <quant::BlockFormat F>
+__device__ __forceinline__ __nv_bfloat162 scale_pair(uint32_t byte) {
+  return __float2bfloat162_rn(block_scale_value<F>(byte));
 }
 
 // Register r (0..3) of the A fragment from one code word: nibbles r and r + 4 → bf16x2 code·scale.
@@ -116,12 +122,12 @@ __device__ __forceinline__ void load_activations(const __nv_bfloat16* const (&xr
   }
 }
 
-// Decodes one chunk of this lane's A fragment (4 code words, 2 scale bytes) and runs its 4 MMA steps per token tile.
-template <int NT>
-__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 w, uint32_t s, const uint4 (&xv)[NT][2],
-                                          bool nvfp4) {
-  const __nv_bfloat162 s_lo = scale_pair(s & 0xFFu, nvfp4);  // row g
-  const __nv_bfloat162 s_hi = scale_pair(s >> 8, nvfp4);     // row g + 8
+// Decodes one chunk of this lane's A fragment (4 code words, 2 scale bytes of format F) and runs its 4 MMA steps
+// per token tile.
+template <quant::BlockFormat F, int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 w, uint32_t s, const uint4 (&xv)[NT][2]) {
+  const __nv_bfloat162 s_lo = scale_pair<F>(s & 0xFFu);  // row g
+  const __nv_bfloat162 s_hi = scale_pair<F>(s >> 8);     // row g + 8
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -142,8 +148,9 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 w, uint32_t
 // rows_per_block) K splits; gridDim.z further splits K across blocks (tiled variant only, partition.h), in which
 // case the block writes raw fp32 sums to a.split_partial[blockIdx.z][tok][n] and fp4_split_k_reduce applies the
 // epilogue. kAsync: the decode weight stream goes through the cp.async ring; else each lane loads its chunk
-// directly (one 16-byte load per chunk, U chunks in flight).
-template <int NT, int U, bool kAsync>
+// directly (one 16-byte load per chunk, U chunks in flight). F = a.format: its row gives the scale slots per chunk
+// and the scale decode.
+template <quant::BlockFormat F, int NT, int U, bool kAsync>
 __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(const Fp4GemmArgs a, int rows_per_block) {
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -156,8 +163,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(cons
   const bool active = rt < a.row_tiles;
   const int64_t c_begin = part_begin(a.col_chunks, splits, split);
   const int64_t c_end = part_begin(a.col_chunks, splits, split + 1);
-  const int slots = a.nvfp4 ? 32 : 16;
-  const int slot = a.nvfp4 ? lane : lane >> 1;
+  constexpr int64_t kGroup = quant::block_format_traits(F).group_size;
+  static_assert(gpu_layout_supports(kGroup), "groups must be whole lanes of a chunk (gpu_layout.h)");
+  constexpr int slots = static_cast<int>(gpu_scale_slots(kGroup));
+  const int slot = lane / static_cast<int>(gpu_lanes_per_scale_slot(kGroup));
 
   float acc[NT][4];
 #pragma unroll
@@ -206,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(cons
 #pragma unroll
         for (int u = 0; u < kStageChunks; ++u) {
           if (c_begin + it * kStageChunks + u >= c_end) break;
-          mma_chunk<NT>(acc, ring[warp][it % kStages][u][lane], s[u], xv[u], a.nvfp4);
+          mma_chunk<F, NT>(acc, ring[warp][it % kStages][u][lane], s[u], xv[u]);
         }
       }
       cp_async_wait<0>();
@@ -227,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp4_mma_kernel(cons
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (c + u >= c_end) break;
-          mma_chunk<NT>(acc, w[u], s[u], xv[u], a.nvfp4);
+          mma_chunk<F, NT>(acc, w[u], s[u], xv[u]);
         }
       }
     }
@@ -294,17 +303,16 @@ int pick_rows_per_block(int64_t row_tiles, int64_t col_chunks, int multiprocesso
   return 1;
 }
 
-}  // namespace
-
-void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream) {
-  if (args.m <= 0) return;
+// The launches of launch_fp4_gemm for block format F.
+template <quant::BlockFormat F>
+void launch_fp4_gemm_of(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream) {
   if (args.m <= 16) {
     const int rows = pick_rows_per_block(args.row_tiles, args.col_chunks, multiprocessors);
     const dim3 grid(static_cast<unsigned>((args.row_tiles + rows - 1) / rows), 1);
     if (args.m <= 8) {
-      fp4_mma_kernel<1, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
+      fp4_mma_kernel<F, 1, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
     } else {
-      fp4_mma_kernel<2, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
+      fp4_mma_kernel<F, 2, 1, true><<<grid, kThreads, 0, stream>>>(args, rows);
     }
     FP4SERVE_CUDA_CHECK_LAUNCH();
     return;
@@ -315,13 +323,21 @@ void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t 
   }
   const dim3 grid(static_cast<unsigned>((args.row_tiles + kWarps - 1) / kWarps),
                   static_cast<unsigned>((args.m + 63) / 64), static_cast<unsigned>(splits));
-  fp4_mma_kernel<8, 1, false><<<grid, kThreads, 0, stream>>>(args, kWarps);
+  fp4_mma_kernel<F, 8, 1, false><<<grid, kThreads, 0, stream>>>(args, kWarps);
   FP4SERVE_CUDA_CHECK_LAUNCH();
   if (splits > 1) {
     const int64_t blocks = std::min<int64_t>((args.m * args.n + 255) / 256, 8L * std::max(multiprocessors, 1));
     fp4_split_k_reduce<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args, static_cast<int>(splits));
     FP4SERVE_CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void launch_fp4_gemm(const Fp4GemmArgs& args, int multiprocessors, cudaStream_t stream) {
+  if (args.m <= 0) return;
+  quant::visit_block_format(args.format,
+                            [&]<quant::BlockFormat F>() { launch_fp4_gemm_of<F>(args, multiprocessors, stream); });
 }
 
 }  // namespace fp4serve::kernels::cuda

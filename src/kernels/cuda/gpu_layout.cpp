@@ -29,23 +29,32 @@ uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t row, int64_t group)
 }
 
 PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
-  if (w.layout != WeightLayout::Nvfp4 && w.layout != WeightLayout::Mxfp4) {
+  if (w.layout != WeightLayout::Fp4) {
     throw UnsupportedError(std::string("CUDA FP4 GEMM: layout ") + prepare::layout_name(w.layout) +
-                           " is not NVFP4 or MXFP4");
+                           " is not an FP4 block format (NVFP4, MXFP4)");
   }
   if (!w.k_perm.empty()) throw UnsupportedError("CUDA FP4 GEMM: FP4 layers with a column permutation are not supported");
+  const int64_t group_size = quant::block_format_traits(w.block_format).group_size;
+  if (!gpu_layout_supports(group_size)) {
+    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " groups of " +
+                           std::to_string(group_size) + " columns do not fit the GPU layout (a multiple of " +
+                           std::to_string(kGpuLaneCols) + " dividing " + std::to_string(kGpuColChunk) + ")");
+  }
   const int64_t n = w.out_features, k = w.in_features;
-  if (k % w.group_size != 0 || n <= 0) {
-    throw UsageError("CUDA FP4 GEMM: layer [" + std::to_string(n) + ", " + std::to_string(k) +
-                     "] needs N > 0 and K a multiple of the group size " + std::to_string(w.group_size));
+  if (k % group_size != 0 || n <= 0 || w.group_size != group_size) {
+    throw UsageError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " layer [" + std::to_string(n) +
+                     ", " + std::to_string(k) + "] needs N > 0 and K a multiple of the group size " +
+                     std::to_string(group_size) + " (prepared with group_size " + std::to_string(w.group_size) + ")");
   }
   PackedFp4 p;
   p.out_features = n;
   p.in_features = k;
   p.padded_rows = round_up(n, kGpuRowTile);
   p.padded_cols = round_up(k, kGpuColChunk);
-  p.group_size = w.group_size;
+  p.block_format = w.block_format;
+  p.group_size = group_size;
   const int64_t tiles = p.row_tiles(), chunks = p.col_chunks(), slots = p.scale_slots();
+  const int64_t groups_per_chunk = kGpuColChunk / group_size;
   p.codes.assign(static_cast<size_t>(tiles * chunks * 32 * 4), 0u);
   p.scales.assign(static_cast<size_t>(tiles * chunks * slots * 2), uint8_t{0});
   for (int64_t rt = 0; rt < tiles; ++rt) {
@@ -63,8 +72,8 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
         }
       }
       for (int64_t slot = 0; slot < slots; ++slot) {
-        const int64_t g = slots == 32 ? slot / 4 : slot / 2;
-        const int64_t group = slots == 32 ? 4 * c + slot % 4 : 2 * c + slot % 2;
+        const int64_t g = slot / groups_per_chunk;
+        const int64_t group = groups_per_chunk * c + slot % groups_per_chunk;
         for (int64_t half = 0; half < 2; ++half) {
           const int64_t row = kGpuRowTile * rt + g + 8 * half;
           if (row < n && group < w.groups()) {

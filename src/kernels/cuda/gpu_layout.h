@@ -16,21 +16,34 @@
 //   permutation inside each chunk (the sum over k does not care), chosen so that lane (g, t) needs the
 //   activations of the 16 consecutive columns 64c + 16t … +15 (two 16-byte loads), and nibbles i and i + 4 (bits
 //   4i and 4i + 16) form one bf16x2 register of the fragment, extracted by one shift and two masks.
-// - scales = [Np/16][Kp/64][S][2] bytes, the checkpoint's block-scale bytes unchanged. Lane (g, t) covers one
-//   NVFP4 group (16 columns) or half an MXFP4 group (32) per row, so it needs 2 scale bytes per chunk: byte 0 for
-//   row g, byte 1 for row g + 8. NVFP4: S = 32 slots, slot l = group 4c + t. MXFP4: S = 16, slot l/2 = group
-//   2c + t/2. Padded rows and columns hold 0.
+// - scales = [Np/16][Kp/64][S][2] bytes, the checkpoint's block-scale bytes unchanged. Lane (g, t) covers 16
+//   columns per row, inside one group of G columns (G from the block format's row, quant/block_format.h: a
+//   multiple of 16 dividing 64), so it needs 2 scale bytes per chunk: byte 0 for row g, byte 1 for row g + 8.
+//   With P = 64/G groups per chunk, S = 8·P slots and lane l reads slot l/(G/16) = group P·c + t/(G/16) of row g:
+//   NVFP4 (G = 16) S = 32, slot l = group 4c + t; MXFP4 (G = 32) S = 16, slot l/2 = group 2c + t/2. Padded rows
+//   and columns hold 0.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "prepare/prepared_linear.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
 
 inline constexpr int64_t kGpuRowTile = 16;   ///< output features per MMA tile
 inline constexpr int64_t kGpuColChunk = 64;  ///< columns per 16-byte code load of one lane
+inline constexpr int64_t kGpuLaneCols = kGpuColChunk / 4;  ///< columns of one row a lane covers per chunk
+
+/// Whether a block format's group size fits the scale slots above: a multiple of a lane's columns dividing a chunk.
+constexpr bool gpu_layout_supports(int64_t group_size) {
+  return group_size >= kGpuLaneCols && group_size % kGpuLaneCols == 0 && kGpuColChunk % group_size == 0;
+}
+/// Scale slots S per (row tile, chunk) for groups of `group_size` columns: 8 rows g × 64/group_size groups.
+constexpr int64_t gpu_scale_slots(int64_t group_size) { return (kGpuRowTile / 2) * (kGpuColChunk / group_size); }
+/// Lanes that share one scale slot (the lanes t of row g inside one group): group_size / 16.
+constexpr int64_t gpu_lanes_per_scale_slot(int64_t group_size) { return group_size / kGpuLaneCols; }
 
 /// An NVFP4 / MXFP4 layer in the GPU layout above, on the host.
 struct PackedFp4 {
@@ -38,24 +51,25 @@ struct PackedFp4 {
   int64_t in_features = 0;   ///< K
   int64_t padded_rows = 0;   ///< Np
   int64_t padded_cols = 0;   ///< Kp
-  int64_t group_size = 0;    ///< 16 (NVFP4, E4M3 scales) or 32 (MXFP4, E8M0 scales)
+  quant::BlockFormat block_format = quant::BlockFormat::Nvfp4;  ///< the format of the scale bytes
+  int64_t group_size = 0;    ///< the format's group size (its row in quant/block_format.h)
   std::vector<uint32_t> codes;  ///< [Np/16][Kp/64][32][4]
-  std::vector<uint8_t> scales;  ///< [Np/16][Kp/64][S][2], S = 32 (NVFP4) or 16 (MXFP4)
+  std::vector<uint8_t> scales;  ///< [Np/16][Kp/64][S][2], S = scale_slots()
 
   int64_t row_tiles() const { return padded_rows / kGpuRowTile; }
   int64_t col_chunks() const { return padded_cols / kGpuColChunk; }
-  int64_t scale_slots() const { return group_size == 16 ? 32 : 16; }
+  int64_t scale_slots() const { return gpu_scale_slots(group_size); }
 };
 
-/// E2M1 code of W[row, col] and block-scale byte of (row, group) read from an NVFP4/MXFP4 PreparedLinear's CPU
+/// E2M1 code of W[row, col] and block-scale byte of (row, group) read from an Fp4 PreparedLinear's CPU
 /// layout (prepared_linear.h); no bounds checks (row < N, col < K, group < groups()).
 uint32_t prepared_fp4_code(const prepare::PreparedLinear& w, int64_t row, int64_t col);
 uint8_t prepared_scale_byte(const prepare::PreparedLinear& w, int64_t row, int64_t group);
 
-/// Repacks the codes and block-scale bytes of an NVFP4 or MXFP4 PreparedLinear (bytes unchanged, positions
+/// Repacks the codes and block-scale bytes of an Fp4 PreparedLinear (NVFP4, MXFP4; bytes unchanged, positions
 /// moved). Global scale, bias and convention are not part of it (upload_linear copies them as they are).
-/// Throws UnsupportedError for other layouts and for a column permutation (k_perm), UsageError when K is not a
-/// multiple of the group size.
+/// Throws UnsupportedError for other layouts, for a column permutation (k_perm) and for a block format whose group
+/// size the layout cannot hold (gpu_layout_supports), UsageError when K is not a multiple of the group size.
 PackedFp4 pack_fp4_for_gpu(const prepare::PreparedLinear& w);
 
 }  // namespace fp4serve::kernels::cuda

@@ -15,6 +15,7 @@
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/native_fp4.h"
 #include "kernels/cuda/partition.h"
+#include "quant/block_format.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -75,9 +76,43 @@ SplitWorkspace& split_workspace(int multiprocessors) {
   return ws;
 }
 
+// "NVFP4", "MXFP4" for Fp4 layers, else the layout's name (prepare::format_label of the uploaded layer).
+std::string label_of(const DeviceLinear& w) {
+  return w.layout == WeightLayout::Fp4 ? std::string(quant::block_format_name(w.block_format))
+                                       : std::string(prepare::layout_name(w.layout));
+}
+
 std::string shape_of(const DeviceLinear& w) {
-  return "[" + std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "] " +
-         prepare::layout_name(w.layout) + " layer";
+  return "[" + std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "] " + label_of(w) + " layer";
+}
+
+// A W4A4 layer: its format's activations keep a stored global scale (NVFP4) and the checkpoint gave one, or they
+// have per-call scales only (MXFP4) and the layer was uploaded for W4A4.
+bool is_w4a4(const DeviceLinear& w) {
+  if (w.layout != WeightLayout::Fp4) return false;
+  return w4a4_input_global_scale(w.block_format) ? w.input_global_scale > 0.f : w.dynamic_w4a4;
+}
+
+// The W4A4 activation fake quant of quantize_activations_nvfp4 / _mxfp4 in groups of `format`; `what` names the
+// caller in messages.
+void quantize_activations(quant::BlockFormat format, const bf16* x, int64_t m, int64_t k, float input_global_scale,
+                          bf16* out, Stream& stream, const char* what) {
+  const int64_t group = quant::block_format_traits(format).group_size;
+  const std::string name(quant::block_format_name(format));
+  if (k % group != 0 || m < 0) {
+    throw UsageError(name + " W4A4 emulation needs K to be a multiple of " + std::to_string(group) +
+                     " and m >= 0, got K = " + std::to_string(k) + ", m = " + std::to_string(m));
+  }
+  if (w4a4_input_global_scale(format) && (!std::isfinite(input_global_scale) || input_global_scale <= 0.f)) {
+    throw UsageError(name + " W4A4 emulation needs a finite input_global_scale > 0, got " +
+                     std::to_string(input_global_scale));
+  }
+  if (m == 0) return;
+  if (x == nullptr || out == nullptr) throw UsageError(std::string(what) + ": null x or out with m > 0");
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    throw UsageError(std::string(what) + ": x and out must be 16-byte aligned");
+  }
+  launch_quantize_activations(format, x, m, k, input_global_scale, out, stream.get());
 }
 
 void check_call(const DeviceLinear& w, const void* x, int64_t m, const void* y, const char* what) {
@@ -117,12 +152,11 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
          Stream& stream) {
   if (m == 0) return;
   switch (w.layout) {
-    case WeightLayout::Nvfp4:
-    case WeightLayout::Mxfp4: {
+    case WeightLayout::Fp4: {
       Fp4GemmArgs a;
       a.codes = w.codes.data();
       a.scales = w.scales.data();
-      a.nvfp4 = w.layout == WeightLayout::Nvfp4;
+      a.format = w.block_format;
       a.global_scale = w.global_scale.empty() ? nullptr : w.global_scale.data();
       a.divisor = w.convention == prepare::GlobalScaleConvention::Divisor;
       a.activation_divisor = activation_divisor;
@@ -173,20 +207,21 @@ int64_t DeviceLinear::weight_bytes() const {
   return static_cast<int64_t>(codes.bytes() + scales.bytes() + global_scale.bytes() + dense.bytes());
 }
 
-DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxfp4_w4a4) {
-  if (mxfp4_w4a4 && w.layout != WeightLayout::Mxfp4) {
-    throw UsageError(std::string("upload_linear: MXFP4 W4A4 asked for a ") + prepare::layout_name(w.layout) + " layer");
+DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dynamic_w4a4) {
+  if (dynamic_w4a4 && (w.layout != WeightLayout::Fp4 || w4a4_input_global_scale(w.block_format))) {
+    throw UsageError("upload_linear: W4A4 with per-call activation scales only (MXFP4) asked for a " +
+                     std::string(prepare::format_label(w)) + " layer");
   }
   DeviceLinear d;
   d.layout = w.layout;
+  d.block_format = w.block_format;
   d.out_features = w.out_features;
   d.in_features = w.in_features;
   d.convention = w.convention;
   d.input_global_scale = w.input_global_scale;
-  d.mxfp4_w4a4 = mxfp4_w4a4;
+  d.dynamic_w4a4 = dynamic_w4a4;
   switch (w.layout) {
-    case WeightLayout::Nvfp4:
-    case WeightLayout::Mxfp4: {
+    case WeightLayout::Fp4: {
       const PackedFp4 p = pack_fp4_for_gpu(w);
       d.padded_rows = p.padded_rows;
       d.padded_cols = p.padded_cols;
@@ -197,23 +232,19 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool mxf
       FP4SERVE_CUDA_CHECK(cudaGetDevice(&device));
       const auto info = cuda_device(device);
       const bool has_native = info && native_fp4_available(*info);
-      if (w.layout == WeightLayout::Mxfp4 && mxfp4_w4a4 && has_native) {
-        const NativeFp4Weight n = pack_native_fp4(w);
-        d.native_codes = DeviceBuffer<uint8_t>::from_host(n.codes);
-        d.native_scales = DeviceBuffer<uint8_t>::from_host(n.scales);
-      }
-      if (w.layout == WeightLayout::Nvfp4) {
+      if (quant::block_format_traits(w.block_format).global_scale) {
         if (static_cast<int64_t>(w.global_scale.size()) < w.out_features) {
-          throw UsageError("upload_linear: NVFP4 layer [" + std::to_string(w.out_features) + ", " +
-                           std::to_string(w.in_features) + "] has " + std::to_string(w.global_scale.size()) +
-                           " global scales, expected " + std::to_string(w.out_features));
+          throw UsageError("upload_linear: " + std::string(prepare::format_label(w)) + " layer [" +
+                           std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "] has " +
+                           std::to_string(w.global_scale.size()) + " global scales, expected " +
+                           std::to_string(w.out_features));
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
-        if (w.input_global_scale > 0.f && has_native) {
-          const NativeFp4Weight native = pack_native_fp4(w);
-          d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
-          d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
-        }
+      }
+      if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format)) {
+        const NativeFp4Weight native = pack_native_fp4(w);
+        d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
+        d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
       }
       break;
     }
@@ -248,40 +279,17 @@ void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& st
 
 void quantize_activations_nvfp4(const bf16* x, int64_t m, int64_t k, float input_global_scale, bf16* out,
                                 Stream& stream) {
-  if (k % 16 != 0 || m < 0) {
-    throw UsageError("W4A4 emulation needs K to be a multiple of 16 and m >= 0, got K = " + std::to_string(k) +
-                     ", m = " + std::to_string(m));
-  }
-  if (!std::isfinite(input_global_scale) || input_global_scale <= 0.f) {
-    throw UsageError("W4A4 emulation needs a finite input_global_scale > 0, got " +
-                     std::to_string(input_global_scale));
-  }
-  if (m == 0) return;
-  if (x == nullptr || out == nullptr) throw UsageError("quantize_activations_nvfp4: null x or out with m > 0");
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    throw UsageError("quantize_activations_nvfp4: x and out must be 16-byte aligned");
-  }
-  launch_quantize_nvfp4(x, m, k, input_global_scale, out, stream.get());
+  quantize_activations(quant::BlockFormat::Nvfp4, x, m, k, input_global_scale, out, stream,
+                       "quantize_activations_nvfp4");
 }
 
 void quantize_activations_mxfp4(const bf16* x, int64_t m, int64_t k, bf16* out, Stream& stream) {
-  if (k % 32 != 0 || m < 0) {
-    throw UsageError("MXFP4 W4A4 emulation needs K to be a multiple of 32 and m >= 0, got K = " + std::to_string(k) +
-                     ", m = " + std::to_string(m));
-  }
-  if (m == 0) return;
-  if (x == nullptr || out == nullptr) throw UsageError("quantize_activations_mxfp4: null x or out with m > 0");
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    throw UsageError("quantize_activations_mxfp4: x and out must be 16-byte aligned");
-  }
-  launch_quantize_mxfp4(x, m, k, out, stream.get());
+  quantize_activations(quant::BlockFormat::Mxfp4, x, m, k, 0.f, out, stream, "quantize_activations_mxfp4");
 }
 
 void linear_w4a4_emulated(const DeviceLinear& w, const bf16* x, int64_t m, float* y, DeviceBuffer<bf16>& scratch,
                           Stream& stream) {
-  const bool nvfp4 = w.layout == WeightLayout::Nvfp4 && w.input_global_scale > 0.f;
-  const bool mxfp4 = w.layout == WeightLayout::Mxfp4 && w.mxfp4_w4a4;
-  if (!nvfp4 && !mxfp4) {
+  if (!is_w4a4(w)) {
     throw UsageError("W4A4 emulation needs an NVFP4 layer with an input_global_scale or an MXFP4 layer uploaded for "
                      "W4A4; the " + shape_of(w) + " has input_global_scale " + std::to_string(w.input_global_scale));
   }
@@ -289,13 +297,11 @@ void linear_w4a4_emulated(const DeviceLinear& w, const bf16* x, int64_t m, float
   if (m == 0) return;
   const size_t need = static_cast<size_t>(m * w.in_features);
   if (scratch.size() < need) scratch = DeviceBuffer<bf16>(need);
-  if (mxfp4) {
-    quantize_activations_mxfp4(x, m, w.in_features, scratch.data(), stream);
-    run(w, scratch.data(), m, y, nullptr, 0.f, stream);
-    return;
-  }
-  quantize_activations_nvfp4(x, m, w.in_features, w.input_global_scale, scratch.data(), stream);
-  run(w, scratch.data(), m, y, nullptr, w.input_global_scale, stream);
+  // The stored activation global scale (NVFP4) enters the quantizer and leaves through the epilogue (acc / igs);
+  // a format with per-call scales only (MXFP4) has no activation factor.
+  const float igs = w4a4_input_global_scale(w.block_format) ? w.input_global_scale : 0.f;
+  quantize_activations(w.block_format, x, m, w.in_features, igs, scratch.data(), stream, "cuda::linear_w4a4_emulated");
+  run(w, scratch.data(), m, y, nullptr, igs, stream);
 }
 
 }  // namespace fp4serve::kernels::cuda

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// y = x·Wᵀ (+ bias) on the GPU for NVFP4, MXFP4 (weight-only: FP4 weights decoded in registers, bf16
-// activations, tensor-core bf16 MMA with fp32 accumulation) and Dense bf16 (cuBLAS) layers, plus the W4A4 NVFP4
-// emulation. Host-facing: compiles with plain g++. The CPU kernels (kernels/linear.h) are the oracle:
+// y = x·Wᵀ (+ bias) on the GPU for FP4 block formats (NVFP4, MXFP4; weight-only: FP4 weights decoded in
+// registers, bf16 activations, tensor-core bf16 MMA with fp32 accumulation) and Dense bf16 (cuBLAS) layers, plus
+// the W4A4 emulation. Host-facing: compiles with plain g++. The CPU kernels (kernels/linear.h) are the oracle:
 // tests/kernels/cuda/linear_cuda_test.cpp compares the two.
 #pragma once
 
@@ -17,21 +17,25 @@ namespace fp4serve::kernels::cuda {
 using bf16 = __nv_bfloat16;
 
 /// One Linear layer resident on the GPU, made by upload_linear. Move-only.
-/// - Nvfp4 / Mxfp4: `codes` and `scales` in the GPU layout of gpu_layout.h; Nvfp4 adds `global_scale`
-///   [padded_rows] fp32 as stored in the checkpoint (padding 1) and its `convention`.
+/// - Fp4 (`block_format` NVFP4, MXFP4): `codes` and `scales` in the GPU layout of gpu_layout.h; a format with a
+///   global scale (NVFP4) adds `global_scale` [padded_rows] fp32 as stored in the checkpoint (padding 1) and its
+///   `convention`.
 /// - Dense: `dense` = [N, K] bf16 row-major (F32-stored CPU weights are rounded to bf16 with RNE at upload:
 ///   the GPU runs them as bf16, so results differ from the CPU's fp32 weights by that rounding).
 /// `bias` = [N] fp32 or empty.
 struct DeviceLinear {
   prepare::WeightLayout layout = prepare::WeightLayout::Dense;
+  quant::BlockFormat block_format = quant::BlockFormat::Nvfp4;  ///< Fp4 layout only: the format of codes and scales
   int64_t out_features = 0;  ///< N
   int64_t in_features = 0;   ///< K
   int64_t padded_rows = 0;   ///< Np (FP4), N (Dense)
   int64_t padded_cols = 0;   ///< Kp (FP4), K (Dense)
-  int64_t group_size = 0;    ///< 16 / 32 (FP4), 0 (Dense)
+  int64_t group_size = 0;    ///< the block format's group size (Fp4), 0 (Dense)
   prepare::GlobalScaleConvention convention = prepare::GlobalScaleConvention::Divisor;
   float input_global_scale = 0.f;  ///< W4A4 checkpoints (divisor convention); 0 = absent
-  bool mxfp4_w4a4 = false;         ///< an MXFP4 layer whose activations are MXFP4-quantized (linear_w4a4)
+  /// A layer of a format whose W4A4 activations have per-call scales only (MXFP4, w4a4_input_global_scale false)
+  /// uploaded for W4A4: its activations are quantized in its format (linear_w4a4).
+  bool dynamic_w4a4 = false;
   DeviceBuffer<uint32_t> codes;
   DeviceBuffer<uint8_t> scales;
   DeviceBuffer<float> global_scale;
@@ -47,10 +51,13 @@ struct DeviceLinear {
 };
 
 /// Repacks `w` into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
-/// asynchronous upload). NVFP4 layers with an input_global_scale, and MXFP4 layers uploaded with `mxfp4_w4a4`,
-/// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available). Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers
-/// with a column permutation, UsageError for a malformed layer, DeviceError when a CUDA call fails.
-DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream, bool mxfp4_w4a4 = false);
+/// asynchronous upload). W4A4 layers — NVFP4 with an input_global_scale, MXFP4 uploaded with `dynamic_w4a4` —
+/// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available) and
+/// cuBLASLt scales the format (native_fp4_supports).
+/// Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers with a column permutation,
+/// UsageError for a malformed layer or `dynamic_w4a4` on a layer whose format is not dynamic W4A4 (only MXFP4),
+/// DeviceError when a CUDA call fails.
+DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream, bool dynamic_w4a4 = false);
 
 /// y[i, n] = Σ_k x[i, k]·W[n, k] (+ bias[n]) for i < m, queued on `stream` (asynchronous).
 /// x: [m, K] bf16 row-major, device memory, 16-byte aligned. y: [m, N] row-major device memory, fp32 or bf16
@@ -72,7 +79,7 @@ void linear(const DeviceLinear& w, const bf16* x, int64_t m, bf16* y, Stream& st
 /// then multiplied by the weights. The quantized activations are kept as bf16(code·s_a) — exact — in `scratch`
 /// (resized to m·K when smaller) and the 1/igs of the step s_a/igs is applied in the epilogue (acc / igs), so
 /// the result differs from the CPU only by fp32 rounding order. x, y, m, stream as for linear().
-/// MXFP4 layers uploaded with `mxfp4_w4a4` (ActivationEmulation::EmulateMxfp4): 32-column groups quantized as
+/// MXFP4 layers uploaded with `dynamic_w4a4` (ActivationEmulation::EmulateMxfp4): 32-column groups quantized as
 /// kernels::emulate_mxfp4_activations does (fp4_math.h emulate_mxfp4_group on the bf16 x), no activation factor.
 /// Throws UsageError when the layer is neither (NVFP4 with an input_global_scale, MXFP4 W4A4), or K is not a
 /// multiple of the group.

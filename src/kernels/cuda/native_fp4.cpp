@@ -4,12 +4,14 @@
 
 #include <cublasLt.h>
 
+#include <optional>
 #include <string>
 
 #include "fp4serve/error.h"
 #include "kernels/cuda/gemm_fp4_launch.h"
 #include "kernels/cuda/gpu_layout.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
 
@@ -49,6 +51,22 @@ struct LtMatmul {
   }
 };
 
+// cuBLASLt's block-scale mode for FP4 operands of format f: its modes pair one E4M3 with 16 elements
+// (VEC16_UE4M3) and one E8M0 with 32 (VEC32_UE8M0); nullopt for any other row.
+std::optional<cublasLtMatmulMatrixScale_t> find_lt_scale_mode(quant::BlockFormat f) {
+  const quant::BlockFormatTraits& row = quant::block_format_traits(f);
+  if (row.scale == quant::ElementFormat::E4M3 && row.group_size == 16) return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  if (row.scale == quant::ElementFormat::E8M0 && row.group_size == 32) return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  return std::nullopt;
+}
+
+cublasLtMatmulMatrixScale_t lt_scale_mode(quant::BlockFormat f) {
+  if (const auto mode = find_lt_scale_mode(f)) return *mode;
+  const quant::BlockFormatTraits& row = quant::block_format_traits(f);
+  throw UnsupportedError("native W4A4: cuBLASLt has no block-scale mode for " + std::string(row.name) + " (" +
+                         std::to_string(row.group_size) + " elements per scale)");
+}
+
 template <class T>
 void ensure(DeviceBuffer<T>& buffer, size_t count) {
   if (buffer.size() < count) buffer = DeviceBuffer<T>(count);
@@ -57,11 +75,13 @@ void ensure(DeviceBuffer<T>& buffer, size_t count) {
 }  // namespace
 
 NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
-  if ((w.layout != WeightLayout::Nvfp4 && w.layout != WeightLayout::Mxfp4) || !w.k_perm.empty()) {
-    throw UsageError(std::string("pack_native_fp4: needs an NVFP4 or MXFP4 layer without column permutation, got ") +
-                     prepare::layout_name(w.layout));
+  if (w.layout != WeightLayout::Fp4 || !w.k_perm.empty()) {
+    throw UsageError(std::string("pack_native_fp4: needs an FP4 (NVFP4, MXFP4) layer without column permutation, got ") +
+                     std::string(prepare::format_label(w)) + (w.k_perm.empty() ? "" : " with a column permutation"));
   }
-  const int64_t n = w.out_features, k = w.in_features, groups = k / (w.layout == WeightLayout::Nvfp4 ? 16 : 32);
+  lt_scale_mode(w.block_format);  // a format cuBLASLt cannot scale fails at upload, not at the first call
+  const int64_t n = w.out_features, k = w.in_features,
+                groups = k / quant::block_format_traits(w.block_format).group_size;
   NativeFp4Weight out;
   out.codes.assign(static_cast<size_t>(n * k / 2), uint8_t{0});
   out.scales.assign(static_cast<size_t>(block_scale_bytes(n, groups)), uint8_t{0});
@@ -77,26 +97,25 @@ NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
   return out;
 }
 
+bool native_fp4_supports(quant::BlockFormat format) { return find_lt_scale_mode(format).has_value(); }
+
 bool native_fp4_available(const DeviceInfo& device) { return device.sm >= 100 && cublasLtGetVersion() >= 120800; }
 
 void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4Scratch& scratch, Stream& stream) {
   if (w.native_codes.empty()) return linear_w4a4_emulated(w, x, m, y, scratch.activations, stream);
   if (m < 0 || (m > 0 && (x == nullptr || y == nullptr))) throw UsageError("linear_w4a4: bad m, x or y");
   if (m == 0) return;
-  const bool mx = w.layout == WeightLayout::Mxfp4;
-  if (!mx && !(w.input_global_scale > 0.f)) throw UsageError("linear_w4a4: the layer has no input_global_scale");
-  const int64_t n = w.out_features, k = w.in_features, group = mx ? 32 : 16;
+  if (w.layout != WeightLayout::Fp4) throw UsageError("linear_w4a4: the layer is not an FP4 layer");
+  const bool igs = w4a4_input_global_scale(w.block_format);
+  if (igs && !(w.input_global_scale > 0.f)) throw UsageError("linear_w4a4: the layer has no input_global_scale");
+  const int64_t n = w.out_features, k = w.in_features, group = quant::block_format_traits(w.block_format).group_size;
   ensure(scratch.codes, static_cast<size_t>(m * k / 2));
   ensure(scratch.scales, static_cast<size_t>(block_scale_bytes(m, k / group)));
   ensure(scratch.product, static_cast<size_t>(m * n));
   ensure(scratch.workspace, kWorkspaceBytes);
   FP4SERVE_CUDA_CHECK(cudaMemsetAsync(scratch.scales.data(), 0, scratch.scales.bytes(), stream.get()));
-  if (mx) {
-    launch_quantize_mxfp4_packed(x, m, k, scratch.codes.data(), scratch.scales.data(), stream.get());
-  } else {
-    launch_quantize_nvfp4_packed(x, m, k, w.input_global_scale, scratch.codes.data(), scratch.scales.data(),
-                                 stream.get());
-  }
+  launch_quantize_activations_packed(w.block_format, x, m, k, igs ? w.input_global_scale : 0.f, scratch.codes.data(),
+                                     scratch.scales.data(), stream.get());
 
   thread_local LtHandle lt;
   LtMatmul mm;
@@ -104,8 +123,8 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a));
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
-  // MXFP4: one E8M0 exponent per 32 elements on both operands (OCP MX); NVFP4: one E4M3 per 16.
-  const int32_t mode = mx ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  // The same block-scale mode on both operands (the format's row: E4M3 per 16 for NVFP4, E8M0 per 32 for MXFP4).
+  const int32_t mode = lt_scale_mode(w.block_format);
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(mm.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
   const void* a_scale = w.native_scales.data();
@@ -131,7 +150,7 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   FP4SERVE_CUBLAS_CHECK(cublasLtMatmul(lt.get(), mm.op, &alpha, w.native_codes.data(), mm.a, scratch.codes.data(), mm.b,
                                        &beta, scratch.product.data(), mm.d, scratch.product.data(), mm.d, &result.algo,
                                        scratch.workspace.data(), workspace, stream.get()));
-  launch_w4a4_epilogue(scratch.product.data(), m, n, mx ? 1.f : w.input_global_scale,
+  launch_w4a4_epilogue(scratch.product.data(), m, n, igs ? w.input_global_scale : 1.f,
                        w.global_scale.empty() ? nullptr : w.global_scale.data(),
                        w.convention == prepare::GlobalScaleConvention::Divisor,
                        w.bias.empty() ? nullptr : w.bias.data(), y, stream.get());

@@ -19,13 +19,15 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/fp4_math.h"  // FP4SERVE_HD
 #include "prepare/prepared_linear.h"
+#include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
 
 /// Byte offset of scale (row, col) in the tiled 128×4 layout of a scale matrix with `cols` columns (the padded
-/// column count is ⌈cols/4⌉·4).
-inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
+/// column count is ⌈cols/4⌉·4). Host and device (act_quant.cu writes the activation scales with it).
+FP4SERVE_HD inline int64_t block_scale_offset(int64_t row, int64_t col, int64_t cols) {
   const int64_t col_blocks = (cols + 3) / 4;
   return ((row / 128) * col_blocks + col / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + col % 4;
 }
@@ -35,12 +37,17 @@ inline int64_t block_scale_bytes(int64_t rows, int64_t cols) { return (rows + 12
 
 /// The FP4 weight of `w` in cuBLASLt's operand layout, on the host: codes [N, K/2] (checkpoint packing) and the
 /// block scales tiled (block_scale_offset; padding 0): E4M3 [N, K/16] for NVFP4, E8M0 [N, K/32] for MXFP4.
-/// Throws UsageError unless w is NVFP4 or MXFP4 without a column permutation.
+/// Throws UsageError unless w is an Fp4 layer without a column permutation, UnsupportedError when its format has
+/// no cuBLASLt scale mode (native_fp4_supports).
 struct NativeFp4Weight {
   std::vector<uint8_t> codes;
   std::vector<uint8_t> scales;
 };
 NativeFp4Weight pack_native_fp4(const prepare::PreparedLinear& w);
+
+/// True when cuBLASLt has a block-scale mode for `format` (one E4M3 per 16 or one E8M0 per 32: NVFP4, MXFP4);
+/// layers of other formats run the W4A4 emulation.
+bool native_fp4_supports(quant::BlockFormat format);
 
 /// True when the device can run the native path: sm ≥ 100 and cuBLASLt ≥ 12.8 (block-scaled FP4 matmul).
 bool native_fp4_available(const DeviceInfo& device);

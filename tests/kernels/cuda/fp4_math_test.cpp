@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/fp4_math.h"
 #include "kernels/linear.h"
+#include "quant/block_format.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -30,6 +31,25 @@ TEST(CudaFp4Math, DecodersMatchReferenceForEveryCode) {
       EXPECT_EQ(bits(e4m3_value(b)), bits(want)) << b;
     }
     EXPECT_EQ(bits(e8m0_value(b)), bits(quant::e8m0_to_float(static_cast<uint8_t>(b)))) << b;
+  }
+}
+
+// The kernels' scale decode of each block format (block_scale_value, chosen by the row's scale element) against
+// the CPU's decode_block_scale, every byte of every row.
+TEST(CudaFp4Math, BlockScaleValueMatchesTheRowForEveryFormat) {
+  for (const quant::BlockFormatTraits& row : quant::kBlockFormats) {
+    SCOPED_TRACE(row.name);
+    EXPECT_EQ(quant::visit_block_format(row.format, []<quant::BlockFormat F>() { return kGroupSize<F>; }),
+              row.group_size);
+    for (uint32_t b = 0; b < 256; ++b) {
+      const float got = quant::visit_block_format(row.format, [&]<quant::BlockFormat F>() { return block_scale_value<F>(b); });
+      const float want = quant::decode_block_scale(row.format, static_cast<uint8_t>(b));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << b;
+      } else {
+        EXPECT_EQ(bits(got), bits(want)) << b;
+      }
+    }
   }
 }
 

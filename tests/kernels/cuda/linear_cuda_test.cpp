@@ -104,6 +104,9 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
   const TestLayer t = make_layer(nvfp4 ? Scheme::Nvfp4Divisor : Scheme::Mxfp4, rng, n, k, false);
   const PackedFp4 p = pack_fp4_for_gpu(t.prepared);
   const int64_t group = nvfp4 ? 16 : 32;
+  ASSERT_EQ(p.block_format, t.prepared.block_format);
+  ASSERT_EQ(p.group_size, group);
+  ASSERT_EQ(p.scale_slots(), nvfp4 ? 32 : 16);
   ASSERT_EQ(p.padded_rows % 16, 0);
   ASSERT_EQ(p.padded_cols % 64, 0);
   ASSERT_GE(p.padded_rows, n);
@@ -156,6 +159,15 @@ TEST(CudaGpuLayout, CodesAndScalesLandWhereTheLayoutSays) {
   check_layout(false, 33, 96);
 }
 
+// The repack reads the group size from the block format's row; a layer prepared with another one is refused
+// instead of being read with the wrong scale index.
+TEST(CudaGpuLayout, RefusesAGroupSizeThatDisagreesWithTheFormat) {
+  std::mt19937 rng(11);
+  TestLayer t = make_layer(Scheme::Nvfp4Divisor, rng, 16, 64, false);
+  t.prepared.group_size = 32;
+  EXPECT_THROW(pack_fp4_for_gpu(t.prepared), UsageError);
+}
+
 TEST(CudaGpuLayout, RefusesLayoutsWithoutAnFp4Kernel) {
   std::mt19937 rng(5);
   const TestLayer dense = make_layer(Scheme::DenseBf16, rng, 8, 32, false);
@@ -186,6 +198,9 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
   EXPECT_EQ(block_scale_offset(32, 0, 8), 4);
   EXPECT_EQ(block_scale_offset(0, 3, 8), 3);
   EXPECT_EQ(block_scale_offset(0, 4, 8), 512);
+  // Both rows of quant/block_format.h have a cuBLASLt scale mode (E4M3 per 16, E8M0 per 32).
+  EXPECT_TRUE(native_fp4_supports(quant::BlockFormat::Nvfp4));
+  EXPECT_TRUE(native_fp4_supports(quant::BlockFormat::Mxfp4));
   EXPECT_EQ(block_scale_offset(128, 0, 8), 1024);
 
   std::mt19937 rng(21);

@@ -19,6 +19,7 @@
 #include "kernels/cuda/gpu_layout.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
+#include "quant/block_format.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
@@ -38,11 +39,16 @@ TEST(CudaMmaFragments, PairDecodeGivesEveryCodeAtEveryPosition) {
   }
 }
 
+// Scale byte → value as the kernel decodes it (block_scale_value of the layer's format).
+double kernel_scale_value(quant::BlockFormat f, uint8_t byte) {
+  return quant::visit_block_format(f, [&]<quant::BlockFormat F>() { return static_cast<double>(block_scale_value<F>(byte)); });
+}
+
 // One layer, M tokens: simulates every warp tile and chunk of the kernel and returns y[tok][n] without the
 // global scale.
 std::vector<double> simulate(const PackedFp4& p, const std::vector<float>& x, int64_t m) {
-  const bool nvfp4 = p.group_size == 16;
   const int64_t n_total = p.out_features, k_total = p.in_features, chunks = p.col_chunks(), slots = p.scale_slots();
+  const int64_t lanes_per_slot = gpu_lanes_per_scale_slot(p.group_size);
   std::vector<double> y(static_cast<size_t>(m * n_total), 0.0);
   for (int64_t rt = 0; rt < p.row_tiles(); ++rt) {
     for (int64_t tok0 = 0; tok0 < m; tok0 += 8) {
@@ -53,10 +59,10 @@ std::vector<double> simulate(const PackedFp4& p, const std::vector<float>& x, in
           for (int lane = 0; lane < 32; ++lane) {
             const int g = lane / 4, t = lane % 4;
             const uint32_t word = p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)];
-            const size_t slot = static_cast<size_t>(nvfp4 ? lane : lane / 2);
+            const size_t slot = static_cast<size_t>(lane / lanes_per_slot);
             const uint8_t* sb = &p.scales[static_cast<size_t>((rt * chunks + c) * slots) * 2 + slot * 2];
-            const double s_lo = nvfp4 ? e4m3_value(sb[0]) : e8m0_value(sb[0]);
-            const double s_hi = nvfp4 ? e4m3_value(sb[1]) : e8m0_value(sb[1]);
+            const double s_lo = kernel_scale_value(p.block_format, sb[0]);
+            const double s_hi = kernel_scale_value(p.block_format, sb[1]);
             // Registers R0..R3 exactly as the kernel builds them (dequant_pair<R>): rows g, g+8, g, g+8.
             const double scale[4] = {s_lo, s_hi, s_lo, s_hi};
             for (int r = 0; r < 4; ++r) {
@@ -107,7 +113,7 @@ void check(bool nvfp4, int64_t n, int64_t k, int64_t m) {
   const std::vector<double> y = simulate(pack_fp4_for_gpu(w), x, m);
   const auto* codes = reinterpret_cast<const uint8_t*>(l.weight.data.data());
   const auto* scales = reinterpret_cast<const uint8_t*>(l.scale.data.data());
-  const int64_t group = nvfp4 ? 16 : 32;
+  const int64_t group = k / l.scale.shape[1];  // the checkpoint's weight_scale is [N, K / group]
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < n; ++r) {
       double want = 0, mag = 0;
