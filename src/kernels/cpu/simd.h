@@ -29,15 +29,9 @@ float exp_shifted_sum(float* x, int64_t n, float shift);
 /// out[i] = silu(gate[i]) · up[i], silu(g) = g / (1 + e^−g). All [n].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 
-/// out[i] = silu(x[i]).
-void silu(const float* x, int64_t n, float* out);
-
 /// GPT-OSS "swiglu-oai" (FORMATS.md §5): g = min(gate, limit), u = clamp(up, −limit, limit),
 /// out = (u + 1) · g · sigmoid(alpha · g).
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out);
-
-/// out[i] = max(x[i], 0)².
-void relu_squared(const float* x, int64_t n, float* out);
 
 /// Unnormalized Walsh–Hadamard butterflies, Sylvester order, on each `block`-sized block of x[0..n), then a
 /// multiply by `scale`. n is a multiple of block; block a power of two ≥ 2.

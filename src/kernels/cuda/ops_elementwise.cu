@@ -82,19 +82,15 @@ __global__ void rope_neox_kernel(float* x, int64_t tokens, int64_t heads, int64_
   }
 }
 
-struct Silu {
-  __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
-};
-
-// out[r, c] = act(x[r, c]) · x[r, inter + c]: rows of x hold gate | up, as the fused gate_up GEMM writes them.
-template <class Act>
-__global__ void gated_act_kernel(const float* x, int64_t m, int64_t inter, float* out) {
+// out[r, c] = silu(x[r, c]) · x[r, inter + c]: rows of x hold gate | up, as the fused gate_up GEMM writes them.
+__global__ void silu_and_mul_kernel(const float* x, int64_t m, int64_t inter, float* out) {
   const int64_t n = m * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter;
     const int64_t c = i - r * inter;
-    out[i] = Act{}(x[r * 2 * inter + c]) * x[r * 2 * inter + inter + c];
+    const float g = x[r * 2 * inter + c];
+    out[i] = g / (1.0f + expf(-g)) * x[r * 2 * inter + inter + c];
   }
 }
 
@@ -177,7 +173,7 @@ void apply_rope_neox(float* x, int64_t tokens, int64_t heads, int64_t head_dim, 
 void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStream_t stream) {
   detail::require(m >= 0 && inter >= 0, "silu_and_mul", "negative size");
   if (m * inter == 0) return;
-  gated_act_kernel<Silu><<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
+  silu_and_mul_kernel<<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 
