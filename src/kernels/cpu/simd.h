@@ -16,12 +16,6 @@ float sum_squares(const float* x, int64_t n);
 /// out[i] = weight[i] · (x[i] · r); the order of the two products follows HF LlamaRMSNorm. All [n].
 void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out);
 
-/// Σ a[i]·b[i]. a, b: [n].
-float dot(const float* a, const float* b, int64_t n);
-
-/// y[i] += alpha · x[i]. x, y: [n].
-void axpy(float alpha, const float* x, int64_t n, float* y);
-
 /// x[i] = exp(x[i] − shift) in place; returns Σ of the new values. Requires x[i] − shift ≤ 0 or small
 /// (Highway Exp is valid on [−FLT_MAX, 104]).
 float exp_shifted_sum(float* x, int64_t n, float shift);

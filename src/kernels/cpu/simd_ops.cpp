@@ -92,10 +92,6 @@ void ScaleByWeightImpl(const float* x, const float* weight, float r, int64_t n, 
   for (; i < n; ++i) out[i] = weight[i] * (x[i] * r);
 }
 
-float DotImpl(const float* a, const float* b, int64_t n) { return dot_inline(DF(), a, b, n); }
-
-void AxpyImpl(float alpha, const float* x, int64_t n, float* y) { axpy_inline(DF(), alpha, x, n, y); }
-
 float ExpShiftedSumImpl(float* x, int64_t n, float shift) { return exp_shifted_sum_inline(DF(), x, n, shift); }
 
 // sigmoid(a·g) as 1 / (1 + e^(−a·g)); e^(−a·g) overflows to +inf for a·g < −88, giving the correct limit 0.
@@ -276,8 +272,6 @@ namespace fp4serve::kernels::cpu {
 
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(ScaleByWeightImpl);
-HWY_EXPORT(DotImpl);
-HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ExpShiftedSumImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(SwigluOaiMulImpl);
@@ -289,8 +283,6 @@ float sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSq
 void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(ScaleByWeightImpl)(x, weight, r, n, out);
 }
-float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
-void axpy(float alpha, const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, n, y); }
 float exp_shifted_sum(float* x, int64_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftedSumImpl)(x, n, shift);
 }

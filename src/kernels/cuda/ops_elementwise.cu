@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The row-wise and element-wise ops of ops.h: embedding gather, RMSNorm, RoPE, gated activations, residual add,
-// row copies and bf16 conversions. Each mirrors a CPU kernel of src/kernels (the test oracle) formula for formula;
-// the differences are the summation order of reductions and FMA contraction, both within fp32 rounding.
+// The row-wise and element-wise ops of ops.h: embedding gather, RMSNorm, RoPE, the SiLU-gated activation,
+// residual add, row copies and the f32 → bf16 conversion. Each mirrors a CPU kernel of src/kernels (the test
+// oracle) formula for formula; the differences are the summation order of reductions and FMA contraction, both
+// within fp32 rounding.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -121,13 +122,6 @@ __global__ void f32_to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out
   }
 }
 
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* x, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __bfloat162float(x[i]);
-  }
-}
-
 }  // namespace
 
 void embedding_gather(const void* table, TableType type, int64_t vocab, int64_t dim, const int32_t* ids,
@@ -198,13 +192,6 @@ void f32_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t str
   detail::require(n >= 0, "f32_to_bf16", "negative size");
   if (n == 0) return;
   f32_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
-  FP4SERVE_CUDA_CHECK_LAUNCH();
-}
-
-void bf16_to_f32(const __nv_bfloat16* x, int64_t n, float* out, cudaStream_t stream) {
-  detail::require(n >= 0, "bf16_to_f32", "negative size");
-  if (n == 0) return;
-  bf16_to_f32_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 
