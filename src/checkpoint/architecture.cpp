@@ -96,16 +96,6 @@ std::string_view leaf_name(ModuleRole role) {
 
 }  // namespace
 
-bool is_gated(ExpertActivation a) {
-  switch (a) {
-    case ExpertActivation::SiluGated:
-    case ExpertActivation::SwigluOai: return true;
-    case ExpertActivation::ReluSquared:
-    case ExpertActivation::Silu: return false;
-  }
-  return true;
-}
-
 std::string layer_name(const ArchitectureSpec& /*spec*/, int64_t layer) {
   return std::string(kLayers) + std::to_string(layer);
 }
@@ -316,7 +306,7 @@ struct Builder {
     const std::string_view cls = granite ? "GraniteMoeParallelExperts" : "GptOssExperts";
     const int64_t i = d.moe_intermediate_size;
     const size_t gate_up = add(base + (granite ? "input_linear" : "gate_up_proj"), ModuleRole::ExpertsGateUp, layer,
-                               (spec.gated_experts ? 2 : 1) * i, d.hidden_size, {}, gpt_oss, cls);
+                               2 * i, d.hidden_size, {}, gpt_oss, cls);
     const size_t down = add(base + (granite ? "output_linear" : "down_proj"), ModuleRole::ExpertsDown, layer,
                             d.hidden_size, i, {}, gpt_oss, cls);
     for (size_t idx : {gate_up, down}) {

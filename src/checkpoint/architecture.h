@@ -124,14 +124,15 @@ enum class TopKRenormalize : uint8_t {
   FromConfig,  ///< config `norm_topk_prob` (default false; Qwen-MoE)
 };
 
-/// The expert MLP's activation. Gated forms read gate|up halves (w13 = 2·I rows); the others one projection.
+/// The expert MLP's activation. Both read gate | up halves, so every expert has a gate and an up projection
+/// (w13 = 2·I rows). A family whose experts are not gated has no row in the table below, so architecture_spec
+/// refuses its config.json by architecture name; a checkpoint of a listed family that lacks an expert's gate
+/// fails the plan's tensor contract (describe_model lists the gate modules, and a fused 3-D gate_up of I rows is
+/// mis-shaped against its 2·I).
 enum class ExpertActivation : uint8_t {
   SiluGated,    ///< silu(gate) · up
   SwigluOai,    ///< GPT-OSS: (clamp(up) + 1) · g · sigmoid(alpha · g), g = min(gate, limit)
-  ReluSquared,  ///< non-gated: relu(x)²
-  Silu,         ///< non-gated: silu(x)
 };
-bool is_gated(ExpertActivation a);
 
 /// Where an architecture's attention window comes from.
 enum class SlidingWindowRule : uint8_t {
@@ -150,7 +151,6 @@ struct ArchitectureSpec {
   std::string_view name = {};
   ExpertLayout experts = ExpertLayout::None;
   GateUpLayout gate_up = GateUpLayout::SeparateModules;
-  bool gated_experts = true;       ///< experts have gate and up (w13 = two projections; SCHEMES.md rule 7)
   bool qk_norm = false;            ///< Qwen3: per-head RMSNorm on q and k
   bool attention_sinks = false;    ///< GPT-OSS
   bool qkv_bias_always = false;    ///< Qwen2 families: q/k/v biases regardless of config
@@ -163,7 +163,7 @@ struct ArchitectureSpec {
   std::string_view router = {};    ///< router module template, "" for dense
   RouterKind router_kind = RouterKind::SoftmaxTopK;
   TopKRenormalize renormalize = TopKRenormalize::Never;
-  ExpertActivation expert_activation = ExpertActivation::SiluGated;  ///< gated_experts == is_gated(this)
+  ExpertActivation expert_activation = ExpertActivation::SiluGated;
   SlidingWindowRule sliding_window = SlidingWindowRule::None;
   /// Granite: embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale) and
   /// logits_scaling (logits are divided by it) from config.json.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated MLP activations on CPU (Highway inner loops, cpu/activation.cpp). All in fp32.
-// The gated forms read x as [m, 2·inter] with the gate in the first half of each row and the up projection in
+// Both read x as [m, 2·inter] with the gate in the first half of each row and the up projection in
 // the second (vLLM's SiluAndMul convention). GPT-OSS checkpoints interleave gate/up rows (FORMATS.md §5); the
 // weight repack must de-interleave them so the fused gate_up GEMM writes this layout.
-// Each throws UsageError on a null pointer or a negative size; `out` must not alias `x` for the gated forms.
+// Each throws UsageError on a null pointer or a negative size; `out` must not alias `x`.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +18,5 @@ void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out);
 /// u = clamp(up, −limit, limit), out = (u + 1) · g · sigmoid(alpha · g). GPT-OSS uses alpha = 1.702,
 /// limit = config "swiglu_limit" = 7. x: [m, 2·inter] (gate | up halves); out: [m, inter].
 void swiglu_oai_and_mul(const float* x, int64_t m, int64_t inter, float alpha, float limit, float* out);
-
-/// out[i] = max(x[i], 0)² (squared ReLU). x, out: [n]; out may alias x.
-void relu_squared(const float* x, int64_t n, float* out);
-
-/// out[i] = x[i] / (1 + e^−x[i]). x, out: [n]; out may alias x.
-void silu(const float* x, int64_t n, float* out);
 
 }  // namespace fp4serve::kernels

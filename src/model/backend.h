@@ -170,8 +170,8 @@ class Backend {
   /// values of `layer` (rows 0 … start_pos + t − 1 written), as kernels::attention. out: [t, H_q, D].
   virtual void attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
                          float* out) = 0;
-  /// The expert / MLP activation of x [m, W] into y [m, I] (W = 2I gate|up halves for gated kinds, else I):
-  /// silu(g)·u, GPT-OSS swiglu (alpha, limit), relu², silu (kernels/activation.h).
+  /// The expert / MLP activation of x [m, 2I] (gate | up halves per row) into y [m, I]: silu(g)·u or GPT-OSS
+  /// swiglu (alpha, limit) (kernels/activation.h).
   virtual void activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,
                           float* y) = 0;
   /// x[i] += alpha · delta[i], i < n (the residual add).

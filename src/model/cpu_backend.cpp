@@ -179,8 +179,6 @@ void CpuBackend::activation(ExpertActivation kind, float alpha, float limit, con
   switch (kind) {
     case ExpertActivation::SiluGated: kernels::silu_and_mul(x, m, inter, y); return;
     case ExpertActivation::SwigluOai: kernels::swiglu_oai_and_mul(x, m, inter, alpha, limit, y); return;
-    case ExpertActivation::ReluSquared: kernels::relu_squared(x, m * inter, y); return;
-    case ExpertActivation::Silu: kernels::silu(x, m * inter, y); return;
   }
 }
 

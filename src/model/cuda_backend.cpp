@@ -595,8 +595,6 @@ void CudaBackend::activation(ExpertActivation kind, float alpha, float limit, co
   switch (kind) {
     case ExpertActivation::SiluGated: kc::silu_and_mul(x, m, inter, y, s); return;
     case ExpertActivation::SwigluOai: kc::swiglu_oai_and_mul(x, m, inter, alpha, limit, y, s); return;
-    case ExpertActivation::ReluSquared: kc::relu_squared(x, m * inter, y, s); return;
-    case ExpertActivation::Silu: kc::silu(x, m * inter, y, s); return;
   }
 }
 

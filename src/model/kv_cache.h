@@ -41,8 +41,6 @@ class KvCache {
   int64_t max_seq_len() const { return max_seq_len_; }
   /// Floats between consecutive positions (kv_heads · head_dim).
   int64_t row_stride() const { return row_; }
-  /// Bytes one slot occupies once allocated.
-  int64_t bytes_per_slot() const { return 2 * layers_ * max_seq_len_ * row_ * static_cast<int64_t>(sizeof(float)); }
 
   int64_t num_layers() const { return layers_; }
 

@@ -17,7 +17,6 @@ namespace fp4serve::model {
 
 // The architecture facts (router kind, expert activation, …) are the checkpoint module's, written once there.
 using checkpoint::ExpertActivation;
-using checkpoint::is_gated;
 using checkpoint::RouterKind;
 
 /// Mixture-of-experts settings; num_experts = 0 for dense models.

@@ -7,14 +7,11 @@
 #include <cmath>
 
 #include "fp4serve/error.h"
-#include "kernels/activation.h"
 
 namespace fp4serve::model {
 namespace {
 
 using checkpoint::ModuleRole;
-
-int64_t w13_rows(ExpertActivation a, int64_t inter) { return is_gated(a) ? 2 * inter : inter; }
 
 // Per-expert modules of one role, indexed by expert; throws when an index is missing or repeated.
 std::vector<std::string> by_expert(const std::vector<checkpoint::ModuleInfo>& modules, int64_t experts,
@@ -35,15 +32,6 @@ std::vector<std::string> by_expert(const std::vector<checkpoint::ModuleInfo>& mo
 
 }  // namespace
 
-void expert_activation(const MoeSettings& s, const float* x, int64_t m, int64_t inter, float* y) {
-  switch (s.activation) {
-    case ExpertActivation::SiluGated: kernels::silu_and_mul(x, m, inter, y); return;
-    case ExpertActivation::SwigluOai: kernels::swiglu_oai_and_mul(x, m, inter, s.swiglu_alpha, s.swiglu_limit, y); return;
-    case ExpertActivation::ReluSquared: kernels::relu_squared(x, m * inter, y); return;
-    case ExpertActivation::Silu: kernels::silu(x, m * inter, y); return;
-  }
-}
-
 MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
                    std::optional<SharedExpertWeights> shared, Backend* backend)
     : name_(std::move(name)), settings_(settings) {
@@ -63,13 +51,13 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
   for (size_t i = 0; i < experts.size(); ++i) {
     const ExpertWeights& x = experts[i];
     if (x.w13.empty() && x.down.empty()) continue;
-    if (x.w13.in_features() != hidden_ || x.w13.out_features() != w13_rows(settings_.activation, intermediate_) ||
+    if (x.w13.in_features() != hidden_ || x.w13.out_features() != 2 * intermediate_ ||
         x.down.in_features() != intermediate_ || x.down.out_features() != hidden_) {
       throw FormatError(fmt::format(
-          "{} expert {}: w13 [{}, {}] and down [{}, {}] where [{}, {}] and [{}, {}] were expected ({} experts, I = {})",
+          "{} expert {}: w13 [{}, {}] and down [{}, {}] where [{}, {}] and [{}, {}] were expected "
+          "(w13 = gate | up, I = {})",
           name_, i, x.w13.out_features(), x.w13.in_features(), x.down.out_features(), x.down.in_features(),
-          w13_rows(settings_.activation, intermediate_), hidden_, hidden_, intermediate_,
-          is_gated(settings_.activation) ? "gated" : "non-gated", intermediate_));
+          2 * intermediate_, hidden_, hidden_, intermediate_, intermediate_));
     }
   }
   if (shared) {
@@ -111,7 +99,6 @@ void MoeBlock::forward(const float* h, int64_t m, float* out, ActivationObserver
   const int64_t e_count = settings_.router.num_experts;
   const int64_t k = settings_.router.top_k;
   const int64_t inter = intermediate_;
-  const int64_t w13_width = w13_rows(settings_.activation, inter);
 
   // Routing stays in fp32 end to end (logits, softmax, top-k, renormalization).
   float* logits = b.workspace(kMoeWorkspace, m * e_count);
@@ -137,7 +124,7 @@ void MoeBlock::forward(const float* h, int64_t m, float* out, ActivationObserver
   // Sized for the busiest expert (and the shared expert's m rows) before any expert runs.
   const int64_t rows_max = std::max(widest, shared_w13_ ? m : int64_t{0});
   float* x = b.workspace(kMoeWorkspace + 1, widest * hidden_);
-  float* w13 = b.workspace(kMoeWorkspace + 2, rows_max * std::max(w13_width, 2 * shared_intermediate_));
+  float* w13 = b.workspace(kMoeWorkspace + 2, rows_max * 2 * std::max(inter, shared_intermediate_));
   float* act = b.workspace(kMoeWorkspace + 3, rows_max * std::max(inter, shared_intermediate_));
   float* y = b.workspace(kMoeWorkspace + 4, rows_max * hidden_);
   float* gate = b.workspace(kMoeWorkspace + 5, m);
@@ -192,13 +179,11 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
   if (!ups.empty() || !downs.empty()) {  // split per expert (also LLM Compressor's linearized fused experts)
     const std::vector<std::string> up = by_expert(ups, mc.num_experts, where, "expert up");
     const std::vector<std::string> down = by_expert(downs, mc.num_experts, where, "expert down");
-    std::vector<std::string> gate;
-    if (is_gated(mc.activation)) gate = by_expert(gates, mc.num_experts, where, "expert gate");
+    const std::vector<std::string> gate = by_expert(gates, mc.num_experts, where, "expert gate");
     for (int64_t e = 0; e < mc.num_experts; ++e) {
       const auto i = static_cast<size_t>(e);
       // Gate and up run as one w13 GEMM when the plan fuses them; each shard keeps its own global scale.
-      ExpertWeights x{gate.empty() ? weights.linear_group({up[i]}) : weights.linear_group({gate[i], up[i]}),
-                      weights.linear_group({down[i]})};
+      ExpertWeights x{weights.linear_group({gate[i], up[i]}), weights.linear_group({down[i]})};
       experts.push_back(std::move(x));
     }
   } else {
@@ -214,7 +199,7 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
     }
     const bool interleaved = spec.gate_up == checkpoint::GateUpLayout::InterleavedRows;
     for (int64_t e = 0; e < mc.num_experts; ++e) {
-      experts.push_back({weights.fused_expert(gate_up.front().name, e, interleaved && is_gated(mc.activation)),
+      experts.push_back({weights.fused_expert(gate_up.front().name, e, interleaved),
                          weights.fused_expert(down.front().name, e, false)});
     }
   }

@@ -3,8 +3,10 @@
 // model::Backend (router GEMM, routing, row gather, expert GEMMs, activation, weighted scatter-add), so it runs
 // on every backend.
 // Whatever the checkpoint layout (split per expert, fused 3-D with gate|up halves, GPT-OSS interleaved rows),
-// each expert is prepared into one layout: a LinearGroup w13 = gate | up halves ([2I, H], or [I, H] for
-// non-gated experts) and a LinearGroup down [H, I], each keeping its own scheme and per-shard global scales.
+// each expert is prepared into one layout: a LinearGroup w13 = gate | up halves [2I, H] and a LinearGroup
+// down [H, I], each keeping its own scheme and per-shard global scales. Every expert activation of the
+// architecture table is gated; an architecture with non-gated experts has no row there and is refused when
+// config.json is read (checkpoint::architecture_spec).
 // A step routes every token, groups the tokens by expert, runs each expert's GEMMs with M = its routed tokens,
 // and adds the weighted outputs in expert order (transformers' index_add_ order).
 #pragma once
@@ -26,7 +28,7 @@ namespace fp4serve::model {
 
 /// One expert in the prepared layout.
 struct ExpertWeights {
-  LinearGroup w13;   ///< [2I, H] gate rows then up rows (gated), or [I, H] (non-gated)
+  LinearGroup w13;   ///< [2I, H] gate rows then up rows
   LinearGroup down;  ///< [H, I]
 };
 
@@ -49,7 +51,7 @@ class MoeBlock final : public FeedForward {
   /// `router`: [E, H] (with bias for GPT-OSS); `experts`: E entries. `name` (e.g. "model.layers.3 MoE") prefixes
   /// errors. The weights are uploaded to `backend` (which must outlive the block), or to a CPU backend the block
   /// owns when null. Throws FormatError when the expert count differs from settings.router.num_experts or an
-  /// expert's sizes disagree with the router's H or with the other experts (w13 rows = 2·I gated, I non-gated);
+  /// expert's sizes disagree with the router's H or with the other experts (w13 [2·I, H], down [H, I]);
   /// what Backend::upload_linear throws.
   MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
            std::optional<SharedExpertWeights> shared = std::nullopt, Backend* backend = nullptr);
@@ -78,9 +80,6 @@ class MoeBlock final : public FeedForward {
   int64_t intermediate_ = 0;
   int64_t shared_intermediate_ = 0;
 };
-
-/// y[m, I] = the expert activation of w13 output x[m, W] (W = 2I gated, I otherwise), host memory (CPU kernels).
-void expert_activation(const MoeSettings& settings, const float* x, int64_t m, int64_t inter, float* y);
 
 /// Builds decoder layer `layer`'s MoE block on `backend` (a CPU backend of its own when null) from the modules the
 /// plan lists for it (router, per-expert or fused 3-D experts, shared expert), with the routing and activation

@@ -227,11 +227,6 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 
-bool Tokenizer::is_special(int32_t id) const {
-  const AddedToken* a = impl_->find_added(id);
-  return a != nullptr && a->special;
-}
-
 // ------------------------------------------------------------------------------------------------ streaming
 
 namespace {

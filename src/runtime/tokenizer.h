@@ -62,9 +62,6 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
 
-  /// True for added tokens declared "special": true (those decode(…, true) skips).
-  bool is_special(int32_t id) const;
-
   struct Impl;
 
  private:

@@ -25,7 +25,7 @@ double swiglu_oai_ref(double g, double u, double alpha, double limit) {
   return (u + 1) * g / (1 + std::exp(-alpha * g));
 }
 
-// Inputs span ±12 so the GPT-OSS clamps at ±7 and the saturated sigmoid/tanh tails are exercised.
+// Inputs span ±12 so the GPT-OSS clamps at ±7 and the saturated sigmoid tails are exercised.
 void check_gated(const char* name, const std::function<void(const float*, int64_t, int64_t, float*)>& op,
                  const std::function<double(double, double)>& ref) {
   for (int64_t inter : {1, 7, 37, 1001}) {
@@ -38,8 +38,8 @@ void check_gated(const char* name, const std::function<void(const float*, int64_
         for (int64_t i = 0; i < inter; ++i) {
           const double g = x[r * 2 * inter + i], u = x[r * 2 * inter + inter + i];
           const double want = ref(g, u);
-          // fp32 evaluation with Highway Exp (1 ulp) / Tanh (4 ulp): relative 2e-6 of the result, plus an
-          // absolute term for the cancellation in 1 + tanh near −1, scaled by |g·u|.
+          // fp32 evaluation with Highway Exp (1 ulp): relative 2e-6 of the result, plus the sigmoid's rounding
+          // as an absolute error on a value in (0, 1), scaled by |g·u|.
           const double tol = 2e-6 * std::abs(want) + 2e-6 * std::abs(g * u) + 1e-30;
           ASSERT_NEAR(out[r * inter + i], want, tol) << name << " inter " << inter << " row " << r << " i " << i;
         }
@@ -70,32 +70,12 @@ TEST(Activation, SwigluOaiHandCheckedClamps) {
   EXPECT_LT(out[1], 0.0f);
 }
 
-TEST(Activation, UnaryOpsMatchFloat64) {
-  for (int64_t n : {1, 5, 17, 1027}) {
-    const std::vector<float> x = random_nonzero(n, 7 + n, 0.01f, 20.0f);
-    for_each_simd_target([&] {
-      std::vector<float> a = poisoned(n), b = poisoned(n);
-      silu(x.data(), n, a.data());
-      relu_squared(x.data(), n, b.data());
-      for (int64_t i = 0; i < n; ++i) {
-        const double want = silu_ref(x[i]);
-        ASSERT_NEAR(a[i], want, 2e-6 * std::abs(want) + 1e-30) << "silu " << i;
-        const double r = std::max(0.0, double(x[i]));
-        ASSERT_NEAR(b[i], r * r, 1e-6 * r * r) << "relu_squared " << i;
-      }
-    });
-  }
-  float one = 1.0f, y = 0;
-  silu(&one, 1, &y);
-  EXPECT_NEAR(y, 0.7310585786f, 1e-7f);  // 1 / (1 + e^−1)
-}
-
 TEST(Activation, RejectsBadArguments) {
   float x[4] = {1, 2, 3, 4}, out[2];
   EXPECT_THROW(silu_and_mul(x, -1, 2, out), UsageError);
   EXPECT_THROW(silu_and_mul(nullptr, 1, 2, out), UsageError);
   EXPECT_THROW(swiglu_oai_and_mul(x, 1, 2, 1.702f, 0.0f, out), UsageError);
-  EXPECT_THROW(silu(x, -3, out), UsageError);
+  EXPECT_THROW(swiglu_oai_and_mul(x, 1, -2, 1.702f, 7.0f, out), UsageError);
   EXPECT_NO_THROW(silu_and_mul(nullptr, 0, 5, nullptr));
 }
 

@@ -156,8 +156,9 @@ TEST(Tokenizer, BosEosAndLookups) {
   EXPECT_EQ(real.vocab_size(), 49152);
   EXPECT_EQ(real.bos_id(), 1);  // '<|im_start|>' in SmolLM2's tokenizer_config
   EXPECT_EQ(real.eos_id(), 2);  // '<|im_end|>'
-  EXPECT_TRUE(real.is_special(2));
-  EXPECT_FALSE(real.is_special(198));
+  // '<|im_end|>' is an added token declared special: decode drops it only when asked to; "\n" is not special.
+  EXPECT_EQ(real.decode(std::vector<int32_t>{2}, false), "<|im_end|>");
+  EXPECT_EQ(real.decode(std::vector<int32_t>{2, 198}, true), "\n");
   EXPECT_EQ(real.id_to_token(198), "\xC4\x8A");  // "Ċ", the byte-level spelling of "\n"
   EXPECT_EQ(real.token_to_id("\xC4\x8A"), 198);
   EXPECT_EQ(real.token_to_id("<|im_end|>"), 2);

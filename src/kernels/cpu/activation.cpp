@@ -36,16 +36,4 @@ void swiglu_oai_and_mul(const float* x, int64_t m, int64_t inter, float alpha, f
   });
 }
 
-void relu_squared(const float* x, int64_t n, float* out) {
-  if (n < 0) throw UsageError(fmt::format("relu_squared: n {} must be >= 0", n));
-  if (n > 0 && (x == nullptr || out == nullptr)) throw UsageError("relu_squared: null pointer");
-  cpu::relu_squared(x, n, out);
-}
-
-void silu(const float* x, int64_t n, float* out) {
-  if (n < 0) throw UsageError(fmt::format("silu: n {} must be >= 0", n));
-  if (n > 0 && (x == nullptr || out == nullptr)) throw UsageError("silu: null pointer");
-  cpu::silu(x, n, out);
-}
-
 }  // namespace fp4serve::kernels

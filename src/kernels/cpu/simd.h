@@ -16,12 +16,6 @@ float sum_squares(const float* x, int64_t n);
 /// out[i] = weight[i] · (x[i] · r); the order of the two products follows HF LlamaRMSNorm. All [n].
 void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out);
 
-/// Σ a[i]·b[i]. a, b: [n].
-float dot(const float* a, const float* b, int64_t n);
-
-/// y[i] += alpha · x[i]. x, y: [n].
-void axpy(float alpha, const float* x, int64_t n, float* y);
-
 /// x[i] = exp(x[i] − shift) in place; returns Σ of the new values. Requires x[i] − shift ≤ 0 or small
 /// (Highway Exp is valid on [−FLT_MAX, 104]).
 float exp_shifted_sum(float* x, int64_t n, float shift);
@@ -29,15 +23,9 @@ float exp_shifted_sum(float* x, int64_t n, float shift);
 /// out[i] = silu(gate[i]) · up[i], silu(g) = g / (1 + e^−g). All [n].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 
-/// out[i] = silu(x[i]).
-void silu(const float* x, int64_t n, float* out);
-
 /// GPT-OSS "swiglu-oai" (FORMATS.md §5): g = min(gate, limit), u = clamp(up, −limit, limit),
 /// out = (u + 1) · g · sigmoid(alpha · g).
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out);
-
-/// out[i] = max(x[i], 0)².
-void relu_squared(const float* x, int64_t n, float* out);
 
 /// Unnormalized Walsh–Hadamard butterflies, Sylvester order, on each `block`-sized block of x[0..n), then a
 /// multiply by `scale`. n is a multiple of block; block a power of two ≥ 2.

@@ -92,10 +92,6 @@ void ScaleByWeightImpl(const float* x, const float* weight, float r, int64_t n, 
   for (; i < n; ++i) out[i] = weight[i] * (x[i] * r);
 }
 
-float DotImpl(const float* a, const float* b, int64_t n) { return dot_inline(DF(), a, b, n); }
-
-void AxpyImpl(float alpha, const float* x, int64_t n, float* y) { axpy_inline(DF(), alpha, x, n, y); }
-
 float ExpShiftedSumImpl(float* x, int64_t n, float shift) { return exp_shifted_sum_inline(DF(), x, n, shift); }
 
 // sigmoid(a·g) as 1 / (1 + e^(−a·g)); e^(−a·g) overflows to +inf for a·g < −88, giving the correct limit 0.
@@ -120,17 +116,6 @@ void SiluMulImpl(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] * sigmoid_scalar(gate[i]) * up[i];
 }
 
-void SiluImpl(const float* x, int64_t n, float* out) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto g = hn::LoadU(d, x + i);
-    hn::StoreU(hn::Mul(g, sigmoid_vec(d, g)), d, out + i);
-  }
-  for (; i < n; ++i) out[i] = x[i] * sigmoid_scalar(x[i]);
-}
-
 void SwigluOaiMulImpl(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -149,20 +134,6 @@ void SwigluOaiMulImpl(const float* gate, const float* up, int64_t n, float alpha
     const float g = std::min(gate[i], limit);
     const float u = std::clamp(up[i], -limit, limit);
     out[i] = (u + 1.0f) * (g * sigmoid_scalar(alpha * g));
-  }
-}
-
-void ReluSquaredImpl(const float* x, int64_t n, float* out) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto r = hn::Max(hn::LoadU(d, x + i), hn::Zero(d));
-    hn::StoreU(hn::Mul(r, r), d, out + i);
-  }
-  for (; i < n; ++i) {
-    const float r = std::max(x[i], 0.0f);
-    out[i] = r * r;
   }
 }
 
@@ -301,13 +272,9 @@ namespace fp4serve::kernels::cpu {
 
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(ScaleByWeightImpl);
-HWY_EXPORT(DotImpl);
-HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ExpShiftedSumImpl);
 HWY_EXPORT(SiluMulImpl);
-HWY_EXPORT(SiluImpl);
 HWY_EXPORT(SwigluOaiMulImpl);
-HWY_EXPORT(ReluSquaredImpl);
 HWY_EXPORT(FwhtImpl);
 HWY_EXPORT(AttendGroupImpl);
 HWY_EXPORT(RotateBlocksImpl);
@@ -316,19 +283,15 @@ float sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSq
 void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(ScaleByWeightImpl)(x, weight, r, n, out);
 }
-float dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
-void axpy(float alpha, const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, n, y); }
 float exp_shifted_sum(float* x, int64_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftedSumImpl)(x, n, shift);
 }
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n, out);
 }
-void silu(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(SiluImpl)(x, n, out); }
 void swiglu_oai_mul(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
   HWY_DYNAMIC_DISPATCH(SwigluOaiMulImpl)(gate, up, n, alpha, limit, out);
 }
-void relu_squared(const float* x, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(ReluSquaredImpl)(x, n, out); }
 void fwht(float* x, int64_t n, int64_t block, float scale) { HWY_DYNAMIC_DISPATCH(FwhtImpl)(x, n, block, scale); }
 void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch) {
   HWY_DYNAMIC_DISPATCH(RotateBlocksImpl)(x, n, matrix, block, scratch);

@@ -22,7 +22,6 @@ thread_local bool g_capturing = false;
 }  // namespace
 
 void set_thread_capturing(bool capturing) { g_capturing = capturing; }
-bool thread_capturing() { return g_capturing; }
 
 void check_launch(const char* file, int line, bool synchronize) {
   // cudaGetLastError also clears a sticky launch error so the next check does not report this one again.

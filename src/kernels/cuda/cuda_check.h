@@ -25,7 +25,6 @@ void check_launch(const char* file, int line, bool synchronize);
 
 /// Marks this host thread as capturing a CUDA graph (set by StepGraphs around a capture).
 void set_thread_capturing(bool capturing);
-bool thread_capturing();
 
 }  // namespace fp4serve::kernels::cuda
 

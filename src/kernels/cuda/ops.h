@@ -63,8 +63,6 @@ void copy_rows(const float* src, int64_t src_stride, const int64_t* src_rows, fl
 
 /// out[i] = bf16(x[i]) round-to-nearest-even (the GEMM input, linear_cuda.h). x: [n] f32; out: [n] bf16.
 void f32_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream);
-/// out[i] = float(x[i]) (exact). x: [n] bf16; out: [n] f32.
-void bf16_to_f32(const __nv_bfloat16* x, int64_t n, float* out, cudaStream_t stream);
 
 /// Shapes and options of one attention call (the fields of kernels::AttentionParams).
 struct AttentionShape {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The row-wise and element-wise ops of ops.h: embedding gather, RMSNorm, RoPE, gated activations, residual add,
-// row copies and bf16 conversions. Each mirrors a CPU kernel of src/kernels (the test oracle) formula for formula;
-// the differences are the summation order of reductions and FMA contraction, both within fp32 rounding.
+// The row-wise and element-wise ops of ops.h: embedding gather, RMSNorm, RoPE, the SiLU-gated activation,
+// residual add, row copies and the f32 → bf16 conversion. Each mirrors a CPU kernel of src/kernels (the test
+// oracle) formula for formula; the differences are the summation order of reductions and FMA contraction, both
+// within fp32 rounding.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -82,19 +83,15 @@ __global__ void rope_neox_kernel(float* x, int64_t tokens, int64_t heads, int64_
   }
 }
 
-struct Silu {
-  __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
-};
-
-// out[r, c] = act(x[r, c]) · x[r, inter + c]: rows of x hold gate | up, as the fused gate_up GEMM writes them.
-template <class Act>
-__global__ void gated_act_kernel(const float* x, int64_t m, int64_t inter, float* out) {
+// out[r, c] = silu(x[r, c]) · x[r, inter + c]: rows of x hold gate | up, as the fused gate_up GEMM writes them.
+__global__ void silu_and_mul_kernel(const float* x, int64_t m, int64_t inter, float* out) {
   const int64_t n = m * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter;
     const int64_t c = i - r * inter;
-    out[i] = Act{}(x[r * 2 * inter + c]) * x[r * 2 * inter + inter + c];
+    const float g = x[r * 2 * inter + c];
+    out[i] = g / (1.0f + expf(-g)) * x[r * 2 * inter + inter + c];
   }
 }
 
@@ -122,13 +119,6 @@ __global__ void f32_to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = __float2bfloat16_rn(x[i]);
-  }
-}
-
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* x, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __bfloat162float(x[i]);
   }
 }
 
@@ -177,7 +167,7 @@ void apply_rope_neox(float* x, int64_t tokens, int64_t heads, int64_t head_dim, 
 void silu_and_mul(const float* x, int64_t m, int64_t inter, float* out, cudaStream_t stream) {
   detail::require(m >= 0 && inter >= 0, "silu_and_mul", "negative size");
   if (m * inter == 0) return;
-  gated_act_kernel<Silu><<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
+  silu_and_mul_kernel<<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -202,13 +192,6 @@ void f32_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t str
   detail::require(n >= 0, "f32_to_bf16", "negative size");
   if (n == 0) return;
   f32_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
-  FP4SERVE_CUDA_CHECK_LAUNCH();
-}
-
-void bf16_to_f32(const __nv_bfloat16* x, int64_t n, float* out, cudaStream_t stream) {
-  detail::require(n >= 0, "bf16_to_f32", "negative size");
-  if (n == 0) return;
-  bf16_to_f32_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -38,21 +38,6 @@ __global__ void swiglu_oai_kernel(const float* x, int64_t m, int64_t inter, floa
   }
 }
 
-__global__ void relu_squared_kernel(const float* x, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float r = fmaxf(x[i], 0.0f);
-    out[i] = r * r;
-  }
-}
-
-__global__ void silu_kernel(const float* x, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = x[i] / (1.0f + expf(-x[i]));
-  }
-}
-
 __global__ void sigmoid_gated_kernel(const float* y, const float* gate, int64_t m, int64_t width, float* out) {
   const int64_t total = m * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -126,20 +111,6 @@ void swiglu_oai_and_mul(const float* x, int64_t m, int64_t inter, float alpha, f
   detail::require(limit > 0, "swiglu_oai_and_mul", "limit must be > 0, found " + std::to_string(limit));
   if (m * inter == 0) return;
   swiglu_oai_kernel<<<detail::grid_for(m * inter, kThreads), kThreads, 0, stream>>>(x, m, inter, alpha, limit, out);
-  FP4SERVE_CUDA_CHECK_LAUNCH();
-}
-
-void relu_squared(const float* x, int64_t n, float* out, cudaStream_t stream) {
-  detail::require(n >= 0, "relu_squared", "negative size");
-  if (n == 0) return;
-  relu_squared_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
-  FP4SERVE_CUDA_CHECK_LAUNCH();
-}
-
-void silu(const float* x, int64_t n, float* out, cudaStream_t stream) {
-  detail::require(n >= 0, "silu", "negative size");
-  if (n == 0) return;
-  silu_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, out);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 

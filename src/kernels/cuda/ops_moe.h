@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU ops that mixture-of-experts blocks and online transforms need beyond ops.h (ops_moe.cu): the expert
-// combine (weighted scatter-add of expert outputs into their tokens' rows), the non-SiLU expert activations,
+// combine (weighted scatter-add of expert outputs into their tokens' rows), GPT-OSS's swiglu expert activation,
 // Qwen2-MoE's sigmoid-gated shared expert, a fill, and the online Hadamard / dense block rotations of
 // compressed-tensors transforms. Same contract as ops.h: device pointers, asynchronous on `stream`, host-side
 // argument checks throw UsageError before anything is launched; each op's formula is its CPU kernel's (the test
@@ -22,10 +22,6 @@ void scatter_add_rows(const float* y, int64_t width, const int64_t* rows, const 
 /// out = (u + 1) · g · sigmoid(alpha · g). x: [m, 2·inter] (gate | up halves); out: [m, inter]. limit > 0.
 void swiglu_oai_and_mul(const float* x, int64_t m, int64_t inter, float alpha, float limit, float* out,
                         cudaStream_t stream);
-/// out[i] = max(x[i], 0)² for i < n (may alias).
-void relu_squared(const float* x, int64_t n, float* out, cudaStream_t stream);
-/// out[i] = x[i] / (1 + e^−x[i]) for i < n (may alias).
-void silu(const float* x, int64_t n, float* out, cudaStream_t stream);
 
 /// out[t, c] += sigmoid(gate[t]) · y[t, c] for t < m, c < width. gate: [m]; y, out: [m, width].
 void add_sigmoid_gated(const float* y, const float* gate, int64_t m, int64_t width, float* out, cudaStream_t stream);

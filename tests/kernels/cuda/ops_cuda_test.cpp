@@ -143,13 +143,13 @@ TEST_F(CudaOps, RopeMatchesCpuForEveryScaling) {
   }
 }
 
-TEST_F(CudaOps, GatedActivationsMatchCpu) {
+TEST_F(CudaOps, SiluAndMulMatchesCpu) {
   const int64_t m = 5, inter = 77;
   const auto x = random_nonzero(static_cast<size_t>(m * 2 * inter), 5, 0.05f, 6.0f);
   const auto x_dev = to_device(x);
   DeviceBuffer<float> out(static_cast<size_t>(m * inter));
   std::vector<float> want(out.size());
-  // expf/tanhf on the GPU and the CPU's vectorized exp differ by a few ulps.
+  // expf on the GPU and the CPU's vectorized exp differ by a few ulps.
   kernels::silu_and_mul(x.data(), m, inter, want.data());
   silu_and_mul(x_dev.data(), m, inter, out.data(), kDefaultStream);
   expect_close(out.download(), want, 1e-5);
@@ -183,7 +183,7 @@ TEST_F(CudaOps, AddScaledAndRowCopies) {
   EXPECT_EQ(dst_dev.download(), expect);
 }
 
-TEST_F(CudaOps, Bf16ConversionsRoundToNearestEven) {
+TEST_F(CudaOps, Bf16ConversionRoundsToNearestEven) {
   std::vector<float> x = random_nonzero(999, 9, 1e-3f, 1e3f);
   x.push_back(1.0f + 1.0f / 256.0f);        // a tie: rounds to the even 1.0
   x.push_back(1.0f + 3.0f / 256.0f);        // a tie: rounds up to the even neighbour
@@ -194,15 +194,6 @@ TEST_F(CudaOps, Bf16ConversionsRoundToNearestEven) {
   std::vector<uint16_t> got(got_bf16.size());
   std::memcpy(got.data(), got_bf16.data(), got.size() * 2);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], bf16_bits_rne(x[i])) << i << ": " << x[i];
-  DeviceBuffer<float> back(x.size());
-  bf16_to_f32(bits.data(), static_cast<int64_t>(x.size()), back.data(), kDefaultStream);
-  const auto widened = back.download();
-  for (size_t i = 0; i < x.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(got[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    ASSERT_EQ(widened[i], f) << i;
-  }
 }
 
 struct AttentionCase {
