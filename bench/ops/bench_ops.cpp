@@ -70,6 +70,49 @@ void BM_FwhtStridedSlice(benchmark::State& state) {
 }
 BENCHMARK(BM_FwhtStridedSlice)->Arg(0)->Arg(1)->UseRealTime();
 
+// A full-width random-Hadamard rotation as compressed-tensors builds it (llm-compressor QuIP defaults on a
+// SmolLM2-135M-shaped model): n = 576 = H_144 ⊗ H_4 and n = 1536 = H_192 ⊗ H_8 with ±1 signs, over `rows` rows
+// (1 = decode, 512 = a prefill window). args: n, kernel (0 = rotate_blocks with the dense n×n matrix, 1 =
+// kronecker_hadamard_blocks on the factors), rows. Same matrix both ways.
+void BM_RandomHadamardRotation(benchmark::State& state) {
+  const int64_t n = state.range(0), rows = state.range(2);
+  const int64_t p = n == 576 ? 4 : 8, k = n / p;
+  std::mt19937 rng(3);
+  prepare::KroneckerHadamardFactors f;
+  f.p = p;
+  f.k = k;
+  for (int64_t i = 0; i < k * k; ++i) f.a.push_back((rng() & 1) ? 1.0 : -1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    f.left.push_back((rng() & 1) ? 1 : -1);
+    f.right.push_back(1);
+  }
+  const double scale = 1.0 / std::sqrt(double(n));
+  std::vector<float> dense(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double h = (__builtin_popcountll(uint64_t((i % p) & (j % p))) & 1) ? -1.0 : 1.0;
+      dense[static_cast<size_t>(i * n + j)] =
+          static_cast<float>(f.left[i] * f.a[static_cast<size_t>((i / p) * k + j / p)] * h * scale);
+    }
+  }
+  const prepare::PreparedKroneckerHadamard t = prepare::prepare_kronecker_hadamard(f, {}, false, scale);
+  std::vector<float> x = random_vec(static_cast<size_t>(rows * n), 1);
+  const bool structured = state.range(1) != 0;
+  for (auto _ : state) {
+    if (structured) {
+      kronecker_hadamard_blocks(t, x.data(), rows, n);
+    } else {
+      rotate_blocks(x.data(), rows, n, dense.data(), n);
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+BENCHMARK(BM_RandomHadamardRotation)
+    ->ArgNames({"n", "structured", "rows"})
+    ->ArgsProduct({{576, 1536}, {0, 1}, {1, 512}})
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_RmsNorm(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = 4096;
   std::vector<float> x = random_vec(rows * dim, 1), w = random_vec(dim, 2), out(rows * dim);

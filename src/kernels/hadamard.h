@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "prepare/hadamard_factor.h"
+
 namespace fp4serve::kernels {
 
 /// Normalized fast Walsh–Hadamard transform applied independently to each `block`-wide slice of every row:
@@ -20,5 +22,13 @@ void fwht_blocks(float* x, int64_t rows, int64_t dim, int64_t block);
 /// x: [rows, dim] f32; matrix: [block, block] f32 row-major, out_j = Σ_i x_i · M[i, j]; block ≥ 1 dividing dim.
 /// Throws UsageError on a null pointer or bad size.
 void rotate_blocks(float* x, int64_t rows, int64_t dim, const float* matrix, int64_t block);
+
+/// x_blk ← x_blk · M̂ for each t.n-wide slice of every row, M̂ a signed, permuted Kronecker product of a dense
+/// t.k×t.k matrix and the Sylvester H_p (prepare/hadamard_factor.h gives the steps): a gather with signs, the FWHT
+/// on p-blocks (Highway), then for k > 1 one GEMM of [vectors·p, k] × [k, k] (kernels::linear, Dense fp32) for the
+/// k-mixing, and a gather with the output signs and scale. n·(k + log2 p) multiply-adds per slice instead of n².
+/// x: [rows, dim] f32, t.n dividing dim. Slices are processed in chunks of ~32 K floats so the scratch stays in
+/// cache. Throws UsageError when t.n does not divide dim, rows < 0 or x is null with rows > 0.
+void kronecker_hadamard_blocks(const prepare::PreparedKroneckerHadamard& t, float* x, int64_t rows, int64_t dim);
 
 }  // namespace fp4serve::kernels

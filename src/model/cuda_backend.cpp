@@ -38,7 +38,7 @@ std::string join(const std::vector<std::string>& names) {
 struct GpuTransform {
   TransformKernel kernel = TransformKernel::Fwht;
   int64_t block = 0;
-  kc::DeviceBuffer<float> matrix;  // Dense only: [block, block]
+  kc::DeviceBuffer<float> matrix;  // Dense only: [block, block] (a KroneckerHadamard transform runs dense here)
 };
 
 struct GpuOutputTransform {
@@ -219,7 +219,10 @@ struct CudaBackend::Impl {
   void apply(const GpuTransform& t, float* x, int64_t rows, int64_t width, int64_t stride) {
     switch (t.kernel) {
       case TransformKernel::Fwht: kc::fwht_blocks(x, rows, width, stride, t.block, s()); return;
-      case TransformKernel::Dense: kc::rotate_blocks(x, rows, width, stride, t.matrix.data(), t.block, s()); return;
+      case TransformKernel::Dense:
+      case TransformKernel::KroneckerHadamard:
+        kc::rotate_blocks(x, rows, width, stride, t.matrix.data(), t.block, s());
+        return;
     }
   }
 
@@ -233,7 +236,8 @@ struct CudaBackend::Impl {
                                          where, t->block(), kMaxTransformBlock));
     }
     auto g = std::make_unique<GpuTransform>();
-    g->kernel = t->kernel();
+    // No structured GPU kernel yet: a KroneckerHadamard transform uploads its dense matrix.
+    g->kernel = t->kernel() == TransformKernel::Fwht ? TransformKernel::Fwht : TransformKernel::Dense;
     g->block = t->block();
     if (g->kernel == TransformKernel::Dense) g->matrix = kc::DeviceBuffer<float>::from_host(std::span(t->matrix()));
     const GpuTransform* out = g.get();

@@ -17,6 +17,7 @@ const char* transform_kernel_name(TransformKernel k) {
   switch (k) {
     case TransformKernel::Fwht: return "fwht";
     case TransformKernel::Dense: return "dense";
+    case TransformKernel::KroneckerHadamard: return "kronecker-hadamard";
   }
   return "?";
 }
@@ -28,6 +29,17 @@ OnlineTransform::OnlineTransform(TransformKernel kernel, int64_t block, std::vec
   }
 }
 
+OnlineTransform::OnlineTransform(prepare::PreparedKroneckerHadamard structured, std::vector<float> matrix)
+    : kernel_(TransformKernel::KroneckerHadamard),
+      block_(structured.n),
+      matrix_(std::move(matrix)),
+      structured_(std::make_shared<const prepare::PreparedKroneckerHadamard>(std::move(structured))) {
+  if (block_ < 2 || matrix_.size() != static_cast<size_t>(block_ * block_)) {
+    throw UsageError(fmt::format("OnlineTransform: kronecker-hadamard block {} with a {}-element matrix", block_,
+                                 matrix_.size()));
+  }
+}
+
 void OnlineTransform::apply(float* x, int64_t rows, int64_t dim) const {
   if (dim % block_ != 0) {
     throw UsageError(fmt::format("online transform: block {} does not divide the input width {}", block_, dim));
@@ -35,6 +47,7 @@ void OnlineTransform::apply(float* x, int64_t rows, int64_t dim) const {
   switch (kernel_) {
     case TransformKernel::Fwht: kernels::fwht_blocks(x, rows, dim, block_); return;
     case TransformKernel::Dense: kernels::rotate_blocks(x, rows, dim, matrix_.data(), block_); return;
+    case TransformKernel::KroneckerHadamard: kernels::kronecker_hadamard_blocks(*structured_, x, rows, dim); return;
   }
 }
 
@@ -75,27 +88,37 @@ uint64_t hash_matrix(const std::vector<double>& m) {
 
 }  // namespace
 
-std::vector<double> effective_transform_matrix(const TransformSource& source) {
+namespace {
+
+// The stored values in f64 (row-major, unpermuted), the validated permutation and the type's scale.
+struct StoredMatrix {
+  int64_t b = 0;
+  std::vector<double> w;
+  std::vector<int64_t> perm;  // identity when the checkpoint stores none
+  double scale = 1.0;
+};
+
+StoredMatrix read_stored(const TransformSource& source) {
   const core::TensorView& w = source.matrix;
   if (w.shape.size() != 2 || w.shape[0] != w.shape[1] || w.shape[0] < 1) {
     throw FormatError(fmt::format("{}: a transform matrix must be square [n, n], found {}", source.name,
                                   core::shape_to_string(w.shape)));
   }
-  const int64_t b = w.shape[0];
+  StoredMatrix s;
+  const int64_t b = s.b = w.shape[0];
   if (w.dtype != core::DType::F64 && w.dtype != core::DType::F32 && w.dtype != core::DType::BF16 &&
       w.dtype != core::DType::F16) {
     throw FormatError(fmt::format("{}: expected an F64/F32/BF16/F16 transform matrix, found {}", source.name,
                                   core::dtype_name(w.dtype)));
   }
-  double scale = 1.0;
   if (source.type == "hadamard" || source.type == "random-hadamard") {
-    scale = 1.0 / std::sqrt(static_cast<double>(b));  // HadamardTransform divides by sqrt(size); random-matrix does not
+    s.scale = 1.0 / std::sqrt(static_cast<double>(b));  // HadamardTransform divides by sqrt(size); random-matrix does not
   } else if (source.type != "random-matrix") {
     throw UnsupportedError(fmt::format("{}: transform type '{}' (expected hadamard, random-hadamard or random-matrix)",
                                        source.name, source.type));
   }
-  std::vector<int64_t> perm(static_cast<size_t>(b));
-  for (int64_t i = 0; i < b; ++i) perm[static_cast<size_t>(i)] = i;
+  s.perm.resize(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) s.perm[static_cast<size_t>(i)] = i;
   if (source.perm) {
     const core::TensorView& p = *source.perm;
     if (p.shape != std::vector<int64_t>{b} || (p.dtype != core::DType::I64 && p.dtype != core::DType::I32)) {
@@ -110,22 +133,38 @@ std::vector<double> effective_transform_matrix(const TransformSource& source) {
                                       b - 1, i, v));
       }
       seen[static_cast<size_t>(v)] = true;
-      perm[static_cast<size_t>(i)] = v;
+      s.perm[static_cast<size_t>(i)] = v;
     }
   }
-  // compressed-tensors: weight[perm][:, perm], then .T when inverse; online locations compute value @ weight.
+  s.w.resize(static_cast<size_t>(b * b));
+  for (int64_t i = 0; i < b * b; ++i) {
+    const double v = element(w, static_cast<size_t>(i));
+    if (!std::isfinite(v)) {
+      throw FormatError(fmt::format("{}: non-finite entry at [{}, {}]", source.name, i / b, i % b));
+    }
+    s.w[static_cast<size_t>(i)] = v;
+  }
+  return s;
+}
+
+// compressed-tensors: weight[perm][:, perm], then .T when inverse; online locations compute value @ weight.
+std::vector<double> effective(const StoredMatrix& s, bool inverse) {
+  const int64_t b = s.b;
   std::vector<double> m(static_cast<size_t>(b * b));
   for (int64_t i = 0; i < b; ++i) {
     for (int64_t j = 0; j < b; ++j) {
-      const int64_t r = source.inverse ? j : i, c = source.inverse ? i : j;
-      const double v = element(w, static_cast<size_t>(perm[static_cast<size_t>(r)] * b + perm[static_cast<size_t>(c)]));
-      if (!std::isfinite(v)) {
-        throw FormatError(fmt::format("{}: non-finite entry at [{}, {}]", source.name, r, c));
-      }
-      m[static_cast<size_t>(i * b + j)] = v * scale;
+      const int64_t r = inverse ? j : i, c = inverse ? i : j;
+      m[static_cast<size_t>(i * b + j)] =
+          s.w[static_cast<size_t>(s.perm[static_cast<size_t>(r)] * b + s.perm[static_cast<size_t>(c)])] * s.scale;
     }
   }
   return m;
+}
+
+}  // namespace
+
+std::vector<double> effective_transform_matrix(const TransformSource& source) {
+  return effective(read_stored(source), source.inverse);
 }
 
 bool is_normalized_sylvester(const std::vector<double>& m, int64_t b) {
@@ -141,8 +180,9 @@ bool is_normalized_sylvester(const std::vector<double>& m, int64_t b) {
 }
 
 std::shared_ptr<const OnlineTransform> TransformCache::get(const TransformSource& source) {
-  std::vector<double> m = effective_transform_matrix(source);
-  const int64_t b = source.matrix.shape[0];
+  const StoredMatrix stored = read_stored(source);
+  std::vector<double> m = effective(stored, source.inverse);
+  const int64_t b = stored.b;
   auto& bucket = by_hash_[hash_matrix(m)];
   for (const auto& [matrix, transform] : bucket) {
     if (matrix == m) return transform;
@@ -153,7 +193,15 @@ std::shared_ptr<const OnlineTransform> TransformCache::get(const TransformSource
   } else {
     std::vector<float> f(m.size());
     for (size_t i = 0; i < m.size(); ++i) f[i] = static_cast<float>(m[i]);
-    t = std::make_shared<const OnlineTransform>(TransformKernel::Dense, b, std::move(f));
+    // The structure is read off the stored values before the permutation, which the kernel applies as gathers.
+    const auto factors =
+        prepare::factor_kronecker_hadamard(stored.w, b, prepare::transform_storage_rel_tol(source.matrix.dtype));
+    if (factors) {
+      t = std::make_shared<const OnlineTransform>(
+          prepare::prepare_kronecker_hadamard(*factors, stored.perm, source.inverse, stored.scale), std::move(f));
+    } else {
+      t = std::make_shared<const OnlineTransform>(TransformKernel::Dense, b, std::move(f));
+    }
   }
   bucket.emplace_back(std::move(m), t);
   ++count_;

@@ -5,7 +5,9 @@
 // stored matrix `P.<group>_<location>.weight` after its stored permutation `.perm` (randomize), transposed when
 // `inverse`, divided by √b for the Hadamard types
 // (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
-// Hadamard runs as the fast Walsh–Hadamard kernel, anything else as a dense block-diagonal rotation.
+// Hadamard runs as the fast Walsh–Hadamard kernel; a stored matrix that verifies as signs · (A ⊗ H_p) · signs
+// (every random-hadamard compressed-tensors builds, permuted or not; prepare/hadamard_factor.h) as sign flips, the
+// FWHT on p-blocks and a small k×k GEMM; anything else as a dense block-diagonal rotation.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "core/tensor_view.h"
+#include "prepare/hadamard_factor.h"
 
 namespace fp4serve::model {
 
@@ -23,6 +26,9 @@ namespace fp4serve::model {
 enum class TransformKernel : uint8_t {
   Fwht,   ///< kernels::fwht_blocks (the matrix is ±1 Sylvester: log2(b) add/sub stages per element)
   Dense,  ///< kernels::rotate_blocks with the normalized b×b matrix (b multiply-adds per element)
+  /// kernels::kronecker_hadamard_blocks: the stored matrix is signs · (A ⊗ H_p) · signs with A k×k, b = k·p
+  /// (k + log2 p multiply-adds per element)
+  KroneckerHadamard,
 };
 const char* transform_kernel_name(TransformKernel k);
 
@@ -31,11 +37,16 @@ class OnlineTransform {
   /// `matrix` is the b×b row-major f32 matrix to multiply by (already permuted, transposed and normalized);
   /// ignored (may be empty) for Fwht.
   OnlineTransform(TransformKernel kernel, int64_t block, std::vector<float> matrix);
+  /// KroneckerHadamard: `structured` computes x·M̂; `matrix` (b×b, as above) is kept for backends without the
+  /// structured kernel (the CUDA backend runs it dense).
+  OnlineTransform(prepare::PreparedKroneckerHadamard structured, std::vector<float> matrix);
 
   TransformKernel kernel() const { return kernel_; }
   int64_t block() const { return block_; }
-  /// Dense: the b×b matrix applied; Fwht: empty.
+  /// Dense and KroneckerHadamard: the b×b matrix applied; Fwht: empty.
   const std::vector<float>& matrix() const { return matrix_; }
+  /// KroneckerHadamard: the factors' kernel layout (k = its order of A, p of the Sylvester factor); else null.
+  const prepare::PreparedKroneckerHadamard* structured() const { return structured_.get(); }
 
   /// x[rows, dim] f32, in place: each b-wide slice of every row ← slice · M̂. Throws UsageError when b does not
   /// divide dim.
@@ -48,6 +59,7 @@ class OnlineTransform {
   TransformKernel kernel_;
   int64_t block_;
   std::vector<float> matrix_;
+  std::shared_ptr<const prepare::PreparedKroneckerHadamard> structured_;
 };
 
 /// What a checkpoint says about one online transform of a module.
@@ -70,8 +82,10 @@ std::vector<double> effective_transform_matrix(const TransformSource& source);
 /// within 1e-6 per entry, so that the FWHT computes x·m. b must be a power of two ≥ 2.
 bool is_normalized_sylvester(const std::vector<double>& m, int64_t b);
 
-/// Builds transforms and shares identical ones: two sources with the same effective matrix (by content hash,
-/// then exact comparison) get the same object, so q/k/v and every layer of a QuIP checkpoint hold one matrix.
+/// Builds transforms and shares identical ones: two sources with the same effective matrix (by content hash, then
+/// exact comparison) get the same object, so q/k/v and every layer of a QuIP checkpoint hold one matrix. Kernel:
+/// Fwht when M̂ is exactly H_b/√b, else KroneckerHadamard when prepare::factor_kronecker_hadamard verifies on the
+/// stored values (never on the config's type alone), else Dense.
 class TransformCache {
  public:
   /// Throws as effective_transform_matrix.

@@ -80,7 +80,7 @@ TEST(OnlineTransform, SylvesterHadamardRunsAsFwhtAndMatchesTheDenseDefinition) {
   }
 }
 
-TEST(OnlineTransform, PermutedInverseRandomHadamardRunsDense) {
+TEST(OnlineTransform, PermutedInverseRandomHadamardRunsStructured) {
   const int64_t b = 32, rows = 5, dim = 96;
   std::mt19937 rng(11);
   // A random ±1 Hadamard: Sylvester with random column signs (what random_hadamard_matrix builds), in BF16.
@@ -101,7 +101,7 @@ TEST(OnlineTransform, PermutedInverseRandomHadamardRunsDense) {
   TransformCache cache;
   const auto t = cache.get({"x.v_input.weight", "random-hadamard", true, view_of(stored, core::DType::BF16, {b, b}),
                             view_of(perm, core::DType::I64, {b})});
-  EXPECT_EQ(t->kernel(), TransformKernel::Dense);
+  EXPECT_EQ(t->kernel(), TransformKernel::KroneckerHadamard);  // signs · H_32: k = 1, p = 32
   std::vector<float> x = random_x(rows * dim, 3);
   const std::vector<double> want = reference(x, rows, dim, w, perm, b, true, 1.0 / std::sqrt(static_cast<double>(b)));
   t->apply(x.data(), rows, dim);

@@ -412,7 +412,8 @@ TEST(AttentionTransform, BlockNotDividingHeadDimIsRejectedAtLoad) {
   EXPECT_THROW(Decoder(parse_model_config(tiny_llama()), w), FormatError);
 }
 
-// QuIP-style `output` on v_proj per head (randomized Hadamard b16 = head_dim, dense path), compensated offline in
+// QuIP-style `output` on v_proj per head (randomized Hadamard b16 = head_dim, the permuted Sylvester runs as the
+// structured kernel), compensated offline in
 // o_proj: o_proj's input is attn·D with D = blockdiag(M̂), so W_o' = W_o·D⁻ᵀ = W_o·D (M̂ orthonormal) gives the
 // plain model's logits; the v bias is rotated with the output, as the forward hook does.
 TEST(OutputTransform, RotatedValuesCompensatedInOProjGiveThePlainLogitsFusedAndUnfused) {
@@ -426,7 +427,7 @@ TEST(OutputTransform, RotatedValuesCompensatedInOProjGiveThePlainLogitsFusedAndU
   }
   TransformCache cache;
   const StoredTransform t = make_transform(cache, h, 16, "random-hadamard", false, perm);
-  ASSERT_EQ(t.transform->kernel(), TransformKernel::Dense);
+  ASSERT_EQ(t.transform->kernel(), TransformKernel::KroneckerHadamard);
   const MemoryWeights plain(7);
   const ForwardRun want = run(plain, kPrompt, kDecode);
   for (bool fuse : {true, false}) {

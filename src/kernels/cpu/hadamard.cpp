@@ -9,6 +9,7 @@
 
 #include "fp4serve/error.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/linear.h"
 
 namespace fp4serve::kernels {
 
@@ -37,6 +38,57 @@ void rotate_blocks(float* x, int64_t rows, int64_t dim, const float* matrix, int
     std::vector<float> acc(static_cast<size_t>(block));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) cpu::rotate_blocks(x + r * dim, dim, matrix, block, acc.data());
+  }
+}
+
+void kronecker_hadamard_blocks(const prepare::PreparedKroneckerHadamard& t, float* x, int64_t rows, int64_t dim) {
+  const int64_t n = t.n, p = t.p, k = t.k;
+  if (n < 2 || p < 2 || k < 1 || n != p * k || rows < 0 || dim % n != 0 ||
+      t.in_index.size() != static_cast<size_t>(n) || (k > 1) != (t.mix != nullptr)) {
+    throw UsageError(fmt::format("kronecker_hadamard_blocks: n {} = k {} · p {} (mix {}) on rows {} of width {}", n, k,
+                                 p, t.mix != nullptr, rows, dim));
+  }
+  if (rows == 0) return;
+  if (x == nullptr) throw UsageError("kronecker_hadamard_blocks: null pointer");
+  const int64_t vectors = rows * (dim / n);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 15) / n);
+  std::vector<float> f(static_cast<size_t>(std::min(chunk, vectors) * n));
+  std::vector<float> ft(k > 1 ? f.size() : 0), z(k > 1 ? f.size() : 0);
+  const int32_t* in_index = t.in_index.data();
+  const float* in_sign = t.in_sign.data();
+  const int32_t* out_index = t.out_index.data();
+  const float* out_scale = t.out_scale.data();
+  for (int64_t v0 = 0; v0 < vectors; v0 += chunk) {
+    const int64_t c = std::min(chunk, vectors - v0);
+    float* xv = x + v0 * n;
+    const bool par = c * n >= (int64_t{1} << 14);
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t v = 0; v < c; ++v) {
+      const float* src = xv + v * n;
+      float* dst = f.data() + v * n;
+      for (int64_t q = 0; q < n; ++q) dst[q] = src[in_index[q]] * in_sign[q];
+      cpu::fwht(dst, n, p, 1.0f);
+    }
+    const float* out = f.data();
+    if (k > 1) {
+      // f[v][a][h] → ft[v][h][a]: the p FWHT outputs of one vector become p rows of the k-mixing GEMM.
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t v = 0; v < c; ++v) {
+        const float* src = f.data() + v * n;
+        float* dst = ft.data() + v * n;
+        for (int64_t a = 0; a < k; ++a) {
+          for (int64_t h = 0; h < p; ++h) dst[h * k + a] = src[a * p + h];
+        }
+      }
+      linear(*t.mix, ft.data(), c * p, z.data());
+      out = z.data();
+    }
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t v = 0; v < c; ++v) {
+      const float* src = out + v * n;
+      float* dst = xv + v * n;
+      for (int64_t j = 0; j < n; ++j) dst[j] = src[out_index[j]] * out_scale[j];
+    }
   }
 }
 
