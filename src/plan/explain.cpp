@@ -30,10 +30,13 @@ std::string backend_name(const DeviceCaps& d) {
 namespace {
 
 // "<location> <group> <type> b<block> <kernel>"; the kernel guess matches model::TransformCache, which runs an
-// exact Sylvester matrix as the FWHT and anything else as a dense block-diagonal rotation.
+// exact Sylvester matrix as the FWHT, a stored matrix that verifies as signs · (A ⊗ H_p) · signs (what
+// compressed-tensors builds for `hadamard` of other sizes and for `random-hadamard`) as the Kronecker kernel, and
+// anything else as a dense block-diagonal rotation. The guess reads the config; the load checks the matrix.
 std::string transform_text(const quant::TransformUse& t, int64_t block) {
   const bool pow2 = block >= 2 && (block & (block - 1)) == 0;
-  const char* kernel = t.type == "hadamard" && !t.randomize && pow2 ? "fwht" : "dense";
+  const bool hadamard = t.type == "hadamard" || t.type == "random-hadamard";
+  const char* kernel = t.type == "hadamard" && !t.randomize && pow2 ? "fwht" : hadamard ? "kronecker-hadamard" : "dense";
   return fmt::format("{} {} {} b{} {}", t.location, t.group, t.type, block, kernel);
 }
 

@@ -133,11 +133,11 @@ TEST(Plan, OnlineInputTransformLayersGetASchemeAndTheirMatricesAreAccounted) {
   EXPECT_EQ(p.find("model.layers.1.mlp.up_proj")->scheme, SchemeId::W4A16Nvfp4);  // weight_input only: offline
   EXPECT_TRUE(p.complete());
   // explain names the transform per row: K = 96 is not a power of two, so no FWHT; up_proj has none.
-  EXPECT_EQ(online_transform_summary(*down), "input v hadamard b96 dense");
+  EXPECT_EQ(online_transform_summary(*down), "input v hadamard b96 kronecker-hadamard");
   EXPECT_EQ(online_transform_summary(*p.find("model.layers.1.mlp.up_proj")), "");
   const std::string text = render_explain_text(p, "synthetic");
   EXPECT_NE(text.find("online transform"), std::string::npos) << text;
-  EXPECT_NE(text.find("input v hadamard b96 dense"), std::string::npos) << text;
+  EXPECT_NE(text.find("input v hadamard b96 kronecker-hadamard"), std::string::npos) << text;
 }
 
 TEST(Plan, TiedTransformMatricesStoredOnceServeEveryModuleOfTheirSize) {
