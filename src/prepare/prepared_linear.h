@@ -25,8 +25,9 @@ enum class DenseStorage : uint8_t { Bf16, F32 };
 enum class ActivationPrecision : uint8_t {
   Fp32,  ///< x stays fp32 and each E2M1 code is decoded to fp32: the reference path
   /// x quantized once per call to int8 per row and weight group (d = amax/127, the group size of the weights:
-  /// 16 for NVFP4, 32 for MXFP4), E2M1·2 codes used as integers, integer dot products per group, each group's
-  /// sum scaled by block scale · d in fp32 (kernels/linear.h)
+  /// 16 for NVFP4, 32 for MXFP4; the groups that dominate a row's rounding error get a 16-bit grid held in two
+  /// int8), E2M1·2 codes used as integers, integer dot products per group, each group's sum scaled by block
+  /// scale · d in fp32 (kernels/linear.h quantize_activations_int8)
   Int8,
 };
 

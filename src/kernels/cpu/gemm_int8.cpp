@@ -10,8 +10,14 @@
 //   Σ_k x[k]·w[n,k] ≈ Σ_g d[g] · s[n,g]/2 · Σ_{k∈g} q[k]·(2·e2m1[n,k])
 // with q = round(x/d), d = amax_g(|x|)/127, s the block scale. The byte multiplies take an unsigned operand, so
 // the codes are looked up as u = 2·e2m1 + 12 ∈ [0, 24] and 12·Σ_{k∈g} q[k] (per row and group, computed with q)
-// is subtracted from each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·127 = 6096, so four of
+// is subtracted from each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·128 = 6144, so four of
 // them add in int16 without saturation before vpmaddwd widens them to int32.
+//
+// Fine groups: the int8 rounding of the few groups whose amax dominates a row (RMSNorm outputs times a norm
+// weight with outlier channels) carried most of the int8 path's KLD. Those groups get a 16-bit grid
+// Q = round(x·32512/amax) split into two int8, hi and lo, both dotted with the same decoded weight bytes and
+// combined as 256·Σu·hi + Σu·lo in int32; the other groups keep the single int8 dot. Which groups are fine is
+// decided per row by quantize_int8_blocks (kInt8ActivationFineRatio).
 //
 // Layout: the row-word layout of prepared_linear.h, unchanged. Byte b of lane r holds columns 2b (low nibble)
 // and 2b + 1 (high nibble) of row r, so the low nibbles of a lane are columns 0, 2, 4, 6 of its octet and the
@@ -32,7 +38,22 @@
 
 #include "kernels/cpu/fp4_scales-inl.h"
 #include "kernels/cpu/gemm_shared.h"
+#include "kernels/linear.h"
 #include "quant/formats.h"
+
+// Defined once although foreach_target.h includes this file once per target.
+#ifndef FP4SERVE_GEMM_INT8_ROWS
+#define FP4SERVE_GEMM_INT8_ROWS
+namespace fp4serve::kernels {
+struct Int8Rows {
+  const int8_t* q;      // [rows][K], octet order: Q (coarse groups) or hi = ⌊(Q + 128)/256⌋ (fine groups)
+  const int8_t* r;      // [rows][K], octet order: lo = Q − 256·hi (fine groups), 0 elsewhere
+  const float* d;       // [rows][groups]: x ≈ Q·d
+  const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
+  const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
+};
+}  // namespace fp4serve::kernels
+#endif
 
 #if HWY_ONCE
 namespace fp4serve::kernels {
@@ -41,38 +62,63 @@ namespace {
 
 // Column j of an octet → its byte within the octet's 8 activation bytes (see the layout note above).
 constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+// Largest |Q| of a fine group: 127·256, so that Q = 256·hi + lo splits into two int8.
+constexpr float kFineMax = 32512.f;
 
 }  // namespace
 
-void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, int8_t* q,
-                          float* d, int32_t* sums) {
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
   const int64_t groups = k / block;
+  thread_local std::vector<float> amax;
+  amax.resize(static_cast<size_t>(groups));
   for (int64_t i = 0; i < m; ++i) {
     const float* xi = x + i * k;
     int8_t* qi = q + i * k;
+    int8_t* ri = r + i * k;
+    // Pass 1: amax per group (NaN if the group holds one) and the mean square of the usable coarse scales.
+    double sum_d2 = 0;
+    int64_t usable = 0;
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = xi + g * block;
-      float amax = 0.f;
+      float a = 0.f;
       bool nan = false;
       for (int64_t j = 0; j < block; ++j) {
-        amax = std::max(amax, std::fabs(xg[j]));
+        a = std::max(a, std::fabs(xg[j]));
         nan = nan || std::isnan(xg[j]);
       }
-      // A NaN input makes its block's scale NaN (q = 0), so it reaches the outputs as in the fp32 path.
-      const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.f;
-      const bool degenerate = nan || !std::isfinite(amax) || !(amax > 0.f);  // q = 0; d = NaN, inf or 0
-      const float inv = degenerate ? 0.f : 127.f / amax;
+      amax[static_cast<size_t>(g)] = nan ? std::numeric_limits<float>::quiet_NaN() : a;
+      if (!nan && std::isfinite(a) && a > 0.f) {
+        const double dg = static_cast<double>(a) / 127;
+        sum_d2 += dg * dg;
+        ++usable;
+      }
+    }
+    const double fine_d2 = usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xi + g * block;
+      const float a = amax[static_cast<size_t>(g)];
+      // A NaN input makes its block's scale NaN (Q = 0), so it reaches the outputs as in the fp32 path.
+      const bool degenerate = std::isnan(a) || !std::isfinite(a) || !(a > 0.f);  // Q = 0; d = NaN, inf or 0
+      const double dg = static_cast<double>(a) / 127;
+      const bool is_fine = !degenerate && dg * dg >= fine_d2;
+      const float top = is_fine ? kFineMax : 127.f;
+      const float inv = degenerate ? 0.f : top / a;
       int32_t sum = 0;
       for (int64_t j = 0; j < block; ++j) {
-        // |x·inv| ≤ 127 up to one rounding; the clamp keeps it inside int8 whatever the rounding.
-        const float r = degenerate ? 0.f : std::nearbyint(std::clamp(xg[j] * inv, -127.f, 127.f));
-        const auto v = static_cast<int8_t>(r);
+        // |x·inv| ≤ top up to one rounding; the clamp keeps it inside the grid whatever the rounding.
+        const auto v = static_cast<int32_t>(degenerate ? 0.f : std::nearbyint(std::clamp(xg[j] * inv, -top, top)));
+        // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ ∈ [−127, 127].
+        const int32_t hi = is_fine ? (v + 128) >> 8 : v;
         const int64_t col = g * block + j;
-        qi[octet_order ? (col & ~int64_t{7}) + kOctetSlot[col & 7] : col] = v;
+        const int64_t at = octet_order ? (col & ~int64_t{7}) + kOctetSlot[col & 7] : col;
+        qi[at] = static_cast<int8_t>(hi);
+        ri[at] = static_cast<int8_t>(is_fine ? v - 256 * hi : 0);
         sum += v;
       }
-      d[i * groups + g] = scale;
-      if (sums != nullptr) sums[i * groups + g] = sum;
+      d[i * groups + g] = std::isnan(a) ? a : a / top;
+      if (off != nullptr) off[i * groups + g] = 12 * sum;
+      if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
     }
   }
 }
@@ -154,11 +200,34 @@ HWY_INLINE VI DotAdd(VI acc, VU8 u0, VU8 s0, VU8 u1, VU8 s1, VU8 u2, VU8 s2, VU8
 #endif
 }
 
-struct Int8Rows {
-  const int8_t* q;     // [rows][K], octet order
-  const float* d;      // [rows][groups]
-  const int32_t* off;  // [rows][groups]: 12·Σ q over the group
-};
+
+// isum[i] += Σ u·q over the group's octet pairs for rows i < kM, and with kFine isum2[i] += Σ u·r.
+template <quant::BlockFormat kFormat, int kM, bool kFine>
+HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_t g, const Int8Rows& x,
+                          int64_t k_total, VU8 lut, VU8 low4, VI* isum, VI* isum2) {
+  constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
+  (void)codes_b;
+  (void)isum2;
+  for (int64_t p = 0; p < kPairsPerGroup; ++p) {
+    const int64_t c = (g * kPairsPerGroup + p) * 2;
+    const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
+    const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
+    const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
+    const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
+    const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
+    const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
+    for (int i = 0; i < kM; ++i) {
+      const int8_t* xq = x.q + i * k_total + 8 * c;
+      isum[i] = DotAdd(isum[i], even0, Broadcast4(xq), odd0, Broadcast4(xq + 4), even1, Broadcast4(xq + 8), odd1,
+                       Broadcast4(xq + 12));
+      if constexpr (kFine) {
+        const int8_t* xr = x.r + i * k_total + 8 * c;
+        isum2[i] = DotAdd(isum2[i], even0, Broadcast4(xr), odd0, Broadcast4(xr + 4), even1, Broadcast4(xr + 8), odd1,
+                          Broadcast4(xr + 12));
+      }
+    }
+  }
+}
 
 // Raw sums acc[i][r] for rows r of tiles (ta, tb) and x rows i < kM (block scales applied, global scale not).
 template <quant::BlockFormat kFormat, int kM>
@@ -169,12 +238,10 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const int64_t k_total = w.in_features;
   const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
-  constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
   const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
   const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
   const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
-  (void)codes_b;
   // u = 2·e2m1 + 12: codes 0..7 = +0 … +6, 8..15 = −0 … −6.
   alignas(16) static constexpr uint8_t kLut[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
   const VU8 lut = hn::LoadDup128(du8, kLut);
@@ -183,25 +250,26 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
   for (int64_t g = 0; g < groups; ++g) {
     VI isum[kM];
-    for (int i = 0; i < kM; ++i) isum[i] = hn::Zero(di);
-    for (int64_t p = 0; p < kPairsPerGroup; ++p) {
-      const int64_t c = (g * kPairsPerGroup + p) * 2;
-      const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
-      const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
-      const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
-      const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
-      const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
-      const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
-      for (int i = 0; i < kM; ++i) {
-        const int8_t* xq = x.q + i * k_total + 8 * c;
-        isum[i] = DotAdd(isum[i], even0, Broadcast4(xq), odd0, Broadcast4(xq + 4), even1, Broadcast4(xq + 8),
-                         odd1, Broadcast4(xq + 12));
-      }
+    VI isum2[kM];
+    bool any_fine = false;
+    for (int i = 0; i < kM; ++i) {
+      isum[i] = hn::Zero(di);
+      isum2[i] = hn::Zero(di);
+      any_fine = any_fine || x.fine[i * groups + g] != 0;
+    }
+    // Most groups are coarse: the second dot runs only where some row's group is fine (its lo bytes are 0 in
+    // the rows where it is not).
+    if (any_fine) {
+      GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
+    } else {
+      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
     }
     // The table holds 2·e2m1: the ½ is folded into the scale.
     const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
     for (int i = 0; i < kM; ++i) {
-      const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[i * groups + g]));
+      // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
+      const VI uq = x.fine[i * groups + g] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
+      const VI exact = hn::Sub(uq, hn::Set(di, x.off[i * groups + g]));
       // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
       total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
     }
@@ -219,11 +287,11 @@ void Int8ByRows(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y)
   ForRowCount<HWY_TARGET == HWY_AVX2 ? 4 : 8>(m, [&]<int kM>() { Int8Layer<kFormat, kM>(w, x, y); });
 }
 
-bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const int32_t* off, int64_t m, float* y) {
+bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
   for (int64_t m0 = 0; m0 < m; m0 += kMaxM) {
-    const Int8Rows rows{q + m0 * k, d + m0 * groups, off + m0 * groups};
+    const Int8Rows rows{x.q + m0 * k, x.r + m0 * k, x.d + m0 * groups, x.off + m0 * groups, x.fine + m0 * groups};
     const int64_t mm = std::min(kMaxM, m - m0);
     float* ym = y + m0 * w.out_features;
     switch (w.layout) {
@@ -246,7 +314,7 @@ bool Int8Impl(const PreparedLinear& w, const int8_t* q, const float* d, const in
 
 #else
 
-bool Int8Impl(const PreparedLinear&, const int8_t*, const float*, const int32_t*, int64_t, float*) { return false; }
+bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*) { return false; }
 
 #endif
 
@@ -266,7 +334,7 @@ namespace {
 
 // The same integer math without SIMD, for targets that have no kernel above (and the same results up to the
 // fp32 order of the group sums).
-void int8_scalar(const prepare::PreparedLinear& w, const int8_t* q, const float* d, int64_t m, float* y) {
+void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
   const int64_t octets = k / 8;
@@ -278,15 +346,18 @@ void int8_scalar(const prepare::PreparedLinear& w, const int8_t* q, const float*
       const int64_t tile = n / prepare::kTileRows, r = n % prepare::kTileRows;
       float total = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
+        const bool fine = x.fine[i * groups + g] != 0;
         int32_t sum = 0;
         for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
           const uint8_t byte = codes[(tile * octets + col / 8) * 32 + 4 * r + (col % 8) / 2];
           const uint8_t code = col % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
-          sum += kTwiceE2m1[code] * q[i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2];
+          const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
+          const int32_t big_q = fine ? 256 * x.q[at] + x.r[at] : x.q[at];
+          sum += kTwiceE2m1[code] * big_q;
         }
         const uint8_t sb = scales[(tile * groups + g) * prepare::kTileRows + r];
         const float s = quant::decode_block_scale(w.block_format, sb);
-        total += static_cast<float>(sum) * d[i * groups + g] * (0.5f * s);
+        total += static_cast<float>(sum) * x.d[i * groups + g] * (0.5f * s);
       }
       y[i * w.out_features + n] = apply_epilogue(w, n, total);
     }
@@ -294,9 +365,10 @@ void int8_scalar(const prepare::PreparedLinear& w, const int8_t* q, const float*
 }
 
 struct Int8Scratch {
-  std::vector<int8_t> q;
+  std::vector<int8_t> q, r;
   std::vector<float> d;
   std::vector<int32_t> off;
+  std::vector<uint8_t> fine;
 };
 
 }  // namespace
@@ -307,13 +379,14 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
   s.q.resize(static_cast<size_t>(m * k));
+  s.r.resize(static_cast<size_t>(m * k));
   s.d.resize(static_cast<size_t>(m * groups));
   s.off.resize(static_cast<size_t>(m * groups));
-  quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, s.q.data(), s.d.data(), s.off.data());
-  for (int32_t& v : s.off) v *= 12;  // the +12 bias of the unsigned weight table, per group
-  if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, s.q.data(), s.d.data(), s.off.data(), m, y)) {
-    int8_scalar(w, s.q.data(), s.d.data(), m, y);
-  }
+  s.fine.resize(static_cast<size_t>(m * groups));
+  quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, s.q.data(), s.r.data(),
+                       s.d.data(), s.off.data(), s.fine.data());
+  const Int8Rows rows{s.q.data(), s.r.data(), s.d.data(), s.off.data(), s.fine.data()};
+  if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y)) int8_scalar(w, rows, m, y);
 }
 
 std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }

@@ -51,12 +51,20 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   gemm_dispatch(w, xp.data(), m, y);
 }
 
-void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, int8_t* q, float* d) {
+void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, float fine_ratio, int8_t* q,
+                               int8_t* r, float* d, uint8_t* fine) {
   if (block < 1 || k % block != 0) {
     throw UsageError(fmt::format("quantize_activations_int8: K = {} is not a multiple of the block size {}", k, block));
   }
   if (m < 0) throw UsageError(fmt::format("quantize_activations_int8: m = {} is negative", m));
-  quantize_int8_blocks(x, m, k, block, /*octet_order=*/false, q, d, nullptr);
+  if (!(fine_ratio >= 0.f)) throw UsageError(fmt::format("quantize_activations_int8: fine_ratio {} is not ≥ 0", fine_ratio));
+  std::vector<uint8_t> flags(static_cast<size_t>(m * (k / block)));
+  quantize_int8_blocks(x, m, k, block, /*octet_order=*/false, fine_ratio, q, r, d, nullptr, flags.data());
+  // The kernels keep a coarse block's d = a/127; here every block has the scale of 256·q + r (exact: a power of 2).
+  for (size_t g = 0; g < flags.size(); ++g) {
+    if (flags[g] == 0) d[g] /= 256.f;
+    if (fine != nullptr) fine[g] = flags[g];
+  }
 }
 
 std::vector<int64_t> int8_gemm_targets() { return int8_targets(); }

@@ -31,11 +31,15 @@ int64_t gemv_max_rows();
 /// kernel of the best supported target (a scalar loop of the same math on targets without one).
 void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// Per row of x [m, k] and block of `block` columns (k a multiple of block): d = amax/127, q = round-to-nearest-
-/// even(x · 127/amax) (0 for an all-zero block); q [m, k] in column order, or per octet of columns as
-/// [c0 c2 c4 c6 c1 c3 c5 c7] with octet_order; d [m, k/block]; sums [m, k/block] = Σ q per block (may be null).
-void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, int8_t* q,
-                          float* d, int32_t* sums);
+/// Per row of x [m, k] and block of `block` columns (k a multiple of block), amax = max |x| of the block:
+/// a block is fine when (amax/127)² ≥ fine_ratio² · the mean of (amax/127)² over the row's blocks with a finite
+/// amax > 0, coarse otherwise. Coarse: d = amax/127, Q = round-to-nearest-even(x · 127/amax) ∈ [−127, 127];
+/// fine: d = amax/32512, Q = RNE(x · 32512/amax) ∈ [−32512, 32512], stored as hi = ⌊(Q + 128)/256⌋ ∈ [−127, 127]
+/// in q and lo = Q − 256·hi ∈ [−128, 127] in r (r = 0 in coarse blocks). Q = 0 in a block whose amax is 0, inf
+/// or NaN, with d = 0, inf, NaN. q, r [m, k] in column order, or per octet of columns as [c0 c2 c4 c6 c1 c3 c5 c7]
+/// with octet_order; d, off (12·Σ Q), fine (0 / 1) [m, k/block]; off and fine may be null.
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine);
 
 /// Highway targets compiled into gemm_int8.cpp (AVX3_DL included) and supported by this CPU, best first.
 std::vector<int64_t> int8_targets();
