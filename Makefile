@@ -28,8 +28,9 @@ test-release: build
 	ctest --preset release -j $(JOBS)
 
 # ASan + UBSan over every GoogleTest suite, core to app (each gtest binary must be built: an unbuilt one is a
-# failing *_NOT_BUILT test). The asan test preset leaves out the CLI checks (cli.*: they need an instrumented
-# fp4serve, 19 more translation units) and the mpirun tests (mpi.*); the release tree runs both.
+# failing *_NOT_BUILT test). The CLI checks (cli.*: they need an instrumented fp4serve, 19 more translation units)
+# and the mpirun tests (mpi.*: LeakSanitizer flags Open MPI's own allocations) run in the release tree only.
+# -E, not a preset filter: ctest 3.25 drops a test preset's exclude filters here.
 ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test device_caps_test prepare_test \
   kernels_linear_test kernel_ops_test model_test runtime_test runtime_generation_test runtime_bench_test \
   runtime_rank_zero_model_test server_test server_chat_prompt_test server_e2e_test server_hardening_test \
@@ -37,7 +38,7 @@ ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test de
 test-asan: deps
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS) --target $(ASAN_TESTS)
-	ctest --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS) -E '^(cli|mpi)\.'
 
 # Not part of `make test`: cross-builds the kernels, prepare, quant and model suites for aarch64 and runs them
 # under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; README "Arm CPUs").
