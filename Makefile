@@ -27,11 +27,20 @@ run: build-cli
 test-release: build
 	ctest --preset release -j $(JOBS)
 
+# ASan + UBSan over every GoogleTest suite, core to app (each gtest binary must be built: an unbuilt one is a
+# failing *_NOT_BUILT test), plus the mpirun tests but one (Open MPI's leaks suppressed in
+# tests/dist/lsan-openmpi.supp). The CLI checks (cli.*, mpi.tensor_parallel_cli: they need an instrumented fp4serve,
+# 19 more translation units) run in the release tree only. -E, not a preset filter: exclude filters put in
+# the asan test preset did not apply with ctest 3.25 (`ctest --preset asan -N` and `-L` runs still listed them).
+ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test device_caps_test prepare_test \
+  kernels_linear_test kernel_ops_test model_test runtime_test runtime_generation_test runtime_bench_test \
+  runtime_rank_zero_model_test server_test server_chat_prompt_test server_e2e_test server_hardening_test \
+  server_soak_test app_model_options_test app_calibration_test dist_mpi_collectives_test dist_mpi_probe \
+  tp_parity_mpi_test
 test-asan: deps
 	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS) --target checkpoint_test quant_test core_test plan_test runtime_test runtime_generation_test runtime_bench_test runtime_rank_zero_model_test server_test server_e2e_test \
-	  server_hardening_test server_soak_test server_chat_prompt_test device_caps_test
-	ctest --preset asan -j $(JOBS) -L "checkpoint|quant|core|plan|runtime|server"
+	cmake --build --preset asan -j $(JOBS) --target $(ASAN_TESTS)
+	ctest --preset asan -j $(JOBS) -E '^(cli\.|mpi\.tensor_parallel_cli$$)'
 
 # Not part of `make test`: cross-builds the kernels, prepare, quant and model suites for aarch64 and runs them
 # under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; README "Arm CPUs").
