@@ -30,7 +30,7 @@ enum class ActivationEmulation : uint8_t {
 /// streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
 /// register-blocked fp32 micro-kernel over it.
-/// With w.activation_precision == Int8 (Nvfp4 / Mxfp4 layers; other layouts ignore it) and aq == None, each row
+/// With w.activation_precision == Int8 (Fp4 (block-format) layers; other layouts ignore it) and aq == None, each row
 /// of x is quantized per weight group (16 / 32 columns) by quantize_activations_int8 with
 /// kInt8ActivationFineRatio and the products are integer dot products: y[m, n] = Σ_g d[m, g] · s[n, g] ·
 /// Σ_{k∈g} (256·q + r)[m, k] · e2m1[n, k], fp32 per group (the error against the fp32 path is bounded by

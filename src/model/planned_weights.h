@@ -67,7 +67,7 @@ enum class LmHeadDtype : uint8_t {
 
 /// Choices of the run, not of the checkpoint, applied while preparing.
 struct PrepareOptions {
-  /// Set on every Nvfp4 / Mxfp4 linear (prepare::PreparedLinear::activation_precision).
+  /// Set on every Fp4 (block-format) linear (prepare::PreparedLinear::activation_precision).
   prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
   LmHeadDtype lm_head_dtype = LmHeadDtype::Bf16;
 };

@@ -21,7 +21,7 @@ using quant::GlobalScaleConvention;
 /// Storage of Dense weights: bf16 checkpoints stay bf16 (half the bytes per token); f16 and f32 become f32.
 enum class DenseStorage : uint8_t { Bf16, F32 };
 
-/// How linear() multiplies x with Nvfp4 / Mxfp4 weights (other layouts always run fp32 activations).
+/// How linear() multiplies x with Fp4 (block-format) weights (other layouts always run fp32 activations).
 enum class ActivationPrecision : uint8_t {
   Fp32,  ///< x stays fp32 and each E2M1 code is decoded to fp32: the reference path
   /// x quantized once per call to int8 per row and weight group (d = amax/127, the group size of the weights:

@@ -27,7 +27,7 @@ bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 
-/// ActivationPrecision::Int8 for Nvfp4 / Mxfp4 (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot
+/// ActivationPrecision::Int8 for Fp4 layouts (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot
 /// kernel of the best supported target (a scalar loop of the same math on targets without one).
 void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
