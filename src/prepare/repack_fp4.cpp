@@ -78,11 +78,13 @@ PreparedLinear prepare_fp4(quant::BlockFormat format, const core::TensorView& we
   }
   // E4M3 has NaN codes (0x7F/0xFF), which no reference produces; E8M0's 255 decodes to +inf as in the references.
   const auto* scale_bytes = reinterpret_cast<const uint8_t*>(weight_scale.bytes.data());
-  for (size_t i = 0; f.scale == quant::ElementFormat::E4M3 && i < weight_scale.bytes.size(); ++i) {
-    if ((scale_bytes[i] & 0x7F) == 0x7F) {
-      fail(name, "block scale",
-           fmt::format("[{}, {}] is NaN (E4M3 byte 0x{:02X})", static_cast<int64_t>(i) / (k / g),
-                       static_cast<int64_t>(i) % (k / g), scale_bytes[i]));
+  if (f.scale == quant::ElementFormat::E4M3) {
+    for (size_t i = 0; i < weight_scale.bytes.size(); ++i) {
+      if ((scale_bytes[i] & 0x7F) == 0x7F) {
+        fail(name, "block scale",
+             fmt::format("[{}, {}] is NaN (E4M3 byte 0x{:02X})", static_cast<int64_t>(i) / (k / g),
+                         static_cast<int64_t>(i) % (k / g), scale_bytes[i]));
+      }
     }
   }
   PreparedLinear w;

@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using core::DType;
 
-const fs::path kData = FP4SERVE_TEST_DATA;
+const fs::path kDataDir = FP4SERVE_TEST_DATA;
 
 std::vector<std::byte> read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -68,7 +68,7 @@ TEST(SafetensorsWriter, ReproducesCheckpointsSavedByTransformersByteForByte) {
   // files with several `__metadata__` keys cannot be compared: the Rust writer emits them in HashMap order.)
   int checked = 0;
   for (const char* f : {"llama-bf16", "llama-nvfp4a16", "llama-mxfp4a16", "llama-w4a16", "llama-fp8-block"}) {
-    const fs::path p = kData / "ref" / f / "model.safetensors";
+    const fs::path p = kDataDir / "ref" / f / "model.safetensors";
     if (!fs::exists(p)) continue;
     expect_identical_reserialization(p);
     ++checked;

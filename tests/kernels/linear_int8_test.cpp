@@ -27,7 +27,7 @@ using prepare::PreparedLinear;
 using testing::Layer;
 
 // 1..4 one pass of the AVX2 kernel, 1..8 of the AVX-512 one; 5, 9, 17 several passes (chunks of rows).
-constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 17};
+constexpr int64_t kInt8Ms[] = {1, 2, 3, 4, 5, 8, 9, 17};
 
 void for_each_int8_target(const std::function<void()>& body) {
   const auto targets = int8_gemm_targets();
@@ -42,7 +42,7 @@ void for_each_int8_target(const std::function<void()>& body) {
 }
 
 // Normal values with one group in eight scaled by 50 (an outlier group) and none exactly zero.
-std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
+std::vector<float> random_x_with_outliers(std::mt19937& rng, int64_t m, int64_t k) {
   std::normal_distribution<float> dist(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(m * k));
   for (size_t i = 0; i < x.size(); ++i) {
@@ -63,7 +63,7 @@ TEST(QuantizeActivationsInt8, FollowsTheRuleInFloat64) {
     for (float ratio : {0.f, 0.5f, 1.f, 1.7f, inf}) {
       SCOPED_TRACE(::testing::Message() << "block " << block << " fine_ratio " << ratio);
       const int64_t m = 3, k = 7 * block;
-      auto x = random_x(rng, m, k);
+      auto x = random_x_with_outliers(rng, m, k);
       for (int64_t j = 0; j < block; ++j) x[static_cast<size_t>(k + j)] = 0.f;  // row 1, group 0: all zero
       std::vector<int8_t> q(static_cast<size_t>(m * k), 99), r(static_cast<size_t>(m * k), 99);
       std::vector<float> d(static_cast<size_t>(m * k / block), -1.f);
@@ -123,7 +123,8 @@ TEST(QuantizeActivationsInt8, FollowsTheRuleInFloat64) {
         }
       }
       if (ratio == 1.f) {
-        // random_x's outlier groups (×50) are fine, the others not: both kinds occur at the default-like ratio.
+        // The outlier groups of random_x_with_outliers (×50) are fine, the others not: both kinds occur at the
+        // default-like ratio.
         EXPECT_GT(fine_blocks, 0);
         EXPECT_GT(coarse_blocks, 0);
       }
@@ -138,8 +139,8 @@ TEST(QuantizeActivationsInt8, FollowsTheRuleInFloat64) {
 void check_int8(PreparedLinear& w, const Layer& l, int64_t group, std::mt19937& rng) {
   w.activation_precision = ActivationPrecision::Int8;
   const int64_t groups = l.k / group;
-  for (int64_t m : kMs) {
-    const auto x = random_x(rng, m, l.k);
+  for (int64_t m : kInt8Ms) {
+    const auto x = random_x_with_outliers(rng, m, l.k);
     std::vector<int8_t> q(static_cast<size_t>(m * l.k)), r(static_cast<size_t>(m * l.k));
     std::vector<float> d(static_cast<size_t>(m * groups));
     std::vector<uint8_t> fine(static_cast<size_t>(m * groups));
@@ -255,7 +256,7 @@ TEST(LinearInt8, NanAndInfInputsReachTheOutputs) {
   PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
                                             prepare::GlobalScaleConvention::Divisor, "t");
   w.activation_precision = ActivationPrecision::Int8;
-  auto x = random_x(rng, 3, 64);
+  auto x = random_x_with_outliers(rng, 3, 64);
   x[5] = std::numeric_limits<float>::quiet_NaN();          // row 0
   x[64 + 20] = std::numeric_limits<float>::infinity();     // row 1
   std::vector<float> y(3 * 24);

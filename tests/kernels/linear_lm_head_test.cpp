@@ -19,7 +19,7 @@ namespace {
 using prepare::PreparedLinear;
 using testing::Layer;
 
-constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 9};
+constexpr int64_t kLmHeadMs[] = {1, 2, 3, 4, 5, 9};
 
 // ŵ[n, k] by the rule: s = float(amax_row)/qmax, ŵ = decode(encode(w/s))·s, computed here in float64 from the
 // stored row maximum (quant::float_to_e4m3 is checked against ml_dtypes' tables in the quant tests).
@@ -41,7 +41,7 @@ std::vector<double> expected_copy(const Layer& l, bool int8) {
 
 void check_linear(const PreparedLinear& w, const Layer& l, const std::vector<double>& what, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.f, 1.f);
-  for (int64_t m : kMs) {
+  for (int64_t m : kLmHeadMs) {
     std::vector<float> x(static_cast<size_t>(m * l.k));
     for (auto& v : x) v = dist(rng) + 1e-3f;
     std::vector<float> y(static_cast<size_t>(m * l.n));

@@ -23,12 +23,15 @@
 #include "model/backend.h"
 #include "model/cuda_backend.h"
 #include "model/loader.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using test_support::ids_of;
+using test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
 bool have_gpu() { return kernels::cuda::cuda_device(0).has_value(); }
 
@@ -85,13 +88,6 @@ TEST(BackendHost, DeviceCudaWithoutAGpuGivesTheNoGpuMessageForEveryArchitecture)
       EXPECT_NE(std::string(e.what()).find("no CUDA device was found"), std::string::npos) << e.what();
     }
   }
-}
-
-std::vector<int32_t> ids_of(const checkpoint::SafetensorsFile& golden, const std::string& name) {
-  const auto view = golden.view(*golden.find(name));
-  std::vector<int32_t> ids(static_cast<size_t>(view.numel()));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(view.load<int64_t>(i));
-  return ids;
 }
 
 // Prefill with all logits, then `steps` decode steps through the cache. With `forced` empty each step feeds the

@@ -9,18 +9,14 @@
 
 #include "checkpoint/safetensors.h"
 #include "model/loader.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
-namespace fs = std::filesystem;
+using test_support::ids_of;
 
-std::vector<int32_t> ids_of(const checkpoint::SafetensorsFile& golden, const std::string& name) {
-  const auto view = golden.view(*golden.find(name));
-  std::vector<int32_t> ids(static_cast<size_t>(view.numel()));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(view.load<int64_t>(i));
-  return ids;
-}
+namespace fs = std::filesystem;
 
 int32_t argmax_row(const std::vector<float>& logits, size_t row, int64_t vocab) {
   const float* p = logits.data() + row * static_cast<size_t>(vocab);

@@ -13,12 +13,15 @@
 
 #include "checkpoint/safetensors.h"
 #include "model/loader.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using test_support::ids_of;
+using test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
 struct ParityCase {
   std::string fixture;
@@ -87,13 +90,6 @@ std::vector<ParityCase> cases() {
     return a.fixture != b.fixture ? a.fixture < b.fixture : a.activation_quant < b.activation_quant;
   });
   return out;
-}
-
-std::vector<int32_t> ids_of(const checkpoint::SafetensorsFile& golden, const std::string& name) {
-  const auto view = golden.view(*golden.find(name));
-  std::vector<int32_t> ids(static_cast<size_t>(view.numel()));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(view.load<int64_t>(i));
-  return ids;
 }
 
 class DecoderParity : public ::testing::TestWithParam<ParityCase> {};

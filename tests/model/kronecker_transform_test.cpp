@@ -17,18 +17,13 @@
 #include "model/online_transform.h"
 #include "prepare/hadamard_factor.h"
 #include "quant/formats.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
-template <typename T>
-core::TensorView view_of(const std::vector<T>& v, core::DType dtype, std::vector<int64_t> shape) {
-  core::TensorView t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes = std::as_bytes(std::span<const T>(v));
-  return t;
-}
+using test_support::random_x;
+using test_support::view_of;
 
 double h_of(int64_t i, int64_t j) { return (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -1.0 : 1.0; }
 
@@ -70,17 +65,6 @@ std::vector<int64_t> random_perm(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::shuffle(p.begin(), p.end(), rng);
   return p;
-}
-
-std::vector<float> random_x(int64_t count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(count));
-  for (float& v : x) {
-    v = d(rng);
-    if (v == 0.0f) v = 0.5f;
-  }
-  return x;
 }
 
 // Checks t->apply against y = x · M̂ in float64 (M̂ from the stored values w, perm, inverse, scale) with an error
@@ -126,7 +110,7 @@ TEST(KroneckerFactor, CompressedTensorsShapesFactorWithTheirSylvesterOrder) {
   // producers' choices; 1·64 is a signed Sylvester (random-hadamard of a power of two).
   for (const Shape s : {Shape{144, 4}, Shape{36, 16}, Shape{192, 8}, Shape{12, 128}, Shape{1, 64}, Shape{3, 16}}) {
     const int64_t n = s.k * s.p;
-    SCOPED_TRACE(testing::Message() << "k " << s.k << " p " << s.p);
+    SCOPED_TRACE(::testing::Message() << "k " << s.k << " p " << s.p);
     const std::vector<double> w = kron_matrix(s.k, s.p, true, static_cast<uint32_t>(n + s.k));
     const auto f = prepare::factor_kronecker_hadamard(w, n, prepare::transform_storage_rel_tol(core::DType::BF16));
     ASSERT_TRUE(f.has_value());
@@ -183,7 +167,7 @@ TEST(KroneckerTransform, MatchesFloat64WithSignsPermutationAndInverse) {
     for (const bool signs : {false, true}) {
       for (const bool inverse : {false, true}) {
         for (const bool permuted : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "n " << n << " k " << s.k << " signs " << signs << " inverse " << inverse
+          SCOPED_TRACE(::testing::Message() << "n " << n << " k " << s.k << " signs " << signs << " inverse " << inverse
                                           << " perm " << permuted);
           if (s.k == 1 && !signs && !permuted) continue;  // exact Sylvester: the Fwht kernel (online_transform_test)
           const std::vector<uint16_t> stored = to_bf16(kron_matrix(s.k, s.p, signs, static_cast<uint32_t>(n * 3 + signs)));

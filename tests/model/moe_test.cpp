@@ -19,12 +19,15 @@
 #include "model/router.h"
 #include "plan/layer_plan.h"
 #include "prepare/repack.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using test_support::f32_view;
+using test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
 std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -142,10 +145,6 @@ TEST(Router, RejectsTopKOutsideTheExperts) {
 }
 
 // MoE block tests -------------------------------------------------------------------------------------------
-
-core::TensorView f32_view(const std::vector<float>& v, std::vector<int64_t> shape) {
-  return {core::DType::F32, std::move(shape), std::as_bytes(std::span<const float>(v))};
-}
 
 LinearGroup dense_group(const std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>* bias = nullptr) {
   std::vector<LinearPart> parts(1);

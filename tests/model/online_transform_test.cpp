@@ -10,22 +10,14 @@
 
 #include "fp4serve/error.h"
 #include "model/online_transform.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
-template <typename T>
-core::TensorView view_of(const std::vector<T>& v, core::DType dtype, std::vector<int64_t> shape) {
-  return {dtype, std::move(shape), std::as_bytes(std::span<const T>(v))};
-}
-
-std::vector<double> sylvester(int64_t b) {
-  std::vector<double> h(static_cast<size_t>(b * b));
-  for (int64_t i = 0; i < b; ++i) {
-    for (int64_t j = 0; j < b; ++j) h[static_cast<size_t>(i * b + j)] = (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -1.0 : 1.0;
-  }
-  return h;
-}
+using test_support::random_x;
+using test_support::sylvester;
+using test_support::view_of;
 
 // y = x · blockdiag(M) with M[i][j] = W[p[r]][p[c]] · s, (r, c) = (i, j) or (j, i) when inverse.
 std::vector<double> reference(const std::vector<float>& x, int64_t rows, int64_t dim, const std::vector<double>& w,
@@ -45,14 +37,6 @@ std::vector<double> reference(const std::vector<float>& x, int64_t rows, int64_t
     }
   }
   return y;
-}
-
-std::vector<float> random_x(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (float& v : x) v = d(rng);
-  return x;
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {

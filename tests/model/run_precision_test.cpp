@@ -15,12 +15,14 @@
 #include "checkpoint/safetensors.h"
 #include "fp4serve/error.h"
 #include "model/loader.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
 std::vector<float> prompt_logits(const LoadedModel& loaded, const std::vector<int32_t>& ids) {
   KvCache cache = loaded.decoder->make_cache(64, 1);
@@ -29,15 +31,15 @@ std::vector<float> prompt_logits(const LoadedModel& loaded, const std::vector<in
   return loaded.decoder->forward(std::span(&chunk, 1), cache);
 }
 
-struct Case {
+struct PrecisionCase {
   std::string fixture, activation_precision, lm_head_dtype;
   double tolerance;  // max|Δ| vs the golden, relative to max|golden logit|
 };
 
-class RunPrecision : public ::testing::TestWithParam<Case> {};
+class RunPrecision : public ::testing::TestWithParam<PrecisionCase> {};
 
 TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
-  const Case& c = GetParam();
+  const PrecisionCase& c = GetParam();
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
   LoadOptions exact_options;
@@ -70,13 +72,13 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
-                         ::testing::Values(Case{"llama-nvfp4a16", "int8", "bf16", 5e-3},
-                                           Case{"llama-mxfp4a16", "int8", "bf16", 5e-3},
-                                           Case{"qwen3-nvfp4a16", "int8", "bf16", 5e-3},
-                                           Case{"llama-bf16", "fp32", "int8", 1.2e-2},
-                                           Case{"llama-bf16", "fp32", "fp8", 4e-2},
-                                           Case{"llama-nvfp4a16", "int8", "int8", 1.2e-2}),
-                         [](const ::testing::TestParamInfo<Case>& p) {
+                         ::testing::Values(PrecisionCase{"llama-nvfp4a16", "int8", "bf16", 5e-3},
+                                           PrecisionCase{"llama-mxfp4a16", "int8", "bf16", 5e-3},
+                                           PrecisionCase{"qwen3-nvfp4a16", "int8", "bf16", 5e-3},
+                                           PrecisionCase{"llama-bf16", "fp32", "int8", 1.2e-2},
+                                           PrecisionCase{"llama-bf16", "fp32", "fp8", 4e-2},
+                                           PrecisionCase{"llama-nvfp4a16", "int8", "int8", 1.2e-2}),
+                         [](const ::testing::TestParamInfo<PrecisionCase>& p) {
                            std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" + p.param.lm_head_dtype;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;

@@ -19,12 +19,14 @@
 #include "fp4serve/error.h"
 #include "model/loader.h"
 #include "tp_checkpoint.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 
 // The run's MPI communicator (dist::make_mpi_communicator, which initialises MPI), made first thing in main().
 dist::Communicator* g_comm = nullptr;

@@ -58,7 +58,7 @@ double relative_error(const std::vector<float>& y, const std::vector<float>& x, 
   return err / scale;
 }
 
-struct Case {
+struct ShardCase {
   Format format;
   int64_t inter;
   int ranks;
@@ -66,10 +66,10 @@ struct Case {
   double tol;  // dense bf16 and FP4 weights are exact; the error is the fp32 accumulation only
 };
 
-class RowParallel : public ::testing::TestWithParam<Case> {};
+class RowParallel : public ::testing::TestWithParam<ShardCase> {};
 
 TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
-  const Case& c = GetParam();
+  const ShardCase& c = GetParam();
   const auto ck = write_llama(c.format, c.inter, c.tag, c.ranks);
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
   const plan::LayerPlan lp = plan::build_plan(ckpt, {plan::resolve_device("cpu"), plan::ActivationQuant::Auto});
@@ -126,12 +126,12 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, RowParallel,
-    ::testing::Values(Case{Format::Nvfp4, 80, 3, "nvfp4", 1e-5},        // 80 = 32/32/16, uneven
-                      Case{Format::Mxfp4, 352, 3, "mxfp4", 1e-5},       // 352 = 128/128/96 (llama-i352)
-                      Case{Format::Int4, 96, 3, "int4", 1e-5},
-                      Case{Format::Int4Actorder, 128, 2, "int4_gidx", 1e-5},
-                      Case{Format::Fp8Block, 96, 2, "fp8", 1e-5},
-                      Case{Format::Dense, 88, 2, "dense", 1e-5}),      // 88 = 48/40 on 8-column octets
+    ::testing::Values(ShardCase{Format::Nvfp4, 80, 3, "nvfp4", 1e-5},        // 80 = 32/32/16, uneven
+                      ShardCase{Format::Mxfp4, 352, 3, "mxfp4", 1e-5},       // 352 = 128/128/96 (llama-i352)
+                      ShardCase{Format::Int4, 96, 3, "int4", 1e-5},
+                      ShardCase{Format::Int4Actorder, 128, 2, "int4_gidx", 1e-5},
+                      ShardCase{Format::Fp8Block, 96, 2, "fp8", 1e-5},
+                      ShardCase{Format::Dense, 88, 2, "dense", 1e-5}),      // 88 = 48/40 on 8-column octets
     [](const auto& param_info) { return param_info.param.tag; });
 
 TEST(RowParallel, AGlobalActivationOrderThatARankCannotHoldIsRefusedNamingTheGroup) {

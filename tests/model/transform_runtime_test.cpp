@@ -17,9 +17,13 @@
 #include "model/linear_group.h"
 #include "model/online_transform.h"
 #include "prepare/repack.h"
+#include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
+
+using test_support::f32_view;
+using test_support::sylvester;
 
 std::vector<double> random_values(size_t n, uint32_t seed, double scale = 1.0) {
   std::mt19937 rng(seed);
@@ -30,19 +34,6 @@ std::vector<double> random_values(size_t n, uint32_t seed, double scale = 1.0) {
 }
 
 std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-core::TensorView f32_view(const std::vector<float>& v, std::vector<int64_t> shape) {
-  return {core::DType::F32, std::move(shape), std::as_bytes(std::span<const float>(v))};
-}
-
-// H_b with entries ±1 (Sylvester).
-std::vector<double> sylvester(int64_t b) {
-  std::vector<double> h(static_cast<size_t>(b * b));
-  for (int64_t i = 0; i < b; ++i) {
-    for (int64_t j = 0; j < b; ++j) h[static_cast<size_t>(i * b + j)] = (std::popcount(static_cast<uint64_t>(i & j)) & 1) ? -1.0 : 1.0;
-  }
-  return h;
-}
 
 // I + 0.3·G/√b: invertible and far from orthogonal, so a dropped transpose or scale would show.
 std::vector<double> random_matrix(int64_t b, uint32_t seed) {
@@ -204,6 +195,10 @@ TEST(OutputTransform, SlicesOutsideThePartOrNotAMultipleOfTheBlockAreRejected) {
 }
 
 // --- decoder ------------------------------------------------------------------------------------------------------
+
+// From here on, tests on a synthetic two-layer Llama. A named namespace: other suites of model_test have their own
+// kHidden and kLayers (one unity translation unit).
+namespace tiny {
 
 constexpr int64_t kHidden = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 16, kInter = 48, kVocab = 40, kLayers = 2;
 
@@ -452,5 +447,6 @@ TEST(OutputTransform, RotatedValuesCompensatedInOProjGiveThePlainLogitsFusedAndU
   }
 }
 
+}  // namespace tiny
 }  // namespace
 }  // namespace fp4serve::model

@@ -14,12 +14,14 @@
 #include "checkpoint/safetensors.h"
 #include "kernels/linear.h"
 #include "prepare/repack.h"
+#include "test_support.h"
 
 namespace fp4serve {
 namespace {
 
+using model::test_support::kRef;
+
 namespace fs = std::filesystem;
-const fs::path kRef = fs::path(FP4SERVE_TEST_DATA) / "ref";
 const std::string kModule = "model.layers.0.self_attn.q_proj";
 
 std::vector<std::string> nvfp4_w4a4_fixtures() {

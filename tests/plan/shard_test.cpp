@@ -130,7 +130,7 @@ const ModulePlan& module(const LayerPlan& p, const std::string& name) {
   return *m;
 }
 
-std::string error_of(const std::function<void()>& f) {
+std::string usage_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const UsageError& e) {
@@ -200,7 +200,7 @@ TEST(ShardPlan, GptOss120bSplitsExpertsByTpAtTwoFourEight) {
   EXPECT_EQ(plan_tensor_parallel(p, 8, false).layers[0].ffn_columns[1], (IndexRange{384, 768}));
   EXPECT_EQ(plan_tensor_parallel(p, 8, false).layers[0].ffn_columns[7], (IndexRange{2528, 2880}));
   // 64 heads do not split over 3 ranks: the refusal names the valid sizes.
-  const std::string why = error_of([&] { plan_tensor_parallel(p, 3, false); });
+  const std::string why = usage_error_of([&] { plan_tensor_parallel(p, 3, false); });
   EXPECT_NE(why.find("64 attention heads do not split over 3 ranks"), std::string::npos) << why;
   EXPECT_NE(why.find("valid sizes for this model: 1, 2, 4, 8, 16, 32, 64"), std::string::npos) << why;
 }
@@ -253,7 +253,7 @@ TEST(ShardPlan, GraniteMoe3bRefusesKvHeadsThatNeitherSplitNorReplicate) {
     const ModuleShard w13 = module_shard(tp, module(p, "model.layers.31.block_sparse_moe.input_linear"), n - 1);
     EXPECT_EQ(w13.rows, (IndexRange{512 - 512 / n, 512}));
   }
-  const std::string why = error_of([&] { plan_tensor_parallel(p, 3, false); });
+  const std::string why = usage_error_of([&] { plan_tensor_parallel(p, 3, false); });
   EXPECT_NE(why.find("8 KV heads"), std::string::npos) << why;
   EXPECT_NE(why.find("valid sizes for this model: 1, 2, 4, 8"), std::string::npos) << why;
 }
@@ -275,11 +275,12 @@ TEST(ShardPlan, TooFewGroupsFallsBackToWholeExpertsOrRefusesADenseMlp) {
   EXPECT_EQ(plan_tensor_parallel(dense, 2, false).layers[0].ffn_columns,
             (std::vector<IndexRange>{{0, 64}, {64, 96}}));  // uneven, on the 32-element group
   // At 4 ranks o_proj's K (4 heads × 16) would give each rank 16 columns: half an MXFP4 group.
-  const std::string why = error_of([&] { plan_tensor_parallel(dense, 4, false); });
+  const std::string why = usage_error_of([&] { plan_tensor_parallel(dense, 4, false); });
   EXPECT_NE(why.find("o_proj K per rank 16 (1 heads × head_dim 16) is not a multiple of its granule 32"),
             std::string::npos) << why;
   EXPECT_NE(why.find("valid sizes for this model: 1, 2"), std::string::npos) << why;
-  EXPECT_NE(error_of([&] { plan_tensor_parallel(dense, 0, false); }).find("expected 1 or more"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { plan_tensor_parallel(dense, 0, false); }).find("expected 1 or more"),
+            std::string::npos);
 }
 
 TEST(ShardPlan, ExplainTextNamesEverySplit) {

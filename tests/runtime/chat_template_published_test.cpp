@@ -19,7 +19,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/published/";
+const std::string kPublishedDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/published/";
 
 ojson read_ordered(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -40,7 +40,7 @@ ojson variables_of(const ojson& c) {
 }
 
 TEST(ChatTemplatePublished, EveryTemplateConversationAndKwargsMatchesTransformers) {
-  const ojson golden = read_ordered(kDir + "golden.json");
+  const ojson golden = read_ordered(kPublishedDir + "golden.json");
   const int64_t now = golden["now_unix"].get<int64_t>();
   std::map<std::string, ChatTemplate> templates;
   // template → conversation → "=" (equal) / "raises" (both raise) / "DIFF"
@@ -48,7 +48,7 @@ TEST(ChatTemplatePublished, EveryTemplateConversationAndKwargsMatchesTransformer
   size_t equal = 0, raised = 0;
   for (const auto& c : golden["cases"]) {
     const std::string file = c["template"].get<std::string>();
-    if (!templates.count(file)) templates.emplace(file, ChatTemplate::from_file(kDir + file));
+    if (!templates.count(file)) templates.emplace(file, ChatTemplate::from_file(kPublishedDir + file));
     const ChatTemplate& tmpl = templates.at(file);
     const bool agp = c["add_generation_prompt"].get<bool>();
     const std::string conversation = c["conversation"].get<std::string>();

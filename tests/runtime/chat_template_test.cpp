@@ -11,16 +11,16 @@
 #include "runtime/chat_template.h"
 
 #include "checkpoint/checkpoint.h"
+#include "tokenizer_fixtures.h"
 
 namespace fp4serve::runtime {
 namespace {
 
 using nlohmann::json;
 
-const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
+using test_support::kDir;
 
-// The project's own reader: a missing or malformed fixture fails loudly instead of parsing an empty stream.
-json read_json(const std::string& path) { return checkpoint::read_json_object_file(path); }
+using test_support::read_json;
 
 std::vector<ChatMessage> messages_of(const json& list) {
   std::vector<ChatMessage> out;

@@ -10,11 +10,12 @@
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
 #include "runtime/tokenizer_unicode.h"
+#include "tokenizer_fixtures.h"
 
 namespace fp4serve::runtime {
 namespace {
 
-const std::string kDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
+using test_support::kDir;
 
 // Random valid UTF-8 drawn from ranges that stress the pre-tokenizers: ASCII letters/digits/punctuation and
 // whitespace, Latin-1, combining marks, CJK, emoji, ZWJ and variation selectors, private use, U+10FFFF.
