@@ -120,6 +120,12 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
   for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t line = 0; line < kOctetsPerGroup; line += 2) {
+      prefetch_ahead(codes_a + 32 * (g * kOctetsPerGroup + line));
+#if HWY_TARGET != HWY_AVX2
+      prefetch_ahead(codes_b + 32 * (g * kOctetsPerGroup + line));
+#endif
+    }
     VF part[kM][2];
     for (int i = 0; i < kM; ++i) part[i][0] = part[i][1] = hn::Zero(df);
     for (int64_t o = 0; o < kOctetsPerGroup; ++o) {
@@ -178,6 +184,7 @@ HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY
   for (int i = 0; i < kM; ++i) lo[i][0] = lo[i][1] = hi[i][0] = hi[i][1] = hn::Zero(df);
   int64_t kk = 0;
   for (; kk + 2 * kCols <= k_total; kk += 2 * kCols) {
+    for (int64_t line = 0; line < 2 * kCols * kTileRows; line += 32) prefetch_ahead(src + kk * kTileRows + line);
     for (int u = 0; u < 2; ++u) {
       const auto v = hn::Load(du16, src + (kk + u * kCols) * kTileRows);
       const VF a = hn::BitCast(df, hn::ZipLower(du32, zero, v));
@@ -237,6 +244,7 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
   for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
   int64_t k = 0;
   for (; k + 2 <= k_total; k += 2) {
+    if (k % 8 == 0) prefetch_ahead(src + k * kTileRows);
     const auto f0 = column(k), f1 = column(k + 1);
     for (int i = 0; i < kM; ++i) {
       a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);

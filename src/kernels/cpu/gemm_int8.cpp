@@ -210,6 +210,10 @@ HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_
   (void)isum2;
   for (int64_t p = 0; p < kPairsPerGroup; ++p) {
     const int64_t c = (g * kPairsPerGroup + p) * 2;
+    prefetch_ahead(codes_a + 32 * c);
+#if HWY_TARGET != HWY_AVX2
+    prefetch_ahead(codes_b + 32 * c);
+#endif
     const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
     const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
     const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));

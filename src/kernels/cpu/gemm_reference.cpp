@@ -64,14 +64,6 @@ float decode_weight(const PreparedLinear& w, int64_t n, int64_t k) {
   return 0.f;
 }
 
-float apply_epilogue(const PreparedLinear& w, int64_t n, float acc) {
-  if (!w.global_scale.empty()) {
-    const float g = w.global_scale[static_cast<size_t>(n)];
-    acc = w.convention == prepare::GlobalScaleConvention::Divisor ? acc / g : acc * g;
-  }
-  return w.bias.empty() ? acc : acc + w.bias[static_cast<size_t>(n)];
-}
-
 void dequantize(const PreparedLinear& w, float* out) {
   const int64_t k_total = w.in_features;
   for (int64_t n = 0; n < w.out_features; ++n) {
