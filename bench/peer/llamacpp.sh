@@ -4,7 +4,8 @@
 #   bench/peer/llamacpp.sh [--threads "1 2"] [--reps 5] [--prompt 128] [--gen 64] [--prepare-only]
 #
 # (--prepare-only: build, convert and quantize, no measurement. PEER_DIR, PEER_VENV and PEER_JOBS override the
-# work folder, the Python venv and the build parallelism.)
+# work folder, the Python venv and the build parallelism; PEER_OMP_WAIT_POLICY=passive|active sets OpenMP's wait
+# policy for both tools, which otherwise wait as they do by default.)
 #
 # 1. llama.cpp is built from the llama-cpp-python 0.3.36 sdist on PyPI (it vendors llama.cpp), CPU only,
 #    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
@@ -146,19 +147,28 @@ st_bytes() {  # safetensors: file sizes minus headers
 # ---- samples, interleaved: (model × threads) in rotating order, one process each
 MODELS=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4 fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8
         fp4serve:mxfp4a16:fp32 fp4serve:mxfp4a16:int8)
+# Each tool waits as it does by default (fp4serve: a short spin on an idle machine; ggml: its own spinning
+# barriers) unless PEER_OMP_WAIT_POLICY sets OMP_WAIT_POLICY for both.
+if [ -n "${PEER_OMP_WAIT_POLICY:-}" ]; then
+    WAIT_ENV=(-u GOMP_SPINCOUNT "OMP_WAIT_POLICY=$PEER_OMP_WAIT_POLICY")
+    WAIT_NOTE="OMP_WAIT_POLICY=$PEER_OMP_WAIT_POLICY"
+else
+    WAIT_ENV=(-u GOMP_SPINCOUNT -u OMP_WAIT_POLICY)
+    WAIT_NOTE="each tool's default wait policy"
+fi
 RES="$PEER/results/samples.tsv"
 : > "$RES"
 run_sample() {  # model spec, threads → "prefill_tps decode_tps"
     local spec="$1" t="$2"
     IFS=: read -r kind name precision <<< "$spec"
     if [ "$kind" = llama ]; then
-        OMP_WAIT_POLICY=passive "$LBUILD/bin/llama-bench" -m "$PEER/gguf/default-$name.gguf" -p "$PROMPT" -n "$GEN" \
+        env "${WAIT_ENV[@]}" "$LBUILD/bin/llama-bench" -m "$PEER/gguf/default-$name.gguf" -p "$PROMPT" -n "$GEN" \
             -t "$t" -r 1 -o json 2> /dev/null |
             jq -r '[(.[] | select(.n_gen == 0) | .avg_ts), (.[] | select(.n_prompt == 0) | .avg_ts)] | @tsv'
     else
         local dir="$NVFP4"
         [ "$name" = mxfp4a16 ] && dir="$MXFP4"
-        OMP_WAIT_POLICY=passive "$FP4SERVE" bench model -m "$dir" -p "$PROMPT" -n "$GEN" -r 1 --threads "$t" \
+        env "${WAIT_ENV[@]}" "$FP4SERVE" bench model -m "$dir" -p "$PROMPT" -n "$GEN" -r 1 --threads "$t" \
             --activation-precision "$precision" --json 2> /dev/null |
             jq -r '.models[0] | [.prefill_tokens_per_s, .decode_tokens_per_s] | @tsv'
     fi
@@ -189,7 +199,7 @@ for spec in "${MODELS[@]}"; do
 done
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 {
-    echo "llama.cpp $VERSION (llama-cpp-python sdist) vs fp4serve, p$PROMPT/n$GEN, $REPS interleaved rounds, medians; OMP_WAIT_POLICY=passive"
+    echo "llama.cpp $VERSION (llama-cpp-python sdist) vs fp4serve, p$PROMPT/n$GEN, $REPS interleaved rounds, medians; $WAIT_NOTE"
     printf '| model | T | MB/token | prefill tok/s | decode tok/s | decode vs Q4_0 | prefill vs Q4_0 | decode·MB vs Q4_0 |\n'
     printf '|---|---|---|---|---|---|---|---|\n'
     for t in $THREADS; do

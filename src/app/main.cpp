@@ -70,7 +70,7 @@ std::string parse_hint(CLI::App& root, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  fp4serve::app::default_to_passive_wait(argv);
+  fp4serve::app::set_default_wait_policy(argv);
   CLI::App root{"fp4serve: load FP4-quantized LLM checkpoints (compressed-tensors, ModelOpt) and run them.\n"
                 "Exit codes: 0 ok, 1 nothing runnable (explain: a layer has no scheme), 2 bad input, 3 internal error."};
   root.require_subcommand(1);
