@@ -35,9 +35,10 @@ int sample_runnable() {
 
 WaitDefault choose_wait_default(std::span<const int> other_runnable, int cpus) {
   if (other_runnable.empty() || cpus < 1) return WaitDefault::Passive;
-  const int allowed = cpus / 16;
-  const bool idle = std::all_of(other_runnable.begin(), other_runnable.end(), [&](int n) { return n >= 0 && n <= allowed; });
-  return idle ? WaitDefault::ShortSpin : WaitDefault::Passive;
+  if (std::any_of(other_runnable.begin(), other_runnable.end(), [](int n) { return n < 0; })) return WaitDefault::Passive;
+  // The fewest: a task that is runnable in one sample only (a pipeline's next process starting) is no competition.
+  const int fewest = *std::min_element(other_runnable.begin(), other_runnable.end());
+  return fewest <= cpus / 16 ? WaitDefault::ShortSpin : WaitDefault::Passive;
 }
 
 int runnable_tasks(std::string_view loadavg) {
@@ -58,7 +59,7 @@ int runnable_tasks(std::string_view loadavg) {
 void set_default_wait_policy(char** argv) {
   if (set("OMP_WAIT_POLICY") || set("GOMP_SPINCOUNT")) return;
   std::vector<int> others;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const int n = sample_runnable();
     if (n < 1) break;  // unreadable: no sample, hence passive

@@ -25,9 +25,10 @@ enum class WaitDefault {
 };
 
 /// The default when the user set neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT. `other_runnable`: for each sample of
-/// the scheduler's run queue, the runnable tasks other than the caller; `cpus`: online CPUs. ShortSpin when every
-/// sample leaves the CPUs to fp4serve's threads (at most cpus/16 others, so a large server's stray daemon does not
-/// count), Passive otherwise, also with no samples (nothing could be read).
+/// the scheduler's run queue, the runnable tasks other than the caller; `cpus`: online CPUs. ShortSpin when the
+/// sample with the fewest leaves the CPUs to fp4serve's threads (at most cpus/16 others, so a large server's stray
+/// daemon does not count; the fewest, so that a process starting beside fp4serve in a pipeline does not count
+/// either), Passive otherwise, also with no samples or a negative count (nothing could be read).
 WaitDefault choose_wait_default(std::span<const int> other_runnable, int cpus);
 
 /// The runnable tasks /proc/loadavg names (its fourth field, "R/T"), the reader included; -1 when the text does
@@ -35,7 +36,7 @@ WaitDefault choose_wait_default(std::span<const int> other_runnable, int cpus);
 int runnable_tasks(std::string_view loadavg);
 
 /// libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when the library is loaded, before main runs. So when
-/// neither is set this samples /proc/loadavg (three times, 5 ms apart), sets the variable choose_wait_default picks
+/// neither is set this samples /proc/loadavg (four times, 5 ms apart), sets the variable choose_wait_default picks
 /// and re-executes /proc/self/exe with the same arguments (the user's own setting always wins). Returns normally
 /// when no re-execution is needed or execv fails (then the runtime's default stays, and thread_summary says so).
 void set_default_wait_policy(char** argv);
