@@ -184,6 +184,7 @@ HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY
   for (int i = 0; i < kM; ++i) lo[i][0] = lo[i][1] = hi[i][0] = hi[i][1] = hn::Zero(df);
   int64_t kk = 0;
   for (; kk + 2 * kCols <= k_total; kk += 2 * kCols) {
+    // This step reads 2·kCols·8 bf16: one 64-byte line (32 bf16) on AVX2, two on AVX-512.
     for (int64_t line = 0; line < 2 * kCols * kTileRows; line += 32) prefetch_ahead(src + kk * kTileRows + line);
     for (int u = 0; u < 2; ++u) {
       const auto v = hn::Load(du16, src + (kk + u * kCols) * kTileRows);
