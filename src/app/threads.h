@@ -25,20 +25,28 @@ enum class WaitDefault {
 };
 
 /// The default when the user set neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT. `other_runnable`: for each sample of
-/// the scheduler's run queue, the runnable tasks other than the caller; `cpus`: online CPUs. ShortSpin when the
+/// the scheduler's run queue, the runnable tasks other than the caller; `cpus`: the CPUs this process may run on
+/// (its affinity mask). ShortSpin when the
 /// sample with the fewest leaves the CPUs to fp4serve's threads (at most cpus/16 others, so a large server's stray
 /// daemon does not count; the fewest, so that a process starting beside fp4serve in a pipeline does not count
 /// either), Passive otherwise, also with no samples or a negative count (nothing could be read).
 WaitDefault choose_wait_default(std::span<const int> other_runnable, int cpus);
 
+/// CPUs a cgroup v2 `cpu.max` file ("QUOTA PERIOD", or "max PERIOD") allows: QUOTA / PERIOD, rounded down and
+/// at least 1; 0 when there is no quota ("max") or the text does not have that form.
+int cgroup_cpu_limit(std::string_view cpu_max);
+
 /// The runnable tasks /proc/loadavg names (its fourth field, "R/T"), the reader included; -1 when the text does
 /// not have that form.
 int runnable_tasks(std::string_view loadavg);
 
-/// libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when the library is loaded, before main runs. So when
-/// neither is set this samples /proc/loadavg (four times, 5 ms apart), sets the variable choose_wait_default picks
-/// and re-executes /proc/self/exe with the same arguments (the user's own setting always wins). Returns normally
-/// when no re-execution is needed or execv fails (then the runtime's default stays, and thread_summary says so).
+/// libgomp (GCC's OpenMP runtime, which the build uses; others ignore GOMP_SPINCOUNT) reads OMP_WAIT_POLICY /
+/// GOMP_SPINCOUNT once, when the library is loaded, before main runs. So when neither is set this samples
+/// /proc/loadavg (four times, 5 ms apart), sets the variable choose_wait_default picks — passive whenever a cgroup
+/// CPU quota (/sys/fs/cgroup/cpu.max) allows fewer CPUs than the affinity mask, since /proc/loadavg then counts the
+/// whole host — and re-executes /proc/self/exe with the same arguments (the user's own setting always wins).
+/// Returns normally when no re-execution is needed or setenv / execv fail (then the runtime's default stays, and
+/// thread_summary says so).
 void set_default_wait_policy(char** argv);
 
 /// "2 threads, passive wait" / "2 threads, short spin wait" / "1 thread, OMP_WAIT_POLICY=active": what
