@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -74,9 +75,9 @@ int runnable_tasks(std::string_view loadavg) {
   }
   const size_t slash = loadavg.find('/', at);
   if (slash == std::string_view::npos || slash == at) return -1;
-  int n = -1;
-  const auto [end, ec] = std::from_chars(loadavg.data() + at, loadavg.data() + slash, n);
-  return ec == std::errc() && end == loadavg.data() + slash && n >= 0 ? n : -1;
+  int64_t n = -1;
+  if (!parse_int(loadavg.substr(at, slash - at), n) || n < 0 || n > std::numeric_limits<int>::max()) return -1;
+  return static_cast<int>(n);
 }
 
 void set_default_wait_policy(char** argv) {
