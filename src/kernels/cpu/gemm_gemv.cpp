@@ -238,7 +238,10 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 
 template <quant::BlockFormat kFormat, int kM>
 void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
-  ForEachRowItem<kM, kRows * kTilesPerCall<kM>>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) {
+  // Dynamic chunks of 4 vectors' rows whatever the item size (32 rows on AVX2), so that two threads still split
+  // a 576-row layer evenly.
+  constexpr int kChunk = static_cast<int>(4 / kTilesPerCall<kM>);
+  ForEachRowItem<kM, kRows * kTilesPerCall<kM>>(w, y, kChunk, [&](int64_t ta, int64_t tb, float* acc) {
     GemvTiles<kFormat, kM>(w, ta, tb, x, acc);
   });
 }
