@@ -18,6 +18,7 @@
 # 3. fp4serve runs models/default-nvfp4 and an MXFP4A16 quantization of default-src, with fp32 and int8
 #    activations. Every (model, T) sample is a fresh process, interleaved A B A B … over --reps rounds, one
 #    llama-bench -p P -n N -r 1 per llama.cpp sample and one `fp4serve bench model -r 1` per fp4serve sample.
+#    Decode is measured after the prompt in both (llama-bench -d P; its depth-0 decode is printed for reference).
 # 4. It prints medians per model and thread count, the ratios fp4serve / llama.cpp Q4_0 and / each other
 #    llama.cpp type, and the bytes of weights each model reads per generated token (every tensor once: the
 #    models are tied, so the embedding is read as the output matrix).
@@ -158,13 +159,18 @@ else
 fi
 RES="$PEER/results/samples.tsv"
 : > "$RES"
-run_sample() {  # model spec, threads → "prefill_tps decode_tps"
+run_sample() {  # model spec, threads → "prefill_tps decode_tps [decode_tps_from_empty]"
     local spec="$1" t="$2"
     IFS=: read -r kind name precision <<< "$spec"
     if [ "$kind" = llama ]; then
+        # fp4serve decodes after its prompt (positions P … P+N−1); llama-bench's tg test starts from an empty
+        # context unless -d gives it a depth. Both depths run: prefill at 0, decode at P (the same work as
+        # fp4serve's), and decode at 0 kept for reference.
         env "${WAIT_ENV[@]}" "$LBUILD/bin/llama-bench" -m "$PEER/gguf/default-$name.gguf" -p "$PROMPT" -n "$GEN" \
-            -t "$t" -r 1 -o json 2> /dev/null |
-            jq -r '[(.[] | select(.n_gen == 0) | .avg_ts), (.[] | select(.n_prompt == 0) | .avg_ts)] | @tsv'
+            -d "0,$PROMPT" -t "$t" -r 1 -o json 2> /dev/null |
+            jq -r --argjson p "$PROMPT" '[(.[] | select(.n_gen == 0 and .n_depth == 0) | .avg_ts),
+                (.[] | select(.n_prompt == 0 and .n_depth == $p) | .avg_ts),
+                (.[] | select(.n_prompt == 0 and .n_depth == 0) | .avg_ts)] | @tsv'
     else
         local dir="$NVFP4"
         [ "$name" = mxfp4a16 ] && dir="$MXFP4"
@@ -178,8 +184,8 @@ for rep in $(seq 1 "$REPS"); do
     for t in $THREADS; do
         for i in $(seq 0 $((n - 1))); do
             spec="${MODELS[$(((i + rep) % n))]}"
-            read -r pp tg <<< "$(run_sample "$spec" "$t")"
-            printf '%s\t%s\t%s\t%s\t%s\n' "$spec" "$t" "$rep" "$pp" "$tg" >> "$RES"
+            read -r pp tg tg0 <<< "$(run_sample "$spec" "$t")"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$spec" "$t" "$rep" "$pp" "$tg" "${tg0:--}" >> "$RES"
             log "rep $rep T=$t $spec: prefill $pp tok/s, decode $tg tok/s"
         done
     done
@@ -200,6 +206,7 @@ done
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 {
     echo "llama.cpp $VERSION (llama-cpp-python sdist) vs fp4serve, p$PROMPT/n$GEN, $REPS interleaved rounds, medians; $WAIT_NOTE"
+    echo "decode: $GEN tokens after the $PROMPT-token prompt for both tools (llama-bench -d $PROMPT)"
     printf '| model | T | MB/token | prefill tok/s | decode tok/s | decode vs Q4_0 | prefill vs Q4_0 | decode·MB vs Q4_0 |\n'
     printf '|---|---|---|---|---|---|---|---|\n'
     for t in $THREADS; do
@@ -234,4 +241,14 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
         done
     done
     echo "(ratios: median over rounds of the per-round ratio; decode/prefill)"
+    echo
+    echo "llama.cpp decode from an empty context (llama-bench tg at depth 0), medians, for reference:"
+    for t in $THREADS; do
+        line="  T=$t:"
+        for l in llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4; do
+            line="$line ${l#llama:} $(awk -F'\t' -v s="$l" -v t="$t" '$1 == s && $2 == t {print $6}' "$RES" | median |
+                awk '{printf "%.1f", $1}')"
+        done
+        echo "$line"
+    done
 } | tee "$PEER/results/table.md"
