@@ -90,7 +90,7 @@ HWY_INLINE VF Column(const OctetBytes& o) {
     return VF{_mm256_cvtepi32_ps(_mm256_shuffle_epi8(bytes, to_top))};
   }
 }
-// The columns hold E2M1 · 2^25; the 2^-25 is applied once per group (gemv_group_unit below).
+// The columns hold E2M1 · 2^25; GemvTiles takes the 2^-25 out once per group.
 constexpr float kLutUnit = 0x1p-25f;
 
 // Calls use.template operator()<J>() for J = 0 … 7.
