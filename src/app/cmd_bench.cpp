@@ -101,9 +101,9 @@ void register_bench_model(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
   cmd->add_option("--activation-precision", opts->activation_precisions,
-                  "fp32 and/or int8 (comma-separated: each model runs with each, interleaved)")
+                  "fp32, int8 and/or int8-decode (comma-separated: each model runs with each, interleaved)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fp32", "int8"}))
+      ->check(CLI::IsMember({"fp32", "int8", "int8-decode"}))
       ->capture_default_str();
   cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
       ->delimiter(',')

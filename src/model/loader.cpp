@@ -35,8 +35,11 @@ PrepareOptions prepare_options(const LoadOptions& options) {
   PrepareOptions out;
   if (options.activation_precision == "int8") {
     out.activation_precision = prepare::ActivationPrecision::Int8;
+  } else if (options.activation_precision == "int8-decode") {
+    out.activation_precision = prepare::ActivationPrecision::Int8Decode;
   } else if (options.activation_precision != "fp32") {
-    throw UsageError(fmt::format("--activation-precision: '{}' is not fp32 or int8", options.activation_precision));
+    throw UsageError(fmt::format("--activation-precision: '{}' is not fp32, int8 or int8-decode",
+                                 options.activation_precision));
   }
   if (options.lm_head_dtype == "fp8") {
     out.lm_head_dtype = LmHeadDtype::Fp8;

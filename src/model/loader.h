@@ -25,7 +25,8 @@ struct LoadOptions {
   int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
-  /// fp32 | int8: how NVFP4 / MXFP4 linears take their activations on the CPU (prepare::ActivationPrecision).
+  /// fp32 | int8 | int8-decode: how NVFP4 / MXFP4 linears take their activations on the CPU
+  /// (prepare::ActivationPrecision: Fp32, Int8, Int8Decode).
   std::string activation_precision = "fp32";
   /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
   std::string lm_head_dtype = "bf16";

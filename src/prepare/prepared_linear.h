@@ -29,6 +29,10 @@ enum class ActivationPrecision : uint8_t {
   /// int8), E2M1·2 codes used as integers, integer dot products per group, each group's sum scaled by block
   /// scale · d in fp32 (kernels/linear.h quantize_activations_int8)
   Int8,
+  /// Int8 for calls whose rows the int8 kernel serves in one pass over the weights (m ≤ 4 on AVX2 / NEON / SVE,
+  /// ≤ 8 on AVX-512: decode steps), Fp32 above (prefill, where Int8 re-reads the weights per 4 / 8 rows and runs
+  /// slower than the fp32 panel GEMM)
+  Int8Decode,
 };
 
 /// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same

@@ -31,9 +31,9 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
     throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an MXFP4 layer (or a dense one), this one is {}",
                                  prepare::format_label(w)));
   }
-  if (aq == ActivationEmulation::None && fp4 && w.activation_precision == prepare::ActivationPrecision::Int8) {
-    return int8_gemm(w, x, m, y);
-  }
+  const bool int8 = w.activation_precision == prepare::ActivationPrecision::Int8 ||
+                    (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= gemv_max_rows());
+  if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
