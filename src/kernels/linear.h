@@ -35,8 +35,8 @@ enum class ActivationEmulation : uint8_t {
 /// kInt8ActivationFineRatio and the products are integer dot products: y[m, n] = Σ_g d[m, g] · s[n, g] ·
 /// Σ_{k∈g} (256·q + r)[m, k] · e2m1[n, k], fp32 per group (the error against the fp32 path is bounded by
 /// Σ_k |W[n, k]| · the half step of x's block, see quantize_activations_int8); any m, in chunks of 4 (AVX2) /
-/// 8 (AVX-512) rows. Int8Decode: the same for m ≤ gemv_max_rows() (4 / 8: one pass over the weights), the fp32
-/// path above.
+/// 8 (AVX-512) rows. Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
+/// weights (4 on AVX2, 8 on AVX-512: decode steps), the fp32 path above it and on targets without that kernel.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.

@@ -29,9 +29,9 @@ enum class ActivationPrecision : uint8_t {
   /// int8), E2M1·2 codes used as integers, integer dot products per group, each group's sum scaled by block
   /// scale · d in fp32 (kernels/linear.h quantize_activations_int8)
   Int8,
-  /// Int8 for calls whose rows the int8 kernel serves in one pass over the weights (m ≤ 4 on AVX2 / NEON / SVE,
-  /// ≤ 8 on AVX-512: decode steps), Fp32 above (prefill, where Int8 re-reads the weights per 4 / 8 rows and runs
-  /// slower than the fp32 panel GEMM)
+  /// Int8 for calls whose rows the SIMD int8 kernel serves in one pass over the weights (m ≤ 4 on AVX2, ≤ 8 on
+  /// AVX-512: decode steps), Fp32 above (prefill, where Int8 re-reads the weights per 4 / 8 rows and runs slower
+  /// than the fp32 panel GEMM) and where no SIMD int8 kernel exists (Arm: int8 is a scalar loop there)
   Int8Decode,
 };
 

@@ -286,9 +286,9 @@ TEST(LinearInt8, FusedRowsKeepThePrecisionAndRefuseAMix) {
   EXPECT_EQ(prepare::concat_rows(std::move(parts)).activation_precision, ActivationPrecision::Int8);
 }
 
-// Int8Decode takes the Int8 path bit for bit where the int8 kernel makes one pass over the weights (m ≤
-// gemv_max_rows(): decode steps) and the Fp32 path bit for bit above it (prefill). Fails if the routing ignores m
-// or is inverted: the two paths differ in every case checked.
+// Int8Decode takes the Int8 path bit for bit where the SIMD int8 kernel makes one pass over the weights (m ≤
+// int8_one_pass_rows(): decode steps) and the Fp32 path bit for bit above it (prefill) and where that kernel does
+// not exist (one_pass = 0). Fails if the routing ignores m or is inverted: the two paths differ in every case.
 TEST(LinearInt8, DecodePrecisionIsInt8UpToTheOnePassRowsAndFp32Above) {
   std::mt19937 rng(211);
   for (bool nvfp4 : {true, false}) {
@@ -297,23 +297,25 @@ TEST(LinearInt8, DecodePrecisionIsInt8UpToTheOnePassRowsAndFp32Above) {
     PreparedLinear w = nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
                                                       prepare::GlobalScaleConvention::Divisor, "t")
                              : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
-    const int64_t one_pass = gemv_max_rows();
-    for (int64_t m : {int64_t{1}, one_pass, one_pass + 1, int64_t{17}}) {
-      if (m < 1) continue;
-      SCOPED_TRACE(::testing::Message() << "m " << m << " (one pass up to " << one_pass << ")");
-      const auto x = random_x_with_outliers(rng, m, l.k);
-      const auto run = [&](ActivationPrecision precision) {
-        w.activation_precision = precision;
-        std::vector<float> y(static_cast<size_t>(m * l.n), std::numeric_limits<float>::quiet_NaN());
-        linear(w, x.data(), m, y.data());
-        return y;
-      };
-      const auto fp32 = run(ActivationPrecision::Fp32);
-      const auto int8 = run(ActivationPrecision::Int8);
-      const auto decode = run(ActivationPrecision::Int8Decode);
-      ASSERT_NE(fp32, int8) << "the two paths must differ for this test to tell them apart";
-      EXPECT_EQ(decode, m <= one_pass ? int8 : fp32);
-    }
+    for_each_int8_target([&] {
+      const int64_t one_pass = int8_one_pass_rows();
+      for (int64_t m : {int64_t{1}, one_pass, one_pass + 1, int64_t{17}}) {
+        if (m < 1) continue;
+        SCOPED_TRACE(::testing::Message() << "m " << m << " (one pass up to " << one_pass << ")");
+        const auto x = random_x_with_outliers(rng, m, l.k);
+        const auto run = [&](ActivationPrecision precision) {
+          w.activation_precision = precision;
+          std::vector<float> y(static_cast<size_t>(m * l.n), std::numeric_limits<float>::quiet_NaN());
+          linear(w, x.data(), m, y.data());
+          return y;
+        };
+        const auto fp32 = run(ActivationPrecision::Fp32);
+        const auto int8 = run(ActivationPrecision::Int8);
+        const auto decode = run(ActivationPrecision::Int8Decode);
+        ASSERT_NE(fp32, int8) << "the two paths must differ for this test to tell them apart";
+        EXPECT_EQ(decode, m <= one_pass ? int8 : fp32);
+      }
+    });
   }
 }
 

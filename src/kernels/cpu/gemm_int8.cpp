@@ -311,6 +311,8 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   return true;
 }
 
+int64_t Int8OnePassRows() { return kMaxM; }
+
 #if FP4SERVE_VNNI
 #pragma GCC pop_options
 #endif
@@ -319,6 +321,8 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
 #else
 
 bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*) { return false; }
+
+int64_t Int8OnePassRows() { return 0; }
 
 #endif
 
@@ -333,6 +337,7 @@ namespace fp4serve::kernels {
 
 HWY_EXPORT(Int8Impl);
 HWY_EXPORT(Int8TargetId);
+HWY_EXPORT(Int8OnePassRows);
 
 namespace {
 
@@ -396,6 +401,8 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
 
 const char* int8_target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(Int8TargetId)()); }
+
+int64_t int8_one_pass_rows() { return HWY_DYNAMIC_DISPATCH(Int8OnePassRows)(); }
 
 }  // namespace fp4serve::kernels
 #endif

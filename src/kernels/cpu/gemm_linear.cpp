@@ -32,7 +32,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
                                  prepare::format_label(w)));
   }
   const bool int8 = w.activation_precision == prepare::ActivationPrecision::Int8 ||
-                    (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= gemv_max_rows());
+                    (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= int8_one_pass_rows());
   if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 

@@ -61,6 +61,10 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
                           int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine);
 
+/// Rows of x the SIMD int8 kernel of the best supported target serves in one pass over the weights: 4 (AVX2),
+/// 8 (AVX-512), 0 where it has none (int8_gemm then runs a scalar loop): ActivationPrecision::Int8Decode's bound.
+int64_t int8_one_pass_rows();
+
 /// Highway targets compiled into gemm_int8.cpp (AVX3_DL included) and supported by this CPU, best first.
 std::vector<int64_t> int8_targets();
 const char* int8_target_name();
