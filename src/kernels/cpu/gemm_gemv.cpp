@@ -15,7 +15,7 @@
 // - AVX2: 8 rows per vector; vpshufb maps each nibble to E2M1·2 as int8, a second vpshufb moves byte j of
 //   each lane to its top byte (int8 · 2^24), vcvtdq2ps makes it fp32 (the 2^25 is taken out per group). With
 //   one x row a call covers two tiles, so each broadcast x[k] feeds two FMAs. Both changes together:
-//   bench_gemm_fp4, one thread, M = 1, 1.2–1.3× on the model's 576/1536 shapes and 4096² (this file's history).
+//   bench_gemm_fp4, one thread, M = 1, 1.2–1.3× on the model's 576/1536 shapes and 4096² (README "CPU decode").
 // - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
 // EMU128 returns false and the caller runs the general GEMM. Threads split N (items of 16 rows; 8 on AVX2 with
 // m > 1); K is never split, so a layer with N < 16·threads leaves threads idle.
