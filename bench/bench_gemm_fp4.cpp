@@ -99,31 +99,6 @@ PreparedLinear make_weights(Format f, int64_t n, int64_t k) {
   return {};
 }
 
-void copy_buffer(prepare::AlignedBuffer& dst, const prepare::AlignedBuffer& src) {
-  dst = prepare::AlignedBuffer(src.size());
-  if (src.size() > 0) std::memcpy(dst.data(), src.data(), src.size());
-}
-
-PreparedLinear clone(const PreparedLinear& w) {
-  PreparedLinear c;
-  c.layout = w.layout;
-  c.out_features = w.out_features;
-  c.in_features = w.in_features;
-  c.bias = w.bias;
-  c.input_global_scale = w.input_global_scale;
-  c.padded_rows = w.padded_rows;
-  c.group_size = w.group_size;
-  copy_buffer(c.codes, w.codes);
-  copy_buffer(c.scales, w.scales);
-  copy_buffer(c.offsets, w.offsets);
-  c.global_scale = w.global_scale;
-  c.convention = w.convention;
-  c.k_perm = w.k_perm;
-  c.dense_storage = w.dense_storage;
-  c.activation_precision = w.activation_precision;
-  return c;
-}
-
 // Copies of one layer, cached for consecutive benchmarks of the same (format, shape).
 struct ColdSet {
   Format format{};
@@ -141,7 +116,7 @@ std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
     g_cold.copies.push_back(make_weights(f, n, k));
     const size_t per = prepare::weight_bytes(g_cold.copies[0]);
     const size_t count = std::max<size_t>(2, (cold_bytes() + per - 1) / per);
-    for (size_t i = 1; i < count; ++i) g_cold.copies.push_back(clone(g_cold.copies[0]));
+    for (size_t i = 1; i < count; ++i) g_cold.copies.push_back(g_cold.copies[0].clone());
   }
   return g_cold.copies;
 }

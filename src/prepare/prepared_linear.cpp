@@ -19,6 +19,15 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
   data_.reset(p);
 }
 
+AlignedBuffer::AlignedBuffer(const AlignedBuffer& other) : AlignedBuffer(other.size_) {
+  if (size_ > 0) std::memcpy(data_.get(), other.data_.get(), size_);
+}
+
+AlignedBuffer& AlignedBuffer::operator=(const AlignedBuffer& other) {
+  if (this != &other) *this = AlignedBuffer(other);
+  return *this;
+}
+
 void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
 size_t weight_bytes(const PreparedLinear& w) {

@@ -47,6 +47,11 @@ class AlignedBuffer {
   AlignedBuffer() = default;
   /// Throws std::bad_alloc when the allocation fails.
   explicit AlignedBuffer(size_t bytes);
+  /// A deep copy (a new allocation of the same size and bytes). Throws std::bad_alloc.
+  AlignedBuffer(const AlignedBuffer& other);
+  AlignedBuffer& operator=(const AlignedBuffer& other);
+  AlignedBuffer(AlignedBuffer&&) noexcept = default;
+  AlignedBuffer& operator=(AlignedBuffer&&) noexcept = default;
   size_t size() const { return size_; }
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
@@ -108,12 +113,20 @@ struct PreparedLinear {
   PreparedLinear() = default;
   PreparedLinear(PreparedLinear&&) noexcept = default;
   PreparedLinear& operator=(PreparedLinear&&) noexcept = default;
-  PreparedLinear(const PreparedLinear&) = delete;
   PreparedLinear& operator=(const PreparedLinear&) = delete;
+
+  /// A deep copy with every field (a layer's weights are large: copies are explicit, never implicit). Throws
+  /// std::bad_alloc.
+  PreparedLinear clone() const { return PreparedLinear(*this); }
 
   int64_t tiles() const { return padded_rows / kTileRows; }
   /// Number of scale groups along K: ceil(K / group_size) (0 for Dense).
   int64_t groups() const { return group_size > 0 ? (in_features + group_size - 1) / group_size : 0; }
+
+ private:
+  // Member-wise, so that a field added later is copied too (a hand-written copy in bench_gemm_fp4 dropped
+  // block_format, and its MXFP4 rows then ran the NVFP4 kernel over half of K).
+  PreparedLinear(const PreparedLinear&) = default;
 };
 
 /// Bytes the weights occupy in kernel layout (codes + scales + offsets + global scales).
