@@ -15,9 +15,10 @@ namespace fp4serve::kernels {
 /// W[n, k] in PREPARED column order without the NVFP4 global scale (block scales, int4 offsets included).
 float decode_weight(const prepare::PreparedLinear& w, int64_t n, int64_t k);
 
-/// Software prefetch distance of the fused decode kernels, in bytes ahead of the weight stream they read. The
-/// hardware prefetcher alone left the int8 GEMV at 0.6–0.7 of the read bandwidth on cold weights while it ran at
-/// the roof on L2-resident ones; 1 KiB ahead (bench_gemm_fp4, one thread, M = 1, 512 … 4096 tried) closed most of it.
+/// Software prefetch distance of the fused decode kernels, in bytes ahead of the weight stream they read. Without
+/// it the hardware prefetcher left the cold-weight GEMVs far below their L2-resident speed: bench_gemm_fp4, M = 1,
+/// NVFP4 4096², AVX-512, one thread, none → 1 KiB: fp32 1410 → 903 µs, int8 895 → 793 µs (two threads: 701 → 458,
+/// 475 → 426). 512 B and 2 KiB measured the same as 1 KiB within the noise.
 inline constexpr uintptr_t kPrefetchAhead = 1024;
 
 /// Prefetches the cache line kPrefetchAhead bytes after p (a hint: past the end of the weights it is harmless,
