@@ -252,7 +252,9 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
+  const NextItemPrefetch next(w, tb + 1, kRows / kTileRows, groups);
   for (int64_t g = 0; g < groups; ++g) {
+    next.step(g);
     VI isum[kM];
     VI isum2[kM];
     bool any_fine = false;
