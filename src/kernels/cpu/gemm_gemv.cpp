@@ -242,10 +242,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 
 template <quant::BlockFormat kFormat, int kM>
 void GemvLayer(const PreparedLinear& w, const float* x, float* y) {
-  // Dynamic chunks of 4 vectors' rows whatever the item size (32 rows on AVX2), so that two threads still split
-  // a 576-row layer evenly.
-  constexpr int kChunk = static_cast<int>(4 / kTilesPerCall<kM>);
-  ForEachRowItem<kM, kRows * kTilesPerCall<kM>>(w, y, kChunk, [&](int64_t ta, int64_t tb, float* acc) {
+  ForEachRowItem<kM, kRows * kTilesPerCall<kM>>(w, y, [&](int64_t ta, int64_t tb, float* acc) {
     GemvTiles<kFormat, kM>(w, ta, tb, x, acc);
   });
 }
@@ -374,7 +371,7 @@ void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
     Replicate4(x, kM, w.in_features, xr.get());
     xin = xr.get();
   }
-  ForEachRowItem<kM, kTileRows>(w, y, 8, [&](int64_t t, int64_t, float* acc) {
+  ForEachRowItem<kM, kTileRows>(w, y, [&](int64_t t, int64_t, float* acc) {
     if (bf16) {
       Bf16Tile<kM>(w, t, xin, acc);
     } else if (w.layout == WeightLayout::Int8) {
@@ -488,7 +485,7 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
 template <quant::BlockFormat kFormat, int kM>
 void PortableGemvLayer(const PreparedLinear& w, const float* x, float* y) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
-  ForEachRowItem<kM, kTileRows>(w, y, 4, [&](int64_t t, int64_t, float* acc) {
+  ForEachRowItem<kM, kTileRows>(w, y, [&](int64_t t, int64_t, float* acc) {
     for (int64_t r0 = 0; r0 < kTileRows; r0 += lanes) PortableGemvRows<kFormat, kM>(w, t, r0, x, acc);
   });
 }

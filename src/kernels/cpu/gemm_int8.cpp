@@ -285,7 +285,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 
 template <quant::BlockFormat kFormat, int kM>
 void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
-  ForEachRowItem<kM, kRows>(w, y, 4, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kFormat, kM>(w, ta, tb, x, acc); });
+  ForEachRowItem<kM, kRows>(w, y, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kFormat, kM>(w, ta, tb, x, acc); });
 }
 
 template <quant::BlockFormat kFormat>
