@@ -28,8 +28,19 @@ struct AttentionParams {
 /// filled (including this call's own keys/values); row p holds [KVH, D] f32 starting at p · cache_row_stride
 /// floats (cache_row_stride ≥ KVH·D). out: [t, H, D] f32, must not alias q or the caches.
 /// Work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
-/// all H/KVH query heads that share it. Throws UsageError on null pointers or inconsistent sizes.
+/// all H/KVH query heads that share it. When there are fewer such items than twice the threads (a decode step
+/// with few KV heads), each item's keys are split into attention_key_splits() ranges whose partial softmax sums
+/// are merged afterwards (flash-decoding), so that every thread has keys to read.
+/// Throws UsageError on null pointers or inconsistent sizes.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
+
+/// Keys per range below which attention() does not split an item's keys further (a range's fixed cost, one
+/// partial output of [H/KVH, D] to merge, outweighs reading fewer keys).
+inline constexpr int64_t kMinKeysPerSplit = 64;
+
+/// Ranges each (query row, KV head) item's `keys` are split into for `threads` threads: 1 when t·KVH ≥
+/// 2·threads, else enough ranges for 2·threads work units, each of ≥ kMinKeysPerSplit keys.
+int64_t attention_key_splits(int64_t t, int64_t kv_heads, int64_t keys, int64_t threads);
 
 }  // namespace fp4serve::kernels

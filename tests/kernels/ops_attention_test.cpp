@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // attention() against a float64 causal attention written here: GQA ratios 1, 3, 4; decode (t = 1 at
-// start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; sliding window; GPT-OSS sinks.
+// start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; sliding window; GPT-OSS sinks; key
+// ranges split across threads and merged.
 // Cache rows past start_pos + t and the padding of each cache row hold NaN, so reading anything outside the
 // causal window shows up as a NaN output.
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "fp4serve/error.h"
 #include "kernels/ops_test_util.h"
@@ -110,6 +112,34 @@ TEST(Attention, SinksInDenominatorOnly) {
 }
 
 TEST(Attention, LongDecode) { run_case({8, 2, 64, 1, 3000, 0, true}); }
+
+// With more threads than (row, KV head) items the keys are split into ranges and merged (flash-decoding). Eight
+// OpenMP threads whatever the machine, so the merge runs on every machine; each case checks that it splits.
+TEST(Attention, KeyRangesSplitAcrossThreadsMergeExactly) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(8);
+  const Case cases[] = {
+      {3, 1, 24, 1, 300, 0, false},  // one KV head: 4 ranges of ~75 keys
+      {8, 2, 64, 1, 1000, 0, true},  // sinks merged once, not per range
+      {6, 2, 20, 1, 999, 200, true},  // sliding window: 3 ranges of the last 200 keys
+      {3, 1, 16, 3, 257, 0, false},  // three rows of different lengths, ranges cut per row
+  };
+  for (const Case& c : cases) {
+    const int64_t keys = c.window > 0 ? c.window : c.start_pos + c.t;
+    EXPECT_GT(attention_key_splits(c.t, c.kv_heads, keys, 8), 1);
+    run_case(c);
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Attention, KeySplitsOnlyWhenThreadsOutnumberItems) {
+  EXPECT_EQ(attention_key_splits(1, 3, 4096, 1), 1);       // one thread
+  EXPECT_EQ(attention_key_splits(1, 8, 4096, 4), 1);       // 8 items ≥ 2·4
+  EXPECT_EQ(attention_key_splits(1, 3, 4096, 2), 2);       // 3 items < 4: ⌈4/3⌉
+  EXPECT_EQ(attention_key_splits(1, 2, 4096, 16), 16);     // ⌈32/2⌉
+  EXPECT_EQ(attention_key_splits(1, 2, 3 * kMinKeysPerSplit, 16), 3);  // ranges keep ≥ kMinKeysPerSplit keys
+  EXPECT_EQ(attention_key_splits(1, 1, kMinKeysPerSplit - 1, 8), 1);
+}
 
 TEST(Attention, SinkOnlyRowShrinksOutput) {
   // One key with logit 0 and a sink of ln 3: weight 1/(1 + 3) = 0.25 on v.

@@ -39,7 +39,11 @@ void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, floa
 /// v + j·stride (already offset to this KV head); the row attends to cache rows [lo, hi].
 /// sinks: [group] extra logits in the softmax denominator, or nullptr. scores: scratch of group·(hi−lo+1).
 /// out: [group, d], overwritten.
+/// partial: nullptr for the softmax-weighted output above; otherwise [group, 2] receives each head's max score m
+/// and Σ_j exp(s_j − m) over [lo, hi], out gets the unnormalized Σ_j exp(s_j − m)·v_j, and sinks are ignored
+/// (the caller merges key ranges, sinks included: attention.cpp).
 void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out);
+                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
+                  float* partial = nullptr);
 
 }  // namespace fp4serve::kernels::cpu

@@ -238,7 +238,8 @@ inline void prefetch_row(const float* row, int64_t d) {
 // Scores for every (head, key) first so each key row is read once for the whole group (decode is bound by
 // reading the KV cache), then one softmax per head, then the value sum, again one pass over the value rows.
 void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                     int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out) {
+                     int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
+                     float* partial) {
   const DF df;
   const int64_t len = hi - lo + 1;
   for (int64_t j = 0; j < len; ++j) {
@@ -249,6 +250,11 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
     float m = max_inline(df, s, len);
+    if (partial != nullptr) {
+      partial[2 * g] = m;
+      partial[2 * g + 1] = exp_shifted_sum_inline(df, s, len, m);
+      continue;
+    }
     // The sink joins the max and the denominator only (GPT-OSS: an extra logit whose probability is dropped).
     if (sinks != nullptr) m = std::max(m, sinks[g]);
     float sum = exp_shifted_sum_inline(df, s, len, m);
@@ -297,8 +303,8 @@ void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, floa
   HWY_DYNAMIC_DISPATCH(RotateBlocksImpl)(x, n, matrix, block, scratch);
 }
 void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, stride, lo, hi, scale, sinks, scores, out);
+                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out, float* partial) {
+  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, stride, lo, hi, scale, sinks, scores, out, partial);
 }
 
 }  // namespace fp4serve::kernels::cpu
