@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target helpers shared by the fused decode kernels (gemm_gemv.cpp, gemm_int8.cpp): their parallel loop over
-// output rows, and the block-scale bytes of one group of an 8-row tile (AVX2) or of two tiles (AVX-512) as fp32
-// lanes. Re-included once per Highway
-// target by foreach_target.h through the including file, hence the toggle guard instead of #pragma once.
+// output rows, the prefetch of the next work item's streams, and the block-scale bytes of one group of an 8-row
+// tile (AVX2) or of two tiles (AVX-512) as fp32 lanes. Re-included once per Highway target by foreach_target.h
+// through the including file, hence the toggle guard instead of #pragma once.
 #if defined(FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
 #undef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
