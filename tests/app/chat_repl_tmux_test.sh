@@ -53,16 +53,25 @@ wait_for '^> hello\^C$'
 if screen | grep -q '\^\[\['; then echo "FAIL: an arrow key was echoed as an escape sequence"; screen; exit 1; fi
 
 # A reply stopped by Ctrl-C: the session goes on and the conversation keeps both turns. The tiny model may finish
-# a reply before the key arrives (or the key may beat Enter), so up to 5 tries; each finished reply adds 2 messages.
+# its 480-token reply before the key arrives (≈ 40 ms on a fast CPU), or the key may beat Enter, so up to 10 tries,
+# the key sent 0–45 ms after Enter; a try whose reply finished resets the conversation (a finished reply fills the
+# context, and every later message would be refused) and clears the screen.
 tries=0
 until screen | grep -Eq '^\[interrupted after [0-9]+ tokens'; do
   tries=$((tries + 1))
-  [ $tries -le 5 ] || { echo "FAIL: no reply was interrupted in 5 tries"; screen; exit 1; }
+  [ $tries -le 10 ] || { echo "FAIL: no reply was interrupted in 10 tries"; screen; exit 1; }
   keys -l 'first message'; keys Enter
-  sleep 0.05
+  [ $tries -gt 1 ] && sleep "0.0$(( (tries - 1) / 2 ))5"
   keys C-c
   wait_for '^> ?$'
   sleep 0.2
+  if ! screen | grep -Eq '^\[interrupted after [0-9]+ tokens'; then
+    keys -l '/reset'; keys Enter
+    wait_for '^\(history cleared'
+    keys C-l
+    $T clear-history -t repl
+    wait_for '^> ?$'
+  fi
 done
 keys -l '/reset'; keys Enter
 wait_for '^\(history cleared: [0-9]*[02468] messages dropped\)'
