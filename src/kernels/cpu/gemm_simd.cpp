@@ -231,7 +231,8 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
   }
 }
 
-// ---- micro-kernel: acc[i][0..kNR) += Σ_kk x[i · ldx + kk] · panel[kk][0..kNR), i < kM ----------------------
+// ---- micro-kernel: c[i · ldc + 0..kNR) = (load_c ? c[i · ldc + 0..kNR) : 0) + Σ_kk x[i · ldx + kk] · panel[kk][0..kNR),
+// i < kM. c may be the output y itself (ldc = N, unaligned): no copy of partial sums through a scratch tile. ----
 
 #if HWY_HAVE_SCALABLE
 // SVE vectors are sizeless and cannot form arrays: one named accumulator pair per x row (kMR = 6 here); the
@@ -240,13 +241,15 @@ static_assert(kMR == 6, "the SVE micro-kernel names six rows");
 #define FP4SERVE_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 template <int kM>
 HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
-                        float* HWY_RESTRICT acc) {
+                        float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
   const DF d;
 #define FP4SERVE_LOAD(i)                                           \
   auto a0_##i = hn::Zero(d), a1_##i = hn::Zero(d);                 \
   if constexpr ((i) < kM) {                                        \
-    a0_##i = hn::Load(d, acc + (i) * kNR);                         \
-    a1_##i = hn::Load(d, acc + (i) * kNR + kLanes);                \
+    if (load_c) {                                                  \
+      a0_##i = hn::LoadU(d, c + (i) * ldc);                        \
+      a1_##i = hn::LoadU(d, c + (i) * ldc + kLanes);               \
+    }                                                              \
   }
 #define FP4SERVE_FMA(i)                                            \
   if constexpr ((i) < kM) {                                        \
@@ -256,8 +259,8 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
   }
 #define FP4SERVE_STORE(i)                                          \
   if constexpr ((i) < kM) {                                        \
-    hn::Store(a0_##i, d, acc + (i) * kNR);                         \
-    hn::Store(a1_##i, d, acc + (i) * kNR + kLanes);                \
+    hn::StoreU(a0_##i, d, c + (i) * ldc);                          \
+    hn::StoreU(a1_##i, d, c + (i) * ldc + kLanes);                 \
   }
   FP4SERVE_ROWS(FP4SERVE_LOAD)
   for (int64_t k = 0; k < kc; ++k) {
@@ -274,13 +277,13 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
 #else
 template <int kM>
 HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
-                        float* HWY_RESTRICT acc) {
+                        float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
   const DF d;
   hn::Vec<DF> a0[kM], a1[kM];
 #pragma GCC unroll 16
   for (int i = 0; i < kM; ++i) {
-    a0[i] = hn::Load(d, acc + i * kNR);
-    a1[i] = hn::Load(d, acc + i * kNR + kLanes);
+    a0[i] = load_c ? hn::LoadU(d, c + i * ldc) : hn::Zero(d);
+    a1[i] = load_c ? hn::LoadU(d, c + i * ldc + kLanes) : hn::Zero(d);
   }
   for (int64_t k = 0; k < kc; ++k) {
     const auto b0 = hn::Load(d, panel + k * kNR);
@@ -294,17 +297,18 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
   }
 #pragma GCC unroll 16
   for (int i = 0; i < kM; ++i) {
-    hn::Store(a0[i], d, acc + i * kNR);
-    hn::Store(a1[i], d, acc + i * kNR + kLanes);
+    hn::StoreU(a0[i], d, c + i * ldc);
+    hn::StoreU(a1[i], d, c + i * ldc + kLanes);
   }
 }
 #endif
 
 template <int kM = kMR>
-void MicroDispatch(int m, const float* x, int64_t ldx, const float* panel, int64_t kc, float* acc) {
+void MicroDispatch(int m, const float* x, int64_t ldx, const float* panel, int64_t kc, float* c, int64_t ldc,
+                   bool load_c) {
   if constexpr (kM > 0) {
-    if (m == kM) return Micro<kM>(x, ldx, panel, kc, acc);
-    return MicroDispatch<kM - 1>(m, x, ldx, panel, kc, acc);
+    if (m == kM) return Micro<kM>(x, ldx, panel, kc, c, ldc, load_c);
+    return MicroDispatch<kM - 1>(m, x, ldx, panel, kc, c, ldc, load_c);
   }
 }
 
@@ -346,7 +350,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
           const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
           DecodePanel(w, p, k0, kc, panel);
-          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kc, acc);
+          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kc, acc, kNR, /*load_c=*/true);
         }
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < kNR && p * kNR + j < n_total; ++j) {
@@ -370,6 +374,18 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
             const int64_t cols = std::min(kNR, n_total - p * kNR);
             for (int64_t m0 = 0; m0 < m; m0 += kMR) {
               const int64_t mm = std::min(kMR, m - m0);
+              if (cols == kNR) {
+                // A full panel accumulates in y itself (the last block then applies the epilogue in place).
+                float* c = y + m0 * n_total + p * kNR;
+                MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, c, n_total, kb > 0);
+                if (kb + 1 == k_blocks) {
+                  for (int64_t i = 0; i < mm; ++i) {
+                    for (int64_t j = 0; j < kNR; ++j) c[i * n_total + j] = apply_epilogue(w, p * kNR + j, c[i * n_total + j]);
+                  }
+                }
+                continue;
+              }
+              // The last, partial panel: its rows past N have no room in y, so the sums go through acc.
               for (int64_t i = 0; i < mm; ++i) {
                 float* yi = y + (m0 + i) * n_total + p * kNR;
                 if (kb == 0) {
@@ -378,7 +394,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
                   std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
                 }
               }
-              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc);
+              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc, kNR, /*load_c=*/true);
               for (int64_t i = 0; i < mm; ++i) {
                 float* yi = y + (m0 + i) * n_total + p * kNR;
                 if (kb + 1 < k_blocks) {
