@@ -104,17 +104,16 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
 class NextItemPrefetch {
  public:
   /// The next item is tiles [first_tile, first_tile + tiles) of w (none when first_tile is past the last tile);
-  /// the current item has `groups` steps to spread the lines over.
+  /// the current item has `groups` steps to spread the lines over. A tile shorter than kPrefetchAhead (K < 256)
+  /// gets its following lines prefetched too: they belong to the next tiles, or lie past the end (a hint).
   NextItemPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles, int64_t groups) {
     if (first_tile >= w.tiles()) return;
     tiles = std::min(tiles, w.tiles() - first_tile);
-    const int64_t tile_bytes = w.in_features / 8 * 32;
-    codes_ = reinterpret_cast<uintptr_t>(w.codes.data()) + static_cast<uintptr_t>(first_tile * tile_bytes);
-    tile_bytes_ = tile_bytes;
-    head_lines_ = (std::min<int64_t>(tile_bytes, kPrefetchAhead) + 63) / 64;
+    tile_bytes_ = w.in_features / 8 * 32;
+    codes_ = reinterpret_cast<uintptr_t>(w.codes.data()) + static_cast<uintptr_t>(first_tile * tile_bytes_);
     const int64_t scale_bytes = w.groups() * prepare::kTileRows;  // one byte per row and group
     scales_ = reinterpret_cast<uintptr_t>(w.scales.data()) + static_cast<uintptr_t>(first_tile * scale_bytes);
-    code_lines_ = tiles * head_lines_;
+    code_lines_ = tiles * kHeadLines;
     total_lines_ = code_lines_ + (tiles * scale_bytes + 63) / 64;
     per_step_ = (total_lines_ + groups - 1) / std::max<int64_t>(groups, 1);
   }
@@ -123,15 +122,16 @@ class NextItemPrefetch {
   HWY_INLINE void step(int64_t g) const {
     for (int64_t j = g * per_step_; j < std::min(total_lines_, (g + 1) * per_step_); ++j) {
       const uintptr_t at = j < code_lines_
-                               ? codes_ + static_cast<uintptr_t>((j / head_lines_) * tile_bytes_ + (j % head_lines_) * 64)
+                               ? codes_ + static_cast<uintptr_t>((j / kHeadLines) * tile_bytes_ + (j % kHeadLines) * 64)
                                : scales_ + static_cast<uintptr_t>((j - code_lines_) * 64);
       hwy::Prefetch(reinterpret_cast<const uint8_t*>(at));
     }
   }
 
  private:
+  static constexpr int64_t kHeadLines = static_cast<int64_t>(kPrefetchAhead / 64);  // a power of 2: no division
   uintptr_t codes_ = 0, scales_ = 0;
-  int64_t tile_bytes_ = 0, head_lines_ = 1, code_lines_ = 0, total_lines_ = 0, per_step_ = 0;
+  int64_t tile_bytes_ = 0, code_lines_ = 0, total_lines_ = 0, per_step_ = 0;
 };
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
