@@ -27,13 +27,19 @@ struct AttentionParams {
 /// q: [t, H, D] f32, row i at position start_pos + i. k_cache, v_cache: cache rows 0 … start_pos + t − 1 must be
 /// filled (including this call's own keys/values); row p holds [KVH, D] f32 starting at p · cache_row_stride
 /// floats (cache_row_stride ≥ KVH·D). out: [t, H, D] f32, must not alias q or the caches.
-/// Work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
+/// A prefill of t ≥ kMinBlockedPrefillRows rows runs blocked: a block of rows × the heads of one KV head is a
+/// matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel (cpu/attention_prefill.cpp). Otherwise
+/// work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
 /// all H/KVH query heads that share it. When there are fewer such items than twice the threads (a decode step
 /// with few KV heads), each item's keys are split into attention_key_splits() ranges whose partial softmax sums
 /// are merged afterwards (flash-decoding), so that every thread has keys to read.
 /// Throws UsageError on null pointers or inconsistent sizes.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
+
+/// Rows of a call from which attention() runs blocked (below, packing every cached key for a few rows costs
+/// about as much as their attention).
+inline constexpr int64_t kMinBlockedPrefillRows = 16;
 
 /// Keys per range below which attention() does not split an item's keys further (a range's fixed cost, one
 /// partial output of [H/KVH, D] to merge, outweighs reading fewer keys).

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// attention() against a float64 causal attention written here: GQA ratios 1, 3, 4; decode (t = 1 at
-// start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; sliding window; GPT-OSS sinks; key
+// attention() against a float64 causal attention written here: GQA ratios 1 to 8; decode (t = 1 at
+// start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; the blocked prefill (t ≥
+// kMinBlockedPrefillRows) over head dims with and without a column tail; sliding window; GPT-OSS sinks; key
 // ranges split across threads and merged.
 // Cache rows past start_pos + t and the padding of each cache row hold NaN, so reading anything outside the
 // causal window shows up as a NaN output.
@@ -99,6 +100,33 @@ TEST(Attention, PrefillNineteenAllGqaRatios) {
 }
 
 TEST(Attention, ChunkedPrefillAfterCachedPrefix) { run_case({6, 2, 64, 19, 23, 0, false}); }
+
+// From kMinBlockedPrefillRows rows attention() runs blocked (query rows × heads as matrices on the GEMM
+// micro-kernel). Head dims 64 and 128 (whole panels on every target), 80 and 20 (a column tail past the last
+// panel on AVX-512 / AVX2), GQA groups 1 to 8 (rows per block 12 to 1), prompts longer than a key panel.
+TEST(Attention, BlockedPrefillAllGqaRatiosAndHeadDims) {
+  for (auto [H, KVH] : {std::pair{4, 4}, std::pair{9, 3}, std::pair{8, 1}}) {
+    for (int64_t D : {64, 128, 80, 20}) run_case({H, KVH, D, 77, 0, 0, false});
+  }
+}
+
+TEST(Attention, BlockedPrefillChunkAfterCachedPrefixWindowAndSinks) {
+  run_case({9, 3, 64, kMinBlockedPrefillRows, 300, 0, false});  // a short chunk after many cached keys
+  run_case({8, 2, 64, 61, 40, 0, true});
+  run_case({6, 2, 64, 70, 13, 37, true});   // window shorter than the chunk, sinks
+  run_case({9, 3, 80, 45, 0, 100, false});  // window longer than the sequence
+}
+
+// Eight threads on few rows: fewer rows per block, so that every thread has a block.
+TEST(Attention, BlockedPrefillManyThreads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(8);
+  run_case({9, 3, 64, 17, 5, 0, false});
+  run_case({8, 1, 128, 33, 0, 9, true});
+  omp_set_num_threads(saved);
+}
+
+TEST(Attention, ShortPrefillRowByRow) { run_case({9, 3, 64, kMinBlockedPrefillRows - 1, 20, 0, true}); }
 
 TEST(Attention, SlidingWindow) {
   run_case({8, 2, 20, 19, 0, 7, false});   // window shorter than the prefill

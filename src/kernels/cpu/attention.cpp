@@ -34,6 +34,9 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
     throw UsageError("attention: null pointer");
   }
+  if (t >= kMinBlockedPrefillRows && cpu::prefill_attention(q, t, start_pos, k_cache, v_cache, cache_row_stride, p, out)) {
+    return;
+  }
   const int64_t group = heads / kv_heads;
   const int64_t total = start_pos + t;
   const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;

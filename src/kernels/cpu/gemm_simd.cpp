@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "kernels/cpu/fp4_scales-inl.h"
+#include "kernels/cpu/gemm_micro-inl.h"
 #include "kernels/cpu/gemm_shared.h"
 #include "kernels/linear.h"
 
@@ -32,24 +33,18 @@ using prepare::WeightLayout;
 
 int64_t TargetId() { return HWY_TARGET; }
 
-#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SSE4
+#if !FP4SERVE_PANEL_TARGET
 
 void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) { reference_gemm(w, x, m, y); }
 
 #else
 
-#if HWY_HAVE_SCALABLE
-// SVE: the vector length is known only at run time, but the panel width must be a compile-time constant, so
-// the panel uses 128-bit vectors (every SVE length holds them), full 256-bit ones on SVE_256.
-constexpr int64_t kLanes = HWY_TARGET == HWY_SVE_256 ? 8 : 4;
-using DF = hn::CappedTag<float, kLanes>;
-#else
-using DF = hn::CappedTag<float, 16>;             // NEON: 4 lanes, AVX2: 8, AVX-512: 16
-constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
-#endif
-constexpr int64_t kNR = 2 * kLanes;              // panel width (output rows): two vectors per column
+using micro::DF;
+using micro::kLanes;
+using micro::kMR;
+using micro::kNR;
+using micro::MicroDispatch;
 constexpr int64_t kPanelTiles = kNR / kTileRows;
-constexpr int64_t kMR = kLanes == 16 ? 12 : 6;   // x rows per micro-kernel call: fills the register file
 constexpr int64_t kKc = 256;                     // columns decoded per panel chunk (panel ≤ 32 KiB, in L1)
 static_assert(kNR % kTileRows == 0, "a panel holds whole tiles");
 
@@ -231,87 +226,6 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
   }
 }
 
-// ---- micro-kernel: c[i · ldc + 0..kNR) = (load_c ? c[i · ldc + 0..kNR) : 0) + Σ_kk x[i · ldx + kk] · panel[kk][0..kNR),
-// i < kM. c may be the output y itself (ldc = N, unaligned): no copy of partial sums through a scratch tile. ----
-
-#if HWY_HAVE_SCALABLE
-// SVE vectors are sizeless and cannot form arrays: one named accumulator pair per x row (kMR = 6 here); the
-// pairs of rows ≥ kM are dead code the compiler drops.
-static_assert(kMR == 6, "the SVE micro-kernel names six rows");
-#define FP4SERVE_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-template <int kM>
-HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
-                        float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
-  const DF d;
-#define FP4SERVE_LOAD(i)                                           \
-  auto a0_##i = hn::Zero(d), a1_##i = hn::Zero(d);                 \
-  if constexpr ((i) < kM) {                                        \
-    if (load_c) {                                                  \
-      a0_##i = hn::LoadU(d, c + (i) * ldc);                        \
-      a1_##i = hn::LoadU(d, c + (i) * ldc + kLanes);               \
-    }                                                              \
-  }
-#define FP4SERVE_FMA(i)                                            \
-  if constexpr ((i) < kM) {                                        \
-    const auto xi = hn::Set(d, x[(i) * ldx + k]);                  \
-    a0_##i = hn::MulAdd(xi, b0, a0_##i);                           \
-    a1_##i = hn::MulAdd(xi, b1, a1_##i);                           \
-  }
-#define FP4SERVE_STORE(i)                                          \
-  if constexpr ((i) < kM) {                                        \
-    hn::StoreU(a0_##i, d, c + (i) * ldc);                          \
-    hn::StoreU(a1_##i, d, c + (i) * ldc + kLanes);                 \
-  }
-  FP4SERVE_ROWS(FP4SERVE_LOAD)
-  for (int64_t k = 0; k < kc; ++k) {
-    const auto b0 = hn::Load(d, panel + k * kNR);
-    const auto b1 = hn::Load(d, panel + k * kNR + kLanes);
-    FP4SERVE_ROWS(FP4SERVE_FMA)
-  }
-  FP4SERVE_ROWS(FP4SERVE_STORE)
-#undef FP4SERVE_LOAD
-#undef FP4SERVE_FMA
-#undef FP4SERVE_STORE
-}
-#undef FP4SERVE_ROWS
-#else
-template <int kM>
-HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* HWY_RESTRICT panel, int64_t kc,
-                        float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
-  const DF d;
-  hn::Vec<DF> a0[kM], a1[kM];
-#pragma GCC unroll 16
-  for (int i = 0; i < kM; ++i) {
-    a0[i] = load_c ? hn::LoadU(d, c + i * ldc) : hn::Zero(d);
-    a1[i] = load_c ? hn::LoadU(d, c + i * ldc + kLanes) : hn::Zero(d);
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const auto b0 = hn::Load(d, panel + k * kNR);
-    const auto b1 = hn::Load(d, panel + k * kNR + kLanes);
-#pragma GCC unroll 16
-    for (int i = 0; i < kM; ++i) {
-      const auto xi = hn::Set(d, x[i * ldx + k]);
-      a0[i] = hn::MulAdd(xi, b0, a0[i]);
-      a1[i] = hn::MulAdd(xi, b1, a1[i]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < kM; ++i) {
-    hn::StoreU(a0[i], d, c + i * ldc);
-    hn::StoreU(a1[i], d, c + i * ldc + kLanes);
-  }
-}
-#endif
-
-template <int kM = kMR>
-void MicroDispatch(int m, const float* x, int64_t ldx, const float* panel, int64_t kc, float* c, int64_t ldc,
-                   bool load_c) {
-  if constexpr (kM > 0) {
-    if (m == kM) return Micro<kM>(x, ldx, panel, kc, c, ldc, load_c);
-    return MicroDispatch<kM - 1>(m, x, ldx, panel, kc, c, ldc, load_c);
-  }
-}
-
 // ---- driver -------------------------------------------------------------------------------------------------
 
 // Per-thread scratch, kept between calls (OpenMP threads persist).
@@ -350,7 +264,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
           const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
           DecodePanel(w, p, k0, kc, panel);
-          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kc, acc, kNR, /*load_c=*/true);
+          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kNR, kc, acc, kNR, /*load_c=*/true);
         }
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < kNR && p * kNR + j < n_total; ++j) {
@@ -377,7 +291,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
               if (cols == kNR) {
                 // A full panel accumulates in y itself (the last block then applies the epilogue in place).
                 float* c = y + m0 * n_total + p * kNR;
-                MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, c, n_total, kb > 0);
+                MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kNR, kc, c, n_total, kb > 0);
                 if (kb + 1 == k_blocks) {
                   for (int64_t i = 0; i < mm; ++i) {
                     for (int64_t j = 0; j < kNR; ++j) c[i * n_total + j] = apply_epilogue(w, p * kNR + j, c[i * n_total + j]);
@@ -394,7 +308,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
                   std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
                 }
               }
-              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kc, acc, kNR, /*load_c=*/true);
+              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kNR, kc, acc, kNR, /*load_c=*/true);
               for (int64_t i = 0; i < mm; ++i) {
                 float* yi = y + (m0 + i) * n_total + p * kNR;
                 if (kb + 1 < k_blocks) {

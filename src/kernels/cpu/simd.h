@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/attention.h"
+
 namespace fp4serve::kernels::cpu {
 
 /// Σ x[i]², fp32 lane-parallel accumulation. x: [n].
@@ -45,5 +47,12 @@ void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, floa
 void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
                   int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
                   float* partial = nullptr);
+
+/// attention() for a prefill of t rows (attention_prefill.cpp): blocks of query rows × the heads of one KV head
+/// as matrices, S = Q·Kᵀ and O = P·V on the panel GEMM's micro-kernel, keys packed once per call. Arguments as
+/// attention(), already validated. Returns false (and writes nothing) on targets without the micro-kernel
+/// (EMU128, an SVE length the panels do not assume); attention() then runs attend_group per row.
+bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
+                       int64_t stride, const AttentionParams& params, float* out);
 
 }  // namespace fp4serve::kernels::cpu
