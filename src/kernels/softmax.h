@@ -11,6 +11,13 @@ namespace fp4serve::kernels {
 /// Throws UsageError on a null pointer or bad size.
 void softmax_rows(float* x, int64_t rows, int64_t n);
 
+/// log Σ_i exp(x[i]) as max + log Σ exp(x[i] − max): exp in fp32, lane sums of 1024-element blocks in fp32 added
+/// in float64, the log in float64.
+/// Absolute error ≲ 5e-7 (n = 49157, a spread of 60 in the tests), so log-probabilities x[i] − log_sum_exp are
+/// that close however small the probability (no exp of the target is taken, nothing underflows). x: [n] finite, n ≥ 1.
+/// Throws UsageError on a null pointer or n < 1.
+double log_sum_exp(const float* x, int64_t n);
+
 /// The k largest of values[0..n), in descending order, into indices[0..k) and top_values[0..k)
 /// (top_values may be nullptr). Ties go to the lower index first; NaN ranks below every number, −inf
 /// included. (torch.topk leaves the order of ties unspecified; this rule makes routing reproducible.)

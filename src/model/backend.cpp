@@ -36,7 +36,11 @@ FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers
       flat.slots.push_back(chunk.slot);
       flat.cache_rows.push_back(static_cast<int64_t>(chunk.slot) * num_layers * max_seq_len + chunk.start_pos + i);
     }
-    for (int64_t i = chunk.all_logits ? 0 : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
+    if (chunk.first_logit_row < 0 || chunk.first_logit_row >= t) {
+      throw UsageError(fmt::format("Decoder::forward: first_logit_row {} is outside the chunk's {} tokens",
+                                   chunk.first_logit_row, t));
+    }
+    for (int64_t i = chunk.all_logits ? chunk.first_logit_row : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
     row0 += t;
   }
   flat.decode = !batch.empty() && row0 == static_cast<int64_t>(batch.size());

@@ -20,6 +20,9 @@ struct SequenceChunk {
   int64_t start_pos = 0;
   std::span<const int32_t> tokens;
   bool all_logits = false;  ///< return logits for every token (perplexity), else for the last token only
+  /// With all_logits: the first first_logit_row tokens return no logits (a perplexity window scores only the
+  /// tokens past its overlap with the previous one, and their lm_head rows are not computed). In [0, size).
+  int64_t first_logit_row = 0;
 };
 
 class ForwardModel {
@@ -29,8 +32,8 @@ class ForwardModel {
   /// A KV cache sized for this model, with its storage where this model's forward reads it (host or device).
   virtual KvCache make_cache(int64_t max_seq_len, int max_slots) const = 0;
   /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
-  /// [rows, vocab] fp32 on the host where rows = Σ (all_logits ? chunk size : 1), in chunk order. Throws
-  /// UsageError when a chunk is empty, exceeds the cache length, names a slot twice or a token outside the
+  /// [rows, vocab] fp32 on the host where rows = Σ (all_logits ? chunk size − first_logit_row : 1), in chunk
+  /// order. Throws UsageError when a chunk is empty, has first_logit_row outside [0, size), exceeds the cache length, names a slot twice or a token outside the
   /// vocabulary, or when `cache` was not made by this model's make_cache.
   virtual std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const = 0;
 };

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "fp4serve/error.h"
+#include "kernels/softmax.h"
 
 namespace fp4serve::runtime {
 namespace {
@@ -21,9 +22,11 @@ void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
   for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_sum;
 }
 
-std::vector<float> window_logits(const model::ForwardModel& decoder, model::KvCache& cache, std::span<const int32_t> window) {
+// Logits of the window's rows first_row … size − 1 (the rows whose predictions are scored).
+std::vector<float> window_logits(const model::ForwardModel& decoder, model::KvCache& cache, std::span<const int32_t> window,
+                                 int64_t first_row) {
   const int slot = cache.acquire();
-  model::SequenceChunk chunk{slot, 0, window, true};
+  model::SequenceChunk chunk{slot, 0, window, true, first_row};
   std::vector<float> logits = decoder.forward(std::span(&chunk, 1), cache);
   cache.release(slot);
   return logits;
@@ -60,16 +63,23 @@ PerplexityResult perplexity(const model::ForwardModel& decoder, const model::For
     const int64_t begin = starts[w];
     const int64_t end = std::min(begin + options.context, n);
     const std::span<const int32_t> window = tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    const std::vector<float> logits = window_logits(decoder, cache, window);
+    // Token at absolute index i (previous_end ≤ i < end, i ≥ 1) is predicted by the window row i − 1 − begin;
+    // only rows from first_row on are scored, so only they get logits (the lm_head of the rest is skipped).
+    const int64_t first_scored = std::max<int64_t>(previous_end, begin + 1);
+    const int64_t first_row = first_scored - 1 - begin;
+    const std::vector<float> logits = window_logits(decoder, cache, window, first_row);
     std::vector<float> base_logits;
-    if (base != nullptr) base_logits = window_logits(*base, *base_cache, window);
-    // Token at absolute index i (previous_end ≤ i < end, i ≥ 1) is predicted by the row of index i − 1.
-    for (int64_t i = std::max<int64_t>(previous_end, begin + 1); i < end; ++i) {
-      const int64_t row = i - 1 - begin;
+    if (base != nullptr) base_logits = window_logits(*base, *base_cache, window, first_row);
+    for (int64_t i = first_scored; i < end; ++i) {
+      const int64_t row = i - 1 - begin - first_row;
       const int32_t target = tokens[static_cast<size_t>(i)];
-      log_softmax(logits.data() + row * vocab, vocab, lq);
-      nll -= lq[static_cast<size_t>(target)];
-      if (base != nullptr) {
+      const float* q_row = logits.data() + row * vocab;
+      if (base == nullptr) {
+        // log_softmax at the target only: the logit minus the log-sum-exp of the row.
+        nll -= static_cast<double>(q_row[target]) - kernels::log_sum_exp(q_row, vocab);
+      } else {
+        log_softmax(q_row, vocab, lq);
+        nll -= lq[static_cast<size_t>(target)];
         log_softmax(base_logits.data() + row * vocab, vocab, lp);
         base_nll -= lp[static_cast<size_t>(target)];
         double k = 0.0;

@@ -22,7 +22,7 @@ struct Header {
 };
 static_assert(sizeof(Header) == 32);
 
-constexpr size_t kChunkFields = 4;  // slot, all_logits, start_pos, size (int64 each)
+constexpr size_t kChunkFields = 5;  // slot, all_logits, start_pos, size, first_logit_row (int64 each)
 
 [[noreturn]] void fatal(const FatalHandler& on_fatal, dist::Communicator& comm, const std::exception& e) {
   if (on_fatal) on_fatal(e);
@@ -136,7 +136,8 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
     std::vector<int64_t> chunks;
     chunks.reserve(batch.size() * kChunkFields);
     for (const auto& c : batch) {
-      chunks.insert(chunks.end(), {c.slot, c.all_logits ? 1 : 0, c.start_pos, static_cast<int64_t>(c.tokens.size())});
+      chunks.insert(chunks.end(),
+                    {c.slot, c.all_logits ? 1 : 0, c.start_pos, static_cast<int64_t>(c.tokens.size()), c.first_logit_row});
     }
     std::vector<unsigned char> payload(chunks.size() * sizeof(int64_t) + tokens * sizeof(int32_t));
     std::memcpy(payload.data(), chunks.data(), chunks.size() * sizeof(int64_t));
@@ -214,7 +215,7 @@ FollowerStats run_follower(const model::ForwardModel& local, dist::Communicator&
         for (size_t i = 0; i < n; ++i) {
           const int64_t* f = fields.data() + i * kChunkFields;
           const auto size = static_cast<size_t>(f[3]);
-          batch.push_back({static_cast<int>(f[0]), f[2], std::span<const int32_t>(tokens + at, size), f[1] != 0});
+          batch.push_back({static_cast<int>(f[0]), f[2], std::span<const int32_t>(tokens + at, size), f[1] != 0, f[4]});
           at += size;
         }
         ++stats.forwards;

@@ -8,8 +8,8 @@
 // Protocol, over host memory (dist::Communicator::broadcast from rank 0): one fixed 32-byte header per message,
 // then its payload when it has one —
 //   make_cache  {cache id, max_seq_len, max_slots}            every rank makes its local cache
-//   forward     {cache id, chunks, tokens} + payload          [chunks × (slot, all_logits, start_pos, size)] int64
-//                                                             then Σ size token ids int32
+//   forward     {cache id, chunks, tokens} + payload          [chunks × (slot, all_logits, start_pos, size,
+//                                                             first_logit_row)] int64, then Σ size token ids int32
 //   drop_cache  {cache id}                                    the cache's KvCache was destroyed on rank 0
 //   shutdown    {}                                            run_follower returns
 #pragma once

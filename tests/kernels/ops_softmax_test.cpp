@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// softmax_rows against float64; top_k against a stable sort with the stated tie/NaN rule.
+// softmax_rows and log_sum_exp against float64; top_k against a stable sort with the stated tie/NaN rule.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -37,6 +37,26 @@ TEST(Softmax, MatchesFloat64WithLargeLogits) {
       }
     });
   }
+}
+
+// Vocabulary-sized rows (the perplexity scorer's use) and odd lengths; logits far above zero (the max shift) and a
+// spread of 60 so that the smallest probabilities are ~1e-26, below what an fp32 probability could hold.
+TEST(LogSumExp, MatchesFloat64) {
+  for (int64_t n : {1, 7, 33, 49157}) {
+    std::vector<float> x = random_nonzero(n, 11 + n, 0.01f, 30.0f);
+    for (float& v : x) v += 400.0f;
+    double m = -INFINITY, sum = 0;
+    for (float v : x) m = std::max(m, double(v));
+    for (float v : x) sum += std::exp(double(v) - m);
+    const double want = m + std::log(sum);
+    for_each_simd_target([&] {
+      // A relative error of the fp32 sum of ε gives log_sum_exp an absolute error of ~ε.
+      ASSERT_NEAR(log_sum_exp(x.data(), n), want, 5e-7) << "n " << n;
+    });
+  }
+  EXPECT_THROW(log_sum_exp(nullptr, 3), UsageError);
+  const float one = 1.0f;
+  EXPECT_THROW(log_sum_exp(&one, 0), UsageError);
 }
 
 TEST(TopK, DescendingWithTiesToLowerIndex) {

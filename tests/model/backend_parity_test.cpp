@@ -45,6 +45,9 @@ TEST(BackendHost, FlattenBatchComputesRowsAndRejectsBadChunks) {
   // slot · layers · seq + position
   EXPECT_EQ(flat.cache_rows, (std::vector<int64_t>{2 * 48 + 4, 2 * 48 + 5, 2 * 48 + 6, 10, 48, 49, 50}));
   EXPECT_EQ(flat.logit_rows, (std::vector<int64_t>{2, 3, 4, 5, 6}));
+  // first_logit_row skips the first rows of an all_logits chunk.
+  const std::vector<SequenceChunk> tail = {{1, 0, a, true, 1}, {0, 10, b, false}, {2, 0, a, true, 2}};
+  EXPECT_EQ(flatten_batch(tail, 3, 16, 4, 10).logit_rows, (std::vector<int64_t>{1, 2, 3, 6}));
 
   const std::vector<int32_t> none;
   const std::vector<int32_t> big = {10};
@@ -53,6 +56,8 @@ TEST(BackendHost, FlattenBatchComputesRowsAndRejectsBadChunks) {
   EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{4, 0, a, false}}, 3, 16, 4, 10), UsageError);
   EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{1, 0, a, false}, {1, 3, b, false}}, 3, 16, 4, 10), UsageError);
   EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, big, false}}, 3, 16, 4, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, 3}}, 3, 16, 4, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, -1}}, 3, 16, 4, 10), UsageError);
 }
 
 struct OpaqueStorage final : KvStorage {};

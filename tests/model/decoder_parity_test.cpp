@@ -112,7 +112,7 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
     }
   }
   const int64_t vocab = loaded.config.vocab_size;
-  KvCache cache = loaded.decoder->make_cache(64, 1);
+  KvCache cache = loaded.decoder->make_cache(64, 2);
 
   for (const std::string prompt : {"prompt0", "prompt1"}) {
     SCOPED_TRACE(prompt);
@@ -134,6 +134,22 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
     std::ostringstream rel;
     rel << std::scientific << std::setprecision(2) << max_diff / max_ref;
     RecordProperty(prompt + "_max_rel_diff", rel.str());
+
+    // Only the last rows' logits (a perplexity window past its overlap): the same rows of the reference.
+    {
+      const int64_t first = static_cast<int64_t>(ids.size()) - 3;
+      const int tail_slot = cache.acquire();
+      SequenceChunk tail{tail_slot, 0, ids, true, first};
+      const std::vector<float> tail_logits = loaded.decoder->forward(std::span(&tail, 1), cache);
+      cache.release(tail_slot);
+      ASSERT_EQ(tail_logits.size(), static_cast<size_t>(3 * vocab));
+      double tail_diff = 0.0;
+      for (size_t i = 0; i < tail_logits.size(); ++i) {
+        const double r = want.load<float>(static_cast<size_t>(first * vocab) + i);
+        tail_diff = std::max(tail_diff, std::fabs(r - static_cast<double>(tail_logits[i])));
+      }
+      EXPECT_LE(tail_diff, c.tolerance * max_ref) << "first_logit_row " << first;
+    }
 
     // Greedy continuation with the KV cache (transformers recomputed the whole prefix each step).
     const std::vector<int32_t> want_greedy = ids_of(golden, "greedy." + prompt);
@@ -179,7 +195,7 @@ TEST(DecoderParityKvCache, LayerZeroCachedKeysMatchTheReferenceCache) {
     LoadOptions options;
       const LoadedModel loaded = load_model(e.path(), options);
     const int64_t kv_heads = loaded.config.num_kv_heads, hd = loaded.config.head_dim;
-    KvCache cache = loaded.decoder->make_cache(64, 1);
+    KvCache cache = loaded.decoder->make_cache(64, 2);
     for (const std::string prompt : {"prompt0", "prompt1"}) {
       SCOPED_TRACE(prompt);
       const std::vector<int32_t> ids = ids_of(golden, prompt);

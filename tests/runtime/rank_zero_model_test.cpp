@@ -38,7 +38,8 @@ class RecordingModel final : public model::ForwardModel {
   std::vector<float> forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const override {
     log.insert(log.end(), {-2, static_cast<int64_t>(batch.size())});
     for (const auto& c : batch) {
-      log.insert(log.end(), {c.slot, c.start_pos, c.all_logits ? 1 : 0, static_cast<int64_t>(c.tokens.size())});
+      log.insert(log.end(),
+                 {c.slot, c.start_pos, c.all_logits ? 1 : 0, c.first_logit_row, static_cast<int64_t>(c.tokens.size())});
       log.insert(log.end(), c.tokens.begin(), c.tokens.end());
     }
     for (const auto& c : batch) {  // validation first, as Decoder does: every rank throws alike
@@ -51,7 +52,7 @@ class RecordingModel final : public model::ForwardModel {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         const int64_t p = c.start_pos + static_cast<int64_t>(i);
         cache.key(c.slot, 1, p)[2] = static_cast<float>(c.tokens[i]);
-        if (!c.all_logits && i + 1 < c.tokens.size()) continue;
+        if (c.all_logits ? static_cast<int64_t>(i) < c.first_logit_row : i + 1 < c.tokens.size()) continue;
         double history = 0;
         for (int64_t q = 0; q <= p; ++q) history += cache.key(c.slot, 1, q)[2] * static_cast<double>(q + 1);
         for (int64_t v = 0; v < kVocab; ++v) logits.push_back(static_cast<float>(history + static_cast<double>(v) / 4));
@@ -94,7 +95,9 @@ void drive(RankZeroModel& tp, int64_t& expected_forwards) {
       std::vector<int32_t> t(len);
       for (auto& x : t) x = static_cast<int32_t>(gen() % kVocab);
       tokens.push_back(t);
-      batch.push_back({s, static_cast<int64_t>(history[s].size()), {}, gen() % 2 == 0});
+      const bool all_logits = gen() % 2 == 0;
+      const auto first_logit_row = static_cast<int64_t>(all_logits ? gen() % len : 0);
+      batch.push_back({s, static_cast<int64_t>(history[s].size()), {}, all_logits, first_logit_row});
     }
     if (batch.empty()) continue;
     for (size_t i = 0; i < batch.size(); ++i) batch[i].tokens = tokens[i];
@@ -105,7 +108,7 @@ void drive(RankZeroModel& tp, int64_t& expected_forwards) {
       auto& h = history[c.slot];
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         h.push_back(c.tokens[i]);
-        if (!c.all_logits && i + 1 < c.tokens.size()) continue;
+        if (c.all_logits ? static_cast<int64_t>(i) < c.first_logit_row : i + 1 < c.tokens.size()) continue;
         double want = 0;
         for (size_t q = 0; q < h.size(); ++q) want += h[q] * static_cast<double>(q + 1);
         for (int64_t v = 0; v < kVocab; ++v) {

@@ -22,6 +22,13 @@ void scale_by_weight(const float* x, const float* weight, float r, int64_t n, fl
 /// (Highway Exp is valid on [−FLT_MAX, 104]).
 float exp_shifted_sum(float* x, int64_t n, float shift);
 
+/// max_i x[i] (−inf for n = 0). x: [n].
+float max_value(const float* x, int64_t n);
+
+/// Σ exp(x[i] − shift), x unchanged: fp32 exp, lane sums over blocks of 1024 added in float64; the same range
+/// condition as exp_shifted_sum.
+double exp_sum(const float* x, int64_t n, float shift);
+
 /// out[i] = silu(gate[i]) · up[i], silu(g) = g / (1 + e^−g). All [n].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 

@@ -94,6 +94,31 @@ void ScaleByWeightImpl(const float* x, const float* weight, float r, int64_t n, 
 
 float ExpShiftedSumImpl(float* x, int64_t n, float shift) { return exp_shifted_sum_inline(DF(), x, n, shift); }
 
+float MaxValueImpl(const float* x, int64_t n) { return max_inline(DF(), x, n); }
+
+double ExpSumImpl(const float* x, int64_t n, float shift) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, shift);
+  // fp32 lane sums over blocks of kBlock elements, blocks summed in float64: the error of a 50k-element sum stays
+  // at a few fp32 ulps instead of growing with n / lanes.
+  constexpr int64_t kBlock = 1024;
+  double total = 0.0;
+  int64_t i = 0;
+  while (i + lanes <= n) {
+    const int64_t block_end = std::min(n, i + kBlock);
+    auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+    for (; i + 2 * lanes <= block_end; i += 2 * lanes) {
+      acc0 = hn::Add(acc0, hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs)));
+      acc1 = hn::Add(acc1, hn::Exp(d, hn::Sub(hn::LoadU(d, x + i + lanes), vs)));
+    }
+    for (; i + lanes <= block_end; i += lanes) acc0 = hn::Add(acc0, hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vs)));
+    total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1))));
+  }
+  for (; i < n; ++i) total += static_cast<double>(std::exp(x[i] - shift));
+  return total;
+}
+
 // sigmoid(a·g) as 1 / (1 + e^(−a·g)); e^(−a·g) overflows to +inf for a·g < −88, giving the correct limit 0.
 template <class V>
 inline V sigmoid_vec(DF d, V ag) {
@@ -279,6 +304,8 @@ namespace fp4serve::kernels::cpu {
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(ScaleByWeightImpl);
 HWY_EXPORT(ExpShiftedSumImpl);
+HWY_EXPORT(MaxValueImpl);
+HWY_EXPORT(ExpSumImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(SwigluOaiMulImpl);
 HWY_EXPORT(FwhtImpl);
@@ -292,6 +319,8 @@ void scale_by_weight(const float* x, const float* weight, float r, int64_t n, fl
 float exp_shifted_sum(float* x, int64_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftedSumImpl)(x, n, shift);
 }
+float max_value(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValueImpl)(x, n); }
+double exp_sum(const float* x, int64_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpSumImpl)(x, n, shift); }
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n, out);
 }

@@ -28,6 +28,13 @@ void softmax_rows(float* x, int64_t rows, int64_t n) {
   }
 }
 
+double log_sum_exp(const float* x, int64_t n) {
+  if (n < 1) throw UsageError(fmt::format("log_sum_exp: n {} (need n >= 1)", n));
+  if (x == nullptr) throw UsageError("log_sum_exp: null pointer");
+  const float m = cpu::max_value(x, n);
+  return static_cast<double>(m) + std::log(cpu::exp_sum(x, n, m));
+}
+
 void top_k(const float* values, int64_t n, int64_t k, int32_t* indices, float* top_values) {
   if (n < 0 || k < 0 || k > n || n > INT32_MAX) {
     throw UsageError(fmt::format("top_k: k {} must be in [0, n] with n {} in [0, 2^31)", k, n));
