@@ -160,9 +160,10 @@ void BM_Rope(benchmark::State& state) {
 }
 BENCHMARK(BM_Rope)->Arg(1)->Arg(512);
 
-// Llama-3-8B attention: 32 query heads, 8 KV heads, head_dim 128. args: t, context length before the call.
+// Attention over an fp32 cache. args: t, context length before the call, query heads, KV heads, head_dim
+// (Llama-3-8B: 32, 8, 128; the default model SmolLM2-135M: 9, 3, 64).
 void BM_Attention(benchmark::State& state) {
-  const int64_t t = state.range(0), start = state.range(1), H = 32, KVH = 8, D = 128;
+  const int64_t t = state.range(0), start = state.range(1), H = state.range(2), KVH = state.range(3), D = state.range(4);
   const int64_t rows = start + t;
   std::vector<float> q = random_vec(t * H * D, 1), k = random_vec(rows * KVH * D, 2), v = random_vec(rows * KVH * D, 3);
   std::vector<float> out(t * H * D);
@@ -173,8 +174,22 @@ void BM_Attention(benchmark::State& state) {
   }
   // KV bytes read once per call (decode is bound by this).
   state.SetBytesProcessed(state.iterations() * rows * KVH * D * 4 * 2);
+  // q·k and p·v: 4·D flops per (query row, head, visible key) pair; row i sees start + i + 1 keys.
+  const double pairs = static_cast<double>(t) * static_cast<double>(start) + static_cast<double>(t) * (t + 1) / 2.0;
+  state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(H * D * 4) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Attention)->Args({1, 4095})->Args({1, 32767})->Args({512, 0})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Attention)
+    ->Args({1, 4095, 32, 8, 128})
+    ->Args({1, 32767, 32, 8, 128})
+    ->Args({512, 0, 32, 8, 128})
+    ->Args({512, 0, 9, 3, 64})
+    ->Args({2, 2000, 9, 3, 64})
+    ->Args({4, 2000, 9, 3, 64})
+    ->Args({8, 2000, 9, 3, 64})
+    ->Args({15, 497, 9, 3, 64})
+    ->Args({16, 496, 9, 3, 64})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fp4serve::kernels

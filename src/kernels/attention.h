@@ -27,9 +27,9 @@ struct AttentionParams {
 /// q: [t, H, D] f32, row i at position start_pos + i. k_cache, v_cache: cache rows 0 … start_pos + t − 1 must be
 /// filled (including this call's own keys/values); row p holds [KVH, D] f32 starting at p · cache_row_stride
 /// floats (cache_row_stride ≥ KVH·D). out: [t, H, D] f32, must not alias q or the caches.
-/// A prefill of t ≥ kMinBlockedPrefillRows rows runs blocked: a block of rows × the heads of one KV head is a
-/// matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel (cpu/attention_prefill.cpp). Otherwise
-/// work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
+/// A call of t ≥ kMinBlockedPrefillRows rows whose keys are not split (below) runs blocked: a block of rows × the
+/// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel
+/// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
 /// all H/KVH query heads that share it. When there are fewer such items than twice the threads (a decode step
 /// with few KV heads), each item's keys are split into attention_key_splits() ranges whose partial softmax sums
 /// are merged afterwards (flash-decoding), so that every thread has keys to read.
@@ -37,9 +37,10 @@ struct AttentionParams {
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
 
-/// Rows of a call from which attention() runs blocked (below, packing every cached key for a few rows costs
-/// about as much as their attention).
-inline constexpr int64_t kMinBlockedPrefillRows = 16;
+/// Rows of a call from which attention() runs blocked (unless its keys are split across threads). Packing the
+/// keys costs about one row's attention: bench_ops BM_Attention, 9 heads / 3 KV heads / D 64 after 2000 keys, one
+/// thread, AVX-512: t = 2 / 4 / 8 row by row 294 / 502 / 1633 µs, blocked 217 / 279 / 402 µs.
+inline constexpr int64_t kMinBlockedPrefillRows = 2;
 
 /// Keys per range below which attention() does not split an item's keys further (a range's fixed cost, one
 /// partial output of [H/KVH, D] to merge, outweighs reading fewer keys).

@@ -111,7 +111,7 @@ TEST(Attention, BlockedPrefillAllGqaRatiosAndHeadDims) {
 }
 
 TEST(Attention, BlockedPrefillChunkAfterCachedPrefixWindowAndSinks) {
-  run_case({9, 3, 64, kMinBlockedPrefillRows, 300, 0, false});  // a short chunk after many cached keys
+  run_case({9, 3, 64, 16, 300, 0, false});  // a short chunk after many cached keys
   run_case({8, 2, 64, 61, 40, 0, true});
   run_case({6, 2, 64, 70, 13, 37, true});   // window shorter than the chunk, sinks
   run_case({9, 3, 80, 45, 0, 100, false});  // window longer than the sequence
@@ -126,7 +126,7 @@ TEST(Attention, BlockedPrefillManyThreads) {
   omp_set_num_threads(saved);
 }
 
-TEST(Attention, ShortPrefillRowByRow) { run_case({9, 3, 64, kMinBlockedPrefillRows - 1, 20, 0, true}); }
+TEST(Attention, TwoRowsAfterCachedPrefix) { run_case({9, 3, 64, 2, 300, 0, true}); }
 
 TEST(Attention, SlidingWindow) {
   run_case({8, 2, 20, 19, 0, 7, false});   // window shorter than the prefill

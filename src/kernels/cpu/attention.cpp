@@ -34,9 +34,6 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
     throw UsageError("attention: null pointer");
   }
-  if (t >= kMinBlockedPrefillRows && cpu::prefill_attention(q, t, start_pos, k_cache, v_cache, cache_row_stride, p, out)) {
-    return;
-  }
   const int64_t group = heads / kv_heads;
   const int64_t total = start_pos + t;
   const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
@@ -46,6 +43,10 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
     return std::pair{lo, hi};
   };
   const int64_t splits = attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
+  if (splits == 1 && t >= kMinBlockedPrefillRows &&
+      cpu::prefill_attention(q, t, start_pos, k_cache, v_cache, cache_row_stride, p, out)) {
+    return;
+  }
   if (splits == 1) {
     // Work items are (query row, KV head). Rows near the end of a prefill attend to more keys, hence dynamic.
 #pragma omp parallel
