@@ -65,10 +65,9 @@ constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 // Largest |Q| of a fine group: 127·256, so that Q = 256·hi + lo splits into two int8.
 constexpr float kFineMax = 32512.f;
 
-}  // namespace
-
-void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
-                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+// The rule of quantize_int8_blocks one element at a time: targets without QuantizeInt8Impl, odd block sizes.
+void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order,
+                                 float fine_ratio, int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
   const int64_t groups = k / block;
   thread_local std::vector<float> amax;
   amax.resize(static_cast<size_t>(groups));
@@ -122,6 +121,8 @@ void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, b
     }
   }
 }
+
+}  // namespace
 
 }  // namespace fp4serve::kernels
 #endif
@@ -330,6 +331,97 @@ int64_t Int8OnePassRows() { return 0; }
 
 int64_t Int8TargetId() { return HWY_TARGET; }
 
+#if HWY_TARGET != HWY_SCALAR
+// quantize_int8_blocks (gemm_shared.h) in vectors, the same rule and the same integers as its scalar form:
+// a decode step quantizes every linear input, and the scalar loop (a nearbyint call per element) took ~30% of an
+// int8 GEMV at K = 1536 (bench_gemm_fp4, AVX-512, M = 1). Blocks that are not a multiple of 16 and of the vector
+// length return false (the caller runs the scalar form).
+bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                      int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(di)> d8;
+  const hn::FixedTag<uint8_t, 16> d16;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kMaxBlock = 256;
+  if (block % 16 != 0 || block % lanes != 0 || block > kMaxBlock) return false;
+  const int64_t groups = k / block;
+  thread_local std::vector<float> amax;
+  amax.resize(static_cast<size_t>(groups));
+  // Octet order within each 16 bytes: [c0 c2 c4 c6 c1 c3 c5 c7] per 8 columns (gemm_int8.cpp's layout note).
+  alignas(16) static constexpr uint8_t kOctetOrder[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+  const auto order = hn::Load(d16, kOctetOrder);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    int8_t* qi = q + i * k;
+    int8_t* ri = r + i * k;
+    double sum_d2 = 0;
+    int64_t usable = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto va = hn::Zero(df);
+      auto nan = hn::FirstN(df, 0);
+      for (int64_t j = 0; j < block; j += lanes) {
+        const auto v = hn::LoadU(df, xi + g * block + j);
+        va = hn::Max(va, hn::Abs(v));
+        nan = hn::Or(nan, hn::IsNaN(v));
+      }
+      const float a = hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
+      amax[static_cast<size_t>(g)] = a;
+      if (std::isfinite(a) && a > 0.f) {
+        const double dg = static_cast<double>(a) / 127;
+        sum_d2 += dg * dg;
+        ++usable;
+      }
+    }
+    const double fine_d2 = usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float a = amax[static_cast<size_t>(g)];
+      const bool degenerate = std::isnan(a) || !std::isfinite(a) || !(a > 0.f);
+      const double dg = static_cast<double>(a) / 127;
+      const bool is_fine = !degenerate && dg * dg >= fine_d2;
+      const float top = is_fine ? 32512.f : 127.f;
+      alignas(64) int8_t hi_bytes[kMaxBlock], lo_bytes[kMaxBlock];
+      auto vsum = hn::Zero(di);
+      if (degenerate) {
+        std::fill(hi_bytes, hi_bytes + block, int8_t{0});
+        std::fill(lo_bytes, lo_bytes + block, int8_t{0});
+      } else {
+        const auto inv = hn::Set(df, top / a), vtop = hn::Set(df, top), vbottom = hn::Set(df, -top);
+        for (int64_t j = 0; j < block; j += lanes) {
+          // Round to nearest even, as nearbyint in the default rounding mode.
+          const auto v = hn::NearestInt(hn::Clamp(hn::Mul(hn::LoadU(df, xi + g * block + j), inv), vbottom, vtop));
+          vsum = hn::Add(vsum, v);
+          // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ (an arithmetic shift).
+          const auto hi = is_fine ? hn::ShiftRight<8>(hn::Add(v, hn::Set(di, 128))) : v;
+          const auto lo = is_fine ? hn::Sub(v, hn::ShiftLeft<8>(hi)) : hn::Zero(di);
+          hn::StoreU(hn::DemoteTo(d8, hi), d8, hi_bytes + j);
+          hn::StoreU(hn::DemoteTo(d8, lo), d8, lo_bytes + j);
+        }
+      }
+      for (int64_t j = 0; j < block; j += 16) {
+        auto hv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(hi_bytes + j));
+        auto lv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(lo_bytes + j));
+        if (octet_order) {
+          hv = hn::TableLookupBytes(hv, order);
+          lv = hn::TableLookupBytes(lv, order);
+        }
+        hn::StoreU(hv, d16, reinterpret_cast<uint8_t*>(qi + g * block + j));
+        hn::StoreU(lv, d16, reinterpret_cast<uint8_t*>(ri + g * block + j));
+      }
+      d[i * groups + g] = std::isnan(a) ? a : a / top;
+      if (off != nullptr) off[i * groups + g] = 12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+      if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
+    }
+  }
+  return true;
+}
+#else
+bool QuantizeInt8Impl(const float*, int64_t, int64_t, int64_t, bool, float, int8_t*, int8_t*, float*, int32_t*,
+                      uint8_t*) {
+  return false;
+}
+#endif
+
 }  // namespace HWY_NAMESPACE
 }  // namespace fp4serve::kernels
 HWY_AFTER_NAMESPACE();
@@ -339,6 +431,13 @@ namespace fp4serve::kernels {
 
 HWY_EXPORT(Int8Impl);
 HWY_EXPORT(Int8TargetId);
+HWY_EXPORT(QuantizeInt8Impl);
+
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+  if (HWY_DYNAMIC_DISPATCH(QuantizeInt8Impl)(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine)) return;
+  quantize_int8_blocks_scalar(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine);
+}
 HWY_EXPORT(Int8OnePassRows);
 
 namespace {
