@@ -95,6 +95,13 @@ TEST(Attention, DecodeAtPosition37AllGqaRatios) {
   for (auto [H, KVH] : {std::pair{3, 3}, std::pair{6, 2}, std::pair{8, 2}}) run_case({H, KVH, 24, 1, 37, 0, false});
 }
 
+// Decode's value sum runs on the GEMM micro-kernel in blocks of keys: head dims with and without a column tail,
+// a group larger than the micro-kernel's rows (16 heads on one KV head), more keys than one block.
+TEST(Attention, DecodeHeadDimsAndLargeGroups) {
+  for (int64_t D : {64, 80, 128}) run_case({9, 3, D, 1, 200, 0, false});
+  run_case({16, 1, 64, 1, 150, 0, true});
+}
+
 TEST(Attention, PrefillNineteenAllGqaRatios) {
   for (auto [H, KVH] : {std::pair{3, 3}, std::pair{6, 2}, std::pair{8, 2}}) run_case({H, KVH, 13, 19, 0, 0, false});
 }

@@ -17,12 +17,16 @@
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernels/cpu/gemm_micro-inl.h"
 #include "kernels/cpu/simd.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
+#if FP4SERVE_PANEL_TARGET
+namespace micro = fp4serve::kernels::HWY_NAMESPACE::micro;
+#endif
 
 // Two accumulators hide the FMA latency for head dims of 64–128 without spilling on 16-register AVX2.
 inline float dot_inline(DF d, const float* a, const float* b, int64_t n) {
@@ -288,10 +292,37 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
   }
   std::fill(out, out + group * d, 0.0f);
+  int64_t e_tail = 0;  // columns from here on go through axpy
+#if FP4SERVE_PANEL_TARGET
+  if (hn::Lanes(micro::DF()) == static_cast<size_t>(micro::kLanes)) {
+    // out[g][e0, e0 + kNR) += P[g][block] · V[block][e0, e0 + kNR) on the GEMM micro-kernel: the group's output
+    // stays in registers across a block of keys instead of one load and store per key, head and vector (axpy).
+    // The next block's value rows are prefetched first (rows of one KV head are a page apart: see kPrefetchRows).
+    using micro::kMR;
+    using micro::kNR;
+    e_tail = d / kNR * kNR;
+    constexpr int64_t kKeyBlock = 64;
+    for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
+      const int64_t keys = std::min(kKeyBlock, len - j0);
+      for (int64_t j = j0 + keys; j < std::min(len, j0 + keys + kKeyBlock); ++j) prefetch_row(v + (lo + j) * stride, d);
+      const float* v0 = v + (lo + j0) * stride;
+      for (int64_t e0 = 0; e0 < e_tail; e0 += kNR) {
+        for (int64_t g0 = 0; g0 < group; g0 += kMR) {
+          micro::MicroDispatch(static_cast<int>(std::min(kMR, group - g0)), scores + g0 * len + j0, len, v0 + e0, stride,
+                               keys, out + g0 * d + e0, d, /*load_c=*/true);
+        }
+      }
+      for (int64_t j = j0; e_tail < d && j < j0 + keys; ++j) {
+        for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], v + (lo + j) * stride + e_tail, d - e_tail, out + g * d + e_tail);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t j = 0; j < len; ++j) {
     const float* vj = v + (lo + j) * stride;
     if (j + kPrefetchRows < len) prefetch_row(vj + kPrefetchRows * stride, d);
-    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj, d, out + g * d);
+    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj + e_tail, d - e_tail, out + g * d + e_tail);
   }
 }
 
