@@ -29,10 +29,10 @@ struct AttentionParams {
 /// floats (cache_row_stride ≥ KVH·D). out: [t, H, D] f32, must not alias q or the caches.
 /// A call of t ≥ kMinBlockedPrefillRows rows whose keys are not split (below) runs blocked: a block of rows × the
 /// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel
-/// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item reads each key/value row once for
-/// all H/KVH query heads that share it. When there are fewer such items than twice the threads (a decode step
-/// with few KV heads), each item's keys are split into attention_key_splits() ranges whose partial softmax sums
-/// are merged afterwards (flash-decoding), so that every thread has keys to read.
+/// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
+/// reads each key/value row once for all H/KVH query heads that share it. When there are fewer such items than
+/// twice the threads (a decode step with few KV heads), each item's keys are split into attention_key_splits()
+/// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
 /// Throws UsageError on null pointers or inconsistent sizes.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);

@@ -33,8 +33,9 @@ class ForwardModel {
   virtual KvCache make_cache(int64_t max_seq_len, int max_slots) const = 0;
   /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
   /// [rows, vocab] fp32 on the host where rows = Σ (all_logits ? chunk size − first_logit_row : 1), in chunk
-  /// order. Throws UsageError when a chunk is empty, has first_logit_row outside [0, size), exceeds the cache length, names a slot twice or a token outside the
-  /// vocabulary, or when `cache` was not made by this model's make_cache.
+  /// order. Throws UsageError when a chunk is empty, has first_logit_row outside [0, size), exceeds the cache
+  /// length, names a slot twice or a token outside the vocabulary, or when `cache` was not made by this model's
+  /// make_cache.
   virtual std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const = 0;
 };
 

@@ -213,7 +213,6 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
   const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
-  constexpr int kChains = kM == 1 ? 4 : 2;
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
   const NextItemPrefetch next(w, tb + 1, 2, groups);
@@ -223,26 +222,18 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       prefetch_ahead(codes_b + 32 * (g * kOctetsPerGroup + line));
     }
     next.step(g);
-    VF part[kM][kChains];
-    for (int i = 0; i < kM; ++i) {
-      for (int c = 0; c < kChains; ++c) part[i][c] = hn::Zero(df);
-    }
+    VF part[kM][2];
+    for (int i = 0; i < kM; ++i) part[i][0] = part[i][1] = hn::Zero(df);
     for (int64_t o = 0; o < kOctetsPerGroup; ++o) {
       const int64_t c = g * kOctetsPerGroup + o;
       const float* xc = x + 8 * c;
       auto use = [&](int j, VF col) HWY_ATTR {
-        for (int i = 0; i < kM; ++i) {
-          part[i][j % kChains] = hn::MulAdd(col, hn::Set(df, xc[i * k_total + j]), part[i][j % kChains]);
-        }
+        for (int i = 0; i < kM; ++i) part[i][j & 1] = hn::MulAdd(col, hn::Set(df, xc[i * k_total + j]), part[i][j & 1]);
       };
       DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, use);
     }
     const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
-    for (int i = 0; i < kM; ++i) {
-      VF sum = part[i][0];
-      for (int c = 1; c < kChains; ++c) sum = hn::Add(sum, part[i][c]);
-      total[i] = hn::MulAdd(sum, scale, total[i]);
-    }
+    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(part[i][0], part[i][1]), scale, total[i]);
   }
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }

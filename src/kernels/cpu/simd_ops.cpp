@@ -292,16 +292,17 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
   }
   std::fill(out, out + group * d, 0.0f);
-  int64_t e_tail = 0;  // columns from here on go through axpy
 #if FP4SERVE_PANEL_TARGET
   if (hn::Lanes(micro::DF()) == static_cast<size_t>(micro::kLanes)) {
     // out[g][e0, e0 + kNR) += P[g][block] · V[block][e0, e0 + kNR) on the GEMM micro-kernel: the group's output
     // stays in registers across a block of keys instead of one load and store per key, head and vector (axpy).
-    // The next block's value rows are prefetched first (rows of one KV head are a page apart: see kPrefetchRows).
+    // Each block prefetches the next block's value rows first (rows of one KV head are a page apart: see
+    // kPrefetchRows).
     using micro::kMR;
     using micro::kNR;
-    e_tail = d / kNR * kNR;
+    const int64_t e_tail = d / kNR * kNR;  // columns from here on go through axpy
     constexpr int64_t kKeyBlock = 64;
+    for (int64_t j = 0; j < std::min(len, kKeyBlock); ++j) prefetch_row(v + (lo + j) * stride, d);
     for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
       const int64_t keys = std::min(kKeyBlock, len - j0);
       for (int64_t j = j0 + keys; j < std::min(len, j0 + keys + kKeyBlock); ++j) prefetch_row(v + (lo + j) * stride, d);
@@ -313,7 +314,9 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
         }
       }
       for (int64_t j = j0; e_tail < d && j < j0 + keys; ++j) {
-        for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], v + (lo + j) * stride + e_tail, d - e_tail, out + g * d + e_tail);
+        for (int64_t g = 0; g < group; ++g) {
+          axpy_inline(df, scores[g * len + j], v + (lo + j) * stride + e_tail, d - e_tail, out + g * d + e_tail);
+        }
       }
     }
     return;
@@ -322,7 +325,7 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
   for (int64_t j = 0; j < len; ++j) {
     const float* vj = v + (lo + j) * stride;
     if (j + kPrefetchRows < len) prefetch_row(vj + kPrefetchRows * stride, d);
-    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj + e_tail, d - e_tail, out + g * d + e_tail);
+    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj, d, out + g * d);
   }
 }
 
