@@ -122,6 +122,7 @@ TEST(Attention, BlockedPrefillChunkAfterCachedPrefixWindowAndSinks) {
   run_case({8, 2, 64, 61, 40, 0, true});
   run_case({6, 2, 64, 70, 13, 37, true});   // window shorter than the chunk, sinks
   run_case({9, 3, 80, 45, 0, 100, false});  // window longer than the sequence
+  run_case({9, 3, 64, 40, 300, 50, true});  // the first row's window starts past many key panels
 }
 
 // Eight threads on few rows: fewer rows per block, so that every thread has a block.

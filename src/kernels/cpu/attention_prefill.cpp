@@ -65,23 +65,28 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
   const int64_t rows_per_block = std::max<int64_t>(1, std::min(kMR / group, t * kv_heads / (2 * threads)));
   const int64_t vectors = rows_per_block * group;
   const int64_t blocks = (t + rows_per_block - 1) / rows_per_block;
-  const int64_t key_panels = (total + kNR - 1) / kNR;
   const int64_t window = p.sliding_window;
+  const auto lo_of = [&](int64_t pos) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; };
+  // Key panels first_panel … first_panel + key_panels − 1 are packed: a sliding window leaves out the keys before
+  // the first row's window.
+  const int64_t first_panel = lo_of(start_pos) / kNR;
+  const int64_t key_panels = (total + kNR - 1) / kNR - first_panel;
   // Widest score row of a block: from its first row's first key (rounded down to a panel) to its last row's key.
-  const int64_t max_span = window > 0 ? std::min(total, window + rows_per_block - 1) + kNR : key_panels * kNR;
+  const int64_t max_span = window > 0 ? std::min(total, window + rows_per_block - 1) + kNR : RoundUp(total, kNR);
   const int64_t lds = RoundUp(max_span + kNR, kNR);
 
   static thread_local hwy::AlignedFreeUniquePtr<float[]> kt_buf;
   static thread_local size_t kt_cap = 0;
   float* kt = Scratch(kt_buf, kt_cap, static_cast<size_t>(kv_heads * key_panels * d * kNR));
-  const auto panel_of = [&](int64_t kvh, int64_t b) { return kt + (kvh * key_panels + b) * d * kNR; };
+  // Panel of key panel index b (keys [b·kNR, (b + 1)·kNR)) of KV head kvh, b ≥ first_panel.
+  const auto panel_of = [&](int64_t kvh, int64_t b) { return kt + (kvh * key_panels + b - first_panel) * d * kNR; };
 
 #pragma omp parallel
   {
     // K of each KV head as panels: panel b holds keys [b·kNR, (b + 1)·kNR) as [d][kNR], zeros past the last key.
 #pragma omp for schedule(static) collapse(2)
     for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-      for (int64_t b = 0; b < key_panels; ++b) {
+      for (int64_t b = first_panel; b < first_panel + key_panels; ++b) {
         float* panel = panel_of(kvh, b);
         const int64_t keys = std::min(kNR, total - b * kNR);
         if (keys < kNR) std::fill(panel, panel + d * kNR, 0.0f);
@@ -105,7 +110,6 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
       const int64_t blk = blocks - 1 - item / kv_heads, kvh = item % kv_heads;
       const int64_t i0 = blk * rows_per_block, rows = std::min(rows_per_block, t - i0), nq = rows * group;
       const int64_t h0 = kvh * group;
-      const auto lo_of = [&](int64_t pos) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; };
       const int64_t hi_max = start_pos + i0 + rows - 1, lo_min = lo_of(start_pos + i0);
       const int64_t b0 = lo_min / kNR, b1 = hi_max / kNR;  // key panels of the block
       const int64_t j0 = b0 * kNR;                         // key of score column 0
