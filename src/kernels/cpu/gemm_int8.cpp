@@ -52,6 +52,35 @@ struct Int8Rows {
   const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
+
+// quantize_int8_blocks' rule (gemm_shared.h), shared by its scalar and vector forms. The per-row threshold on
+// (amax/127)²: fine_ratio² · the mean over the groups whose amax is finite and > 0 (amax [groups], NaN for a group
+// holding a NaN).
+inline double int8_fine_threshold(const std::vector<float>& amax, float fine_ratio) {
+  double sum_d2 = 0;
+  int64_t usable = 0;
+  for (const float a : amax) {
+    if (std::isfinite(a) && a > 0.f) {
+      const double dg = static_cast<double>(a) / 127;
+      sum_d2 += dg * dg;
+      ++usable;
+    }
+  }
+  return usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+}
+
+// One group's grid: degenerate (amax 0, inf or NaN: Q = 0, d = amax / top), else fine (|Q| ≤ 32512 = 127·256, so
+// Q = 256·hi + lo splits into two int8) when (amax/127)² reaches the threshold, else coarse (|Q| ≤ 127).
+struct Int8GroupGrid {
+  bool degenerate, fine;
+  float top;  // the largest |Q|
+};
+inline Int8GroupGrid int8_group_grid(float amax, double fine_threshold) {
+  const bool degenerate = std::isnan(amax) || !std::isfinite(amax) || !(amax > 0.f);
+  const double dg = static_cast<double>(amax) / 127;
+  const bool fine = !degenerate && dg * dg >= fine_threshold;
+  return {degenerate, fine, fine ? 32512.f : 127.f};
+}
 }  // namespace fp4serve::kernels
 #endif
 
@@ -62,9 +91,6 @@ namespace {
 
 // Column j of an octet → its byte within the octet's 8 activation bytes (see the layout note above).
 constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-// Largest |Q| of a fine group: 127·256, so that Q = 256·hi + lo splits into two int8.
-constexpr float kFineMax = 32512.f;
-
 // The rule of quantize_int8_blocks one element at a time: targets without QuantizeInt8Impl, odd block sizes.
 void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order,
                                  float fine_ratio, int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
@@ -75,9 +101,7 @@ void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t b
     const float* xi = x + i * k;
     int8_t* qi = q + i * k;
     int8_t* ri = r + i * k;
-    // Pass 1: amax per group (NaN if the group holds one) and the mean square of the usable coarse scales.
-    double sum_d2 = 0;
-    int64_t usable = 0;
+    // Pass 1: amax per group (NaN if the group holds one).
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = xi + g * block;
       float a = 0.f;
@@ -87,21 +111,13 @@ void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t b
         nan = nan || std::isnan(xg[j]);
       }
       amax[static_cast<size_t>(g)] = nan ? std::numeric_limits<float>::quiet_NaN() : a;
-      if (!nan && std::isfinite(a) && a > 0.f) {
-        const double dg = static_cast<double>(a) / 127;
-        sum_d2 += dg * dg;
-        ++usable;
-      }
     }
-    const double fine_d2 = usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+    const double fine_threshold = int8_fine_threshold(amax, fine_ratio);
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = xi + g * block;
       const float a = amax[static_cast<size_t>(g)];
       // A NaN input makes its block's scale NaN (Q = 0), so it reaches the outputs as in the fp32 path.
-      const bool degenerate = std::isnan(a) || !std::isfinite(a) || !(a > 0.f);  // Q = 0; d = NaN, inf or 0
-      const double dg = static_cast<double>(a) / 127;
-      const bool is_fine = !degenerate && dg * dg >= fine_d2;
-      const float top = is_fine ? kFineMax : 127.f;
+      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
       const float inv = degenerate ? 0.f : top / a;
       int32_t sum = 0;
       for (int64_t j = 0; j < block; ++j) {
@@ -355,8 +371,6 @@ bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool 
     const float* xi = x + i * k;
     int8_t* qi = q + i * k;
     int8_t* ri = r + i * k;
-    double sum_d2 = 0;
-    int64_t usable = 0;
     for (int64_t g = 0; g < groups; ++g) {
       auto va = hn::Zero(df);
       auto nan = hn::FirstN(df, 0);
@@ -365,21 +379,13 @@ bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool 
         va = hn::Max(va, hn::Abs(v));
         nan = hn::Or(nan, hn::IsNaN(v));
       }
-      const float a = hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
-      amax[static_cast<size_t>(g)] = a;
-      if (std::isfinite(a) && a > 0.f) {
-        const double dg = static_cast<double>(a) / 127;
-        sum_d2 += dg * dg;
-        ++usable;
-      }
+      amax[static_cast<size_t>(g)] =
+          hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
     }
-    const double fine_d2 = usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+    const double fine_threshold = int8_fine_threshold(amax, fine_ratio);
     for (int64_t g = 0; g < groups; ++g) {
       const float a = amax[static_cast<size_t>(g)];
-      const bool degenerate = std::isnan(a) || !std::isfinite(a) || !(a > 0.f);
-      const double dg = static_cast<double>(a) / 127;
-      const bool is_fine = !degenerate && dg * dg >= fine_d2;
-      const float top = is_fine ? 32512.f : 127.f;
+      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
       alignas(64) int8_t hi_bytes[kMaxBlock], lo_bytes[kMaxBlock];
       auto vsum = hn::Zero(di);
       if (degenerate) {
