@@ -264,14 +264,30 @@ inline void prefetch_row(const float* row, int64_t d) {
   for (int64_t e = 0; e < d; e += 16) hwy::Prefetch(row + e);
 }
 
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-// a[j] holds 16 partial sums of key j's dot product; returns the 16 totals, lane j = key j. Pairs, then quads of
-// keys are merged within 128-bit blocks, then the four blocks: 45 instructions for 16 keys, where a horizontal sum
-// per key took ~9 each.
-HWY_INLINE __m512 SumsOf16(const __m512 (&a)[16]) {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+// Keys per block of ScoresByKeyBlocks: one per lane.
+constexpr int kBlockKeys = HWY_TARGET == HWY_AVX2 ? 8 : 16;
+using VF = hn::Vec<DF>;
+
+// a[j] holds the lane-wise partial sums of key j's dot product; returns the totals, lane j = key j. Pairs, then
+// quads of keys are merged within 128-bit blocks, then the blocks: 45 instructions for 16 keys on AVX-512 (21 for
+// 8 on AVX2), where a horizontal sum per key took ~9 (~6).
+HWY_INLINE VF SumsOfKeys(const VF (&a)[kBlockKeys]) {
+#if HWY_TARGET == HWY_AVX2
+  __m256 t[4];
+  for (int i = 0; i < 4; ++i) {  // per block [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1
+    t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i].raw, a[2 * i + 1].raw), _mm256_unpackhi_ps(a[2 * i].raw, a[2 * i + 1].raw));
+  }
+  __m256 u[2];
+  for (int i = 0; i < 2; ++i) {  // per block the block's partial of keys 4i … 4i + 3
+    const __m256d x = _mm256_castps_pd(t[2 * i]), y = _mm256_castps_pd(t[2 * i + 1]);
+    u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return VF{_mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31))};
+#else
   __m512 t[8];
   for (int i = 0; i < 8; ++i) {  // per block [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].raw, a[2 * i + 1].raw), _mm512_unpackhi_ps(a[2 * i].raw, a[2 * i + 1].raw));
   }
   __m512 u[4];
   for (int i = 0; i < 4; ++i) {  // per block the block's partial of keys 4i … 4i + 3
@@ -281,31 +297,33 @@ HWY_INLINE __m512 SumsOf16(const __m512 (&a)[16]) {
   // w0 blocks: u0 (b0 + b2), u0 (b1 + b3), u1 (b0 + b2), u1 (b1 + b3); w1 the same for u2, u3.
   const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
   const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+  return VF{_mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD))};
+#endif
 }
 
-// scores[g · len + j] = scale · q_g · k_j for j in [0, len − len % 16): 16 keys at a time, the group's query held
-// in registers one head at a time (the 16 key rows stay in L1 across the heads), the next 16 rows prefetched.
-// Returns the keys done.
-HWY_INLINE int64_t Scores16(const float* q, int64_t group, int64_t d, const float* k, int64_t stride, int64_t lo,
-                            int64_t len, float scale, float* scores) {
-  if (d % 16 != 0) return 0;
-  const int64_t chunks = d / 16;
-  const __m512 vscale = _mm512_set1_ps(scale);
+// scores[g · len + j] = scale · q_g · k_j for j in [0, len − len % kBlockKeys): a block of keys at a time, the
+// group's query held in registers one head at a time (the block's key rows stay in L1 across the heads), the next
+// block's rows prefetched. Returns the keys done (0 when d is not a multiple of the lanes).
+HWY_INLINE int64_t ScoresByKeyBlocks(const float* q, int64_t group, int64_t d, const float* k, int64_t stride,
+                                     int64_t lo, int64_t len, float scale, float* scores) {
+  const DF df;
+  constexpr int64_t kB = kBlockKeys;
+  if (d % kB != 0) return 0;
+  const auto vscale = hn::Set(df, scale);
   int64_t j0 = 0;
-  for (int64_t j = 0; j < std::min<int64_t>(16, len); ++j) prefetch_row(k + (lo + j) * stride, d);
-  for (; j0 + 16 <= len; j0 += 16) {
-    for (int64_t j = j0 + 16; j < std::min(j0 + 32, len); ++j) prefetch_row(k + (lo + j) * stride, d);  // the next block
+  for (int64_t j = 0; j < std::min(kB, len); ++j) prefetch_row(k + (lo + j) * stride, d);
+  for (; j0 + kB <= len; j0 += kB) {
+    for (int64_t j = j0 + kB; j < std::min(j0 + 2 * kB, len); ++j) prefetch_row(k + (lo + j) * stride, d);  // next block
     const float* k0 = k + (lo + j0) * stride;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k0 + j * stride + 16 * c), acc[j]);
+      VF acc[kB];
+      for (auto& v : acc) v = hn::Zero(df);
+      for (int64_t c = 0; c < d; c += kB) {
+        const VF qc = hn::LoadU(df, qg + c);
+        for (int64_t j = 0; j < kB; ++j) acc[j] = hn::MulAdd(qc, hn::LoadU(df, k0 + j * stride + c), acc[j]);
       }
-      _mm512_storeu_ps(scores + g * len + j0, _mm512_mul_ps(SumsOf16(acc), vscale));
+      hn::StoreU(hn::Mul(SumsOfKeys(acc), vscale), df, scores + g * len + j0);
     }
   }
   return j0;
@@ -320,8 +338,8 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
   const DF df;
   const int64_t len = hi - lo + 1;
   int64_t j_done = 0;
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-  j_done = Scores16(q, group, d, k, stride, lo, len, scale, scores);
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+  j_done = ScoresByKeyBlocks(q, group, d, k, stride, lo, len, scale, scores);
 #endif
   for (int64_t j = j_done; j < len; ++j) {
     const float* kj = k + (lo + j) * stride;
