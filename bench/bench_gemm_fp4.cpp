@@ -24,6 +24,7 @@
 #include "core/threading.h"
 #include "kernels/linear.h"
 #include "prepare/repack.h"
+#include "bench_target.h"
 #include "roofline.h"
 
 namespace fp4serve::bench {
@@ -207,21 +208,8 @@ void register_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using namespace fp4serve;
-  // FP4SERVE_BENCH_TARGET=AVX2 (or AVX3, EMU128) pins the Highway target of the kernels and the roofs, e.g. to
-  // measure the AVX2 kernels on an AVX-512 machine.
-  if (const char* want = std::getenv("FP4SERVE_BENCH_TARGET")) {
-    bool found = false;
-    for (int64_t t : kernels::gemm_targets()) {
-      if (std::strcmp(hwy::TargetName(t), want) == 0) {
-        hwy::SetSupportedTargetsForTest(t);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::fprintf(stderr, "FP4SERVE_BENCH_TARGET=%s is not a compiled target supported by this CPU\n", want);
-      return 2;
-    }
-  }
+  // FP4SERVE_BENCH_TARGET also pins the roofs' target (bench_target.h).
+  if (!bench::pin_target_from_env()) return 2;
   const int threads = core::num_threads();
 #ifdef FP4SERVE_HAVE_OPENBLAS
   openblas_set_num_threads(threads);

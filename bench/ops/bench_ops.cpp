@@ -4,15 +4,12 @@
 // the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV).
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <hwy/targets.h>
 
+#include "bench_target.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/hadamard.h"
@@ -199,22 +196,9 @@ BENCHMARK(BM_Attention)
 }  // namespace
 }  // namespace fp4serve::kernels
 
-// FP4SERVE_BENCH_TARGET=AVX2 (or AVX3, EMU128) pins the Highway target of the ops, as in bench_gemm_fp4.
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  if (const char* want = std::getenv("FP4SERVE_BENCH_TARGET")) {
-    bool found = false;
-    for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-      if (std::strcmp(hwy::TargetName(t), want) == 0) {
-        hwy::SetSupportedTargetsForTest(t);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::fprintf(stderr, "FP4SERVE_BENCH_TARGET=%s is not a compiled target supported by this CPU\n", want);
-      return 2;
-    }
-  }
+  if (!fp4serve::bench::pin_target_from_env()) return 2;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
