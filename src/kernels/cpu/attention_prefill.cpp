@@ -75,6 +75,8 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
   const int64_t max_span = window > 0 ? std::min(total, window + rows_per_block - 1) + kNR : RoundUp(total, kNR);
   const int64_t lds = RoundUp(max_span + kNR, kNR);
 
+  // The packed keys, kept by the calling thread between calls: as large as one layer's keys of the sequence
+  // (KV heads × keys × D floats), i.e. 1/(2·layers) of its KV cache.
   static thread_local hwy::AlignedFreeUniquePtr<float[]> kt_buf;
   static thread_local size_t kt_cap = 0;
   float* kt = Scratch(kt_buf, kt_cap, static_cast<size_t>(kv_heads * key_panels * d * kNR));
