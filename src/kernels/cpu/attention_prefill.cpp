@@ -11,7 +11,6 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_prefill.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 #include <omp.h>
 
@@ -143,15 +142,7 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
         // The sink joins the max and the denominator only (GPT-OSS: an extra logit whose probability is dropped).
         const float sink = p.sinks != nullptr ? p.sinks[h0 + g] : -INFINITY;
         m = std::max(m, sink);
-        const auto vm = hn::Set(df, m);
-        auto vsum = hn::Zero(df);
-        for (j = 0; j + kLanes <= len; j += kLanes) {
-          const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, sn + lo + j), vm));
-          hn::StoreU(e, df, sn + lo + j);
-          vsum = hn::Add(vsum, e);
-        }
-        float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-        for (; j < len; ++j) sum += (sn[lo + j] = std::exp(sn[lo + j] - m));
+        float sum = exp_shifted_sum(sn + lo, len, m);  // simd_ops.cpp's, as attend_group's softmax
         if (p.sinks != nullptr) sum += std::exp(sink - m);
         inv_sum[n] = 1.0f / sum;
         // Keys of the block this row does not see: before its window, after its position.

@@ -20,8 +20,7 @@ void softmax_rows(float* x, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static) if (rows * n >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * n;
-    float m = row[0];
-    for (int64_t i = 1; i < n; ++i) m = std::max(m, row[i]);
+    const float m = cpu::max_value(row, n);
     const float sum = cpu::exp_shifted_sum(row, n, m);
     const float inv = 1.0f / sum;
     for (int64_t i = 0; i < n; ++i) row[i] *= inv;
