@@ -40,17 +40,9 @@ using kernels::HWY_NAMESPACE::micro::kLanes;
 using kernels::HWY_NAMESPACE::micro::kMR;
 using kernels::HWY_NAMESPACE::micro::kNR;
 using kernels::HWY_NAMESPACE::micro::MicroDispatch;
+using kernels::HWY_NAMESPACE::micro::Scratch;
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Grows buf to at least `need` floats; OpenMP threads persist, so each keeps its scratch between calls.
-float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need) {
-  if (cap < need) {
-    buf = hwy::AllocateAligned<float>(need);
-    cap = need;
-  }
-  return buf.get();
-}
 
 bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                           int64_t stride, const AttentionParams& p, float* out) {

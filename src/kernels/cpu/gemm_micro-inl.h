@@ -11,8 +11,10 @@
 #define FP4SERVE_KERNELS_CPU_GEMM_MICRO_INL_H_
 #endif
 
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
+#include <cstddef>
 #include <cstdint>
 
 // True on the targets that have the panel micro-kernel (and so the panel GEMM and the blocked attention).
@@ -111,6 +113,16 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
   }
 }
 #endif
+
+// Grows buf to at least `need` floats and returns it: per-thread scratch that persists between calls (OpenMP
+// threads persist), for the panels and tiles of the micro-kernel's callers.
+HWY_INLINE float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need) {
+  if (cap < need) {
+    buf = hwy::AllocateAligned<float>(need);
+    cap = need;
+  }
+  return buf.get();
+}
 
 // Micro<m> for a run-time m in [1, kMR].
 template <int kM = kMR>

@@ -44,6 +44,7 @@ using micro::kLanes;
 using micro::kMR;
 using micro::kNR;
 using micro::MicroDispatch;
+using micro::Scratch;
 constexpr int64_t kPanelTiles = kNR / kTileRows;
 constexpr int64_t kKc = 256;                     // columns decoded per panel chunk (panel ≤ 32 KiB, in L1)
 static_assert(kNR % kTileRows == 0, "a panel holds whole tiles");
@@ -227,15 +228,6 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
 }
 
 // ---- driver -------------------------------------------------------------------------------------------------
-
-// Per-thread scratch, kept between calls (OpenMP threads persist).
-float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need) {
-  if (cap < need) {
-    buf = hwy::AllocateAligned<float>(need);
-    cap = need;
-  }
-  return buf.get();
-}
 
 void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   // The panel assumes kLanes lanes per vector; SVE lengths (≥ 128 bits) always hold them.
