@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target helpers shared by the fused decode kernels (gemm_gemv.cpp, gemm_int8.cpp): their parallel loop over
-// output rows, the prefetch of the next work item's streams, and the block-scale bytes of one group of an 8-row
+// output rows, the prefetch of the work items ahead, and the block-scale bytes of one group of an 8-row
 // tile (AVX2) or of two tiles (AVX-512) as fp32 lanes. Re-included once per Highway target by foreach_target.h
 // through the including file, hence the toggle guard instead of #pragma once.
 #if defined(FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -69,7 +69,7 @@ HWY_INLINE void ForRowCount(int64_t m, const Rows& rows) {
 /// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles);
 /// `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every real row goes through
 /// apply_epilogue into y [kM, N]. Each thread takes one contiguous, equal range of items (schedule(static)):
-/// its streams then continue from item to item, NextItemPrefetch's heads land in the thread that reads them, and
+/// its streams then continue from item to item, ItemAheadPrefetch's lines land in the thread that reads them, and
 /// a 576-row layer splits 18 / 18 items where dynamic chunks of 4 split it 10 / 8. `fp4serve bench model`, default
 /// model, two threads, alternating binaries: decode 188–202 tok/s with dynamic chunks of 4, 210–228 static,
 /// 219–225 guided; with a busy loop on one of the two cores 90–91 dynamic, 111–113 static, 93–96 guided.
@@ -96,42 +96,50 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
   }
 }
 
-/// Prefetches the heads of the next work item's streams while the current item runs: the first kPrefetchAhead
-/// bytes of each of its tiles' codes, then its block scales. Each tile of an item is a stream from a new address
-/// that prefetch_ahead only reaches kPrefetchAhead bytes in, and at the model's K = 576 a tile is 2.3 KiB, so
-/// without this a third of it came from demand misses: bench_gemm_fp4, M = 1, cold, one thread, AVX-512 fp32,
-/// NVFP4 1536×576 73.6 → 47.4 µs, 576×1536 51.6 → 44.5 µs (4096² unchanged).
-class NextItemPrefetch {
+/// The software prefetch of the fused decode kernels: while a work item reads group g of its tiles, the same group
+/// of the tiles `ahead` items later is prefetched (codes and block scales), with `ahead` the fewest items whose
+/// codes span kItemAheadBytes. An item reads its tiles side by side, two or more streams one tile apart, and the
+/// hardware prefetcher did not keep them fed; a fixed distance per stream (prefetch_ahead) either stopped short of
+/// DRAM's latency · bandwidth or, at the model's K = 576 (2.3 KiB tiles), ran into the neighbouring tile, which is
+/// read anyway. Prefetching whole items ahead keeps one stream's worth of lines in flight whatever K is.
+/// bench_gemm_fp4, cold weights, M = 1, one thread, AVX-512 (AMD EPYC, 32 MiB L3), NVFP4, per-stream 1 KiB + the
+/// next item's heads → this, same run: fp32 576×1536 35.0–37.9 → 25.1–27.0 µs, 4096² 632–671 → 465–471 µs;
+/// int8 576×1536 34.6–36.2 → 21.1–22.1 µs, 4096² 642–644 → 349–373 µs. kItemAheadBytes 4 KiB and 16 KiB
+/// measured within the noise of 8 KiB; per-stream distances of 2 and 4 KiB stayed behind (int8 4096² 397–481 µs).
+class ItemAheadPrefetch {
  public:
-  /// The next item is tiles [first_tile, first_tile + tiles) of w (none when first_tile is past the last tile);
-  /// the current item has `groups` steps to spread the lines over. A tile shorter than kPrefetchAhead (K < 256)
-  /// gets its following lines prefetched too: they belong to the next tiles, or lie past the end (a hint).
-  NextItemPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles, int64_t groups) {
-    if (first_tile >= w.tiles()) return;
-    tiles = std::min(tiles, w.tiles() - first_tile);
+  /// The current item is tiles [first_tile, first_tile + tiles) of w, whose block format groups group_size columns.
+  /// Items past the last tile are not prefetched; an item that belongs to another thread's share is (a hint).
+  ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles, int64_t group_size) {
     tile_bytes_ = w.in_features / 8 * 32;
-    codes_ = reinterpret_cast<uintptr_t>(w.codes.data()) + static_cast<uintptr_t>(first_tile * tile_bytes_);
-    const int64_t scale_bytes = w.groups() * prepare::kTileRows;  // one byte per row and group
-    scales_ = reinterpret_cast<uintptr_t>(w.scales.data()) + static_cast<uintptr_t>(first_tile * scale_bytes);
-    code_lines_ = tiles * kHeadLines;
-    total_lines_ = code_lines_ + (tiles * scale_bytes + 63) / 64;
-    per_step_ = (total_lines_ + groups - 1) / std::max<int64_t>(groups, 1);
+    scale_tile_bytes_ = w.groups() * prepare::kTileRows;  // one byte per row and group
+    group_code_bytes_ = group_size * prepare::kTileRows / 2;
+    const int64_t item_bytes = tiles * tile_bytes_;
+    const int64_t ahead = std::max<int64_t>(1, (kItemAheadBytes + item_bytes - 1) / item_bytes);
+    const int64_t target = first_tile + ahead * tiles;
+    count_ = std::clamp<int64_t>(w.tiles() - target, 0, tiles);
+    codes_ = reinterpret_cast<uintptr_t>(w.codes.data()) + static_cast<uintptr_t>(target * tile_bytes_);
+    scales_ = reinterpret_cast<uintptr_t>(w.scales.data()) + static_cast<uintptr_t>(target * scale_tile_bytes_);
   }
 
-  /// Issues this step's share of the lines (step = the current item's group index).
+  /// Issues the prefetches that go with the current item's group g.
   HWY_INLINE void step(int64_t g) const {
-    for (int64_t j = g * per_step_; j < std::min(total_lines_, (g + 1) * per_step_); ++j) {
-      const uintptr_t at = j < code_lines_
-                               ? codes_ + static_cast<uintptr_t>((j / kHeadLines) * tile_bytes_ + (j % kHeadLines) * 64)
-                               : scales_ + static_cast<uintptr_t>((j - code_lines_) * 64);
-      hwy::Prefetch(reinterpret_cast<const uint8_t*>(at));
+    const int64_t scale_at = g * prepare::kTileRows;
+    for (int64_t t = 0; t < count_; ++t) {
+      const uintptr_t codes = codes_ + static_cast<uintptr_t>(t * tile_bytes_ + g * group_code_bytes_);
+      for (int64_t line = 0; line < group_code_bytes_; line += 64) {
+        hwy::Prefetch(reinterpret_cast<const uint8_t*>(codes + static_cast<uintptr_t>(line)));
+      }
+      // Addresses formed as integers: a prefetch is a hint, no pointer leaves its array.
+      if (scale_at % 64 == 0) {
+        hwy::Prefetch(reinterpret_cast<const uint8_t*>(scales_ + static_cast<uintptr_t>(t * scale_tile_bytes_ + scale_at)));
+      }
     }
   }
 
  private:
-  static constexpr int64_t kHeadLines = static_cast<int64_t>(kPrefetchAhead / 64);  // a power of 2: no division
   uintptr_t codes_ = 0, scales_ = 0;
-  int64_t tile_bytes_ = 0, code_lines_ = 0, total_lines_ = 0, per_step_ = 0;
+  int64_t tile_bytes_ = 0, scale_tile_bytes_ = 0, group_code_bytes_ = 0, count_ = 0;
 };
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)

@@ -156,12 +156,9 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   for (auto& per_tile : total) {
     for (VF& v : per_tile) v = hn::Zero(df);
   }
-  const NextItemPrefetch next(w, tiles[kT - 1] + 1, kT, groups);
+  const ItemAheadPrefetch ahead(w, ta, kT, kOctetsPerGroup * 8);
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t t = 0; t < kT; ++t) {
-      for (int64_t line = 0; line < kOctetsPerGroup; line += 2) prefetch_ahead(codes[t] + 32 * (g * kOctetsPerGroup + line));
-    }
-    next.step(g);
+    ahead.step(g);
     VF part[kT][kM][2];
     for (auto& per_tile : part) {
       for (auto& chains : per_tile) chains[0] = chains[1] = hn::Zero(df);
@@ -215,13 +212,9 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const NextItemPrefetch next(w, tb + 1, 2, groups);
+  const ItemAheadPrefetch ahead(w, ta, 2, kOctetsPerGroup * 8);
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t line = 0; line < kOctetsPerGroup; line += 2) {
-      prefetch_ahead(codes_a + 32 * (g * kOctetsPerGroup + line));
-      prefetch_ahead(codes_b + 32 * (g * kOctetsPerGroup + line));
-    }
-    next.step(g);
+    ahead.step(g);
     VF part[kM][2];
     for (int i = 0; i < kM; ++i) part[i][0] = part[i][1] = hn::Zero(df);
     for (int64_t o = 0; o < kOctetsPerGroup; ++o) {

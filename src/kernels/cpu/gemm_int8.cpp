@@ -227,10 +227,6 @@ HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_
   (void)isum2;
   for (int64_t p = 0; p < kPairsPerGroup; ++p) {
     const int64_t c = (g * kPairsPerGroup + p) * 2;
-    prefetch_ahead(codes_a + 32 * c);
-#if HWY_TARGET != HWY_AVX2
-    prefetch_ahead(codes_b + 32 * c);
-#endif
     const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
     const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
     const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
@@ -269,9 +265,9 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const NextItemPrefetch next(w, tb + 1, kRows / kTileRows, groups);
+  const ItemAheadPrefetch ahead(w, ta, kRows / kTileRows, quant::block_format_traits(kFormat).group_size);
   for (int64_t g = 0; g < groups; ++g) {
-    next.step(g);
+    ahead.step(g);
     VI isum[kM];
     VI isum2[kM];
     bool any_fine = false;

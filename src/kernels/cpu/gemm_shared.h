@@ -21,6 +21,10 @@ float decode_weight(const prepare::PreparedLinear& w, int64_t n, int64_t k);
 /// 475 → 426). 512 B and 2 KiB measured the same as 1 KiB within the noise.
 inline constexpr uintptr_t kPrefetchAhead = 1024;
 
+/// How far ahead, in bytes of codes, the fused FP4 GEMVs prefetch whole work items (ItemAheadPrefetch in
+/// fp4_scales-inl.h; their measurements are there).
+inline constexpr int64_t kItemAheadBytes = 8192;
+
 /// Prefetches the cache line kPrefetchAhead bytes after p (a hint: past the end of the weights it is harmless,
 /// and the address is formed as an integer so that no pointer leaves its array). Always inline: as a plain inline
 /// function GCC 12 left it out of line for the per-target kernels, found it free of side effects and deleted every
