@@ -98,7 +98,7 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
 
 /// The software prefetch of the fused decode kernels: while a work item reads group g of its tiles, the same group
 /// of the tiles `ahead` items later is prefetched (codes and block scales), with `ahead` the fewest items whose
-/// codes span kItemAheadBytes. An item reads its tiles side by side, two or more streams one tile apart, and the
+/// codes span kItemAheadBytes. An item of two tiles reads them side by side, two streams one tile apart, and the
 /// hardware prefetcher did not keep them fed; a fixed distance per stream (prefetch_ahead) either stopped short of
 /// DRAM's latency · bandwidth or, at the model's K = 576 (2.3 KiB tiles), ran into the neighbouring tile, which is
 /// read anyway. Prefetching whole items ahead keeps one stream's worth of lines in flight whatever K is.
