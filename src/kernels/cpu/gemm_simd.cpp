@@ -258,12 +258,8 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
           DecodePanel(w, p, k0, kc, panel);
           MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kNR, kc, acc, kNR, /*load_c=*/true);
         }
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < kNR && p * kNR + j < n_total; ++j) {
-            const int64_t n = p * kNR + j;
-            y[i * n_total + n] = apply_epilogue(w, n, acc[i * kNR + j]);
-          }
-        }
+        const int64_t cols = std::min(kNR, n_total - p * kNR);
+        for (int64_t i = 0; i < m; ++i) EpilogueRow(w, p * kNR, cols, acc + i * kNR, y + i * n_total + p * kNR);
       }
     } else {
       // GotoBLAS order inside a group of panels owned by one thread: for each k block every panel of the group
@@ -285,9 +281,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
                 float* c = y + m0 * n_total + p * kNR;
                 MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kNR, kc, c, n_total, kb > 0);
                 if (kb + 1 == k_blocks) {
-                  for (int64_t i = 0; i < mm; ++i) {
-                    for (int64_t j = 0; j < kNR; ++j) c[i * n_total + j] = apply_epilogue(w, p * kNR + j, c[i * n_total + j]);
-                  }
+                  for (int64_t i = 0; i < mm; ++i) EpilogueRow(w, p * kNR, kNR, c + i * n_total, c + i * n_total);
                 }
                 continue;
               }
@@ -306,7 +300,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
                 if (kb + 1 < k_blocks) {
                   std::memcpy(yi, acc + i * kNR, sizeof(float) * static_cast<size_t>(cols));
                 } else {
-                  for (int64_t j = 0; j < cols; ++j) yi[j] = apply_epilogue(w, p * kNR + j, acc[i * kNR + j]);
+                  EpilogueRow(w, p * kNR, cols, acc + i * kNR, yi);
                 }
               }
             }
