@@ -51,6 +51,9 @@ struct Int8Rows {
   const float* d;       // [rows][groups]: x ≈ Q·d
   const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
+  // [groups]: 1 where some row has a fine group, for the vector kernels' one pass over up to Int8OnePassRows()
+  // rows (set per pass by Int8Impl; null elsewhere).
+  const uint8_t* any_fine = nullptr;
 };
 
 // quantize_int8_blocks' rule (gemm_shared.h), shared by its scalar and vector forms. The per-row threshold on
@@ -268,28 +271,29 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const ItemAheadPrefetch ahead(w, ta, kRows / kTileRows, quant::block_format_traits(kFormat).group_size);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
-    VI isum[kM];
-    VI isum2[kM];
-    bool any_fine = false;
-    for (int i = 0; i < kM; ++i) {
-      isum[i] = hn::Zero(di);
-      isum2[i] = hn::Zero(di);
-      any_fine = any_fine || x.fine[i * groups + g] != 0;
-    }
-    // Most groups are coarse: the second dot runs only where some row's group is fine (its lo bytes are 0 in
-    // the rows where it is not).
-    if (any_fine) {
-      GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
-    } else {
-      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
-    }
     // The table holds 2·e2m1: the ½ is folded into the scale.
     const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
+    VI isum[kM];
+    for (int i = 0; i < kM; ++i) isum[i] = hn::Zero(di);
+    // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
+    // eight rows' sums and totals leave none to spare).
+    if (x.any_fine[g] == 0) {
+      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, k_total, lut, low4, isum, nullptr);
+      for (int i = 0; i < kM; ++i) {
+        const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[i * groups + g]));
+        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
+        total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
+      }
+      continue;
+    }
+    // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
+    VI isum2[kM];
+    for (int i = 0; i < kM; ++i) isum2[i] = hn::Zero(di);
+    GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
     for (int i = 0; i < kM; ++i) {
       // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
       const VI uq = x.fine[i * groups + g] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
       const VI exact = hn::Sub(uq, hn::Set(di, x.off[i * groups + g]));
-      // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
       total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
     }
   }
@@ -310,8 +314,14 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
   for (int64_t m0 = 0; m0 < m; m0 += kMaxM) {
-    const Int8Rows rows{x.q + m0 * k, x.r + m0 * k, x.d + m0 * groups, x.off + m0 * groups, x.fine + m0 * groups};
     const int64_t mm = std::min(kMaxM, m - m0);
+    thread_local std::vector<uint8_t> any_fine;
+    any_fine.assign(static_cast<size_t>(groups), 0);
+    for (int64_t i = m0; i < m0 + mm; ++i) {
+      for (int64_t g = 0; g < groups; ++g) any_fine[static_cast<size_t>(g)] |= x.fine[i * groups + g];
+    }
+    const Int8Rows rows{x.q + m0 * k,         x.r + m0 * k,          x.d + m0 * groups,
+                        x.off + m0 * groups, x.fine + m0 * groups, any_fine.data()};
     float* ym = y + m0 * w.out_features;
     switch (w.layout) {
       case WeightLayout::Fp4:
