@@ -51,9 +51,6 @@ struct Int8Rows {
   const float* d;       // [rows][groups]: x ≈ Q·d
   const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
-  // [groups]: 1 where some row has a fine group, for the vector kernels' one pass over up to Int8OnePassRows()
-  // rows (set per pass by Int8Impl; null elsewhere).
-  const uint8_t* any_fine = nullptr;
 };
 
 // quantize_int8_blocks' rule (gemm_shared.h), shared by its scalar and vector forms. The per-row threshold on
@@ -221,10 +218,22 @@ HWY_INLINE VI DotAdd(VI acc, VU8 u0, VU8 s0, VU8 u1, VU8 s1, VU8 u2, VU8 s2, VU8
 }
 
 
+// The kM (≤ kMaxM) rows of x one pass over the weights serves, interleaved so that everything a group needs of
+// them is contiguous and one base pointer with constant offsets reaches it (eight row pointers and their strides
+// did not fit in the general registers beside the kernel's).
+struct Int8Pass {
+  const int8_t* q;          // [K/8][kM][8]: Int8Rows::q's octets, row after row
+  const int8_t* r;          // [K/8][kM][8]: Int8Rows::r's
+  const float* d;           // [groups][kM]
+  const int32_t* off;       // [groups][kM]
+  const uint8_t* fine;      // [groups][kM]
+  const uint8_t* any_fine;  // [groups]: 1 where some row's group is fine
+};
+
 // isum[i] += Σ u·q over the group's octet pairs for rows i < kM, and with kFine isum2[i] += Σ u·r.
 template <quant::BlockFormat kFormat, int kM, bool kFine>
-HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_t g, const Int8Rows& x,
-                          int64_t k_total, VU8 lut, VU8 low4, VI* isum, VI* isum2) {
+HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_t g, const Int8Pass& x,
+                          VU8 lut, VU8 low4, VI* isum, VI* isum2) {
   constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
   (void)codes_b;
   (void)isum2;
@@ -236,14 +245,15 @@ HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_
     const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
     const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
     const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
+    const int8_t* xq = x.q + c * kM * 8;
+    const int8_t* xr = x.r + c * kM * 8;
+    (void)xr;
     for (int i = 0; i < kM; ++i) {
-      const int8_t* xq = x.q + i * k_total + 8 * c;
-      isum[i] = DotAdd(isum[i], even0, Broadcast4(xq), odd0, Broadcast4(xq + 4), even1, Broadcast4(xq + 8), odd1,
-                       Broadcast4(xq + 12));
+      isum[i] = DotAdd(isum[i], even0, Broadcast4(xq + 8 * i), odd0, Broadcast4(xq + 8 * i + 4), even1,
+                       Broadcast4(xq + 8 * (kM + i)), odd1, Broadcast4(xq + 8 * (kM + i) + 4));
       if constexpr (kFine) {
-        const int8_t* xr = x.r + i * k_total + 8 * c;
-        isum2[i] = DotAdd(isum2[i], even0, Broadcast4(xr), odd0, Broadcast4(xr + 4), even1, Broadcast4(xr + 8), odd1,
-                          Broadcast4(xr + 12));
+        isum2[i] = DotAdd(isum2[i], even0, Broadcast4(xr + 8 * i), odd0, Broadcast4(xr + 8 * i + 4), even1,
+                          Broadcast4(xr + 8 * (kM + i)), odd1, Broadcast4(xr + 8 * (kM + i) + 4));
       }
     }
   }
@@ -251,7 +261,7 @@ HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_
 
 // Raw sums acc[i][r] for rows r of tiles (ta, tb) and x rows i < kM (block scales applied, global scale not).
 template <quant::BlockFormat kFormat, int kM>
-HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const Int8Rows& x, float* HWY_RESTRICT acc) {
+HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const Int8Pass& x, float* HWY_RESTRICT acc) {
   const DF df;
   const DI di;
   const DU8 du8;
@@ -278,36 +288,69 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
     // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
     // eight rows' sums and totals leave none to spare).
     if (x.any_fine[g] == 0) {
-      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, k_total, lut, low4, isum, nullptr);
+      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, lut, low4, isum, nullptr);
       for (int i = 0; i < kM; ++i) {
-        const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[i * groups + g]));
+        const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[g * kM + i]));
         // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
-        total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
+        total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[i]);
       }
       continue;
     }
     // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
     VI isum2[kM];
     for (int i = 0; i < kM; ++i) isum2[i] = hn::Zero(di);
-    GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, k_total, lut, low4, isum, isum2);
+    GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, lut, low4, isum, isum2);
     for (int i = 0; i < kM; ++i) {
       // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
-      const VI uq = x.fine[i * groups + g] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
-      const VI exact = hn::Sub(uq, hn::Set(di, x.off[i * groups + g]));
-      total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[i * groups + g])), scale, total[i]);
+      const VI uq = x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
+      const VI exact = hn::Sub(uq, hn::Set(di, x.off[g * kM + i]));
+      total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[i]);
     }
   }
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }
 
 template <quant::BlockFormat kFormat, int kM>
-void Int8Layer(const PreparedLinear& w, const Int8Rows& x, float* y) {
+void Int8Layer(const PreparedLinear& w, const Int8Pass& x, float* y) {
   ForEachRowItem<kM, kRows>(w, y, [&](int64_t ta, int64_t tb, float* acc) { Int8Tiles<kFormat, kM>(w, ta, tb, x, acc); });
 }
 
 template <quant::BlockFormat kFormat>
-void Int8ByRows(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
+void Int8ByRows(const PreparedLinear& w, const Int8Pass& x, int64_t m, float* y) {
   ForRowCount<HWY_TARGET == HWY_AVX2 ? 4 : 8>(m, [&]<int kM>() { Int8Layer<kFormat, kM>(w, x, y); });
+}
+
+// Rows [m0, m0 + mm) of x as one pass's Int8Pass (its arrays live in thread-local buffers until the next call).
+Int8Pass InterleavePass(const Int8Rows& x, int64_t k, int64_t groups, int64_t m0, int64_t mm) {
+  if (mm == 1) {  // one row is its own interleaving (decode)
+    const uint8_t* fine = x.fine + m0 * groups;
+    return {x.q + m0 * k, x.r + m0 * k, x.d + m0 * groups, x.off + m0 * groups, fine, fine};
+  }
+  thread_local std::vector<int8_t> q, r;
+  thread_local std::vector<float> d;
+  thread_local std::vector<int32_t> off;
+  thread_local std::vector<uint8_t> fine, any_fine;
+  q.resize(static_cast<size_t>(mm * k));
+  r.resize(static_cast<size_t>(mm * k));
+  d.resize(static_cast<size_t>(mm * groups));
+  off.resize(static_cast<size_t>(mm * groups));
+  fine.resize(static_cast<size_t>(mm * groups));
+  any_fine.assign(static_cast<size_t>(groups), 0);
+  for (int64_t i = 0; i < mm; ++i) {
+    const int64_t row = m0 + i;
+    for (int64_t c = 0; c < k / 8; ++c) {
+      std::memcpy(q.data() + (c * mm + i) * 8, x.q + row * k + 8 * c, 8);
+      std::memcpy(r.data() + (c * mm + i) * 8, x.r + row * k + 8 * c, 8);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const auto at = static_cast<size_t>(g * mm + i);
+      d[at] = x.d[row * groups + g];
+      off[at] = x.off[row * groups + g];
+      fine[at] = x.fine[row * groups + g];
+      any_fine[static_cast<size_t>(g)] = static_cast<uint8_t>(any_fine[static_cast<size_t>(g)] | fine[at]);
+    }
+  }
+  return {q.data(), r.data(), d.data(), off.data(), fine.data(), any_fine.data()};
 }
 
 bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
@@ -315,18 +358,13 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   const int64_t groups = w.groups();
   for (int64_t m0 = 0; m0 < m; m0 += kMaxM) {
     const int64_t mm = std::min(kMaxM, m - m0);
-    thread_local std::vector<uint8_t> any_fine;
-    any_fine.assign(static_cast<size_t>(groups), 0);
-    for (int64_t i = m0; i < m0 + mm; ++i) {
-      for (int64_t g = 0; g < groups; ++g) any_fine[static_cast<size_t>(g)] |= x.fine[i * groups + g];
-    }
-    const Int8Rows rows{x.q + m0 * k,         x.r + m0 * k,          x.d + m0 * groups,
-                        x.off + m0 * groups, x.fine + m0 * groups, any_fine.data()};
     float* ym = y + m0 * w.out_features;
     switch (w.layout) {
-      case WeightLayout::Fp4:
+      case WeightLayout::Fp4: {
+        const Int8Pass rows = InterleavePass(x, k, groups, m0, mm);
         quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR { Int8ByRows<F>(w, rows, mm, ym); });
         break;
+      }
       case WeightLayout::Int4:
       case WeightLayout::Fp8:
       case WeightLayout::Int8:
