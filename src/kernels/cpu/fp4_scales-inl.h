@@ -87,30 +87,37 @@ HWY_INLINE void ForRowCount(int64_t m, const Rows& rows) {
   }
 }
 
-/// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles);
-/// `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every real row goes through
-/// apply_epilogue into y [kM, N]. Each thread takes one contiguous, equal range of items (schedule(static)):
-/// its streams then continue from item to item, ItemAheadPrefetch's lines land in the thread that reads them, and
+/// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles), and
+/// item(ta, tb) called for tiles ta … tb of each. Each thread takes one contiguous, equal range of items
+/// (schedule(static)): its streams then continue from item to item, ItemAheadPrefetch's lines land in the thread that reads them, and
 /// a 576-row layer splits 18 / 18 items where dynamic chunks of 4 split it 10 / 8. `fp4serve bench model`, default
 /// model, two threads, alternating binaries: decode 188–202 tok/s with dynamic chunks of 4, 210–228 static,
 /// 219–225 guided; with a busy loop on one of the two cores 90–91 dynamic, 111–113 static, 93–96 guided.
 /// With two tiles per item an odd last tile comes as ta = tb: read twice, its second copy lands in acc rows
 /// ≥ N - 8·ta that are never written.
-template <int kM, int64_t kItemRows, class Tiles>
-HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const Tiles& tiles) {
+template <int64_t kItemRows, class Item>
+HWY_INLINE void ForEachItem(const prepare::PreparedLinear& w, const Item& item) {
   constexpr int64_t kTilesPerItem = kItemRows / prepare::kTileRows;
-  const int64_t n_total = w.out_features;
   const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
 #pragma omp parallel for schedule(static)
   for (int64_t it = 0; it < items; ++it) {
     const int64_t ta = it * kTilesPerItem;
-    const int64_t tb = std::min(ta + kTilesPerItem - 1, w.tiles() - 1);
+    item(ta, std::min(ta + kTilesPerItem - 1, w.tiles() - 1));
+  }
+}
+
+/// ForEachItem with the output rows: `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every
+/// real row goes through EpilogueRow into y [kM, N].
+template <int kM, int64_t kItemRows, class Tiles>
+HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const Tiles& tiles) {
+  const int64_t n_total = w.out_features;
+  ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t tb) {
     alignas(64) float acc[kM * kItemRows];
     tiles(ta, tb, acc);
     const int64_t n0 = ta * prepare::kTileRows;
     const int64_t rows = std::min(kItemRows, n_total - n0);
     for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, y + i * n_total + n0);
-  }
+  });
 }
 
 /// The software prefetch of the fused decode kernels: while a work item reads group g of its tiles, the same group
