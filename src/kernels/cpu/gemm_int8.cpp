@@ -389,11 +389,16 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   std::vector<Int8Pass>& passes = passes_of_caller;
   if (static_cast<int64_t>(buffers.size()) < pass_count) buffers.resize(static_cast<size_t>(pass_count));
   passes.resize(static_cast<size_t>(pass_count));
-#pragma omp parallel for schedule(static) if (pass_count > 1)
-  for (int64_t p = 0; p < pass_count; ++p) {
+  const auto interleave = [&](int64_t p) {
     const int64_t m0 = p * kMaxM;
     passes[static_cast<size_t>(p)] =
         InterleavePass(x, k, groups, m0, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
+  };
+  if (pass_count == 1) {  // a decode step: no parallel region at all
+    interleave(0);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
   }
   const Int8Pass* all = passes.data();
   const int64_t full_passes = m / kMaxM;
@@ -585,10 +590,14 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   float* d = s.d.data();
   int32_t* off = s.off.data();
   uint8_t* fine = s.fine.data();
-#pragma omp parallel for schedule(static) if (m >= 16)
-  for (int64_t i = 0; i < m; ++i) {
-    quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
-                         r + i * k, d + i * groups, off + i * groups, fine + i * groups);
+  if (m < 16) {  // a decode step: no parallel region at all
+    quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q, r, d, off, fine);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
+                           r + i * k, d + i * groups, off + i * groups, fine + i * groups);
+    }
   }
   const Int8Rows rows{s.q.data(), s.r.data(), s.d.data(), s.off.data(), s.fine.data()};
   if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y)) int8_scalar(w, rows, m, y);
