@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "fp4serve/error.h"
 #include "kernels/hadamard.h"
@@ -179,7 +180,58 @@ bool is_normalized_sylvester(const std::vector<double>& m, int64_t b) {
   return true;
 }
 
+namespace {
+
+// A 64-bit hash of bytes, a word at a time (a key for the exact comparison that follows, not a checksum).
+uint64_t hash_bytes(std::span<const std::byte> bytes, uint64_t h) {
+  size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes.data() + i, 8);
+    h = (h ^ word) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  for (; i < bytes.size(); ++i) h = (h ^ static_cast<uint64_t>(bytes[i])) * 0x100000001B3ull;
+  return h;
+}
+
+bool same_bytes(const std::vector<std::byte>& kept, std::span<const std::byte> bytes) {
+  return kept.size() == bytes.size() && (bytes.empty() || std::memcmp(kept.data(), bytes.data(), bytes.size()) == 0);
+}
+
+}  // namespace
+
+bool TransformCache::SeenSource::matches(const TransformSource& source) const {
+  if (has_perm != source.perm.has_value()) return false;
+  if (source.perm && (perm_dtype != source.perm->dtype || !same_bytes(perm, source.perm->bytes))) return false;
+  return header.dtype == source.matrix.dtype && header.shape == source.matrix.shape && type == source.type &&
+         inverse == source.inverse && same_bytes(matrix, source.matrix.bytes);
+}
+
 std::shared_ptr<const OnlineTransform> TransformCache::get(const TransformSource& source) {
+  uint64_t key = hash_bytes(source.matrix.bytes, 1469598103934665603ull);
+  if (source.perm) key = hash_bytes(source.perm->bytes, key);
+  std::vector<SeenSource>& seen = by_bytes_[key];
+  for (const SeenSource& s : seen) {
+    if (s.matches(source)) return s.transform;
+  }
+  std::shared_ptr<const OnlineTransform> t = build_or_share(source);  // throws for a malformed source
+  SeenSource s;
+  s.header = core::TensorView{source.matrix.dtype, source.matrix.shape, {}};
+  s.matrix.assign(source.matrix.bytes.begin(), source.matrix.bytes.end());
+  if (source.perm) {
+    s.perm.assign(source.perm->bytes.begin(), source.perm->bytes.end());
+    s.has_perm = true;
+    s.perm_dtype = source.perm->dtype;
+  }
+  s.type = source.type;
+  s.inverse = source.inverse;
+  s.transform = t;
+  seen.push_back(std::move(s));
+  return t;
+}
+
+std::shared_ptr<const OnlineTransform> TransformCache::build_or_share(const TransformSource& source) {
   const StoredMatrix stored = read_stored(source);
   std::vector<double> m = effective(stored, source.inverse);
   const int64_t b = stored.b;

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "fp4serve/error.h"
@@ -121,6 +122,47 @@ TEST(OnlineTransform, IdenticalMatricesAreSharedAndDifferentOnesAreNot) {
   EXPECT_NE(a.get(), other.get());
   EXPECT_EQ(other->kernel(), TransformKernel::Dense);
   EXPECT_EQ(cache.distinct(), 2u);
+}
+
+// A source seen before is recognised by its stored bytes (no f64 re-read), but only when the type, direction, perm
+// and dtype match too: each variant below must still compute its own matrix.
+TEST(OnlineTransform, RepeatedSourcesAreSharedOnlyWhenEverythingMatches) {
+  const int64_t b = 12, rows = 2, dim = 24;
+  const std::vector<float> m = random_x(b * b, 21);
+  std::vector<float> copy = m;  // another buffer, the same bytes
+  std::vector<float> changed = m;
+  changed[5] += 0.25f;
+  std::vector<int64_t> id(static_cast<size_t>(b)), swapped(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) id[static_cast<size_t>(i)] = swapped[static_cast<size_t>(i)] = i;
+  std::swap(swapped[0], swapped[3]);
+  const auto view = [&](const std::vector<float>& w) { return view_of(w, core::DType::F32, {b, b}); };
+  TransformCache cache;
+  const auto a = cache.get({"a", "random-matrix", false, view(m), std::nullopt});
+  const auto again = cache.get({"b", "random-matrix", false, view(copy), std::nullopt});
+  const auto inverse = cache.get({"c", "random-matrix", true, view(m), std::nullopt});
+  const auto permuted = cache.get({"d", "random-matrix", false, view(m), view_of(swapped, core::DType::I64, {b})});
+  const auto identity = cache.get({"e", "random-matrix", false, view(m), view_of(id, core::DType::I64, {b})});
+  const auto other = cache.get({"f", "random-matrix", false, view(changed), std::nullopt});
+  const auto scaled = cache.get({"g", "random-hadamard", false, view(m), std::nullopt});
+  EXPECT_EQ(a.get(), again.get());
+  EXPECT_EQ(a.get(), identity.get());  // an identity perm gives the same effective matrix
+  EXPECT_EQ(cache.distinct(), 5u);     // a, inverse, permuted, other, scaled
+  const std::vector<double> w(m.begin(), m.end()), wc(changed.begin(), changed.end());
+  struct Case {
+    std::shared_ptr<const OnlineTransform> t;
+    const std::vector<double>* w;
+    const std::vector<int64_t>* p;
+    bool inverse;
+    double scale;
+  };
+  for (const Case& c : {Case{a, &w, &id, false, 1.0}, Case{inverse, &w, &id, true, 1.0},
+                        Case{permuted, &w, &swapped, false, 1.0}, Case{other, &wc, &id, false, 1.0},
+                        Case{scaled, &w, &id, false, 1.0 / std::sqrt(static_cast<double>(b))}}) {
+    std::vector<float> x = random_x(rows * dim, 23);
+    const std::vector<double> want = reference(x, rows, dim, *c.w, *c.p, b, c.inverse, c.scale);
+    c.t->apply(x.data(), rows, dim);
+    expect_close(x, want, 1e-4);
+  }
 }
 
 TEST(OnlineTransform, MalformedMatricesAndPermsAreRejected) {
