@@ -186,19 +186,23 @@ void fwht_scalar(float* x, int64_t n, int64_t block, float scale) {
 // Butterfly strides below the vector width pair lanes i and i^h inside one register: the new lane is
 // perm(x) + sign·x with perm swapping i and i^h and sign = +1 where bit h of i is clear, −1 where set.
 // Strides of a vector or more are plain add/sub between registers. The stages commute, so the in-register
-// ones (with the final scale) run first in one pass and the cross-register ones after.
+// ones (with the final scale) run first in one pass and the cross-register ones after. A block narrower than a
+// vector (the p = 4 / 8 factors of a Kronecker-Hadamard transform) runs only its own strides in each register;
+// whole vectors of its blocks go through the registers, a tail of fewer blocks through the scalar loop.
 void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   constexpr int64_t kMaxLanes = 64;
-  if (lanes < 2 || lanes > kMaxLanes || block < lanes) {
+  if (lanes < 2 || lanes > kMaxLanes || (block < lanes && n < lanes)) {
     fwht_scalar(x, n, block, scale);
     return;
   }
+  const int64_t in_register = std::min(lanes, block);
+  const int64_t vector_end = n - n % lanes;  // n when block ≥ lanes (both powers of two)
   int32_t idx[6][kMaxLanes];  // lanes ≤ 64 → at most 6 in-register stages
   float sign[6][kMaxLanes];
   int stages = 0;
-  for (int64_t h = 1; h < lanes; h *= 2, ++stages) {
+  for (int64_t h = 1; h < in_register; h *= 2, ++stages) {
     for (int64_t i = 0; i < lanes; ++i) {
       idx[stages][i] = static_cast<int32_t>(i ^ h);
       sign[stages][i] = (i & h) ? -1.0f : 1.0f;
@@ -207,7 +211,7 @@ void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
   const auto vscale = hn::Set(d, scale);
 #if HWY_HAVE_SCALABLE
   // SVE vectors are sizeless and cannot form arrays: each stage's tables are loaded where they are used.
-  for (int64_t i = 0; i < n; i += lanes) {
+  for (int64_t i = 0; i < vector_end; i += lanes) {
     auto v = hn::LoadU(d, x + i);
     for (int s = 0; s < stages; ++s) {
       v = hn::MulAdd(hn::LoadU(d, sign[s]), v, hn::TableLookupLanes(v, hn::SetTableIndices(d, idx[s])));
@@ -223,12 +227,13 @@ void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
     perms[s] = hn::SetTableIndices(d, idx[s]);
     signs[s] = hn::LoadU(d, sign[s]);
   }
-  for (int64_t i = 0; i < n; i += lanes) {
+  for (int64_t i = 0; i < vector_end; i += lanes) {
     auto v = hn::LoadU(d, x + i);
     for (int s = 0; s < stages; ++s) v = hn::MulAdd(signs[s], v, hn::TableLookupLanes(v, perms[s]));
     hn::StoreU(hn::Mul(v, vscale), d, x + i);
   }
 #endif
+  if (vector_end < n) fwht_scalar(x + vector_end, n - vector_end, block, scale);
   for (int64_t base = 0; base < n; base += block) {
     float* b = x + base;
     for (int64_t h = lanes; h < block; h *= 2) {
