@@ -203,8 +203,11 @@ bool same_bytes(const std::vector<std::byte>& kept, std::span<const std::byte> b
 
 bool TransformCache::SeenSource::matches(const TransformSource& source) const {
   if (has_perm != source.perm.has_value()) return false;
-  if (source.perm && (perm_dtype != source.perm->dtype || !same_bytes(perm, source.perm->bytes))) return false;
-  return header.dtype == source.matrix.dtype && header.shape == source.matrix.shape && type == source.type &&
+  if (source.perm && (perm_dtype != source.perm->dtype || perm_shape != source.perm->shape ||
+                      !same_bytes(perm, source.perm->bytes))) {
+    return false;
+  }
+  return dtype == source.matrix.dtype && shape == source.matrix.shape && type == source.type &&
          inverse == source.inverse && same_bytes(matrix, source.matrix.bytes);
 }
 
@@ -217,12 +220,14 @@ std::shared_ptr<const OnlineTransform> TransformCache::get(const TransformSource
   }
   std::shared_ptr<const OnlineTransform> t = build_or_share(source);  // throws for a malformed source
   SeenSource s;
-  s.header = core::TensorView{source.matrix.dtype, source.matrix.shape, {}};
+  s.dtype = source.matrix.dtype;
+  s.shape = source.matrix.shape;
   s.matrix.assign(source.matrix.bytes.begin(), source.matrix.bytes.end());
   if (source.perm) {
     s.perm.assign(source.perm->bytes.begin(), source.perm->bytes.end());
     s.has_perm = true;
     s.perm_dtype = source.perm->dtype;
+    s.perm_shape = source.perm->shape;
   }
   s.type = source.type;
   s.inverse = source.inverse;

@@ -94,14 +94,16 @@ class TransformCache {
   size_t distinct() const { return count_; }
 
  private:
-  // A source already answered, by a copy of its stored bytes: a source whose bytes, shape, dtypes, type and
-  // direction all match gets the same transform without being read into f64 and hashed again (a QuIP checkpoint
+  // A source already answered, by a copy of its stored bytes: a source whose matrix and perm bytes, shapes and
+  // dtypes, type and direction all match (everything read_stored validates or reads) gets the same transform without being read into f64 and hashed again (a QuIP checkpoint
   // repeats its matrices in every layer: that was 12% of `perplexity`'s CPU time on one).
   struct SeenSource {
-    core::TensorView header;  // dtype and shape; its bytes are not kept
+    core::DType dtype = core::DType::F32;
+    std::vector<int64_t> shape;
     std::vector<std::byte> matrix, perm;
     bool has_perm = false;
     core::DType perm_dtype = core::DType::I64;
+    std::vector<int64_t> perm_shape;
     std::string type;
     bool inverse = false;
     std::shared_ptr<const OnlineTransform> transform;

@@ -176,6 +176,14 @@ TEST(OnlineTransform, MalformedMatricesAndPermsAreRejected) {
   const std::vector<int64_t> short_perm{0, 1, 2};
   EXPECT_THROW(cache.get({"a", "hadamard", false, view_of(sq, core::DType::F64, {4, 4}), view_of(short_perm, core::DType::I64, {3})}),
                FormatError);
+  // A valid source first, then the same bytes with a perm of the wrong shape: still rejected, not taken from the
+  // cache of sources seen before.
+  const std::vector<int64_t> perm{2, 0, 3, 1};
+  EXPECT_NO_THROW(cache.get({"a", "hadamard", false, view_of(sq, core::DType::F64, {4, 4}), view_of(perm, core::DType::I64, {4})}));
+  EXPECT_THROW(cache.get({"b", "hadamard", false, view_of(sq, core::DType::F64, {4, 4}), view_of(perm, core::DType::I64, {1, 4})}),
+               FormatError);
+  EXPECT_THROW(cache.get({"c", "hadamard", false, view_of(sq, core::DType::F64, {2, 8}), view_of(perm, core::DType::I64, {4})}),
+               FormatError);
   EXPECT_THROW(cache.get({"a", "givens", false, view_of(sq, core::DType::F64, {4, 4}), std::nullopt}), UnsupportedError);
   std::vector<double> nan = sq;
   nan[5] = std::nan("");
