@@ -139,10 +139,11 @@ TEST(QuantizeActivationsInt8, FollowsTheRuleInFloat64) {
 
 // linear() with Int8 against Σ x̂·w (tight) and Σ x·w (quantization bound), x̂ = Q·d from quantize_activations_int8
 // with the ratio linear() uses.
-void check_int8(PreparedLinear& w, const Layer& l, int64_t group, std::mt19937& rng) {
+void check_int8(PreparedLinear& w, const Layer& l, int64_t group, std::mt19937& rng,
+                std::span<const int64_t> ms = kInt8Ms) {
   w.activation_precision = ActivationPrecision::Int8;
   const int64_t groups = l.k / group;
-  for (int64_t m : kInt8Ms) {
+  for (int64_t m : ms) {
     const auto x = random_x_with_outliers(rng, m, l.k);
     std::vector<int8_t> q(static_cast<size_t>(m * l.k)), r(static_cast<size_t>(m * l.k));
     std::vector<float> d(static_cast<size_t>(m * groups));
@@ -191,6 +192,17 @@ TEST(LinearInt8, Nvfp4MatchesFloat64) {
       check_int8(w, l, 16, rng);
     }
   }
+}
+
+// At K = 4096 a block of passes holds one (AVX-512) or two (AVX2) passes of x, so 16 and 19 rows run several
+// blocks, then a tail of 3 rows; and from 16 rows the activations are quantized in parallel.
+TEST(LinearInt8, SeveralBlocksOfPassesAtLargeK) {
+  std::mt19937 rng(203);
+  const Layer l = testing::make_nvfp4(rng, 21, 4096, true);
+  PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                            prepare::GlobalScaleConvention::Divisor, "t");
+  constexpr int64_t kBlockMs[] = {16, 19};
+  check_int8(w, l, 16, rng, kBlockMs);
 }
 
 TEST(LinearInt8, Mxfp4MatchesFloat64) {
