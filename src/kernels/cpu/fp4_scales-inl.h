@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target helpers shared by the fused decode kernels (gemm_gemv.cpp, gemm_int8.cpp): their parallel loop over
 // output rows, the prefetch of the work items ahead, and the block-scale bytes of one group of an 8-row
-// tile (AVX2) or of two tiles (AVX-512) as fp32 lanes. Re-included once per Highway target by foreach_target.h
+// tile (AVX2) or of two tiles (AVX-512) as fp32 lanes; also the linear epilogue, which the panel GEMM
+// (gemm_simd.cpp) shares. Re-included once per Highway target by foreach_target.h
 // through the including file, hence the toggle guard instead of #pragma once.
 #if defined(FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef FP4SERVE_KERNELS_CPU_FP4_SCALES_INL_H_
@@ -42,8 +43,9 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<D> Fp4ScaleBytes(D df, const uint8_t* p) {
   }
 }
 
-/// y[j] = apply_epilogue(w, n0 + j, acc[j]) for j < count, in vectors: the same IEEE operations per element (a
-/// division or multiplication by the global scale, then the bias), so the same results. acc may equal y. Scalar,
+/// y[j] = apply_epilogue(w, n0 + j, acc[j]) for j < count, in vectors: the same operations per element (a division
+/// or multiplication by the global scale, then the bias; a multiplication and the bias may be contracted into one
+/// FMA in either form, as GCC's default -ffp-contract=fast allows for C++). acc may equal y. Scalar,
 /// it was 14% of an int8 prefill's linear time (a division per output; perf, `bench model -p 512 --activation-
 /// precision int8`, one thread).
 HWY_INLINE void EpilogueRow(const prepare::PreparedLinear& w, int64_t n0, int64_t count, const float* acc, float* y) {
@@ -89,12 +91,13 @@ HWY_INLINE void ForRowCount(int64_t m, const Rows& rows) {
 
 /// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles), and
 /// item(ta, tb) called for tiles ta … tb of each. Each thread takes one contiguous, equal range of items
-/// (schedule(static)): its streams then continue from item to item, ItemAheadPrefetch's lines land in the thread that reads them, and
-/// a 576-row layer splits 18 / 18 items where dynamic chunks of 4 split it 10 / 8. `fp4serve bench model`, default
-/// model, two threads, alternating binaries: decode 188–202 tok/s with dynamic chunks of 4, 210–228 static,
-/// 219–225 guided; with a busy loop on one of the two cores 90–91 dynamic, 111–113 static, 93–96 guided.
-/// With two tiles per item an odd last tile comes as ta = tb: read twice, its second copy lands in acc rows
-/// ≥ N - 8·ta that are never written.
+/// (schedule(static)): its streams then continue from item to item, ItemAheadPrefetch's lines land in the thread
+/// that reads them (except for a thread's first `ahead` items, which nothing prefetches, and its last, whose
+/// prefetches serve the next thread: prefetching the first ones at the start of a range measured no gain at one
+/// or two threads), and a 576-row layer splits 18 / 18 items where dynamic chunks of 4 split it 10 / 8.
+/// `fp4serve bench model`, default model, two threads, alternating binaries: decode 188–202 tok/s with dynamic
+/// chunks of 4, 210–228 static, 219–225 guided; with a busy loop on one of the two cores 90–91 dynamic, 111–113
+/// static, 93–96 guided.
 template <int64_t kItemRows, class Item>
 HWY_INLINE void ForEachItem(const prepare::PreparedLinear& w, const Item& item) {
   constexpr int64_t kTilesPerItem = kItemRows / prepare::kTileRows;
@@ -107,7 +110,8 @@ HWY_INLINE void ForEachItem(const prepare::PreparedLinear& w, const Item& item) 
 }
 
 /// ForEachItem with the output rows: `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every
-/// real row goes through EpilogueRow into y [kM, N].
+/// real row goes through EpilogueRow into y [kM, N]. With two tiles per item an odd last tile comes as ta = tb:
+/// read twice, its second copy lands in acc rows ≥ N − 8·ta that are never written.
 template <int kM, int64_t kItemRows, class Tiles>
 HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const Tiles& tiles) {
   const int64_t n_total = w.out_features;
@@ -132,12 +136,12 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
 /// measured within the noise of 8 KiB; per-stream distances of 2 and 4 KiB stayed behind (int8 4096² 397–481 µs).
 class ItemAheadPrefetch {
  public:
-  /// The current item is tiles [first_tile, first_tile + tiles) of w, whose block format groups group_size columns.
-  /// Items past the last tile are not prefetched; an item that belongs to another thread's share is (a hint).
-  ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles, int64_t group_size) {
+  /// The current item is tiles [first_tile, first_tile + tiles) of w (Fp4 layout). Items past the last tile are
+  /// not prefetched; an item that belongs to another thread's share is (a hint).
+  ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles) {
     tile_bytes_ = w.in_features / 8 * 32;
     scale_tile_bytes_ = w.groups() * prepare::kTileRows;  // one byte per row and group
-    group_code_bytes_ = group_size * prepare::kTileRows / 2;
+    group_code_bytes_ = w.group_size * prepare::kTileRows / 2;
     const int64_t item_bytes = tiles * tile_bytes_;
     const int64_t ahead = std::max<int64_t>(1, (kItemAheadBytes + item_bytes - 1) / item_bytes);
     const int64_t target = first_tile + ahead * tiles;
@@ -146,7 +150,8 @@ class ItemAheadPrefetch {
     scales_ = reinterpret_cast<uintptr_t>(w.scales.data()) + static_cast<uintptr_t>(target * scale_tile_bytes_);
   }
 
-  /// Issues the prefetches that go with the current item's group g.
+  /// Issues the prefetches that go with the current item's group g (addresses inside codes and scales: count_
+  /// covers only tiles that exist).
   HWY_INLINE void step(int64_t g) const {
     const int64_t scale_at = g * prepare::kTileRows;
     for (int64_t t = 0; t < count_; ++t) {
@@ -154,7 +159,6 @@ class ItemAheadPrefetch {
       for (int64_t line = 0; line < group_code_bytes_; line += 64) {
         hwy::Prefetch(reinterpret_cast<const uint8_t*>(codes + static_cast<uintptr_t>(line)));
       }
-      // Addresses formed as integers: a prefetch is a hint, no pointer leaves its array.
       if (scale_at % 64 == 0) {
         hwy::Prefetch(reinterpret_cast<const uint8_t*>(scales_ + static_cast<uintptr_t>(t * scale_tile_bytes_ + scale_at)));
       }

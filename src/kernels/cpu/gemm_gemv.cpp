@@ -156,7 +156,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   for (auto& per_tile : total) {
     for (VF& v : per_tile) v = hn::Zero(df);
   }
-  const ItemAheadPrefetch ahead(w, ta, kT, kOctetsPerGroup * 8);
+  const ItemAheadPrefetch ahead(w, ta, kT);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     VF part[kT][kM][2];
@@ -212,7 +212,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const ItemAheadPrefetch ahead(w, ta, 2, kOctetsPerGroup * 8);
+  const ItemAheadPrefetch ahead(w, ta, 2);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     VF part[kM][2];

@@ -53,6 +53,10 @@ struct Int8Rows {
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
 
+// Up to this many rows of x (a decode step, a small batch) are quantized and interleaved without opening a parallel
+// region: per row it is a few KiB of work, and the decode step calls this for every linear.
+inline constexpr int64_t kSerialPrepRows = 8;
+
 // quantize_int8_blocks' rule (gemm_shared.h), shared by its scalar and vector forms. The per-row threshold on
 // (amax/127)²: fine_ratio² · the mean over the groups whose amax is finite and > 0 (amax [groups], NaN for a group
 // holding a NaN).
@@ -278,7 +282,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const ItemAheadPrefetch ahead(w, ta, kRows / kTileRows, quant::block_format_traits(kFormat).group_size);
+  const ItemAheadPrefetch ahead(w, ta, kRows / kTileRows);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     // The table holds 2·e2m1: the ½ is folded into the scale.
@@ -346,13 +350,15 @@ Int8Pass InterleavePass(const Int8Rows& x, int64_t k, int64_t groups, int64_t m0
           buffer.any_fine.data()};
 }
 
-// Quantized bytes of x per parallel loop over the output rows: a block of passes whose x stays within ~32 KiB, so
-// each work item runs all of them with its weights in L1. One pass per loop cost a fork and join per kMaxM rows;
-// all rows in one loop streamed the whole of x per item from L2 or beyond, and a pass count chosen inside the
-// item loop (ForRowCount per pass) compiled the kernel worse. Measured against one pass per loop, alternating:
-// `fp4serve perplexity … --activation-precision int8` (512-token windows) one thread 4.15–4.37 → 3.96–4.15 s user,
-// two threads 3.32–3.62 → 2.77–2.91 s wall; `bench model -p 128 --activation-precision int8` prefill, per-round
-// medians, T=1 1229 → 1328 tok/s, T=2 1593 → 2440.
+// Quantized bytes of x (its q bytes) per parallel loop over the output rows: a block of passes that shares one loop,
+// so a work item runs all of them while its weights are in L1 (x itself comes from L1 or L2). One pass per loop cost
+// a fork and join per kMaxM rows; all rows in one loop streamed the whole of x per item from L2 or beyond (int8
+// perplexity over 512-token windows 15% slower than one pass per loop); a pass count chosen inside the item loop
+// (ForRowCount per pass) compiled the kernel worse. Measured with the parallel quantization and interleaving of
+// the same commit, against one pass per loop with both serial, alternating: `fp4serve perplexity …
+// --activation-precision int8` (512-token windows) one thread 4.15–4.37 → 3.96–4.15 s user, two threads
+// 3.32–3.62 → 2.77–2.91 s wall; `bench model -p 128 --activation-precision int8` prefill, per-round medians,
+// T=1 1229 → 1328 tok/s, T=2 1593 → 2440.
 constexpr int64_t kBlockXBytes = 32 * 1024;
 
 // Passes [first, first + count) of kM rows each (rows first·kMaxM …), one parallel loop over the output rows.
@@ -394,8 +400,8 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
     passes[static_cast<size_t>(p)] =
         InterleavePass(x, k, groups, m0, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
   };
-  if (pass_count == 1) {  // a decode step: no parallel region at all
-    interleave(0);
+  if (m <= kSerialPrepRows) {
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
   } else {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < pass_count; ++p) interleave(p);
@@ -590,7 +596,7 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   float* d = s.d.data();
   int32_t* off = s.off.data();
   uint8_t* fine = s.fine.data();
-  if (m < 16) {  // a decode step: no parallel region at all
+  if (m <= kSerialPrepRows) {
     quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q, r, d, off, fine);
   } else {
 #pragma omp parallel for schedule(static)

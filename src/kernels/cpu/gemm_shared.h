@@ -16,10 +16,10 @@ namespace fp4serve::kernels {
 float decode_weight(const prepare::PreparedLinear& w, int64_t n, int64_t k);
 
 /// Software prefetch distance, in bytes ahead of the one weight stream they read, of the dense decode kernels
-/// (bf16 / FP8 / int8 rows: an lm_head). Without it the hardware prefetcher left the cold-weight GEMVs far below
-/// their L2-resident speed (Intel VM, NVFP4 4096², then read the same way: none → 1 KiB 1410 → 903 µs). On an AMD
-/// EPYC with DRAM behind a 32 MiB L3, bench_gemm_fp4 bf16 M = 1, one thread, 1 KiB → 8 KiB: 4096² 1368–1473 →
-/// 1079–1144 µs, the default model's lm_head 49152×576 1876–2007 → 1801–1855 µs (2 and 4 KiB in between).
+/// (bf16 / FP8 / int8 rows: an lm_head). On an AMD EPYC with DRAM behind a 32 MiB L3, bench_gemm_fp4 bf16 M = 1,
+/// one thread, 1 KiB → 8 KiB: 4096² 1368–1473 → 1079–1144 µs, the default model's lm_head 49152×576 1876–2007 →
+/// 1801–1855 µs (2 and 4 KiB in between). (Where it began: the FP4 GEMVs, then one stream per tile, on an Intel
+/// VM: no prefetch → 1 KiB took NVFP4 4096² from 1410 to 903 µs; they now use ItemAheadPrefetch.)
 inline constexpr uintptr_t kPrefetchAhead = 8192;
 
 /// How far ahead, in bytes of codes, the fused FP4 GEMVs prefetch whole work items (ItemAheadPrefetch in

@@ -198,7 +198,7 @@ void FwhtImpl(float* x, int64_t n, int64_t block, float scale) {
     return;
   }
   const int64_t in_register = std::min(lanes, block);
-  const int64_t vector_end = n - n % lanes;  // n when block ≥ lanes (both powers of two)
+  const int64_t vector_end = n - n % lanes;  // n when block ≥ lanes (n is a multiple of block; both powers of two)
   int32_t idx[6][kMaxLanes];  // lanes ≤ 64 → at most 6 in-register stages
   float sign[6][kMaxLanes];
   int stages = 0;
