@@ -278,30 +278,25 @@ using VF = hn::Vec<DF>;
 // quads of keys are merged within 128-bit blocks, then the blocks: 45 instructions for 16 keys on AVX-512 (21 for
 // 8 on AVX2), where a horizontal sum per key took ~9 (~6).
 HWY_INLINE VF SumsOfKeys(const VF (&a)[kBlockKeys]) {
+  const DF df;
+  const hn::Repartition<double, DF> dd;
+  // Highway's interleaves work per 128-bit block (vunpcklps / vunpcklpd), the same on both targets.
+  VF t[kBlockKeys / 2];
+  for (int i = 0; i < kBlockKeys / 2; ++i) {  // per block [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1
+    t[i] = hn::Add(hn::InterleaveLower(df, a[2 * i], a[2 * i + 1]), hn::InterleaveUpper(df, a[2 * i], a[2 * i + 1]));
+  }
+  VF u[kBlockKeys / 4];
+  for (int i = 0; i < kBlockKeys / 4; ++i) {  // per block the block's partial of keys 4i … 4i + 3
+    const auto x = hn::BitCast(dd, t[2 * i]), y = hn::BitCast(dd, t[2 * i + 1]);
+    u[i] = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, x, y)), hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
+  }
+  // Then across blocks, which has no per-target-neutral form.
 #if HWY_TARGET == HWY_AVX2
-  __m256 t[4];
-  for (int i = 0; i < 4; ++i) {  // per block [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1
-    t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i].raw, a[2 * i + 1].raw), _mm256_unpackhi_ps(a[2 * i].raw, a[2 * i + 1].raw));
-  }
-  __m256 u[2];
-  for (int i = 0; i < 2; ++i) {  // per block the block's partial of keys 4i … 4i + 3
-    const __m256d x = _mm256_castps_pd(t[2 * i]), y = _mm256_castps_pd(t[2 * i + 1]);
-    u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-  }
-  return VF{_mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31))};
+  return VF{_mm256_add_ps(_mm256_permute2f128_ps(u[0].raw, u[1].raw, 0x20), _mm256_permute2f128_ps(u[0].raw, u[1].raw, 0x31))};
 #else
-  __m512 t[8];
-  for (int i = 0; i < 8; ++i) {  // per block [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].raw, a[2 * i + 1].raw), _mm512_unpackhi_ps(a[2 * i].raw, a[2 * i + 1].raw));
-  }
-  __m512 u[4];
-  for (int i = 0; i < 4; ++i) {  // per block the block's partial of keys 4i … 4i + 3
-    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
   // w0 blocks: u0 (b0 + b2), u0 (b1 + b3), u1 (b0 + b2), u1 (b1 + b3); w1 the same for u2, u3.
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0].raw, u[1].raw, 0x44), _mm512_shuffle_f32x4(u[0].raw, u[1].raw, 0xEE));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2].raw, u[3].raw, 0x44), _mm512_shuffle_f32x4(u[2].raw, u[3].raw, 0xEE));
   return VF{_mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD))};
 #endif
 }
