@@ -134,10 +134,15 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
 /// next item's heads → this, same run: fp32 576×1536 35.0–37.9 → 25.1–27.0 µs, 4096² 632–671 → 465–471 µs;
 /// int8 576×1536 34.6–36.2 → 21.1–22.1 µs, 4096² 642–644 → 349–373 µs. kItemAheadBytes 4 KiB and 16 KiB
 /// measured within the noise of 8 KiB; per-stream distances of 2 and 4 KiB stayed behind (int8 4096² 397–481 µs).
+/// step() is a handful of straight-line instructions: written as loops over tiles and lines, with its pointers kept
+/// as integers, it cost the kernels more than its lines saved at the model's shapes (GCC kept the loop, and the
+/// kernel's pointers spilled around it); straight-line, bench_gemm_fp4 M = 1, one thread, 4 alternating rounds,
+/// per-round medians old/new: NVFP4 fp32 / int8 1.27–1.31× at 576×1536, 1536×576 and 4096², MXFP4 1.16–1.25×.
 class ItemAheadPrefetch {
  public:
-  /// The current item is tiles [first_tile, first_tile + tiles) of w (Fp4 layout). Items past the last tile are
-  /// not prefetched; an item that belongs to another thread's share is (a hint).
+  /// The current item is tiles [first_tile, first_tile + tiles) of w (Fp4 layout), tiles ≤ 2 (one or two 8-row
+  /// tiles per vector; a larger count prefetches only the first two). Items past the last tile are not
+  /// prefetched; an item that belongs to another thread's share is (a hint).
   ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles) {
     tile_bytes_ = w.in_features / 8 * 32;
     scale_tile_bytes_ = w.groups() * prepare::kTileRows;  // one byte per row and group
@@ -145,28 +150,36 @@ class ItemAheadPrefetch {
     const int64_t item_bytes = tiles * tile_bytes_;
     const int64_t ahead = std::max<int64_t>(1, (kItemAheadBytes + item_bytes - 1) / item_bytes);
     const int64_t target = first_tile + ahead * tiles;
-    count_ = std::clamp<int64_t>(w.tiles() - target, 0, tiles);
-    codes_ = reinterpret_cast<uintptr_t>(w.codes.data()) + static_cast<uintptr_t>(target * tile_bytes_);
-    scales_ = reinterpret_cast<uintptr_t>(w.scales.data()) + static_cast<uintptr_t>(target * scale_tile_bytes_);
+    count_ = std::clamp<int64_t>(w.tiles() - target, 0, std::min<int64_t>(tiles, 2));
+    // Only formed when count_ > 0: past the last tile the address would leave the arrays.
+    if (count_ > 0) {
+      codes_ = w.codes.as<uint8_t>() + target * tile_bytes_;
+      scales_ = w.scales.as<uint8_t>() + target * scale_tile_bytes_;
+    }
   }
 
   /// Issues the prefetches that go with the current item's group g (addresses inside codes and scales: count_
   /// covers only tiles that exist).
   HWY_INLINE void step(int64_t g) const {
-    const int64_t scale_at = g * prepare::kTileRows;
-    for (int64_t t = 0; t < count_; ++t) {
-      const uintptr_t codes = codes_ + static_cast<uintptr_t>(t * tile_bytes_ + g * group_code_bytes_);
-      for (int64_t line = 0; line < group_code_bytes_; line += 64) {
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(codes + static_cast<uintptr_t>(line)));
-      }
-      if (scale_at % 64 == 0) {
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(scales_ + static_cast<uintptr_t>(t * scale_tile_bytes_ + scale_at)));
-      }
+    if (count_ == 0) return;
+    const uint8_t* codes = codes_ + g * group_code_bytes_;
+    const bool scale_line = (g * prepare::kTileRows) % 64 == 0;
+    const uint8_t* scales = scales_ + g * prepare::kTileRows;
+    // One or two tiles (count_ ≤ 2), one or two lines per tile and group (a group of 8 rows: NVFP4 64 bytes,
+    // MXFP4 128).
+    hwy::Prefetch(codes);
+    if (group_code_bytes_ > 64) hwy::Prefetch(codes + 64);
+    if (scale_line) hwy::Prefetch(scales);
+    if (count_ > 1) {
+      hwy::Prefetch(codes + tile_bytes_);
+      if (group_code_bytes_ > 64) hwy::Prefetch(codes + tile_bytes_ + 64);
+      if (scale_line) hwy::Prefetch(scales + scale_tile_bytes_);
     }
   }
 
  private:
-  uintptr_t codes_ = 0, scales_ = 0;
+  const uint8_t* codes_ = nullptr;
+  const uint8_t* scales_ = nullptr;
   int64_t tile_bytes_ = 0, scale_tile_bytes_ = 0, group_code_bytes_ = 0, count_ = 0;
 };
 
