@@ -180,6 +180,26 @@ void BM_Attention(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(H * D * 4) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
+// Decode attention with the cache cold: `copies` caches (≥ 64 MiB together) used in turn, as a decode step meets
+// each layer's cache after the weights have streamed through L3. args: context, query heads, KV heads, head_dim.
+void BM_AttentionCold(benchmark::State& state) {
+  const int64_t start = state.range(0), H = state.range(1), KVH = state.range(2), D = state.range(3);
+  const int64_t rows = start + 1;
+  const size_t per = static_cast<size_t>(rows * KVH * D);
+  const size_t copies = std::max<size_t>(2, (size_t{64} << 20) / (per * 8) + 1);
+  std::vector<float> q = random_vec(H * D, 1), k = random_vec(per * copies, 2), v = random_vec(per * copies, 3);
+  std::vector<float> out(H * D);
+  const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  size_t c = 0;
+  for (auto _ : state) {
+    attention(q.data(), 1, start, k.data() + c * per, v.data() + c * per, KVH * D, p, out.data());
+    benchmark::DoNotOptimize(out.data());
+    c = (c + 1) % copies;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(per) * 4 * 2);
+}
+BENCHMARK(BM_AttentionCold)->Args({512, 9, 3, 64})->Args({1536, 3, 1, 64})->Args({4095, 32, 8, 128})->Args({32767, 4, 1, 128});
+
 BENCHMARK(BM_Attention)
     ->Args({1, 4095, 32, 8, 128})
     ->Args({1, 32767, 32, 8, 128})
