@@ -224,6 +224,30 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRow
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+/// The 32-byte blocks of one octet (8 columns) of tiles a and b → use(j, column j as fp32 E2M1 values, rows of
+/// tile a in lanes 0–7 and of tile b in lanes 8–15) for j = 0 … 7: one vpermps per column, the 16 E2M1 values being
+/// the whole table, which reads only bits [3:0] of each index lane (so `word >> 4j` needs no mask). Shared by the
+/// fused GEMV and the panel GEMM's decoder.
+template <class Use>
+HWY_INLINE void DecodeOctet(const uint8_t* pa, const uint8_t* pb, Use&& use) {
+  using VF = hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>>;
+  const __m512 table = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,  //
+                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+  const __m512i v = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1);
+  use(0, VF{_mm512_permutexvar_ps(v, table)});
+  use(1, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)});
+  use(2, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), table)});
+  use(3, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), table)});
+  use(4, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), table)});
+  use(5, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), table)});
+  use(6, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), table)});
+  use(7, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), table)});
+}
+#endif
+
 #endif
 
 }  // namespace HWY_NAMESPACE

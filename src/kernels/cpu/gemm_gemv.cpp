@@ -102,23 +102,7 @@ HWY_INLINE void ForEachColumn(Use&& use) {
 
 #else
 
-// 32 bytes of tile a and 32 of tile b (same octet) → the 8 columns as fp32 (16 rows each).
-template <class Use>
-HWY_INLINE void DecodeOctet(const uint8_t* pa, const uint8_t* pb, Use&& use) {
-  const __m512 table = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,  //
-                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
-  const __m512i v = _mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
-      _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1);
-  use(0, VF{_mm512_permutexvar_ps(v, table)});
-  use(1, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)});
-  use(2, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), table)});
-  use(3, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), table)});
-  use(4, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), table)});
-  use(5, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), table)});
-  use(6, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), table)});
-  use(7, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), table)});
-}
+// DecodeOctet (fp4_scales-inl.h) yields E2M1 itself.
 constexpr float kLutUnit = 1.f;
 
 #endif

@@ -3,10 +3,10 @@
 // file). NVFP4/MXFP4 with m ≤ gemv_max_rows() (4 on AVX2, 8 on AVX-512) go to the fused GEMV (gemm_gemv.cpp) first. Structure: weights are
 // decoded tile by tile into an fp32 row panel [kc][kNR] (block scales applied,
 // the global scale left for the epilogue), which a register-blocked micro-kernel multiplies with up to kMR
-// rows of x. The code is target-neutral Highway except one AVX-512 FP4 decoder (guarded, with the portable
-// decoder beside it): the prepared layout's 8-row tiles are decoded kTileLanes rows at a time (8 on AVX2 and
-// AVX-512, 4 on NEON and SVE), and the panel width follows the target's vectors. EMU128 runs the scalar
-// reference.
+// rows of x. The code is target-neutral Highway except one AVX-512 FP4 decoder of tile pairs (guarded, with
+// the portable decoder beside it): the prepared layout's 8-row tiles are decoded kTileLanes rows at a time (8 on
+// AVX2 and AVX-512, 4 on NEON and SVE), and the panel width follows the target's vectors. EMU128 runs the
+// scalar reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -85,8 +85,6 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::Repartition<int8_t, DT>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
-  (void)lut;  // unused where the AVX-512 permute decodes FP4
-  (void)mask;
   int64_t group = -1;
   hn::Vec<DT> scale = hn::Zero(df), offset = hn::Zero(df);
   for (int64_t c = 0; c < kc / 8; ++c) {
@@ -118,23 +116,6 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
       emit(6, Int4Column<6>(words));
       emit(7, Int4Column<7>(words));
     } else {
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-      // AVX-512VL: vpermt2ps indexes the 16 (doubled) E2M1 values with bits [3:0] of each lane directly.
-      const __m256 pos = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f);
-      const __m256 neg = _mm256_setr_ps(-0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f);
-      const __m256i words = v.raw;
-      const auto store = [&](int j, __m256 f) HWY_ATTR {
-        hn::Store(hn::Mul(hn::Vec<DT>{f}, scale), df, out + j * kNR);
-      };
-      store(0, _mm256_permutex2var_ps(pos, words, neg));
-      store(1, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 4), neg));
-      store(2, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 8), neg));
-      store(3, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 12), neg));
-      store(4, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 16), neg));
-      store(5, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 20), neg));
-      store(6, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 24), neg));
-      store(7, _mm256_permutex2var_ps(pos, _mm256_srli_epi32(words, 28), neg));
-#else
       const auto even = hn::BitCast(DTI(), hn::TableLookupBytes(lut, hn::And(v, mask)));
       const auto odd = hn::BitCast(DTI(), hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
       emit(0, Fp4Column<0>(even, odd));
@@ -145,7 +126,6 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
       emit(5, Fp4Column<5>(even, odd));
       emit(6, Fp4Column<6>(even, odd));
       emit(7, Fp4Column<7>(even, odd));
-#endif
     }
   }
 }
@@ -205,13 +185,13 @@ void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, 
 }
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-// FP4 tiles `tile` and `tile + 1` at once (they sit side by side in the panel: 16 consecutive floats per column):
-// one 512-bit vpermps decodes a column of both, the 16 E2M1 values being the whole table, so a column costs a
-// shift, a permute, the scale multiplication and one store where DecodeNibbleRows spends those per tile. The
-// products e2m1 · s are exact either way (2 and 4 significant bits), so the panel is bit-identical.
-// perf of `fp4serve bench model -p 128`, default model, one thread: the FP4 decoder 13% of the prefill's GEMM
-// time beside the micro-kernel, 9% after; bench_gemm_fp4 NVFP4/MXFP4 M = 16 and 64, alternating, per-round
-// medians 1.02–1.18×; model prefill moved within its noise (1.00–1.02×).
+// FP4 tiles `tile` and `tile + 1` at once (they sit side by side in the panel: 16 consecutive floats per column),
+// with the fused GEMV's DecodeOctet: a column of both costs one shift, one 512-bit vpermps, the scale multiplication
+// and one store. DecodeNibbleRows (a lone last tile) gives the same values: e2m1 · s is exact either way (2 and 4
+// significant bits). Against a 256-bit vpermt2ps per tile (the previous AVX-512 decoder): perf of `fp4serve bench
+// model -p 128`, default model, one thread, the FP4 decoder 13% of the prefill's GEMM time beside the micro-kernel,
+// 9% after; bench_gemm_fp4 NVFP4/MXFP4 M = 16 and 64, alternating, per-round medians 1.02–1.18×; model prefill
+// moved within its noise (1.00–1.02×).
 template <quant::BlockFormat kFormat>
 void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
   const int64_t octets = w.in_features / 8;
@@ -220,31 +200,17 @@ void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_
   const uint8_t* codes_b = codes_a + octets * 32;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + tile * groups * kTileRows;
   const uint8_t* scales_b = scales_a + groups * kTileRows;
-  const __m512 table = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,  //
-                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
   int64_t group = -1;
-  __m512 scale = _mm512_setzero_ps();
+  hn::Vec<DF> scale = hn::Zero(DF());
   for (int64_t c = 0; c < kc / 8; ++c) {
     const int64_t k = k0 + 8 * c;
     if (k / w.group_size != group) {
       group = k / w.group_size;
-      scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f).raw;
+      scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f);
     }
-    const __m512i v = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(codes_a + 32 * c))),
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(codes_b + 32 * c)), 1);
     float* out = panel + 8 * c * kNR;
-    const auto store = [&](int j, __m512i idx) HWY_ATTR {
-      _mm512_store_ps(out + j * kNR, _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), scale));
-    };
-    store(0, v);
-    store(1, _mm512_srli_epi32(v, 4));
-    store(2, _mm512_srli_epi32(v, 8));
-    store(3, _mm512_srli_epi32(v, 12));
-    store(4, _mm512_srli_epi32(v, 16));
-    store(5, _mm512_srli_epi32(v, 20));
-    store(6, _mm512_srli_epi32(v, 24));
-    store(7, _mm512_srli_epi32(v, 28));
+    DecodeOctet(codes_a + 32 * c, codes_b + 32 * c,
+                [&](int j, hn::Vec<DF> column) HWY_ATTR { hn::Store(hn::Mul(column, scale), DF(), out + j * kNR); });
   }
 }
 #endif
