@@ -95,8 +95,10 @@ class TransformCache {
 
  private:
   // A source already answered, by a copy of its stored bytes: a source whose matrix and perm bytes, shapes and
-  // dtypes, type and direction all match (everything read_stored validates or reads) gets the same transform without being read into f64 and hashed again (a QuIP checkpoint
-  // repeats its matrices in every layer: that was 12% of `perplexity`'s CPU time on one).
+  // dtypes, type and direction all match (everything read_stored validates or reads) gets the same transform
+  // without being read into f64 and hashed again (a QuIP checkpoint repeats its matrices in every layer: that was
+  // 12% of `perplexity`'s CPU time on one). by_hash_ still shares transforms whose stored forms differ but whose
+  // effective f64 matrices are equal.
   struct SeenSource {
     core::DType dtype = core::DType::F32;
     std::vector<int64_t> shape;
