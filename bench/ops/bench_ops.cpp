@@ -161,56 +161,79 @@ void BM_Rope(benchmark::State& state) {
 }
 BENCHMARK(BM_Rope)->Arg(1)->Arg(512);
 
-// Attention over an fp32 cache. args: t, context length before the call, query heads, KV heads, head_dim
-// (Llama-3-8B: 32, 8, 128; the default model SmolLM2-135M: 9, 3, 64).
+// n random values stored as KV cache elements of type `element` (bench arg: 0 fp32, 1 bf16, 2 fp16).
+std::vector<uint16_t> random_kv(int64_t n, KvElement element, uint64_t seed) {
+  const std::vector<float> x = random_vec(n, seed);
+  std::vector<uint16_t> out(static_cast<size_t>(n * kv_element_bytes(element) / 2));
+  write_kv_row(x.data(), n, element, out.data());
+  return out;
+}
+
+// Attention over a KV cache. args: t, context length before the call, query heads, KV heads, head_dim, element
+// (0 fp32, 1 bf16, 2 fp16) (Llama-3-8B: 32, 8, 128; the default model SmolLM2-135M: 9, 3, 64).
 void BM_Attention(benchmark::State& state) {
   const int64_t t = state.range(0), start = state.range(1), H = state.range(2), KVH = state.range(3), D = state.range(4);
+  const auto element = static_cast<KvElement>(state.range(5));
   const int64_t rows = start + t;
-  std::vector<float> q = random_vec(t * H * D, 1), k = random_vec(rows * KVH * D, 2), v = random_vec(rows * KVH * D, 3);
+  std::vector<float> q = random_vec(t * H * D, 1);
+  std::vector<uint16_t> k = random_kv(rows * KVH * D, element, 2), v = random_kv(rows * KVH * D, element, 3);
   std::vector<float> out(t * H * D);
   const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
   for (auto _ : state) {
-    attention(q.data(), t, start, k.data(), v.data(), KVH * D, p, out.data());
+    attention(q.data(), t, start, KvRows{k.data(), v.data(), KVH * D, element}, p, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   // KV bytes read once per call (decode is bound by this).
-  state.SetBytesProcessed(state.iterations() * rows * KVH * D * 4 * 2);
+  state.SetBytesProcessed(state.iterations() * rows * KVH * D * kv_element_bytes(element) * 2);
   // q·k and p·v: 4·D flops per (query row, head, visible key) pair; row i sees start + i + 1 keys.
   const double pairs = static_cast<double>(t) * static_cast<double>(start) + static_cast<double>(t) * (t + 1) / 2.0;
   state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(H * D * 4) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 // Decode attention with the cache cold: `copies` caches (≥ 64 MiB together) used in turn, as a decode step meets
-// each layer's cache after the weights have streamed through L3. args: context, query heads, KV heads, head_dim.
+// each layer's cache after the weights have streamed through L3. args: context, query heads, KV heads, head_dim,
+// element (as BM_Attention).
 void BM_AttentionCold(benchmark::State& state) {
   const int64_t start = state.range(0), H = state.range(1), KVH = state.range(2), D = state.range(3);
+  const auto element = static_cast<KvElement>(state.range(4));
   const int64_t rows = start + 1;
-  const size_t per = static_cast<size_t>(rows * KVH * D);
-  const size_t copies = std::max<size_t>(2, (size_t{64} << 20) / (per * 8) + 1);
-  std::vector<float> q = random_vec(H * D, 1), k = random_vec(per * copies, 2), v = random_vec(per * copies, 3);
+  const int64_t per = rows * KVH * D, per_bytes = per * kv_element_bytes(element);
+  const int64_t copies = std::max<int64_t>(2, (int64_t{64} << 20) / (per_bytes * 2) + 1);
+  std::vector<float> q = random_vec(H * D, 1);
+  std::vector<uint16_t> k = random_kv(per * copies, element, 2), v = random_kv(per * copies, element, 3);
   std::vector<float> out(H * D);
   const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
-  size_t c = 0;
+  int64_t c = 0;
   for (auto _ : state) {
-    attention(q.data(), 1, start, k.data() + c * per, v.data() + c * per, KVH * D, p, out.data());
+    const size_t offset = static_cast<size_t>(c * per_bytes / 2);
+    attention(q.data(), 1, start, KvRows{k.data() + offset, v.data() + offset, KVH * D, element}, p, out.data());
     benchmark::DoNotOptimize(out.data());
     c = (c + 1) % copies;
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(per) * 4 * 2);
+  state.SetBytesProcessed(state.iterations() * per_bytes * 2);
 }
-BENCHMARK(BM_AttentionCold)->Args({512, 9, 3, 64})->Args({1536, 3, 1, 64})->Args({4095, 32, 8, 128})->Args({32767, 4, 1, 128});
+BENCHMARK(BM_AttentionCold)
+    ->ArgsProduct({{512}, {9}, {3}, {64}, {0, 1, 2}})
+    ->Args({1536, 3, 1, 64, 0})
+    ->ArgsProduct({{4095}, {32}, {8}, {128}, {0, 1, 2}})
+    ->Args({32767, 4, 1, 128, 0});
 
 BENCHMARK(BM_Attention)
-    ->Args({1, 4095, 32, 8, 128})
-    ->Args({1, 32767, 32, 8, 128})
-    ->Args({512, 0, 32, 8, 128})
-    ->Args({1, 1023, 9, 3, 64})
-    ->Args({512, 0, 9, 3, 64})
-    ->Args({2, 2000, 9, 3, 64})
-    ->Args({4, 2000, 9, 3, 64})
-    ->Args({8, 2000, 9, 3, 64})
-    ->Args({15, 497, 9, 3, 64})
-    ->Args({16, 496, 9, 3, 64})
+    ->Args({1, 4095, 32, 8, 128, 0})
+    ->Args({1, 4095, 32, 8, 128, 1})
+    ->Args({1, 32767, 32, 8, 128, 0})
+    ->Args({512, 0, 32, 8, 128, 0})
+    ->Args({512, 0, 32, 8, 128, 1})
+    ->Args({1, 1023, 9, 3, 64, 0})
+    ->Args({1, 1023, 9, 3, 64, 1})
+    ->Args({1, 1023, 9, 3, 64, 2})
+    ->Args({512, 0, 9, 3, 64, 0})
+    ->Args({512, 0, 9, 3, 64, 1})
+    ->Args({2, 2000, 9, 3, 64, 0})
+    ->Args({4, 2000, 9, 3, 64, 0})
+    ->Args({8, 2000, 9, 3, 64, 0})
+    ->Args({15, 497, 9, 3, 64, 0})
+    ->Args({16, 496, 9, 3, 64, 0})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -24,6 +24,7 @@ struct ModelBenchOptions {
   int tensor_parallel_size = 1;
   std::vector<std::string> activation_precisions{"fp32"};  // every model runs with each (interleaved)
   std::vector<std::string> lm_head_dtypes{"bf16"};
+  std::vector<std::string> kv_cache_dtypes{"auto"};
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
@@ -34,7 +35,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
   first.load = opts.load;
   first.tensor_parallel_size = opts.tensor_parallel_size;
   TensorParallelRun tp(first);
-  // One target per model × activation precision × lm_head copy, in the order the bench runs them; every rank
+  // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs them; every rank
   // loads the same list (per_model), so the followers can build it without rank 0's names.
   std::vector<runtime::ModelBenchTarget> targets;
   std::vector<std::string> names;
@@ -43,16 +44,20 @@ void run_bench_model(const ModelBenchOptions& opts) {
     const std::string path = resolve_model_path(dir).string();
     for (const std::string& precision : opts.activation_precisions) {
       for (const std::string& lm_head : opts.lm_head_dtypes) {
-        ModelOptions target = first;
-        target.model = dir;
-        target.load.activation_precision = precision;
-        target.load.lm_head_dtype = lm_head;
-        std::string name = dir;
-        if (opts.activation_precisions.size() > 1) name += " a:" + precision;
-        if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
-        names.push_back(name);
-        targets.push_back({name, path, target.load});
-        per_model.push_back(std::move(target));
+        for (const std::string& kv : opts.kv_cache_dtypes) {
+          ModelOptions target = first;
+          target.model = dir;
+          target.load.activation_precision = precision;
+          target.load.lm_head_dtype = lm_head;
+          target.load.kv_cache_dtype = kv;
+          std::string name = dir;
+          if (opts.activation_precisions.size() > 1) name += " a:" + precision;
+          if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
+          if (opts.kv_cache_dtypes.size() > 1) name += " kv:" + kv;
+          names.push_back(name);
+          targets.push_back({name, path, target.load});
+          per_model.push_back(std::move(target));
+        }
       }
     }
   }
@@ -108,6 +113,10 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", opts->kv_cache_dtypes, "auto, fp32, bf16 and/or fp16 (comma-separated, as above)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
   add_threads_option(*cmd, opts->load.threads);
   add_tensor_parallel_options(*cmd, opts->tensor_parallel_size, opts->load.expert_parallel);

@@ -131,6 +131,7 @@ void run_generate(const GenerateOptions& opts) {
                                 {"prefill_tokens_per_s", prefill_tps},
                                 {"decode_tokens_per_s", decode_tps},
                                 {"device", opts.model.load.device},
+                                {"kv_cache_dtype", kernels::kv_element_name(loaded.kv_element)},
                                 {"threads", core::num_threads()},
                                 {"threads_note", device}};
     fmt::print("{}\n", out.dump(2));
@@ -139,9 +140,9 @@ void run_generate(const GenerateOptions& opts) {
   std::fputc('\n', stdout);
   std::fflush(stdout);  // before the stderr summary, so the two streams do not interleave
   log_info("load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | "
-           "finish: {} | {}\n",
+           "finish: {} | KV cache {} | {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
-           decode_tps, result.finish_reason, device);
+           decode_tps, result.finish_reason, kernels::kv_element_name(loaded.kv_element), device);
 }
 
 }  // namespace

@@ -18,6 +18,11 @@ namespace fp4serve::app {
 namespace fs = std::filesystem;
 namespace {
 
+constexpr const char* kKvCacheDtypeHelp =
+    "auto (the checkpoint's dtype: bf16 for a bfloat16 model; fp32 on the GPU), fp32, bf16 or fp16: what the CPU "
+    "KV cache stores (16-bit: half the memory and of the bytes attention reads; keys and values rounded to nearest "
+    "even)";
+
 bool has_safetensors(const fs::path& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir / "model.safetensors", ec) || fs::is_regular_file(dir / "model.safetensors.index.json", ec);
@@ -114,6 +119,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
   cmd.add_option("--lm-head-dtype", opts.load.lm_head_dtype,
                  "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")
       ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-dtype", opts.load.kv_cache_dtype, kKvCacheDtypeHelp)
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
   add_threads_option(cmd, opts.load.threads);
   if (!context_option) return;

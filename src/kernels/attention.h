@@ -1,10 +1,36 @@
 // SPDX-License-Identifier: Apache-2.0
-// Causal scaled-dot-product attention of one sequence over its fp32 KV cache, on CPU (cpu/attention.cpp).
+// Causal scaled-dot-product attention of one sequence over its KV cache (fp32, bf16 or fp16 rows), on CPU
+// (cpu/attention.cpp).
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace fp4serve::kernels {
+
+/// Element type of KV cache rows. Attention widens 16-bit rows to fp32 as it reads them and computes in fp32, so a
+/// 16-bit cache differs from an fp32 one only by the rounding of the stored keys and values (to nearest even).
+/// Bf16 keeps fp32's range with 8 significant bits; F16 has 11 bits but overflows to ±inf above 65504 (the
+/// writer saturates nothing: write_kv_row).
+enum class KvElement : uint8_t { F32, Bf16, F16 };
+
+/// Bytes per element: 4, 2, 2.
+int64_t kv_element_bytes(KvElement element);
+/// "fp32", "bf16", "fp16" (the --kv-cache-dtype spelling).
+std::string_view kv_element_name(KvElement element);
+
+/// One layer's cache rows of one sequence: row p of keys starts at `keys` + p · row_stride elements, likewise
+/// `values`; each row holds [KVH, D] elements of type `element`.
+struct KvRows {
+  const void* keys;
+  const void* values;
+  int64_t row_stride;  ///< elements between consecutive positions, ≥ KVH·D
+  KvElement element = KvElement::F32;
+};
+
+/// dst[0..n) = src[0..n) converted to `element` (fp32: copied; bf16 / fp16: rounded to nearest even, fp16
+/// overflowing to ±inf like a C cast). dst holds n elements of that type.
+void write_kv_row(const float* src, int64_t n, KvElement element, void* dst);
 
 /// Shapes and options of one attention call.
 struct AttentionParams {
@@ -24,16 +50,20 @@ struct AttentionParams {
 
 /// out[i, h, :] = Σ_p softmax_p(scale · q[i, h, :] · k[p, kvh, :]) · v[p, kvh, :] over the causal (and
 /// windowed) positions p ≤ start_pos + i, with fp32 scores and a max-subtracted softmax.
-/// q: [t, H, D] f32, row i at position start_pos + i. k_cache, v_cache: cache rows 0 … start_pos + t − 1 must be
-/// filled (including this call's own keys/values); row p holds [KVH, D] f32 starting at p · cache_row_stride
-/// floats (cache_row_stride ≥ KVH·D). out: [t, H, D] f32, must not alias q or the caches.
+/// q: [t, H, D] f32, row i at position start_pos + i. cache: rows 0 … start_pos + t − 1 must be filled
+/// (including this call's own keys/values). out: [t, H, D] f32, must not alias q or the caches.
 /// A call of t ≥ kMinBlockedPrefillRows rows whose keys are not split (below) runs blocked: a block of rows × the
 /// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel
 /// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
 /// reads each key/value row once for all H/KVH query heads that share it. When there are fewer such items than
 /// twice the threads (a decode step with few KV heads), each item's keys are split into attention_key_splits()
 /// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
+/// 16-bit rows are widened a few keys at a time into an fp32 scratch that stays in L1 (decode), or once per call
+/// per KV head (blocked prefill), so every path runs the fp32 arithmetic on the rounded values.
 /// Throws UsageError on null pointers or inconsistent sizes.
+void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
+               float* out);
+/// The same over an fp32 cache: keys and values rows of cache_row_stride floats.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
 

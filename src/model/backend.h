@@ -133,7 +133,7 @@ class Backend {
   /// Throws UnsupportedError naming `layer` when this backend's attention cannot run `op`'s shape (head_dim).
   virtual void check_attention(const AttentionOp& op, const std::string& layer) const = 0;
   /// A KV cache of `max_slots` sequences × `max_seq_len` positions with its keys and values in this backend's
-  /// memory ([slot][layer][position][kv_heads · D] fp32). Throws UsageError on bad sizes, DeviceError when it
+  /// memory ([slot][layer][position][kv_heads · D]; fp32 on the GPU, the CPU backend's element otherwise). Throws UsageError on bad sizes, DeviceError when it
   /// does not fit.
   virtual KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
                              int max_slots) const = 0;
@@ -218,8 +218,8 @@ class Backend {
   virtual void run_decode(const std::function<void()>& work) { work(); }
 };
 
-/// The CPU backend (cpu_backend.h).
-std::unique_ptr<Backend> make_cpu_backend();
+/// The CPU backend (cpu_backend.h); its KV caches store `kv_element`s (--kv-cache-dtype).
+std::unique_ptr<Backend> make_cpu_backend(kernels::KvElement kv_element = kernels::KvElement::F32);
 /// The CUDA backend on GPU `ordinal` (cuda_backend.h). Throws UnsupportedError when this build has no CUDA
 /// backend, UsageError (the no-GPU message) when no usable GPU is found.
 std::unique_ptr<Backend> make_cuda_backend(int ordinal = 0);

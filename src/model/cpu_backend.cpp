@@ -41,7 +41,9 @@ const T& as(const B& handle, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(kernels::KvElement kv_element) {
+  return std::make_unique<CpuBackend>(kv_element);
+}
 
 std::unique_ptr<BackendLinear> CpuBackend::upload_linear(LinearGroup group) {
   auto w = std::make_unique<CpuLinear>();
@@ -89,7 +91,7 @@ void CpuBackend::check_attention(const AttentionOp& /*op*/, const std::string& /
 
 KvCache CpuBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
                                int max_slots) const {
-  return KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots);
+  return KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, kv_element_);
 }
 
 void CpuBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
@@ -160,8 +162,8 @@ void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const
   const int64_t row = cache_->row_stride();
   for (size_t r = 0; r < s.positions.size(); ++r) {
     const auto i = static_cast<int64_t>(r);
-    std::memcpy(cache_->key(s.slots[r], layer, s.positions[r]), k + i * k_stride, static_cast<size_t>(row) * sizeof(float));
-    std::memcpy(cache_->value(s.slots[r], layer, s.positions[r]), v + i * v_stride, static_cast<size_t>(row) * sizeof(float));
+    kernels::write_kv_row(k + i * k_stride, row, cache_->element(), cache_->key_data(s.slots[r], layer, s.positions[r]));
+    kernels::write_kv_row(v + i * v_stride, row, cache_->element(), cache_->value_data(s.slots[r], layer, s.positions[r]));
   }
 }
 
@@ -170,8 +172,7 @@ void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, i
   (void)step();
   const kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
                                         op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
-  kernels::attention(q, t, start_pos, cache_->key(slot, layer, 0), cache_->value(slot, layer, 0), cache_->row_stride(),
-                     params, out);
+  kernels::attention(q, t, start_pos, cache_->rows(slot, layer), params, out);
 }
 
 void CpuBackend::activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,

@@ -14,6 +14,7 @@ namespace fp4serve::model {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(kernels::KvElement kv_element = kernels::KvElement::F32) : kv_element_(kv_element) {}
   bool host_memory() const override { return true; }
   std::string name() const override { return "cpu"; }
 
@@ -60,6 +61,7 @@ class CpuBackend final : public Backend {
   std::vector<float> linear_scratch_;  // LinearGroup::forward's part buffer
   const FlatBatch* step_ = nullptr;
   KvCache* cache_ = nullptr;
+  kernels::KvElement kv_element_;
 };
 
 }  // namespace fp4serve::model

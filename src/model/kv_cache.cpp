@@ -7,8 +7,9 @@
 
 namespace fp4serve::model {
 
-KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots)
-    : layers_(num_layers), row_(num_kv_heads * head_dim), max_seq_len_(max_seq_len) {
+KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
+                 kernels::KvElement element)
+    : layers_(num_layers), row_(num_kv_heads * head_dim), element_(element), max_seq_len_(max_seq_len) {
   if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0 || max_seq_len <= 0 || max_slots <= 0) {
     throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {}, seq {}, slots {})",
                                  num_layers, num_kv_heads, head_dim, max_seq_len, max_slots));
@@ -18,7 +19,7 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
 
 KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
                  std::unique_ptr<KvStorage> storage)
-    : KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots) {
+    : KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, kernels::KvElement::F32) {
   if (storage == nullptr) throw UsageError("KvCache: backend storage is null");
   storage_ = std::move(storage);
 }
@@ -37,8 +38,9 @@ bool KvCache::acquire(int slot) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (s.in_use) return false;
   if (s.keys.empty() && storage_ == nullptr) {
-    s.keys.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
-    s.values.resize(static_cast<size_t>(layers_ * max_seq_len_ * row_));
+    const auto bytes = static_cast<size_t>(layers_ * max_seq_len_ * row_ * kernels::kv_element_bytes(element_));
+    s.keys.resize(bytes);
+    s.values.resize(bytes);
   }
   s.in_use = true;
   return true;
@@ -62,16 +64,36 @@ namespace {
   throw UsageError("KvCache: this cache's keys and values live in a backend's memory (a GPU cache); the CPU "
                    "decoder cannot use it");
 }
+[[noreturn]] void throw_not_fp32(kernels::KvElement element) {
+  throw UsageError(fmt::format("KvCache: key()/value() give fp32 rows but this cache stores {} (use key_data/rows)",
+                               kernels::kv_element_name(element)));
+}
 }  // namespace
 
-float* KvCache::key(int slot, int64_t layer, int64_t position) {
+void* KvCache::key_data(int slot, int64_t layer, int64_t position) {
   if (storage_ != nullptr) throw_backend_storage();
-  return slots_[static_cast<size_t>(slot)].keys.data() + (layer * max_seq_len_ + position) * row_;
+  return slots_[static_cast<size_t>(slot)].keys.data() +
+         (layer * max_seq_len_ + position) * row_ * kernels::kv_element_bytes(element_);
+}
+
+void* KvCache::value_data(int slot, int64_t layer, int64_t position) {
+  if (storage_ != nullptr) throw_backend_storage();
+  return slots_[static_cast<size_t>(slot)].values.data() +
+         (layer * max_seq_len_ + position) * row_ * kernels::kv_element_bytes(element_);
+}
+
+float* KvCache::key(int slot, int64_t layer, int64_t position) {
+  if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
+  return static_cast<float*>(key_data(slot, layer, position));
 }
 
 float* KvCache::value(int slot, int64_t layer, int64_t position) {
-  if (storage_ != nullptr) throw_backend_storage();
-  return slots_[static_cast<size_t>(slot)].values.data() + (layer * max_seq_len_ + position) * row_;
+  if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
+  return static_cast<float*>(value_data(slot, layer, position));
+}
+
+kernels::KvRows KvCache::rows(int slot, int64_t layer) {
+  return kernels::KvRows{key_data(slot, layer, 0), value_data(slot, layer, 0), row_, element_};
 }
 
 }  // namespace fp4serve::model

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Per-sequence key/value cache. A slot holds one sequence's keys and values for every layer, fp32,
-// laid out [layer][position][kv_heads · head_dim] so attention reads each position's row contiguously.
+// Per-sequence key/value cache. A slot holds one sequence's keys and values for every layer, as fp32, bf16 or
+// fp16 elements (kernels::KvElement, --kv-cache-dtype), laid out [layer][position][kv_heads · head_dim] so
+// attention reads each position's row contiguously.
 // The slot bookkeeping is the same for every backend; the storage is host memory here, or a backend's own
 // (KvStorage: the GPU decoder keeps the same layout in device memory).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "kernels/attention.h"
 
 namespace fp4serve::model {
 
@@ -20,11 +24,12 @@ class KvStorage {
 
 class KvCache {
  public:
-  /// `max_slots` sequences of up to `max_seq_len` positions each. Memory is allocated when a slot is first
-  /// acquired and kept for reuse. Throws UsageError on non-positive sizes.
-  KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots);
-  /// The same bookkeeping with the keys and values in `storage` (non-null) instead of host memory: key() and
-  /// value() then throw UsageError.
+  /// `max_slots` sequences of up to `max_seq_len` positions each, stored as `element`s. Memory is allocated
+  /// when a slot is first acquired and kept for reuse. Throws UsageError on non-positive sizes.
+  KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
+          kernels::KvElement element = kernels::KvElement::F32);
+  /// The same bookkeeping with the keys and values in `storage` (non-null) instead of host memory: key(),
+  /// value() and rows() then throw UsageError.
   KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
           std::unique_ptr<KvStorage> storage);
 
@@ -39,15 +44,22 @@ class KvCache {
   int free_slots() const;
   int max_slots() const { return static_cast<int>(slots_.size()); }
   int64_t max_seq_len() const { return max_seq_len_; }
-  /// Floats between consecutive positions (kv_heads · head_dim).
+  /// Elements between consecutive positions (kv_heads · head_dim).
   int64_t row_stride() const { return row_; }
+  kernels::KvElement element() const { return element_; }
 
   int64_t num_layers() const { return layers_; }
 
-  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired) in host memory.
-  /// Throws UsageError when the cache's storage belongs to a backend (storage() is non-null).
+  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired) in host memory,
+  /// row_stride() elements of element(). Throws UsageError when the cache's storage belongs to a backend
+  /// (storage() is non-null).
+  void* key_data(int slot, int64_t layer, int64_t position);
+  void* value_data(int slot, int64_t layer, int64_t position);
+  /// The same rows of an fp32 cache as floats; also throws UsageError when element() is not F32.
   float* key(int slot, int64_t layer, int64_t position);
   float* value(int slot, int64_t layer, int64_t position);
+  /// `layer`'s rows of `slot` as attention reads them (positions from 0). Throws as key_data.
+  kernels::KvRows rows(int slot, int64_t layer);
 
   /// The backend storage, or nullptr for a host cache.
   KvStorage* storage() const { return storage_.get(); }
@@ -55,11 +67,12 @@ class KvCache {
  private:
   struct Slot {
     bool in_use = false;
-    std::vector<float> keys;
-    std::vector<float> values;
+    std::vector<std::byte> keys;
+    std::vector<std::byte> values;
   };
   int64_t layers_;
   int64_t row_;
+  kernels::KvElement element_ = kernels::KvElement::F32;
   int64_t max_seq_len_;
   std::vector<Slot> slots_;
   std::unique_ptr<KvStorage> storage_;

@@ -53,6 +53,26 @@ PrepareOptions prepare_options(const LoadOptions& options) {
 
 }  // namespace
 
+kernels::KvElement resolve_kv_cache_dtype(const std::string& choice, const std::string& device,
+                                          const std::string& model_dtype) {
+  const bool gpu = device == "cuda";
+  if (choice == "auto") {
+    if (gpu) return kernels::KvElement::F32;
+    if (model_dtype == "bfloat16") return kernels::KvElement::Bf16;
+    if (model_dtype == "float16") return kernels::KvElement::F16;
+    return kernels::KvElement::F32;
+  }
+  if (choice == "fp32") return kernels::KvElement::F32;
+  if (choice != "bf16" && choice != "fp16") {
+    throw UsageError(fmt::format("--kv-cache-dtype: '{}' is not auto, fp32, bf16 or fp16", choice));
+  }
+  if (gpu) {
+    throw UsageError(fmt::format("--kv-cache-dtype {}: the GPU backend keeps an fp32 KV cache (use auto or fp32 with "
+                                 "--device cuda)", choice));
+  }
+  return choice == "bf16" ? kernels::KvElement::Bf16 : kernels::KvElement::F16;
+}
+
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
@@ -64,12 +84,15 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
                                  "GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
                                  options.activation_precision, options.lm_head_dtype));
   }
+  (void)resolve_kv_cache_dtype(options.kv_cache_dtype, options.device, "");  // refuses a bad choice now
   plan::PlanOptions plan_options;
   plan_options.device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
-  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(options.cuda_device) : make_cpu_backend();
+  std::unique_ptr<Backend> backend = options.device == "cuda" ? make_cuda_backend(options.cuda_device) : nullptr;
   if (options.threads > 0) core::set_num_threads(options.threads);
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
+  loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, options.device, loaded.config.dtype);
+  if (backend == nullptr) backend = make_cpu_backend(loaded.kv_element);
 
   plan_options.activation_quant = plan::parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);

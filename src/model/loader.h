@@ -30,6 +30,9 @@ struct LoadOptions {
   std::string activation_precision = "fp32";
   /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
   std::string lm_head_dtype = "bf16";
+  /// auto | fp32 | bf16 | fp16: the element type of the CPU KV cache (kernels::KvElement); auto follows the
+  /// checkpoint's dtype (resolve_kv_cache_dtype).
+  std::string kv_cache_dtype = "auto";
   LoadProgressCallback progress;          ///< loading progress reports (empty: none); the library prints nothing
   /// Tensor parallelism (plan/shard.h): this process loads and runs rank `rank`'s shard of
   /// `tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank. nullptr = 1.
@@ -45,7 +48,15 @@ struct LoadedModel {
   std::unique_ptr<Decoder> decoder;   ///< the model on its backend (CPU, or CUDA for --device cuda)
   std::vector<std::string> warnings;  ///< plan warnings (downgrades), for the caller to show (the CLI: unless -q)
   double load_seconds = 0.0;
+  kernels::KvElement kv_element = kernels::KvElement::F32;  ///< what the decoder's KV caches store
 };
+
+/// --kv-cache-dtype `choice` (auto | fp32 | bf16 | fp16) on `device` (LoadOptions::device) as a cache element.
+/// auto follows the checkpoint's `model_dtype` (ModelConfig::dtype) as vLLM's `auto` does: bfloat16 → Bf16,
+/// float16 → F16, anything else (float32, absent) → F32; the GPU backend's cache is fp32, so auto is F32 there and
+/// bf16 / fp16 with device "cuda" are refused. Throws UsageError naming the option for any other choice.
+kernels::KvElement resolve_kv_cache_dtype(const std::string& choice, const std::string& device,
+                                          const std::string& model_dtype);
 
 /// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation

@@ -123,6 +123,9 @@ ModelConfig parse_model_config(const json& c) {
     throw UnsupportedError(fmt::format("config.json: hidden_act '{}' is not supported for {} (expected silu)", act,
                                        m.architecture_name));
   }
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (m.dtype.empty() && c.contains(key) && c[key].is_string()) m.dtype = c[key].get<std::string>();
+  }
   m.hidden_size = d.hidden_size;
   m.intermediate_size = d.intermediate_size;
   m.num_layers = d.num_hidden_layers;

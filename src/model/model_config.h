@@ -53,6 +53,9 @@ struct ModelConfig {
   std::vector<int64_t> layer_sliding_window;
   bool attention_sinks = false;   ///< GPT-OSS: `self_attn.sinks` [num_heads] join each softmax
   bool tie_word_embeddings = false;
+  /// config.json `dtype` (transformers ≥ 4.56) or `torch_dtype`: the dtype the model was saved and is usually run
+  /// in ("bfloat16", "float16", "float32"), "" when absent. --kv-cache-dtype auto follows it.
+  std::string dtype;
   bool attention_bias = false;    ///< q/k/v (and o when `attention_bias` says so for Llama) carry biases
   bool o_proj_bias = false;
   bool mlp_bias = false;

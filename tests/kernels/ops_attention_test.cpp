@@ -2,11 +2,15 @@
 // attention() against a float64 causal attention written here: GQA ratios 1 to 8; decode (t = 1 at
 // start_pos 37 and at 3000); prefill t = 19 from 0 and a chunk from 23; the blocked prefill (t ≥
 // kMinBlockedPrefillRows) over head dims with and without a column tail; sliding window; GPT-OSS sinks; key
-// ranges split across threads and merged.
+// ranges split across threads and merged; the same shapes over bf16 and fp16 caches (the reference reads the
+// values quant:: rounds them to, so only the kernels' widening and arithmetic are under test), and
+// write_kv_row's vector rounding against quant::'s scalar one bit for bit.
 // Cache rows past start_pos + t and the padding of each cache row hold NaN, so reading anything outside the
 // causal window shows up as a NaN output.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <vector>
 
@@ -16,6 +20,7 @@
 #include "fp4serve/error.h"
 #include "kernels/ops_test_util.h"
 #include "kernels/attention.h"
+#include "quant/formats.h"
 
 namespace fp4serve::kernels {
 namespace {
@@ -27,7 +32,32 @@ using testing::random_nonzero;
 struct Case {
   int64_t heads, kv_heads, head_dim, t, start_pos, window;
   bool sinks;
+  KvElement element = KvElement::F32;
 };
+
+// x as the cache element's value (quant::'s scalar rounding, independent of the kernels' vector code).
+float rounded_to(KvElement element, float x) {
+  switch (element) {
+    case KvElement::F32: return x;
+    case KvElement::Bf16: return quant::bf16_to_float(quant::float_to_bf16(x));
+    case KvElement::F16: return quant::f16_to_float(quant::float_to_f16(x));
+  }
+  return x;
+}
+
+// The cache rows in `element` bits (NaN stays NaN: the poison).
+std::vector<uint16_t> as_cache(const std::vector<float>& x, KvElement element) {
+  std::vector<uint16_t> out(x.size() * static_cast<size_t>(kv_element_bytes(element)) / 2);
+  auto* f32 = reinterpret_cast<float*>(out.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    switch (element) {
+      case KvElement::F32: f32[i] = x[i]; break;
+      case KvElement::Bf16: out[i] = quant::float_to_bf16(x[i]); break;
+      case KvElement::F16: out[i] = quant::float_to_f16(x[i]); break;
+    }
+  }
+  return out;
+}
 
 std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                                   int64_t stride, const Case& c, float scale, const std::vector<float>& sinks) {
@@ -61,7 +91,8 @@ std::vector<double> attention_ref(const std::vector<float>& q, const std::vector
 
 void run_case(const Case& c) {
   SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " t " << c.t
-                                    << " start " << c.start_pos << " window " << c.window << " sinks " << c.sinks);
+                                    << " start " << c.start_pos << " window " << c.window << " sinks " << c.sinks
+                                    << " element " << kv_element_name(c.element));
   const int64_t H = c.heads, KVH = c.kv_heads, D = c.head_dim;
   const int64_t stride = KVH * D + 5;  // padded rows
   const int64_t filled = c.start_pos + c.t;
@@ -73,16 +104,20 @@ void run_case(const Case& c) {
   const std::vector<float> kr = random_nonzero(filled * KVH * D, seed + 1, 0.05f, 1.5f);
   const std::vector<float> vr = random_nonzero(filled * KVH * D, seed + 2);
   for (int64_t p = 0; p < filled; ++p) {
-    std::copy_n(kr.begin() + p * KVH * D, KVH * D, k.begin() + p * stride);
-    std::copy_n(vr.begin() + p * KVH * D, KVH * D, v.begin() + p * stride);
+    for (int64_t e = 0; e < KVH * D; ++e) {
+      k[p * stride + e] = rounded_to(c.element, kr[p * KVH * D + e]);
+      v[p * stride + e] = rounded_to(c.element, vr[p * KVH * D + e]);
+    }
   }
+  const std::vector<uint16_t> k_cache = as_cache(k, c.element), v_cache = as_cache(v, c.element);
   const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<double> ref = attention_ref(q, k, v, stride, c, scale, sinks);
   AttentionParams params{H, KVH, D, scale, c.window, c.sinks ? sinks.data() : nullptr};
   for_each_simd_target([&] {
     std::vector<float> out = poisoned(c.t * H * D);
-    attention(q.data(), c.t, c.start_pos, k.data(), v.data(), stride, params, out.data());
+    attention(q.data(), c.t, c.start_pos, KvRows{k_cache.data(), v_cache.data(), stride, c.element}, params,
+              out.data());
     for (size_t i = 0; i < out.size(); ++i) {
       // |v| ≤ 1 and the weights sum to ≤ 1: fp32 scores/exp/accumulation give ~1e-6 absolute error.
       ASSERT_NEAR(out[i], ref[i], 3e-6) << "element " << i << " (row " << i / (H * D) << ", head "
@@ -166,6 +201,72 @@ TEST(Attention, KeyRangesSplitAcrossThreadsMergeExactly) {
     run_case(c);
   }
   omp_set_num_threads(saved);
+}
+
+// 16-bit caches: decode row by row (one and several chunks of widened keys, head dims with a vector tail and
+// below one vector), split key ranges, the blocked prefill (widened keys packed, values widened per call), and
+// windows with sinks.
+TEST(Attention, SixteenBitCaches) {
+  const int saved = omp_get_max_threads();
+  for (KvElement element : {KvElement::Bf16, KvElement::F16}) {
+    omp_set_num_threads(1);
+    run_case({9, 3, 64, 1, 37, 0, false, element});
+    run_case({8, 2, 64, 1, 700, 0, true, element});    // 11 chunks of 64 keys
+    run_case({6, 2, 20, 1, 150, 0, false, element});   // D = 20: 16 lanes + a scalar tail (AVX-512)
+    run_case({3, 3, 8, 1, 90, 0, false, element});     // D = 8: scalar widening on AVX-512
+    run_case({9, 3, 80, 1, 300, 0, false, element});   // chunk of 48 keys
+    run_case({16, 1, 128, 1, 77, 0, true, element});
+    run_case({6, 2, 20, 1, 37, 7, false, element});    // decode in a window
+    run_case({9, 3, 64, 77, 0, 0, false, element});    // blocked prefill
+    run_case({8, 2, 80, 61, 40, 0, true, element});    // a chunk after cached keys, column tail
+    run_case({6, 2, 64, 70, 13, 37, true, element});   // window and sinks
+    omp_set_num_threads(8);
+    run_case({3, 1, 24, 1, 300, 0, false, element});   // key ranges split and merged
+    run_case({9, 3, 64, 17, 5, 0, false, element});    // blocked prefill on many threads
+  }
+  omp_set_num_threads(saved);
+}
+
+// The vector rounding (bf16 by integer arithmetic, fp16 by F16C where present) agrees bit for bit with quant::'s
+// scalar one: random magnitudes over the whole range, exact halfway ties both ways, subnormals, values that
+// round to ±inf (fp16 above 65504), ±0, ±inf and NaN, in lengths with and without a vector tail.
+TEST(Attention, WriteKvRowRoundsLikeQuant) {
+  std::vector<float> x = random_nonzero(1000, 17, 1e-3f, 1.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
+    if (i % 3 == 0) x[i] = -x[i];
+  }
+  for (uint32_t m : {0x3F808000u, 0x3F818000u, 0x3F800001u, 0xBF808000u, 0x3F801000u, 0x3F803000u}) {
+    x.push_back(std::bit_cast<float>(m));  // bf16 ties (…8000) to even and odd, fp16 ties (…1000 / …3000)
+  }
+  for (float s : {0.0f, -0.0f, 1e-40f, -3e-39f, 6e-8f, 3e-5f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 3.4e38f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+    x.push_back(s);
+  }
+  for (KvElement element : {KvElement::Bf16, KvElement::F16}) {
+    for (size_t n : {x.size(), size_t{13}, size_t{16}}) {
+      const std::vector<float> part(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
+      for_each_simd_target([&] {
+        std::vector<uint16_t> got(n, 0xAAAA);
+        write_kv_row(part.data(), static_cast<int64_t>(n), element, got.data());
+        for (size_t i = 0; i < n; ++i) {
+          const uint16_t want = element == KvElement::Bf16 ? quant::float_to_bf16(part[i]) : quant::float_to_f16(part[i]);
+          if (std::isnan(part[i])) {
+            const float back = element == KvElement::Bf16 ? quant::bf16_to_float(got[i]) : quant::f16_to_float(got[i]);
+            EXPECT_TRUE(std::isnan(back)) << kv_element_name(element) << " element " << i;
+            EXPECT_EQ(got[i] & 0x8000, want & 0x8000) << "NaN sign, element " << i;
+          } else {
+            ASSERT_EQ(got[i], want) << kv_element_name(element) << " element " << i << " = " << part[i];
+          }
+        }
+      });
+    }
+  }
+  std::vector<float> copy(5);
+  const float src[5] = {1.5f, -2.25f, 3e-39f, 7.0f, -0.0f};
+  write_kv_row(src, 5, KvElement::F32, copy.data());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(std::bit_cast<uint32_t>(copy[i]), std::bit_cast<uint32_t>(src[i]));
 }
 
 TEST(Attention, KeySplitsOnlyWhenThreadsOutnumberItems) {

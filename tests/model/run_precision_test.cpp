@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// The run-time approximations of LoadOptions (activation_precision = int8, lm_head_dtype = fp8 | int8) on the
-// reference fixtures: logits of both prompts against transformers' fp32 golden within a bound that covers the
-// approximation, and different from the exact path's logits (the option must reach the kernels). Bounds, relative
-// to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
+// The run-time approximations of LoadOptions (activation_precision = int8, lm_head_dtype = fp8 | int8,
+// kv_cache_dtype = bf16 | fp16 | auto) on the reference fixtures: logits of both prompts against transformers'
+// fp32 golden within a bound that covers the approximation, and different from the exact path's logits (the
+// option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
 // error per linear of ≤ Σ|w|·d/2 (kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row lm_head
 // copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
-// measured 2.9–3.0e-2, bound 4e-2).
+// measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)
+// of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. The exact
+// path runs an fp32 cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +36,7 @@ std::vector<float> prompt_logits(const LoadedModel& loaded, const std::vector<in
 struct PrecisionCase {
   std::string fixture, activation_precision, lm_head_dtype;
   double tolerance;  // max|Δ| vs the golden, relative to max|golden logit|
+  std::string kv_cache_dtype = "fp32";
 };
 
 class RunPrecision : public ::testing::TestWithParam<PrecisionCase> {};
@@ -43,9 +46,11 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
   LoadOptions exact_options;
+  exact_options.kv_cache_dtype = "fp32";
   LoadOptions options = exact_options;
   options.activation_precision = c.activation_precision;
   options.lm_head_dtype = c.lm_head_dtype;
+  options.kv_cache_dtype = c.kv_cache_dtype;
   const LoadedModel exact = load_model(dir, exact_options);
   const LoadedModel approx = load_model(dir, options);
   const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
@@ -77,9 +82,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
                                            PrecisionCase{"qwen3-nvfp4a16", "int8", "bf16", 5e-3},
                                            PrecisionCase{"llama-bf16", "fp32", "int8", 1.2e-2},
                                            PrecisionCase{"llama-bf16", "fp32", "fp8", 4e-2},
-                                           PrecisionCase{"llama-nvfp4a16", "int8", "int8", 1.2e-2}),
+                                           PrecisionCase{"llama-nvfp4a16", "int8", "int8", 1.2e-2},
+                                           PrecisionCase{"llama-bf16", "fp32", "bf16", 3e-3, "bf16"},
+                                           PrecisionCase{"llama-nvfp4a16", "fp32", "bf16", 3e-3, "auto"},
+                                           PrecisionCase{"qwen3-nvfp4a16", "fp32", "bf16", 3e-3, "fp16"},
+                                           PrecisionCase{"mixtral-nvfp4a16", "fp32", "bf16", 3e-3, "bf16"}),
                          [](const ::testing::TestParamInfo<PrecisionCase>& p) {
-                           std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" + p.param.lm_head_dtype;
+                           std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" +
+                                           p.param.lm_head_dtype + "_kv_" + p.param.kv_cache_dtype;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
@@ -91,6 +101,39 @@ TEST(RunPrecision, UnknownChoicesAreUsageErrors) {
   options.activation_precision = "fp32";
   options.lm_head_dtype = "fp4";
   EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
+  options.lm_head_dtype = "bf16";
+  options.kv_cache_dtype = "fp8";
+  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
+}
+
+// auto follows the checkpoint's dtype on the CPU (as vLLM's auto), and is fp32 on the GPU, whose cache is fp32;
+// a 16-bit choice for the GPU is refused rather than ignored.
+TEST(RunPrecision, KvCacheDtypeChoices) {
+  using kernels::KvElement;
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "bfloat16"), KvElement::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float16"), KvElement::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float32"), KvElement::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", ""), KvElement::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "sm90", "bfloat16"), KvElement::Bf16);  // plans only: the CPU runs
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cuda", "bfloat16"), KvElement::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cpu", "bfloat16"), KvElement::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp16", "cpu", "bfloat16"), KvElement::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype("bf16", "cpu", "float32"), KvElement::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cuda", ""), KvElement::F32);
+  EXPECT_THROW(resolve_kv_cache_dtype("bf16", "cuda", ""), UsageError);
+  EXPECT_THROW(resolve_kv_cache_dtype("fp16", "cuda", ""), UsageError);
+  EXPECT_THROW(resolve_kv_cache_dtype("f16", "cpu", ""), UsageError);
+  // The loaded model says what its caches store, and they store it.
+  LoadOptions options;
+  const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", options);
+  EXPECT_EQ(loaded.config.dtype, "bfloat16");
+  EXPECT_EQ(loaded.kv_element, KvElement::Bf16);
+  KvCache cache = loaded.decoder->make_cache(8, 1);
+  EXPECT_EQ(cache.element(), KvElement::Bf16);
+  const int slot = cache.acquire();
+  EXPECT_THROW(cache.key(slot, 0, 0), UsageError);  // fp32 rows only
+  EXPECT_EQ(static_cast<char*>(cache.key_data(slot, 0, 1)) - static_cast<char*>(cache.key_data(slot, 0, 0)),
+            cache.row_stride() * 2);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -16,8 +17,36 @@
 
 namespace fp4serve::kernels {
 
+int64_t kv_element_bytes(KvElement element) {
+  switch (element) {
+    case KvElement::F32: return 4;
+    case KvElement::Bf16:
+    case KvElement::F16: return 2;
+  }
+  return 4;
+}
+
+std::string_view kv_element_name(KvElement element) {
+  switch (element) {
+    case KvElement::F32: return "fp32";
+    case KvElement::Bf16: return "bf16";
+    case KvElement::F16: return "fp16";
+  }
+  return "?";
+}
+
+void write_kv_row(const float* src, int64_t n, KvElement element, void* dst) {
+  cpu::store_kv_row(src, n, element, dst);
+}
+
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-               int64_t cache_row_stride, const AttentionParams& p, float* out) {
+               int64_t cache_row_stride, const AttentionParams& params, float* out) {
+  attention(q, t, start_pos, KvRows{k_cache, v_cache, cache_row_stride, KvElement::F32}, params, out);
+}
+
+void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
+               float* out) {
+  const int64_t cache_row_stride = cache.row_stride;
   const int64_t heads = p.num_heads;
   const int64_t kv_heads = p.num_kv_heads;
   const int64_t d = p.head_dim;
@@ -31,10 +60,14 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
         t, start_pos, p.sliding_window, cache_row_stride, kv_heads * d));
   }
   if (t == 0) return;
-  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
+  if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
     throw UsageError("attention: null pointer");
   }
   const int64_t group = heads / kv_heads;
+  // KV head kvh's part of each cache row starts kvh · d elements in.
+  const auto* k_bytes = static_cast<const std::byte*>(cache.keys);
+  const auto* v_bytes = static_cast<const std::byte*>(cache.values);
+  const int64_t head_bytes = d * kv_element_bytes(cache.element);
   const int64_t total = start_pos + t;
   const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
   const auto keys_of = [&](int64_t i) {
@@ -44,7 +77,7 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
   };
   const int64_t splits = attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
   if (splits == 1 && t >= kMinBlockedPrefillRows &&
-      cpu::prefill_attention(q, t, start_pos, k_cache, v_cache, cache_row_stride, p, out)) {
+      cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
     return;
   }
   if (splits == 1) {
@@ -57,9 +90,9 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
         for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
           const auto [lo, hi] = keys_of(i);
           const int64_t h0 = kvh * group;
-          cpu::attend_group(q + (i * heads + h0) * d, group, d, k_cache + kvh * d, v_cache + kvh * d,
-                            cache_row_stride, lo, hi, p.scale, p.sinks != nullptr ? p.sinks + h0 : nullptr,
-                            scores.data(), out + (i * heads + h0) * d);
+          cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
+                            cache.element, cache_row_stride, lo, hi, p.scale,
+                            p.sinks != nullptr ? p.sinks + h0 : nullptr, scores.data(), out + (i * heads + h0) * d);
         }
       }
     }
@@ -88,8 +121,9 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
           continue;
         }
         const int64_t h0 = kvh * group;
-        cpu::attend_group(q + (i * heads + h0) * d, group, d, k_cache + kvh * d, v_cache + kvh * d, cache_row_stride,
-                          c_lo, c_hi, p.scale, nullptr, scores.data(), part, part + group * d);
+        cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
+                          cache.element, cache_row_stride, c_lo, c_hi, p.scale, nullptr, scores.data(), part,
+                          part + group * d);
       }
     }
   }

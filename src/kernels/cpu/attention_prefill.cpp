@@ -5,7 +5,8 @@
 // panel GEMM's micro-kernel reaches. Here a block of query rows × the heads of one KV head is a small matrix Q,
 // and both products of attention are GEMMs on the shared micro-kernel (gemm_micro-inl.h):
 //   S = Q · Kᵀ   with the keys of the KV head packed once per call as panels [D][kNR] (K transposed),
-//   O = P · V    with the value rows read straight from the cache (row stride = the cache row stride),
+//   O = P · V    with the value rows read straight from an fp32 cache (row stride = the cache row stride), or
+//                from a 16-bit cache's rows widened once per call,
 // the softmax between them over each row's own causal (or windowed) key range, masked keys getting P = 0.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_prefill.cpp"
@@ -19,6 +20,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm_micro-inl.h"
+#include "kernels/cpu/kv_rows-inl.h"
 #include "kernels/cpu/simd.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -28,8 +30,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if !FP4SERVE_PANEL_TARGET
 
-bool PrefillAttentionImpl(const float*, int64_t, int64_t, const float*, const float*, int64_t, const AttentionParams&,
-                          float*) {
+bool PrefillAttentionImpl(const float*, int64_t, int64_t, const KvRows&, const AttentionParams&, float*) {
   return false;
 }
 
@@ -41,15 +42,20 @@ using kernels::HWY_NAMESPACE::micro::kMR;
 using kernels::HWY_NAMESPACE::micro::kNR;
 using kernels::HWY_NAMESPACE::micro::MicroDispatch;
 using kernels::HWY_NAMESPACE::micro::Scratch;
+namespace kv = kernels::HWY_NAMESPACE::kv;
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-                          int64_t stride, const AttentionParams& p, float* out) {
+bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
+                          float* out) {
   if (hn::Lanes(DF()) != static_cast<size_t>(kLanes)) return false;  // an SVE length the panels do not assume
   const DF df;
   const int64_t heads = p.num_heads, kv_heads = p.num_kv_heads, d = p.head_dim, group = heads / kv_heads;
   const int64_t total = start_pos + t;
+  const int64_t stride = cache.row_stride;
+  const bool in_place = cache.element == KvElement::F32;  // else 16-bit rows, widened to fp32 below
+  const auto* k16 = static_cast<const uint16_t*>(cache.keys);
+  const auto* v16 = static_cast<const uint16_t*>(cache.values);
   // Query rows per block: as many as keep rows × group ≤ kMR, so that one micro-kernel call covers the block, but
   // fewer when that would leave less than two blocks × KV heads per thread.
   const int64_t threads = omp_get_max_threads();
@@ -73,18 +79,35 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
   float* kt = Scratch(kt_buf, kt_cap, static_cast<size_t>(kv_heads * key_panels * d * kNR));
   // Panel of key panel index b (keys [b·kNR, (b + 1)·kNR)) of KV head kvh, b ≥ first_panel.
   const auto panel_of = [&](int64_t kvh, int64_t b) { return kt + (kvh * key_panels + b - first_panel) * d * kNR; };
+  // A 16-bit cache's values widened once per call: [KV heads][total][d] fp32, rows from the first packed key on.
+  static thread_local hwy::AlignedFreeUniquePtr<float[]> vt_buf;
+  static thread_local size_t vt_cap = 0;
+  float* vt = in_place ? nullptr : Scratch(vt_buf, vt_cap, static_cast<size_t>(kv_heads * total * d));
 
 #pragma omp parallel
   {
     // K of each KV head as panels: panel b holds keys [b·kNR, (b + 1)·kNR) as [d][kNR], zeros past the last key.
+    // A 16-bit cache's keys are widened kNR rows at a time first; its values go to vt.
+    static thread_local hwy::AlignedFreeUniquePtr<float[]> row_buf;
+    static thread_local size_t row_cap = 0;
+    float* rows_f32 = in_place ? nullptr : Scratch(row_buf, row_cap, static_cast<size_t>(kNR * d));
 #pragma omp for schedule(static) collapse(2)
     for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
       for (int64_t b = first_panel; b < first_panel + key_panels; ++b) {
         float* panel = panel_of(kvh, b);
         const int64_t keys = std::min(kNR, total - b * kNR);
         if (keys < kNR) std::fill(panel, panel + d * kNR, 0.0f);
+        const float* key0 = static_cast<const float*>(cache.keys) + b * kNR * stride + kvh * d;
+        int64_t key_stride = stride;
+        if (!in_place) {
+          kv::WidenRows(k16 + b * kNR * stride + kvh * d, cache.element, stride, keys, keys, d, rows_f32);
+          key0 = rows_f32;
+          key_stride = d;
+          kv::WidenRows(v16 + b * kNR * stride + kvh * d, cache.element, stride, keys, keys, d,
+                        vt + (kvh * total + b * kNR) * d);
+        }
         for (int64_t l = 0; l < keys; ++l) {
-          const float* key = k_cache + (b * kNR + l) * stride + kvh * d;
+          const float* key = key0 + l * key_stride;
           for (int64_t e = 0; e < d; ++e) panel[e * kNR + l] = key[e];
         }
       }
@@ -145,18 +168,20 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const fl
       // O = P · V over the block's keys [lo_min, hi_max]; full kNR-wide column chunks on the micro-kernel.
       const int64_t span = hi_max - lo_min + 1;
       const float* pv = s + (lo_min - j0);
-      const float* v0 = v_cache + lo_min * stride + kvh * d;
+      const float* v0 = in_place ? static_cast<const float*>(cache.values) + lo_min * stride + kvh * d
+                                 : vt + (kvh * total + lo_min) * d;
+      const int64_t v_stride = in_place ? stride : d;
       int64_t e0 = 0;
       for (; e0 + kNR <= d; e0 += kNR) {
         for (int64_t n0 = 0; n0 < nq; n0 += kMR) {
-          MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), pv + n0 * lds, lds, v0 + e0, stride, span,
+          MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), pv + n0 * lds, lds, v0 + e0, v_stride, span,
                         o + n0 * d + e0, d, /*load_c=*/false);
         }
       }
       if (e0 < d) {  // head dims that are not a multiple of kNR: the last columns one value row at a time
         for (int64_t n = 0; n < nq; ++n) std::fill(o + n * d + e0, o + n * d + d, 0.0f);
         for (int64_t j = 0; j < span; ++j) {
-          const float* vj = v0 + j * stride;
+          const float* vj = v0 + j * v_stride;
           for (int64_t n = 0; n < nq; ++n) {
             const float w = pv[n * lds + j];
             for (int64_t e = e0; e < d; ++e) o[n * d + e] += w * vj[e];
@@ -186,9 +211,9 @@ namespace fp4serve::kernels::cpu {
 
 HWY_EXPORT(PrefillAttentionImpl);
 
-bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-                       int64_t stride, const AttentionParams& params, float* out) {
-  return HWY_DYNAMIC_DISPATCH(PrefillAttentionImpl)(q, t, start_pos, k_cache, v_cache, stride, params, out);
+bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
+                       float* out) {
+  return HWY_DYNAMIC_DISPATCH(PrefillAttentionImpl)(q, t, start_pos, cache, params, out);
 }
 
 }  // namespace fp4serve::kernels::cpu

@@ -43,23 +43,26 @@ void fwht(float* x, int64_t n, int64_t block, float scale);
 /// x_blk ← x_blk · M for each `block`-wide slice of x[0..n); matrix [block, block] row-major; scratch [block].
 void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch);
 
+/// write_kv_row (attention.h), vectorized.
+void store_kv_row(const float* src, int64_t n, KvElement element, void* dst);
+
 /// One query row of causal attention for the `group` query heads that share one KV head.
-/// q: [group, d] (the group's heads, contiguous); keys/values of cache row j start at k + j·stride and
-/// v + j·stride (already offset to this KV head); the row attends to cache rows [lo, hi].
+/// q: [group, d] (the group's heads, contiguous); keys/values of cache row j start `j·stride` elements of type
+/// `element` after k and v (already offset to this KV head); the row attends to cache rows [lo, hi].
 /// sinks: [group] extra logits in the softmax denominator, or nullptr. scores: scratch of group·(hi−lo+1).
 /// out: [group, d], overwritten.
 /// partial: nullptr for the softmax-weighted output above; otherwise [group, 2] receives each head's max score m
 /// and Σ_j exp(s_j − m) over [lo, hi], out gets the unnormalized Σ_j exp(s_j − m)·v_j, and sinks are ignored
 /// (the caller merges key ranges, sinks included: attention.cpp).
-void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
+void attend_group(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
+                  int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
                   float* partial = nullptr);
 
 /// attention() for a prefill of t rows (attention_prefill.cpp): blocks of query rows × the heads of one KV head
 /// as matrices, S = Q·Kᵀ and O = P·V on the panel GEMM's micro-kernel, keys packed once per call. Arguments as
 /// attention(), already validated. Returns false (and writes nothing) on targets without the micro-kernel
 /// (EMU128, an SVE length the panels do not assume); attention() then runs attend_group per row.
-bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-                       int64_t stride, const AttentionParams& params, float* out);
+bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
+                       float* out);
 
 }  // namespace fp4serve::kernels::cpu

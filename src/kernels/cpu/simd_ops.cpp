@@ -14,11 +14,14 @@
 #include <cmath>
 #include <cstdint>
 
+#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/gemm_micro-inl.h"
+#include "kernels/cpu/kv_rows-inl.h"
 #include "kernels/cpu/simd.h"
+#include "quant/formats.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels::cpu::HWY_NAMESPACE {
@@ -27,6 +30,7 @@ using DF = hn::ScalableTag<float>;
 #if FP4SERVE_PANEL_TARGET
 namespace micro = fp4serve::kernels::HWY_NAMESPACE::micro;
 #endif
+namespace kv = fp4serve::kernels::HWY_NAMESPACE::kv;
 
 // Two accumulators hide the FMA latency for head dims of 64–128 without spilling on 16-register AVX2.
 inline float dot_inline(DF d, const float* a, const float* b, int64_t n) {
@@ -301,20 +305,25 @@ HWY_INLINE VF SumsOfKeys(const VF (&a)[kBlockKeys]) {
 #endif
 }
 
-// scores[g · len + j] = scale · q_g · k_j for j in [0, len − len % kBlockKeys): a block of keys at a time, the
-// group's query held in registers one head at a time (the block's key rows stay in L1 across the heads), the next
-// block's rows prefetched. Returns the keys done (0 when d is not a multiple of the lanes).
+// scores[g · ld + j] = scale · q_g · k_j for j in [0, n − n % kBlockKeys), key j's row at k + j · stride: a block
+// of keys at a time, the group's query held in registers one head at a time (the block's key rows stay in L1 across
+// the heads), the next block's rows prefetched when `prefetch`. Returns the keys done (0 when d is not a multiple
+// of the lanes).
 HWY_INLINE int64_t ScoresByKeyBlocks(const float* q, int64_t group, int64_t d, const float* k, int64_t stride,
-                                     int64_t lo, int64_t len, float scale, float* scores) {
+                                     int64_t n, float scale, float* scores, int64_t ld, bool prefetch) {
   const DF df;
   constexpr int64_t kB = kBlockKeys;
   if (d % kB != 0) return 0;
   const auto vscale = hn::Set(df, scale);
   int64_t j0 = 0;
-  for (int64_t j = 0; j < std::min(kB, len); ++j) prefetch_row(k + (lo + j) * stride, d);
-  for (; j0 + kB <= len; j0 += kB) {
-    for (int64_t j = j0 + kB; j < std::min(j0 + 2 * kB, len); ++j) prefetch_row(k + (lo + j) * stride, d);  // next block
-    const float* k0 = k + (lo + j0) * stride;
+  if (prefetch) {
+    for (int64_t j = 0; j < std::min(kB, n); ++j) prefetch_row(k + j * stride, d);
+  }
+  for (; j0 + kB <= n; j0 += kB) {
+    if (prefetch) {
+      for (int64_t j = j0 + kB; j < std::min(j0 + 2 * kB, n); ++j) prefetch_row(k + j * stride, d);  // next block
+    }
+    const float* k0 = k + j0 * stride;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       VF acc[kB];
@@ -323,28 +332,106 @@ HWY_INLINE int64_t ScoresByKeyBlocks(const float* q, int64_t group, int64_t d, c
         const VF qc = hn::LoadU(df, qg + c);
         for (int64_t j = 0; j < kB; ++j) acc[j] = hn::MulAdd(qc, hn::LoadU(df, k0 + j * stride + c), acc[j]);
       }
-      hn::StoreU(hn::Mul(SumsOfKeys(acc), vscale), df, scores + g * len + j0);
+      hn::StoreU(hn::Mul(SumsOfKeys(acc), vscale), df, scores + g * ld + j0);
     }
   }
   return j0;
 }
 #endif
 
-// Scores for every (head, key) first so each key row is read once for the whole group (decode is bound by
-// reading the KV cache), then one softmax per head, then the value sum, again one pass over the value rows.
-void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                     int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
-                     float* partial) {
+// scores[g · ld + j] = scale · q_g · k_j for keys j in [0, n), key j's row at k + j · stride (fp32).
+HWY_INLINE void ScoreKeys(const float* q, int64_t group, int64_t d, const float* k, int64_t stride, int64_t n,
+                          float scale, float* scores, int64_t ld, bool prefetch) {
   const DF df;
-  const int64_t len = hi - lo + 1;
   int64_t j_done = 0;
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
-  j_done = ScoresByKeyBlocks(q, group, d, k, stride, lo, len, scale, scores);
+  j_done = ScoresByKeyBlocks(q, group, d, k, stride, n, scale, scores, ld, prefetch);
 #endif
-  for (int64_t j = j_done; j < len; ++j) {
-    const float* kj = k + (lo + j) * stride;
-    if (j + kPrefetchRows < len) prefetch_row(kj + kPrefetchRows * stride, d);
-    for (int64_t g = 0; g < group; ++g) scores[g * len + j] = dot_inline(df, q + g * d, kj, d) * scale;
+  for (int64_t j = j_done; j < n; ++j) {
+    const float* kj = k + j * stride;
+    if (prefetch && j + kPrefetchRows < n) prefetch_row(kj + kPrefetchRows * stride, d);
+    for (int64_t g = 0; g < group; ++g) scores[g * ld + j] = dot_inline(df, q + g * d, kj, d) * scale;
+  }
+}
+
+// out[g] += Σ_j scores[g · ld + j] · v_j over keys j in [0, n), value j's row at v + j · stride (fp32).
+HWY_INLINE void AccumulateValues(const float* scores, int64_t ld, int64_t group, int64_t d, const float* v,
+                                 int64_t stride, int64_t n, float* out, bool prefetch) {
+  const DF df;
+#if FP4SERVE_PANEL_TARGET
+  if (hn::Lanes(micro::DF()) == static_cast<size_t>(micro::kLanes)) {
+    // out[g][e0, e0 + kNR) += P[g][block] · V[block][e0, e0 + kNR) on the GEMM micro-kernel: the group's output
+    // stays in registers across a block of keys instead of one load and store per key, head and vector (axpy).
+    // Each block prefetches the next block's value rows first (rows of one KV head are a page apart: see
+    // kPrefetchRows).
+    using micro::kMR;
+    using micro::kNR;
+    const int64_t e_tail = d / kNR * kNR;  // columns from here on go through axpy
+    constexpr int64_t kKeyBlock = 64;
+    if (prefetch) {
+      for (int64_t j = 0; j < std::min(n, kKeyBlock); ++j) prefetch_row(v + j * stride, d);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+      const int64_t keys = std::min(kKeyBlock, n - j0);
+      if (prefetch) {
+        for (int64_t j = j0 + keys; j < std::min(n, j0 + keys + kKeyBlock); ++j) prefetch_row(v + j * stride, d);
+      }
+      const float* v0 = v + j0 * stride;
+      for (int64_t e0 = 0; e0 < e_tail; e0 += kNR) {
+        for (int64_t g0 = 0; g0 < group; g0 += kMR) {
+          micro::MicroDispatch(static_cast<int>(std::min(kMR, group - g0)), scores + g0 * ld + j0, ld, v0 + e0, stride,
+                               keys, out + g0 * d + e0, d, /*load_c=*/true);
+        }
+      }
+      for (int64_t j = j0; e_tail < d && j < j0 + keys; ++j) {
+        for (int64_t g = 0; g < group; ++g) {
+          axpy_inline(df, scores[g * ld + j], v + j * stride + e_tail, d - e_tail, out + g * d + e_tail);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * stride;
+    if (prefetch && j + kPrefetchRows < n) prefetch_row(vj + kPrefetchRows * stride, d);
+    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * ld + j], vj, d, out + g * d);
+  }
+}
+
+// Keys of a 16-bit cache widened to fp32 at a time: 16 KiB of rows (a multiple of the 16-key score blocks), which
+// stay in L1 from the widening to their use.
+inline int64_t WidenedChunkKeys(int64_t d) { return std::max<int64_t>(16, 4096 / d / 16 * 16); }
+
+// Scores for every (head, key) first so each key row is read once for the whole group (decode is bound by
+// reading the KV cache), then one softmax per head, then the value sum, again one pass over the value rows.
+// An fp32 cache is read in place; a 16-bit one is widened a chunk of rows at a time into an fp32 scratch.
+void AttendGroupImpl(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
+                     int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores,
+                     float* out, float* partial) {
+  const DF df;
+  const int64_t len = hi - lo + 1;
+  const bool in_place = element == KvElement::F32;
+  const int64_t chunk = WidenedChunkKeys(d);
+  static thread_local hwy::AlignedFreeUniquePtr<float[]> widened_buf;
+  static thread_local int64_t widened_cap = 0;
+  if (!in_place && widened_cap < chunk * d) {
+    widened_buf = hwy::AllocateAligned<float>(static_cast<size_t>(chunk * d));
+    widened_cap = chunk * d;
+  }
+  float* widened = widened_buf.get();
+  const auto* k16 = static_cast<const uint16_t*>(k) + lo * stride;
+  const auto* v16 = static_cast<const uint16_t*>(v) + lo * stride;
+  if (in_place) {
+    ScoreKeys(q, group, d, static_cast<const float*>(k) + lo * stride, stride, len, scale, scores, len, true);
+  } else {
+    kv::PrefetchFirstRows(k16, stride, len, d);
+    for (int64_t j0 = 0; j0 < len; j0 += chunk) {
+      const int64_t n = std::min(chunk, len - j0);
+      kv::WidenRows(k16 + j0 * stride, element, stride, n, len - j0, d, widened);
+      ScoreKeys(q, group, d, widened, d, n, scale, scores + j0, len, false);
+    }
+    kv::PrefetchFirstRows(v16, stride, len, d);  // arriving during the softmax
   }
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
@@ -362,41 +449,54 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const float* k, c
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
   }
   std::fill(out, out + group * d, 0.0f);
-#if FP4SERVE_PANEL_TARGET
-  if (hn::Lanes(micro::DF()) == static_cast<size_t>(micro::kLanes)) {
-    // out[g][e0, e0 + kNR) += P[g][block] · V[block][e0, e0 + kNR) on the GEMM micro-kernel: the group's output
-    // stays in registers across a block of keys instead of one load and store per key, head and vector (axpy).
-    // Each block prefetches the next block's value rows first (rows of one KV head are a page apart: see
-    // kPrefetchRows).
-    using micro::kMR;
-    using micro::kNR;
-    const int64_t e_tail = d / kNR * kNR;  // columns from here on go through axpy
-    constexpr int64_t kKeyBlock = 64;
-    for (int64_t j = 0; j < std::min(len, kKeyBlock); ++j) prefetch_row(v + (lo + j) * stride, d);
-    for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
-      const int64_t keys = std::min(kKeyBlock, len - j0);
-      for (int64_t j = j0 + keys; j < std::min(len, j0 + keys + kKeyBlock); ++j) prefetch_row(v + (lo + j) * stride, d);
-      const float* v0 = v + (lo + j0) * stride;
-      for (int64_t e0 = 0; e0 < e_tail; e0 += kNR) {
-        for (int64_t g0 = 0; g0 < group; g0 += kMR) {
-          micro::MicroDispatch(static_cast<int>(std::min(kMR, group - g0)), scores + g0 * len + j0, len, v0 + e0, stride,
-                               keys, out + g0 * d + e0, d, /*load_c=*/true);
-        }
-      }
-      for (int64_t j = j0; e_tail < d && j < j0 + keys; ++j) {
-        for (int64_t g = 0; g < group; ++g) {
-          axpy_inline(df, scores[g * len + j], v + (lo + j) * stride + e_tail, d - e_tail, out + g * d + e_tail);
-        }
-      }
-    }
+  if (in_place) {
+    AccumulateValues(scores, len, group, d, static_cast<const float*>(v) + lo * stride, stride, len, out, true);
     return;
   }
-#endif
-  for (int64_t j = 0; j < len; ++j) {
-    const float* vj = v + (lo + j) * stride;
-    if (j + kPrefetchRows < len) prefetch_row(vj + kPrefetchRows * stride, d);
-    for (int64_t g = 0; g < group; ++g) axpy_inline(df, scores[g * len + j], vj, d, out + g * d);
+  for (int64_t j0 = 0; j0 < len; j0 += chunk) {
+    const int64_t n = std::min(chunk, len - j0);
+    kv::WidenRows(v16 + j0 * stride, element, stride, n, len - j0, d, widened);
+    AccumulateValues(scores + j0, len, group, d, widened, d, n, out, false);
   }
+}
+
+// dst = src as `element`s, rounded to nearest even: the KV cache writer. bf16 by integer rounding on every target
+// (Highway's DemoteTo truncates); fp16 by the F16C conversion (vcvtps2ph, nearest even, overflow to ±inf) on x86,
+// quant::float_to_f16 elsewhere and for the tail.
+void StoreKvRowImpl(const float* src, int64_t n, KvElement element, void* dst) {
+  if (element == KvElement::F32) {
+    std::copy(src, src + n, static_cast<float*>(dst));
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  if (element == KvElement::Bf16) {
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint16_t, DF> du16;
+    const auto one = hn::Set(di, 1), bias = hn::Set(di, 0x7FFF), quiet = hn::Set(di, 0x40);
+    const auto abs_mask = hn::Set(di, 0x7FFFFFFF), inf_bits = hn::Set(di, 0x7F800000);
+    for (; i + lanes <= n; i += lanes) {
+      const auto u = hn::BitCast(di, hn::LoadU(df, src + i));
+      const auto high = hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<DF>(), u));  // logical shift
+      const auto high_i = hn::BitCast(di, high);
+      // u + 0x7FFF + lowest kept bit, then the upper half (wraps like the scalar uint32 sum for |x| near max).
+      const auto sum = hn::BitCast(hn::RebindToUnsigned<DF>(), hn::Add(hn::Add(u, bias), hn::And(high_i, one)));
+      const auto rounded = hn::BitCast(di, hn::ShiftRight<16>(sum));
+      const auto is_nan = hn::Gt(hn::And(u, abs_mask), inf_bits);
+      hn::StoreU(hn::DemoteTo(du16, hn::IfThenElse(is_nan, hn::Or(high_i, quiet), rounded)), du16, out + i);
+    }
+    for (; i < n; ++i) out[i] = quant::float_to_bf16(src[i]);
+    return;
+  }
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, reinterpret_cast<hwy::float16_t*>(out + i));
+  }
+#endif
+  for (; i < n; ++i) out[i] = quant::float_to_f16(src[i]);
 }
 
 }  // namespace fp4serve::kernels::cpu::HWY_NAMESPACE
@@ -415,6 +515,7 @@ HWY_EXPORT(SwigluOaiMulImpl);
 HWY_EXPORT(FwhtImpl);
 HWY_EXPORT(AttendGroupImpl);
 HWY_EXPORT(RotateBlocksImpl);
+HWY_EXPORT(StoreKvRowImpl);
 
 float sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
 void scale_by_weight(const float* x, const float* weight, float r, int64_t n, float* out) {
@@ -435,9 +536,13 @@ void fwht(float* x, int64_t n, int64_t block, float scale) { HWY_DYNAMIC_DISPATC
 void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, float* scratch) {
   HWY_DYNAMIC_DISPATCH(RotateBlocksImpl)(x, n, matrix, block, scratch);
 }
-void attend_group(const float* q, int64_t group, int64_t d, const float* k, const float* v, int64_t stride,
-                  int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out, float* partial) {
-  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, stride, lo, hi, scale, sinks, scores, out, partial);
+void store_kv_row(const float* src, int64_t n, KvElement element, void* dst) {
+  HWY_DYNAMIC_DISPATCH(StoreKvRowImpl)(src, n, element, dst);
+}
+void attend_group(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
+                  int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
+                  float* partial) {
+  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, element, stride, lo, hi, scale, sinks, scores, out, partial);
 }
 
 }  // namespace fp4serve::kernels::cpu
