@@ -140,9 +140,9 @@ void run_generate(const GenerateOptions& opts) {
   std::fputc('\n', stdout);
   std::fflush(stdout);  // before the stderr summary, so the two streams do not interleave
   log_info("load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | "
-           "finish: {} | KV cache {} | {}\n",
+           "finish: {} | {} | KV cache {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
-           decode_tps, result.finish_reason, kernels::kv_element_name(loaded.kv_element), device);
+           decode_tps, result.finish_reason, device, kernels::kv_element_name(loaded.kv_element));
 }
 
 }  // namespace

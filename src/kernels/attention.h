@@ -19,12 +19,15 @@ int64_t kv_element_bytes(KvElement element);
 /// "fp32", "bf16", "fp16" (the --kv-cache-dtype spelling).
 std::string_view kv_element_name(KvElement element);
 
-/// One layer's cache rows of one sequence: row p of keys starts at `keys` + p · row_stride elements, likewise
-/// `values`; each row holds [KVH, D] elements of type `element`.
+/// One layer's keys and values of one sequence: the D elements of KV head h at position p start at
+/// `keys` + p · row_stride + h · head_stride elements, likewise `values`. Rows of all heads together
+/// ([position][KVH · D]: row_stride ≥ KVH · D, head_stride = D) or each head's positions together
+/// ([KVH][positions][D]: row_stride = D, head_stride ≥ positions · D, model::KvCache's layout).
 struct KvRows {
   const void* keys;
   const void* values;
-  int64_t row_stride;  ///< elements between consecutive positions, ≥ KVH·D
+  int64_t row_stride;   ///< elements between consecutive positions of one head
+  int64_t head_stride;  ///< elements between consecutive KV heads at one position
   KvElement element = KvElement::F32;
 };
 
@@ -63,7 +66,7 @@ struct AttentionParams {
 /// Throws UsageError on null pointers or inconsistent sizes.
 void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
                float* out);
-/// The same over an fp32 cache: keys and values rows of cache_row_stride floats.
+/// The same over an fp32 cache of [position][KVH · D] rows, cache_row_stride floats apart.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
 

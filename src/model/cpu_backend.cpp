@@ -159,11 +159,15 @@ void CpuBackend::transform(const BackendTransform& t, float* x, int64_t rows, in
 
 void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {
   const FlatBatch& s = step();
-  const int64_t row = cache_->row_stride();
+  const int64_t d = cache_->head_dim();
   for (size_t r = 0; r < s.positions.size(); ++r) {
     const auto i = static_cast<int64_t>(r);
-    kernels::write_kv_row(k + i * k_stride, row, cache_->element(), cache_->key_data(s.slots[r], layer, s.positions[r]));
-    kernels::write_kv_row(v + i * v_stride, row, cache_->element(), cache_->value_data(s.slots[r], layer, s.positions[r]));
+    for (int64_t h = 0; h < cache_->num_kv_heads(); ++h) {
+      kernels::write_kv_row(k + i * k_stride + h * d, d, cache_->element(),
+                            cache_->key_data(s.slots[r], layer, h, s.positions[r]));
+      kernels::write_kv_row(v + i * v_stride + h * d, d, cache_->element(),
+                            cache_->value_data(s.slots[r], layer, h, s.positions[r]));
+    }
   }
 }
 

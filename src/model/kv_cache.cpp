@@ -9,7 +9,11 @@ namespace fp4serve::model {
 
 KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
                  kernels::KvElement element)
-    : layers_(num_layers), row_(num_kv_heads * head_dim), element_(element), max_seq_len_(max_seq_len) {
+    : layers_(num_layers),
+      kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      element_(element),
+      max_seq_len_(max_seq_len) {
   if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0 || max_seq_len <= 0 || max_slots <= 0) {
     throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {}, seq {}, slots {})",
                                  num_layers, num_kv_heads, head_dim, max_seq_len, max_slots));
@@ -38,7 +42,8 @@ bool KvCache::acquire(int slot) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (s.in_use) return false;
   if (s.keys.empty() && storage_ == nullptr) {
-    const auto bytes = static_cast<size_t>(layers_ * max_seq_len_ * row_ * kernels::kv_element_bytes(element_));
+    const auto bytes =
+        static_cast<size_t>(layers_ * kv_heads_ * max_seq_len_ * head_dim_ * kernels::kv_element_bytes(element_));
     s.keys.resize(bytes);
     s.values.resize(bytes);
   }
@@ -70,30 +75,35 @@ namespace {
 }
 }  // namespace
 
-void* KvCache::key_data(int slot, int64_t layer, int64_t position) {
+int64_t KvCache::offset(int64_t layer, int64_t kv_head, int64_t position) const {
+  return ((layer * kv_heads_ + kv_head) * max_seq_len_ + position) * head_dim_;
+}
+
+void* KvCache::key_data(int slot, int64_t layer, int64_t kv_head, int64_t position) {
   if (storage_ != nullptr) throw_backend_storage();
   return slots_[static_cast<size_t>(slot)].keys.data() +
-         (layer * max_seq_len_ + position) * row_ * kernels::kv_element_bytes(element_);
+         offset(layer, kv_head, position) * kernels::kv_element_bytes(element_);
 }
 
-void* KvCache::value_data(int slot, int64_t layer, int64_t position) {
+void* KvCache::value_data(int slot, int64_t layer, int64_t kv_head, int64_t position) {
   if (storage_ != nullptr) throw_backend_storage();
   return slots_[static_cast<size_t>(slot)].values.data() +
-         (layer * max_seq_len_ + position) * row_ * kernels::kv_element_bytes(element_);
+         offset(layer, kv_head, position) * kernels::kv_element_bytes(element_);
 }
 
-float* KvCache::key(int slot, int64_t layer, int64_t position) {
+float* KvCache::key(int slot, int64_t layer, int64_t kv_head, int64_t position) {
   if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
-  return static_cast<float*>(key_data(slot, layer, position));
+  return static_cast<float*>(key_data(slot, layer, kv_head, position));
 }
 
-float* KvCache::value(int slot, int64_t layer, int64_t position) {
+float* KvCache::value(int slot, int64_t layer, int64_t kv_head, int64_t position) {
   if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
-  return static_cast<float*>(value_data(slot, layer, position));
+  return static_cast<float*>(value_data(slot, layer, kv_head, position));
 }
 
 kernels::KvRows KvCache::rows(int slot, int64_t layer) {
-  return kernels::KvRows{key_data(slot, layer, 0), value_data(slot, layer, 0), row_, element_};
+  return kernels::KvRows{key_data(slot, layer, 0, 0), value_data(slot, layer, 0, 0), head_dim_,
+                         max_seq_len_ * head_dim_, element_};
 }
 
 }  // namespace fp4serve::model

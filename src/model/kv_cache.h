@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-sequence key/value cache. A slot holds one sequence's keys and values for every layer, as fp32, bf16 or
-// fp16 elements (kernels::KvElement, --kv-cache-dtype), laid out [layer][position][kv_heads · head_dim] so
-// attention reads each position's row contiguously.
+// fp16 elements (kernels::KvElement, --kv-cache-dtype), laid out [layer][kv_head][position][head_dim] so that
+// decode attention, which reads one KV head's keys for all positions at a time, reads them contiguously (with
+// [position][kv_heads · head_dim] rows it read 1/KVH of each row, and ran at 8 GB/s instead of 13 with 8 KV heads:
+// bench_ops BM_AttentionCold). A backend's own storage (KvStorage) keeps its own layout.
 // The slot bookkeeping is the same for every backend; the storage is host memory here, or a backend's own
 // (KvStorage: the GPU decoder keeps the same layout in device memory).
 #pragma once
@@ -44,21 +46,22 @@ class KvCache {
   int free_slots() const;
   int max_slots() const { return static_cast<int>(slots_.size()); }
   int64_t max_seq_len() const { return max_seq_len_; }
-  /// Elements between consecutive positions (kv_heads · head_dim).
-  int64_t row_stride() const { return row_; }
+  int64_t num_kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
   kernels::KvElement element() const { return element_; }
 
   int64_t num_layers() const { return layers_; }
 
-  /// Key / value row of `position` in `layer` of `slot` (position < max_seq_len, slot acquired) in host memory,
-  /// row_stride() elements of element(). Throws UsageError when the cache's storage belongs to a backend
-  /// (storage() is non-null).
-  void* key_data(int slot, int64_t layer, int64_t position);
-  void* value_data(int slot, int64_t layer, int64_t position);
-  /// The same rows of an fp32 cache as floats; also throws UsageError when element() is not F32.
-  float* key(int slot, int64_t layer, int64_t position);
-  float* value(int slot, int64_t layer, int64_t position);
-  /// `layer`'s rows of `slot` as attention reads them (positions from 0). Throws as key_data.
+  /// Key / value of `kv_head` at `position` in `layer` of `slot` (position < max_seq_len, slot acquired) in host
+  /// memory: head_dim() elements of element(); the next position's follow. Throws UsageError when the cache's
+  /// storage belongs to a backend (storage() is non-null).
+  void* key_data(int slot, int64_t layer, int64_t kv_head, int64_t position);
+  void* value_data(int slot, int64_t layer, int64_t kv_head, int64_t position);
+  /// The same of an fp32 cache as floats; also throws UsageError when element() is not F32.
+  float* key(int slot, int64_t layer, int64_t kv_head, int64_t position);
+  float* value(int slot, int64_t layer, int64_t kv_head, int64_t position);
+  /// `layer`'s keys and values of `slot` as attention reads them (positions from 0; row stride head_dim, head
+  /// stride max_seq_len · head_dim). Throws as key_data.
   kernels::KvRows rows(int slot, int64_t layer);
 
   /// The backend storage, or nullptr for a host cache.
@@ -70,8 +73,11 @@ class KvCache {
     std::vector<std::byte> keys;
     std::vector<std::byte> values;
   };
+  int64_t offset(int64_t layer, int64_t kv_head, int64_t position) const;  // in elements
+
   int64_t layers_;
-  int64_t row_;
+  int64_t kv_heads_;
+  int64_t head_dim_;
   kernels::KvElement element_ = kernels::KvElement::F32;
   int64_t max_seq_len_;
   std::vector<Slot> slots_;

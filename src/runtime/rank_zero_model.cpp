@@ -113,9 +113,10 @@ model::KvCache RankZeroModel::make_cache(int64_t max_seq_len, int max_slots) con
     state_->send(h);
   }
   model::KvCache local = local_.make_cache(max_seq_len, max_slots);
-  const int64_t layers = local.num_layers(), row = local.row_stride();
-  // The outer cache only keeps slot bookkeeping (its storage is the wrapper), so its row is the local one.
-  return model::KvCache(layers, 1, row, max_seq_len, max_slots, std::make_unique<RankZeroCache>(state_, id, std::move(local)));
+  const int64_t layers = local.num_layers(), kv_heads = local.num_kv_heads(), head_dim = local.head_dim();
+  // The outer cache only keeps slot bookkeeping (its storage is the wrapper), so its sizes are the local ones.
+  return model::KvCache(layers, kv_heads, head_dim, max_seq_len, max_slots,
+                        std::make_unique<RankZeroCache>(state_, id, std::move(local)));
 }
 
 std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const {

@@ -33,6 +33,7 @@ struct Case {
   int64_t heads, kv_heads, head_dim, t, start_pos, window;
   bool sinks;
   KvElement element = KvElement::F32;
+  bool head_major = false;  // [KVH][positions][D] (model::KvCache) instead of [positions][KVH · D]
 };
 
 // x as the cache element's value (quant::'s scalar rounding, independent of the kernels' vector code).
@@ -59,8 +60,10 @@ std::vector<uint16_t> as_cache(const std::vector<float>& x, KvElement element) {
   return out;
 }
 
+// k[p · row_stride + kvh · head_stride + e] is element e of KV head kvh's key at position p, likewise v.
 std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                                  int64_t stride, const Case& c, float scale, const std::vector<float>& sinks) {
+                                  int64_t row_stride, int64_t head_stride, const Case& c, float scale,
+                                  const std::vector<float>& sinks) {
   const int64_t H = c.heads, D = c.head_dim, G = c.heads / c.kv_heads;
   std::vector<double> out(c.t * H * D, 0.0);
   for (int64_t i = 0; i < c.t; ++i) {
@@ -72,7 +75,7 @@ std::vector<double> attention_ref(const std::vector<float>& q, const std::vector
       for (int64_t p = 0; p <= qpos; ++p) {
         if (c.window > 0 && qpos - p >= c.window) continue;  // keep the last W positions, self included
         double s = 0;
-        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[p * stride + kvh * D + e];
+        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[p * row_stride + kvh * head_stride + e];
         logit.push_back(s * scale);
         pos.push_back(p);
       }
@@ -82,7 +85,7 @@ std::vector<double> attention_ref(const std::vector<float>& q, const std::vector
       for (double l : logit) denom += std::exp(l - m);
       for (size_t j = 0; j < pos.size(); ++j) {
         const double w = std::exp(logit[j] - m) / denom;
-        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[pos[j] * stride + kvh * D + e];
+        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[pos[j] * row_stride + kvh * head_stride + e];
       }
     }
   }
@@ -92,32 +95,38 @@ std::vector<double> attention_ref(const std::vector<float>& q, const std::vector
 void run_case(const Case& c) {
   SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " t " << c.t
                                     << " start " << c.start_pos << " window " << c.window << " sinks " << c.sinks
-                                    << " element " << kv_element_name(c.element));
+                                    << " element " << kv_element_name(c.element) << " head-major " << c.head_major);
   const int64_t H = c.heads, KVH = c.kv_heads, D = c.head_dim;
-  const int64_t stride = KVH * D + 5;  // padded rows
   const int64_t filled = c.start_pos + c.t;
   const int64_t cache_rows = filled + 4;  // rows beyond the sequence must never be read
+  // Padded rows (and padded head blocks): reading outside a head's D elements or past its positions gives NaN.
+  const int64_t row_stride = c.head_major ? D + 3 : KVH * D + 5;
+  const int64_t head_stride = c.head_major ? cache_rows * row_stride + 7 : D;
+  const int64_t size = c.head_major ? KVH * head_stride : cache_rows * row_stride;
   const uint32_t seed = uint32_t(H * 131 + D * 7 + c.t * 3 + c.start_pos);
   // Keys scaled up so the softmax is peaked and the max-shift matters.
   std::vector<float> q = random_nonzero(c.t * H * D, seed, 0.05f, 1.5f);
-  std::vector<float> k = poisoned(cache_rows * stride), v = poisoned(cache_rows * stride);
+  std::vector<float> k = poisoned(size), v = poisoned(size);
   const std::vector<float> kr = random_nonzero(filled * KVH * D, seed + 1, 0.05f, 1.5f);
   const std::vector<float> vr = random_nonzero(filled * KVH * D, seed + 2);
   for (int64_t p = 0; p < filled; ++p) {
-    for (int64_t e = 0; e < KVH * D; ++e) {
-      k[p * stride + e] = rounded_to(c.element, kr[p * KVH * D + e]);
-      v[p * stride + e] = rounded_to(c.element, vr[p * KVH * D + e]);
+    for (int64_t h = 0; h < KVH; ++h) {
+      for (int64_t e = 0; e < D; ++e) {
+        const int64_t at = p * row_stride + h * head_stride + e, from = (p * KVH + h) * D + e;
+        k[at] = rounded_to(c.element, kr[from]);
+        v[at] = rounded_to(c.element, vr[from]);
+      }
     }
   }
   const std::vector<uint16_t> k_cache = as_cache(k, c.element), v_cache = as_cache(v, c.element);
   const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
   const float scale = 1.0f / std::sqrt(float(D));
-  const std::vector<double> ref = attention_ref(q, k, v, stride, c, scale, sinks);
+  const std::vector<double> ref = attention_ref(q, k, v, row_stride, head_stride, c, scale, sinks);
   AttentionParams params{H, KVH, D, scale, c.window, c.sinks ? sinks.data() : nullptr};
   for_each_simd_target([&] {
     std::vector<float> out = poisoned(c.t * H * D);
-    attention(q.data(), c.t, c.start_pos, KvRows{k_cache.data(), v_cache.data(), stride, c.element}, params,
-              out.data());
+    attention(q.data(), c.t, c.start_pos, KvRows{k_cache.data(), v_cache.data(), row_stride, head_stride, c.element},
+              params, out.data());
     for (size_t i = 0; i < out.size(); ++i) {
       // |v| ≤ 1 and the weights sum to ≤ 1: fp32 scores/exp/accumulation give ~1e-6 absolute error.
       ASSERT_NEAR(out[i], ref[i], 3e-6) << "element " << i << " (row " << i / (H * D) << ", head "
@@ -210,6 +219,9 @@ TEST(Attention, SixteenBitCaches) {
   const int saved = omp_get_max_threads();
   for (KvElement element : {KvElement::Bf16, KvElement::F16}) {
     omp_set_num_threads(1);
+    run_case({9, 3, 64, 1, 500, 0, false, element, true});  // model::KvCache's layout
+    run_case({8, 2, 80, 33, 40, 0, true, element, true});
+    omp_set_num_threads(1);
     run_case({9, 3, 64, 1, 37, 0, false, element});
     run_case({8, 2, 64, 1, 700, 0, true, element});    // 11 chunks of 64 keys
     run_case({6, 2, 20, 1, 150, 0, false, element});   // D = 20: 16 lanes + a scalar tail (AVX-512)
@@ -269,6 +281,21 @@ TEST(Attention, WriteKvRowRoundsLikeQuant) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(std::bit_cast<uint32_t>(copy[i]), std::bit_cast<uint32_t>(src[i]));
 }
 
+// model::KvCache's layout, [KVH][positions][D] (head blocks padded too), through every path: decode row by row,
+// split key ranges, the blocked prefill with a window and sinks.
+TEST(Attention, HeadMajorCache) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  run_case({9, 3, 64, 1, 300, 0, false, KvElement::F32, true});
+  run_case({8, 2, 20, 1, 37, 7, true, KvElement::F32, true});
+  run_case({9, 3, 80, 45, 0, 0, false, KvElement::F32, true});
+  run_case({6, 2, 64, 70, 13, 37, true, KvElement::F32, true});
+  omp_set_num_threads(8);
+  run_case({8, 2, 64, 1, 1000, 0, true, KvElement::F32, true});
+  run_case({9, 3, 64, 17, 5, 0, false, KvElement::F32, true});
+  omp_set_num_threads(saved);
+}
+
 TEST(Attention, KeySplitsOnlyWhenThreadsOutnumberItems) {
   EXPECT_EQ(attention_key_splits(1, 3, 4096, 1), 1);       // one thread
   EXPECT_EQ(attention_key_splits(1, 8, 4096, 4), 1);       // 8 items ≥ 2·4
@@ -293,6 +320,9 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(attention(buf, 1, 0, buf, buf, 3, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
   EXPECT_THROW(attention(buf, 1, -1, buf, buf, 4, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
   EXPECT_THROW(attention(nullptr, 1, 0, buf, buf, 4, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
+  // Head blocks that overlap the next head's positions: 3 positions of row stride 2 need a head stride ≥ 6.
+  EXPECT_THROW(attention(buf, 1, 2, KvRows{buf, buf, 2, 5}, AttentionParams{2, 2, 2, 1.0f}, buf), UsageError);
+  EXPECT_NO_THROW(attention(buf, 1, 2, KvRows{buf, buf, 2, 6}, AttentionParams{2, 2, 2, 1.0f}, buf + 32));
 }
 
 }  // namespace

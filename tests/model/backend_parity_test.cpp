@@ -66,8 +66,8 @@ TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
   KvCache cache(2, 1, 4, 8, 1, std::make_unique<OpaqueStorage>());
   const int slot = cache.acquire();
   ASSERT_EQ(slot, 0);
-  EXPECT_THROW(cache.key(slot, 0, 0), UsageError);
-  EXPECT_THROW(cache.value(slot, 0, 0), UsageError);
+  EXPECT_THROW(cache.key(slot, 0, 0, 0), UsageError);
+  EXPECT_THROW(cache.value(slot, 0, 0, 0), UsageError);
 
   LoadOptions options;
   const LoadedModel cpu = load_model(kRef / "llama-nvfp4a16", options);

@@ -131,9 +131,9 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
   KvCache cache = loaded.decoder->make_cache(8, 1);
   EXPECT_EQ(cache.element(), KvElement::Bf16);
   const int slot = cache.acquire();
-  EXPECT_THROW(cache.key(slot, 0, 0), UsageError);  // fp32 rows only
-  EXPECT_EQ(static_cast<char*>(cache.key_data(slot, 0, 1)) - static_cast<char*>(cache.key_data(slot, 0, 0)),
-            cache.row_stride() * 2);
+  EXPECT_THROW(cache.key(slot, 0, 0, 0), UsageError);  // fp32 rows only
+  EXPECT_EQ(static_cast<char*>(cache.key_data(slot, 0, 0, 1)) - static_cast<char*>(cache.key_data(slot, 0, 0, 0)),
+            cache.head_dim() * 2);
 }
 
 }  // namespace

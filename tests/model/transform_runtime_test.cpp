@@ -298,7 +298,11 @@ ForwardRun run(const MemoryWeights& weights, const std::vector<int32_t>& prompt,
     out.logits.insert(out.logits.end(), l.begin(), l.end());
   }
   for (int64_t l = 0; l < kLayers; ++l) {
-    out.keys.emplace_back(cache.key(slot, l, 0), cache.key(slot, l, 0) + pos * cache.row_stride());
+    std::vector<float> keys;  // [kv_head][position][head_dim]
+    for (int64_t h = 0; h < cache.num_kv_heads(); ++h) {
+      keys.insert(keys.end(), cache.key(slot, l, h, 0), cache.key(slot, l, h, 0) + pos * cache.head_dim());
+    }
+    out.keys.push_back(std::move(keys));
   }
   return out;
 }

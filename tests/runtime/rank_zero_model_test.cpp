@@ -51,10 +51,10 @@ class RecordingModel final : public model::ForwardModel {
     for (const auto& c : batch) {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         const int64_t p = c.start_pos + static_cast<int64_t>(i);
-        cache.key(c.slot, 1, p)[2] = static_cast<float>(c.tokens[i]);
+        cache.key(c.slot, 1, 0, p)[2] = static_cast<float>(c.tokens[i]);
         if (c.all_logits ? static_cast<int64_t>(i) < c.first_logit_row : i + 1 < c.tokens.size()) continue;
         double history = 0;
-        for (int64_t q = 0; q <= p; ++q) history += cache.key(c.slot, 1, q)[2] * static_cast<double>(q + 1);
+        for (int64_t q = 0; q <= p; ++q) history += cache.key(c.slot, 1, 0, q)[2] * static_cast<double>(q + 1);
         for (int64_t v = 0; v < kVocab; ++v) logits.push_back(static_cast<float>(history + static_cast<double>(v) / 4));
       }
     }
@@ -175,7 +175,7 @@ TEST(KvCache, AcquireASpecificSlot) {
   model::KvCache cache(2, 1, 3, 5, 3);
   EXPECT_TRUE(cache.acquire(1));
   EXPECT_FALSE(cache.acquire(1));  // already in use
-  cache.key(1, 1, 4)[2] = 7.0f;    // its memory exists
+  cache.key(1, 1, 0, 4)[2] = 7.0f;    // its memory exists
   EXPECT_EQ(cache.acquire(), 0);   // the lowest free slot, around the taken one
   EXPECT_EQ(cache.acquire(), 2);
   EXPECT_EQ(cache.acquire(), -1);

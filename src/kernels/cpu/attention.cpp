@@ -41,7 +41,7 @@ void write_kv_row(const float* src, int64_t n, KvElement element, void* dst) {
 
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out) {
-  attention(q, t, start_pos, KvRows{k_cache, v_cache, cache_row_stride, KvElement::F32}, params, out);
+  attention(q, t, start_pos, KvRows{k_cache, v_cache, cache_row_stride, params.head_dim, KvElement::F32}, params, out);
 }
 
 void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
@@ -54,20 +54,25 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
     throw UsageError(fmt::format("attention: num_heads {} must be a positive multiple of num_kv_heads {}, head_dim {} >= 1",
                                  heads, kv_heads, d));
   }
-  if (t < 0 || start_pos < 0 || cache_row_stride < kv_heads * d || p.sliding_window < 0) {
+  // The heads' rows must not overlap: rows of all heads together, or each head's positions together.
+  const int64_t positions = std::max<int64_t>(start_pos + t, 1);
+  const bool rows_of_heads = cache.head_stride >= d && cache_row_stride >= kv_heads * cache.head_stride;
+  const bool heads_of_rows = cache_row_stride >= d && cache.head_stride >= positions * cache_row_stride;
+  if (t < 0 || start_pos < 0 || p.sliding_window < 0 || !(rows_of_heads || heads_of_rows)) {
     throw UsageError(fmt::format(
-        "attention: t {} start_pos {} sliding_window {} must be >= 0 and cache_row_stride {} >= num_kv_heads·head_dim {}",
-        t, start_pos, p.sliding_window, cache_row_stride, kv_heads * d));
+        "attention: t {} start_pos {} sliding_window {} must be >= 0, and the cache's row stride {} and head stride {} "
+        "must lay out [positions][num_kv_heads {}][head_dim {}] or [num_kv_heads][positions {}][head_dim] without overlap",
+        t, start_pos, p.sliding_window, cache_row_stride, cache.head_stride, kv_heads, d, positions));
   }
   if (t == 0) return;
   if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
     throw UsageError("attention: null pointer");
   }
   const int64_t group = heads / kv_heads;
-  // KV head kvh's part of each cache row starts kvh · d elements in.
+  // KV head kvh's keys and values start kvh · head_stride elements in.
   const auto* k_bytes = static_cast<const std::byte*>(cache.keys);
   const auto* v_bytes = static_cast<const std::byte*>(cache.values);
-  const int64_t head_bytes = d * kv_element_bytes(cache.element);
+  const int64_t head_bytes = cache.head_stride * kv_element_bytes(cache.element);
   const int64_t total = start_pos + t;
   const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
   const auto keys_of = [&](int64_t i) {

@@ -52,7 +52,7 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
   const DF df;
   const int64_t heads = p.num_heads, kv_heads = p.num_kv_heads, d = p.head_dim, group = heads / kv_heads;
   const int64_t total = start_pos + t;
-  const int64_t stride = cache.row_stride;
+  const int64_t stride = cache.row_stride, head_stride = cache.head_stride;
   const bool in_place = cache.element == KvElement::F32;  // else 16-bit rows, widened to fp32 below
   const auto* k16 = static_cast<const uint16_t*>(cache.keys);
   const auto* v16 = static_cast<const uint16_t*>(cache.values);
@@ -97,13 +97,13 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
         float* panel = panel_of(kvh, b);
         const int64_t keys = std::min(kNR, total - b * kNR);
         if (keys < kNR) std::fill(panel, panel + d * kNR, 0.0f);
-        const float* key0 = static_cast<const float*>(cache.keys) + b * kNR * stride + kvh * d;
+        const float* key0 = static_cast<const float*>(cache.keys) + b * kNR * stride + kvh * head_stride;
         int64_t key_stride = stride;
         if (!in_place) {
-          kv::WidenRows(k16 + b * kNR * stride + kvh * d, cache.element, stride, keys, keys, d, rows_f32);
+          kv::WidenRows(k16 + b * kNR * stride + kvh * head_stride, cache.element, stride, keys, keys, d, rows_f32);
           key0 = rows_f32;
           key_stride = d;
-          kv::WidenRows(v16 + b * kNR * stride + kvh * d, cache.element, stride, keys, keys, d,
+          kv::WidenRows(v16 + b * kNR * stride + kvh * head_stride, cache.element, stride, keys, keys, d,
                         vt + (kvh * total + b * kNR) * d);
         }
         for (int64_t l = 0; l < keys; ++l) {
@@ -168,7 +168,7 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
       // O = P · V over the block's keys [lo_min, hi_max]; full kNR-wide column chunks on the micro-kernel.
       const int64_t span = hi_max - lo_min + 1;
       const float* pv = s + (lo_min - j0);
-      const float* v0 = in_place ? static_cast<const float*>(cache.values) + lo_min * stride + kvh * d
+      const float* v0 = in_place ? static_cast<const float*>(cache.values) + lo_min * stride + kvh * head_stride
                                  : vt + (kvh * total + lo_min) * d;
       const int64_t v_stride = in_place ? stride : d;
       int64_t e0 = 0;
