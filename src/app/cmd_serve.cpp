@@ -64,7 +64,7 @@ void run_serve(ServeOptions opts) {
   const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos));
 
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
-                                                opts.scheduler.max_num_seqs);
+                                                opts.scheduler.max_num_seqs, loaded.kv_element);
   server::DecoderStepModel step_model(run.model(), context_length, slots);
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
@@ -75,9 +75,10 @@ void run_serve(ServeOptions opts) {
                           codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
-  fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget) | "
+  fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget, {}) | "
                      "{} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
+             kernels::kv_element_name(loaded.kv_element),
              opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {

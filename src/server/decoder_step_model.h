@@ -12,10 +12,11 @@
 
 namespace fp4serve::server {
 
-/// KV-cache slots that fit in `budget_bytes` when each reserves `max_seq_len` positions, capped at
-/// `max_num_seqs`. Throws UsageError naming the sizes when not even one slot fits.
+/// KV-cache slots that fit in `budget_bytes` when each reserves `max_seq_len` positions of keys and values stored
+/// as `element`s (model::LoadedModel::kv_element), capped at `max_num_seqs`. Throws UsageError naming the sizes
+/// when not even one slot fits.
 int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
-                        int max_num_seqs);
+                        int max_num_seqs, kernels::KvElement element);
 
 class DecoderStepModel final : public StepModel {
  public:

@@ -3,7 +3,9 @@
 // rendering, and the bench report statistics (against numpy.percentile values worked out by hand).
 #include <gtest/gtest.h>
 
+#include "fp4serve/error.h"
 #include "server/bench_client.h"
+#include "server/decoder_step_model.h"
 #include "server/fakes.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -13,6 +15,22 @@ namespace fp4serve::server {
 namespace {
 
 using nlohmann::json;
+
+// A slot holds keys and values of every layer, KV head and position: 2 · 30 · 3 · 64 elements per position here
+// (the default model), so 2048 positions take 90 MiB in fp32 and 45 MiB in bf16 / fp16.
+TEST(KvBudget, SlotsFollowTheCacheElement) {
+  model::ModelConfig config;
+  config.num_layers = 30;
+  config.num_kv_heads = 3;
+  config.head_dim = 64;
+  const int64_t budget = int64_t{200} << 20;
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::F32), 2);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::Bf16), 4);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::F16), 4);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 3, kernels::KvElement::Bf16), 3);  // max_num_seqs caps it
+  EXPECT_THROW(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, kernels::KvElement::F32), UsageError);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, kernels::KvElement::Bf16), 1);
+}
 
 TEST(OpenAiApi, ParsesCompletionFields) {
   const auto r = parse_request(Endpoint::kCompletions, R"({"model": "m", "prompt": "hi", "max_tokens": 7,
