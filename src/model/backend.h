@@ -133,8 +133,8 @@ class Backend {
   /// Throws UnsupportedError naming `layer` when this backend's attention cannot run `op`'s shape (head_dim).
   virtual void check_attention(const AttentionOp& op, const std::string& layer) const = 0;
   /// A KV cache of `max_slots` sequences × `max_seq_len` positions with its keys and values in this backend's
-  /// memory ([slot][layer][position][kv_heads · D]; fp32 on the GPU, the CPU backend's element otherwise). Throws UsageError on bad sizes, DeviceError when it
-  /// does not fit.
+  /// memory (the CPU: KvCache's host layout and the backend's element; the GPU: its own fp32 layout). Throws
+  /// UsageError on bad sizes, DeviceError when it does not fit.
   virtual KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
                              int max_slots) const = 0;
 

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // model::Backend on an NVIDIA GPU (kernels/cuda): weights in the GPU GEMM layouts (linear_cuda.h), norms, sinks,
-// the embedding table and the RoPE cos/sin table uploaded once, the KV cache in device memory (same
-// [slot][layer][position][kv_heads · head_dim] fp32 layout as the host cache, plus one scratch slot for the padding
-// rows of graph steps), activations fp32 in device workspaces, one stream. Decode steps of dense models run as
+// the embedding table and the RoPE cos/sin table uploaded once, the KV cache in device memory
+// ([slot][layer][position][kv_heads · head_dim] fp32, the host cache's former layout, plus one scratch slot for
+// the padding rows of graph steps), activations fp32 in device workspaces, one stream. Decode steps of dense models run as
 // CUDA graphs per batch-size bucket (run_decode) between one host→device copy of the step's arrays and one copy of
 // the logits back, the step's only sync. Compiled only with the CUDA backend (FP4SERVE_HAVE_CUDA);
-// make_cuda_backend (backend.h) is the way in. Numerics: fp32 activations and KV cache as on the CPU; GEMM inputs
+// make_cuda_backend (backend.h) is the way in. Numerics: fp32 activations and KV cache (the CPU's fp32 choice); GEMM inputs
 // are rounded to bf16 (the GPU GEMMs take bf16 activations) and dense fp32-stored weights run as bf16: those are
 // the deliberate differences from CpuBackend. Decode attention splits each row's keys over several blocks
 // (flash-decoding), so its fp32 sums run in another order than the CPU's. MoE routing copies the router logits
