@@ -54,8 +54,8 @@ void run_chat(const ChatOptions& opts) {
   };
   if (!opts.system.empty()) history.push_back(turn("system", opts.system));
   const size_t kept = history.size();
-  log_info("fp4serve chat — {} (load {:.2f} s, context {} tokens, KV cache {}, {}). /help lists the commands.\n",
-           opts.model.model, loaded.load_seconds, max_len, kernels::kv_element_name(loaded.kv_element), thread_summary());
+  log_info("fp4serve chat — {} (load {:.2f} s, context {} tokens, {}). /help lists the commands.\n", opts.model.model,
+           loaded.load_seconds, max_len, thread_summary());
   LineEditor editor;
   while (true) {
     const LineEditor::Input in = editor.read("> ");
