@@ -249,8 +249,10 @@ if [[ -n $model_pid ]]; then
     lim=$(budget "$2" "$3")
     if (( lim < 5 )); then echo "skipped: deadline" >"$OUT/generate-$1.err"; return 124; fi
     echo "time limit ${lim} s" >"$OUT/generate-$1.limit"
+    # --kv-cache-dtype fp32 on both: the GPU's cache is fp32, so the CPU run must not round its cache to bf16.
     timeout -k 5 "$lim" "$bin/fp4serve" generate -m "$model" -p "$prompt" -n 32 --temperature 0 --ignore-eos \
-      --device "$1" --threads "$threads" --max-model-len 512 >"$OUT/generate-$1.txt" 2>"$OUT/generate-$1.err"
+      --device "$1" --threads "$threads" --max-model-len 512 --kv-cache-dtype fp32 >"$OUT/generate-$1.txt" \
+      2>"$OUT/generate-$1.err"
   }
   if [[ $model_ok == 1 ]]; then
     gen cpu 120 70  # the CPU is the slow side (on a loaded machine much slower than on the device's 16 cores)

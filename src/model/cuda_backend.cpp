@@ -77,8 +77,9 @@ struct CudaRope final : BackendRope {
   kc::DeviceBuffer<float> cos, sin;
 };
 
-// The device KV cache of one KvCache (same layout as the host cache), with one more slot than the KvCache
-// hands out: `scratch_slot`, where the padding rows of a padded decode step write and read (step_arrays.h).
+// The device KV cache of one KvCache ([layer][position][kv_heads · head_dim] fp32 per slot), with one more slot
+// than the KvCache hands out: `scratch_slot`, where the padding rows of a padded decode step write and read
+// (step_arrays.h).
 struct CudaKvStorage final : KvStorage {
   const void* owner = nullptr;
   uint64_t id = 0;  // unique per storage: graphs captured on another cache are stale

@@ -22,8 +22,8 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int
 }
 
 KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
-                 std::unique_ptr<KvStorage> storage)
-    : KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, kernels::KvElement::F32) {
+                 std::unique_ptr<KvStorage> storage, kernels::KvElement element)
+    : KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, element) {
   if (storage == nullptr) throw UsageError("KvCache: backend storage is null");
   storage_ = std::move(storage);
 }

@@ -3,9 +3,8 @@
 // fp16 elements (kernels::KvElement, --kv-cache-dtype), laid out [layer][kv_head][position][head_dim] so that
 // decode attention, which reads one KV head's keys for all positions at a time, reads them contiguously (with
 // [position][kv_heads · head_dim] rows it read 1/KVH of each row, and ran at 8 GB/s instead of 13 with 8 KV heads:
-// bench_ops BM_AttentionCold). A backend's own storage (KvStorage) keeps its own layout.
-// The slot bookkeeping is the same for every backend; the storage is host memory here, or a backend's own
-// (KvStorage: the GPU decoder keeps the same layout in device memory).
+// bench_ops BM_AttentionCold). The slot bookkeeping is the same for every backend; the storage is host memory
+// here, or a backend's own (KvStorage: the GPU keeps fp32 [layer][position][kv_heads · head_dim] rows).
 #pragma once
 
 #include <cstddef>
@@ -30,10 +29,10 @@ class KvCache {
   /// when a slot is first acquired and kept for reuse. Throws UsageError on non-positive sizes.
   KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
           kernels::KvElement element = kernels::KvElement::F32);
-  /// The same bookkeeping with the keys and values in `storage` (non-null) instead of host memory: key(),
-  /// value() and rows() then throw UsageError.
+  /// The same bookkeeping with the keys and values in `storage` (non-null) instead of host memory, which holds
+  /// `element`s: key(), value() and rows() then throw UsageError.
   KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len, int max_slots,
-          std::unique_ptr<KvStorage> storage);
+          std::unique_ptr<KvStorage> storage, kernels::KvElement element = kernels::KvElement::F32);
 
   /// A free slot, or −1 when all are in use.
   int acquire();

@@ -221,7 +221,7 @@ TEST(Attention, SixteenBitCaches) {
     omp_set_num_threads(1);
     run_case({9, 3, 64, 1, 500, 0, false, element, true});  // model::KvCache's layout
     run_case({8, 2, 80, 33, 40, 0, true, element, true});
-    omp_set_num_threads(1);
+    run_case({9, 3, 64, 40, 300, 50, true, element, true});  // prefill window past the first key panels
     run_case({9, 3, 64, 1, 37, 0, false, element});
     run_case({8, 2, 64, 1, 700, 0, true, element});    // 11 chunks of 64 keys
     run_case({6, 2, 20, 1, 150, 0, false, element});   // D = 20: 16 lanes + a scalar tail (AVX-512)
@@ -234,13 +234,14 @@ TEST(Attention, SixteenBitCaches) {
     run_case({6, 2, 64, 70, 13, 37, true, element});   // window and sinks
     omp_set_num_threads(8);
     run_case({3, 1, 24, 1, 300, 0, false, element});   // key ranges split and merged
+    run_case({8, 2, 64, 1, 1000, 0, true, element, true});
     run_case({9, 3, 64, 17, 5, 0, false, element});    // blocked prefill on many threads
   }
   omp_set_num_threads(saved);
 }
 
 // The vector rounding (bf16 by integer arithmetic, fp16 by F16C where present) agrees bit for bit with quant::'s
-// scalar one: random magnitudes over the whole range, exact halfway ties both ways, subnormals, values that
+// scalar one (a NaN stays a NaN of the same sign; its payload is not compared): random magnitudes over the whole range, exact halfway ties both ways, subnormals, values that
 // round to ±inf (fp16 above 65504), ±0, ±inf and NaN, in lengths with and without a vector tail.
 TEST(Attention, WriteKvRowRoundsLikeQuant) {
   std::vector<float> x = random_nonzero(1000, 17, 1e-3f, 1.0f);
@@ -260,8 +261,9 @@ TEST(Attention, WriteKvRowRoundsLikeQuant) {
     for (size_t n : {x.size(), size_t{13}, size_t{16}}) {
       const std::vector<float> part(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
       for_each_simd_target([&] {
-        std::vector<uint16_t> got(n, 0xAAAA);
+        std::vector<uint16_t> got(n + 8, 0xAAAA);  // 8 guards: nothing is written past n
         write_kv_row(part.data(), static_cast<int64_t>(n), element, got.data());
+        for (size_t i = n; i < n + 8; ++i) ASSERT_EQ(got[i], 0xAAAA) << "written past the row, element " << i;
         for (size_t i = 0; i < n; ++i) {
           const uint16_t want = element == KvElement::Bf16 ? quant::float_to_bf16(part[i]) : quant::float_to_f16(part[i]);
           if (std::isnan(part[i])) {

@@ -281,7 +281,7 @@ class MemoryWeights final : public WeightSource {
 
 struct ForwardRun {
   std::vector<float> logits;               // prompt (all rows) then each decode step
-  std::vector<std::vector<float>> keys;    // per layer: [positions, kv_heads · head_dim]
+  std::vector<std::vector<float>> keys;    // per layer: [kv_heads, positions, head_dim]
 };
 
 ForwardRun run(const MemoryWeights& weights, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode) {

@@ -79,10 +79,13 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
   float* kt = Scratch(kt_buf, kt_cap, static_cast<size_t>(kv_heads * key_panels * d * kNR));
   // Panel of key panel index b (keys [b·kNR, (b + 1)·kNR)) of KV head kvh, b ≥ first_panel.
   const auto panel_of = [&](int64_t kvh, int64_t b) { return kt + (kvh * key_panels + b - first_panel) * d * kNR; };
-  // A 16-bit cache's values widened once per call: [KV heads][total][d] fp32, rows from the first packed key on.
+  // A 16-bit cache's values widened once per call: [KV heads][total − first_key][d] fp32, the rows from the first
+  // packed key on (a sliding window leaves the earlier ones out).
+  const int64_t first_key = first_panel * kNR, widened_rows = total - first_key;
   static thread_local hwy::AlignedFreeUniquePtr<float[]> vt_buf;
   static thread_local size_t vt_cap = 0;
-  float* vt = in_place ? nullptr : Scratch(vt_buf, vt_cap, static_cast<size_t>(kv_heads * total * d));
+  float* vt = in_place ? nullptr : Scratch(vt_buf, vt_cap, static_cast<size_t>(kv_heads * widened_rows * d));
+  const auto widened_value = [&](int64_t kvh, int64_t row) { return vt + (kvh * widened_rows + row - first_key) * d; };
 
 #pragma omp parallel
   {
@@ -97,14 +100,15 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
         float* panel = panel_of(kvh, b);
         const int64_t keys = std::min(kNR, total - b * kNR);
         if (keys < kNR) std::fill(panel, panel + d * kNR, 0.0f);
-        const float* key0 = static_cast<const float*>(cache.keys) + b * kNR * stride + kvh * head_stride;
-        int64_t key_stride = stride;
-        if (!in_place) {
+        const float* key0 = rows_f32;
+        int64_t key_stride = d;
+        if (in_place) {
+          key0 = static_cast<const float*>(cache.keys) + b * kNR * stride + kvh * head_stride;
+          key_stride = stride;
+        } else {
           kv::WidenRows(k16 + b * kNR * stride + kvh * head_stride, cache.element, stride, keys, keys, d, rows_f32);
-          key0 = rows_f32;
-          key_stride = d;
           kv::WidenRows(v16 + b * kNR * stride + kvh * head_stride, cache.element, stride, keys, keys, d,
-                        vt + (kvh * total + b * kNR) * d);
+                        widened_value(kvh, b * kNR));
         }
         for (int64_t l = 0; l < keys; ++l) {
           const float* key = key0 + l * key_stride;
@@ -169,7 +173,7 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
       const int64_t span = hi_max - lo_min + 1;
       const float* pv = s + (lo_min - j0);
       const float* v0 = in_place ? static_cast<const float*>(cache.values) + lo_min * stride + kvh * head_stride
-                                 : vt + (kvh * total + lo_min) * d;
+                                 : widened_value(kvh, lo_min);
       const int64_t v_stride = in_place ? stride : d;
       int64_t e0 = 0;
       for (; e0 + kNR <= d; e0 += kNR) {

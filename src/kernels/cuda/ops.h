@@ -7,8 +7,8 @@
 //
 // Numeric contract: activations between ops are fp32 (not bf16) so that the GPU decoder follows the CPU decoder
 // (model::Decoder, the oracle) op for op with the same rounding points; only the GEMM inputs are rounded to bf16
-// (f32_to_bf16), which is where the GPU path differs from the CPU path. The KV cache is fp32 (the CPU's default is
-// bf16: --kv-cache-dtype), laid out [layer][position][kv_heads · head_dim] per slot (the host cache keeps each KV
+// (f32_to_bf16), which is where the GPU path differs from the CPU path. The KV cache is fp32 (the CPU's may be 16-bit:
+// --kv-cache-dtype), laid out [layer][position][kv_heads · head_dim] per slot (the host cache keeps each KV
 // head's positions together instead). Each op's formula is the CPU kernel's
 // (src/kernels/*.h), which cites its transformers source; the CPU kernels are the test oracle
 // (tests/kernels/cuda/ops_cuda_test.cpp).
