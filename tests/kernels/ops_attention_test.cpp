@@ -241,8 +241,9 @@ TEST(Attention, SixteenBitCaches) {
 }
 
 // The vector rounding (bf16 by integer arithmetic, fp16 by F16C where present) agrees bit for bit with quant::'s
-// scalar one (a NaN stays a NaN of the same sign; its payload is not compared): random magnitudes over the whole range, exact halfway ties both ways, subnormals, values that
-// round to ±inf (fp16 above 65504), ±0, ±inf and NaN, in lengths with and without a vector tail.
+// scalar one (a NaN stays a NaN of the same sign; its payload is not compared): random magnitudes over the whole
+// range, exact halfway ties both ways, subnormals, values that round to ±inf (fp16 above 65504), ±0, ±inf and NaN,
+// in lengths with and without a vector tail.
 TEST(Attention, WriteKvRowRoundsLikeQuant) {
   std::vector<float> x = random_nonzero(1000, 17, 1e-3f, 1.0f);
   for (size_t i = 0; i < x.size(); ++i) {
