@@ -51,6 +51,7 @@ std::unique_ptr<BackendLinear> CpuBackend::upload_linear(LinearGroup group) {
   w->in_features = group.in_features();
   w->out_features = group.out_features();
   w->group = std::move(group);
+  w->group.move_weights_into(weights_arena_);  // huge pages for the bytes every decode step streams
   return w;
 }
 

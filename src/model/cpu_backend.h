@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   const FlatBatch* step_ = nullptr;
   KvCache* cache_ = nullptr;
   kernels::KvElement kv_element_;
+  prepare::HugePageArena weights_arena_;  // every uploaded linear's weights
 };
 
 }  // namespace fp4serve::model

@@ -62,6 +62,8 @@ class LinearGroup {
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   const std::vector<LinearPart>& parts() const { return parts_; }
+  /// Moves every part's weight buffers (codes, scales, offsets) into `arena` (copies, the originals freed).
+  void move_weights_into(prepare::HugePageArena& arena);
   bool empty() const { return parts_.empty(); }
 
   /// y[m, out_features] = concat over parts of U_part(T_part(x[m, K]) · W_partᵀ (+ bias_part)), T_part the part's

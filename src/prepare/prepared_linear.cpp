@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "prepare/prepared_linear.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "prepare/repack_util.h"
@@ -28,7 +32,66 @@ AlignedBuffer& AlignedBuffer::operator=(const AlignedBuffer& other) {
   return *this;
 }
 
-void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
+void AlignedBuffer::Free::operator()(std::byte* p) const {
+  if (chunk == nullptr) std::free(p);
+}
+
+AlignedBuffer AlignedBuffer::copy_into(HugePageArena& arena, const AlignedBuffer& source) {
+  AlignedBuffer out;
+  if (source.size_ == 0) return out;
+  const size_t rounded = (source.size_ + 63) / 64 * 64;
+  std::shared_ptr<void> chunk;
+  std::byte* p = arena.allocate(rounded, chunk);
+  std::memcpy(p, source.data_.get(), source.size_);
+  std::memset(p + source.size_, 0, rounded - source.size_);  // as zero-initialised as the source's padding
+  out.data_ = std::unique_ptr<std::byte[], Free>(p, Free{std::move(chunk)});
+  out.size_ = source.size_;
+  return out;
+}
+
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+}  // namespace
+
+struct HugePageArena::State {
+  mutable std::mutex mutex;
+  size_t chunk_bytes;
+  std::shared_ptr<void> chunk;  // the chunk being filled
+  std::byte* base = nullptr;
+  size_t capacity = 0, used = 0, handed_out = 0;
+};
+
+HugePageArena::HugePageArena(size_t chunk_bytes) : state_(std::make_shared<State>()) {
+  state_->chunk_bytes = (std::max(chunk_bytes, kHugePage) + kHugePage - 1) / kHugePage * kHugePage;
+}
+
+std::byte* HugePageArena::allocate(size_t bytes, std::shared_ptr<void>& chunk) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  const std::lock_guard lock(state_->mutex);
+  State& s = *state_;
+  if (s.chunk == nullptr || s.used + rounded > s.capacity) {
+    const size_t size = std::max(s.chunk_bytes, (rounded + kHugePage - 1) / kHugePage * kHugePage);
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(kHugePage, size));
+    if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages the memory works the same
+#endif
+    s.chunk = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    s.base = p;
+    s.capacity = size;
+    s.used = 0;
+  }
+  std::byte* out = s.base + s.used;
+  s.used += rounded;
+  s.handed_out += rounded;
+  chunk = s.chunk;
+  return out;
+}
+
+size_t HugePageArena::used_bytes() const {
+  const std::lock_guard lock(state_->mutex);
+  return state_->handed_out;
+}
 
 size_t weight_bytes(const PreparedLinear& w) {
   return w.codes.size() + w.scales.size() + w.offsets.size() + w.global_scale.size() * sizeof(float);

@@ -41,12 +41,17 @@ enum class ActivationPrecision : uint8_t {
 /// SVE), and picks its own panel width and rows per work item (kernels/cpu/gemm_simd.cpp, gemm_gemv.cpp).
 inline constexpr int64_t kTileRows = 8;
 
+class HugePageArena;
+
 /// 64-byte aligned, zero-initialised, owned bytes.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   /// Throws std::bad_alloc when the allocation fails.
   explicit AlignedBuffer(size_t bytes);
+  /// A copy of `source` carved out of `arena` (which may be destroyed before the copy: the chunk lives as long as
+  /// a buffer in it). Throws std::bad_alloc.
+  static AlignedBuffer copy_into(HugePageArena& arena, const AlignedBuffer& source);
   /// A deep copy (a new allocation of the same size and bytes). Throws std::bad_alloc.
   AlignedBuffer(const AlignedBuffer& other);
   AlignedBuffer& operator=(const AlignedBuffer& other);
@@ -62,10 +67,30 @@ class AlignedBuffer {
 
  private:
   struct Free {
+    std::shared_ptr<void> chunk;  // set when the bytes belong to a HugePageArena chunk: freed with the chunk
     void operator()(std::byte* p) const;
   };
   std::unique_ptr<std::byte[], Free> data_;
   size_t size_ = 0;
+};
+
+/// Bump allocator of 64-byte aligned blocks inside 2 MiB-aligned chunks advised MADV_HUGEPAGE (transparent huge
+/// pages, where the kernel allows them), for weights that live as long as the model. A decode step streams every
+/// weight byte once; with 4 KiB pages each page also costs a TLB miss per token. Measured on the default model
+/// (bench model -p 128 -n 64, alternating binaries): the bf16 lm_head alone on huge pages decoded 1.10× / 1.08×
+/// at one / two threads, every weight 1.00× / 1.11× more. Space is never reused: only for final weights.
+/// Thread-safe. A chunk is freed when the arena and every buffer carved from it are gone.
+class HugePageArena {
+ public:
+  explicit HugePageArena(size_t chunk_bytes = size_t{32} << 20);
+  /// `bytes` (> 0) at a 64-byte boundary, and the chunk that owns them. Throws std::bad_alloc.
+  std::byte* allocate(size_t bytes, std::shared_ptr<void>& chunk);
+  /// Bytes handed out so far (each block rounded up to 64).
+  size_t used_bytes() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
 };
 
 /// One Linear layer y = x·Wᵀ (+ bias), W = [out_features N, in_features K], in kernel layout.
