@@ -35,8 +35,8 @@ void run_bench_model(const ModelBenchOptions& opts) {
   first.load = opts.load;
   first.tensor_parallel_size = opts.tensor_parallel_size;
   TensorParallelRun tp(first);
-  // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs them; every rank
-  // loads the same list (per_model), so the followers can build it without rank 0's names.
+  // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs
+  // them; every rank loads the same list (per_model), so the followers can build it without rank 0's names.
   std::vector<runtime::ModelBenchTarget> targets;
   std::vector<std::string> names;
   std::vector<ModelOptions> per_model;
