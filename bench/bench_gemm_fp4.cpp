@@ -138,8 +138,12 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare::ActivationPrecision precision) {
+// bf16_pairs false: the fused FP4 GEMV's FMA kernel on a CPU whose default is the AVX512-BF16 one
+// (kernels::set_bf16_dot_allowed).
+void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare::ActivationPrecision precision,
+               bool bf16_pairs) {
   const int64_t m = state.range(0);
+  kernels::set_bf16_dot_allowed(bf16_pairs);
   auto& copies = cold_copies(f, n, k);
   for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
@@ -153,6 +157,7 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   }
   set_counters(state, static_cast<double>(prepare::weight_bytes(copies[0])), m, n, k);
   state.SetLabel(kernels::gemm_target_name());
+  kernels::set_bf16_dot_allowed(true);
 }
 
 #ifdef FP4SERVE_HAVE_OPENBLAS
@@ -182,11 +187,16 @@ void register_all() {
     if (f == Format::Bf16 || f == Format::Fp8Row) list.push_back(lm_head);
     for (auto [n, k] : list) {
       const std::string shape = std::string(kFormatNames[static_cast<int>(f)]) + "/" + std::to_string(n) + "x" + std::to_string(k);
-      benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32)
+      benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
-      // ActivationPrecision::Int8: int8 activations and integer dot products (NVFP4 / MXFP4 only).
       if (f == Format::Nvfp4 || f == Format::Mxfp4) {
-        benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8)
+        // The FMA kernel where the default fused GEMV takes AVX512-BF16 pairs: the same run's baseline.
+        if (kernels::bf16_dot_active()) {
+          benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false)
+              ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
+        // ActivationPrecision::Int8: int8 activations and integer dot products.
+        benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
       }
     }

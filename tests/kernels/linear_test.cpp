@@ -34,7 +34,8 @@ using testing::OwnedTensor;
 // streaming panel path on AVX2 / NEON / SVE, 9 on AVX-512, 33 the blocked panel path.
 constexpr int64_t kMs[] = {1, 2, 3, 4, 5, 8, 9, 33};
 
-// Runs `body` once per compiled SIMD target supported by this CPU.
+// Runs `body` once per compiled SIMD target supported by this CPU, and on a target whose fused GEMV takes
+// AVX512-BF16 pairs (bf16_dot_active) once more with them switched off (the FMA kernel).
 void for_each_target(const std::function<void()>& body) {
   const auto targets = gemm_targets();
   ASSERT_FALSE(targets.empty());
@@ -43,8 +44,24 @@ void for_each_target(const std::function<void()>& body) {
     SCOPED_TRACE(hwy::TargetName(t));
     ASSERT_STREQ(gemm_target_name(), hwy::TargetName(t));
     body();
+    if (bf16_dot_active()) {
+      set_bf16_dot_allowed(false);
+      SCOPED_TRACE("bf16 pairs off");
+      ASSERT_FALSE(bf16_dot_active());
+      body();
+      set_bf16_dot_allowed(true);
+    }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// The error term the bf16-pair GEMV adds when it serves linear(w, ·, m) now: x carried to 16 significant bits,
+// |x − hi − lo| ≤ 2^−18·|x| (kernels/linear.h set_bf16_dot_allowed), so 2^−18·Σ|x·w|.
+double pair_term(const PreparedLinear& w, int64_t m) {
+  const bool served = w.layout == prepare::WeightLayout::Fp4 &&
+                      w.activation_precision == prepare::ActivationPrecision::Fp32 && m >= 1 &&
+                      m <= gemv_max_rows() && bf16_dot_active();
+  return served ? 0x1p-18 : 0.0;
 }
 
 std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
@@ -54,9 +71,10 @@ std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
   return x;
 }
 
-// Checks y (from linear with x) against Σ x·w in float64 with the bound in the file comment.
+// Checks y (from linear with x) against Σ x·w in float64 with the bound in the file comment, plus
+// extra·Σ|x·w| (pair_term).
 void check_against_float64(const Layer& l, const std::vector<float>& bias, const std::vector<float>& x, int64_t m,
-                           const std::vector<float>& y) {
+                           const std::vector<float>& y, double extra = 0.0) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < l.n; ++n) {
       double ref = 0, mag = 0;
@@ -71,7 +89,7 @@ void check_against_float64(const Layer& l, const std::vector<float>& bias, const
       }
       const double got = y[static_cast<size_t>(i * l.n + n)];
       ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
-      ASSERT_LE(std::fabs(got - ref), static_cast<double>(l.k + 4) * 0x1p-24 * mag + 1e-30)
+      ASSERT_LE(std::fabs(got - ref), (static_cast<double>(l.k + 4) * 0x1p-24 + extra) * mag + 1e-30)
           << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
     }
   }
@@ -94,7 +112,7 @@ void check_layer(PreparedLinear& w, const Layer& l, std::mt19937& rng, bool with
     for_each_target([&] {
       std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
       linear(w, x.data(), m, y.data());
-      check_against_float64(l, bias, x, m, y);
+      check_against_float64(l, bias, x, m, y, pair_term(w, m));
     });
     std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
     linear_reference(w, x.data(), m, y.data());
@@ -198,7 +216,7 @@ TEST(LinearFusedGemv, SmallMMatchesFloat64OnEverySimdTarget) {
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
         const bool fused = gemv_dispatch(w, x.data(), m, y.data());
         EXPECT_EQ(fused, m >= 1 && m <= max_rows) << "m " << m;
-        if (fused) check_against_float64(l, bias, x, m, y);
+        if (fused) check_against_float64(l, bias, x, m, y, pair_term(w, m));
       });
     }
   }
@@ -246,12 +264,19 @@ TEST(LinearTargets, DispatchRunsASupportedSimdTarget) {
     names += std::string(" ") + hwy::TargetName(t);
     listed = listed || std::string(hwy::TargetName(t)) == gemm_target_name();
   }
-  std::printf("[  target  ] linear() dispatches to %s; compiled and supported:%s\n", gemm_target_name(), names.c_str());
+  std::printf("[  target  ] linear() dispatches to %s (AVX512-BF16 pair GEMV: %s); compiled and supported:%s\n",
+              gemm_target_name(), bf16_dot_active() ? "yes" : "no", names.c_str());
   EXPECT_TRUE(listed) << gemm_target_name();
   const auto scalar = [](const std::string& name) { return name == "EMU128" || name == "SCALAR"; };
   if (!scalar(hwy::TargetName(targets.front()))) {
     EXPECT_FALSE(scalar(gemm_target_name())) << names;
   }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  // A CPU with AVX512-BF16 runs the bf16-pair GEMV, so the tests above reach it (and its FMA fallback).
+  if (std::string(gemm_target_name()) == "AVX3") {
+    EXPECT_EQ(bf16_dot_active(), __builtin_cpu_supports("avx512bf16") != 0);
+  }
+#endif
 #if defined(__aarch64__)
   // Every AArch64 CPU has NEON, so its GEMM must be compiled in.
   EXPECT_NE(names.find(" NEON"), std::string::npos) << names;

@@ -2,6 +2,7 @@
 // linear(): argument checks, activation preprocessing (W4A4 emulation, int4 activation order), dispatch.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -65,6 +66,21 @@ void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t blo
     if (flags[g] == 0) d[g] /= 256.f;
     if (fine != nullptr) fine[g] = flags[g];
   }
+}
+
+namespace {
+std::atomic<bool> bf16_dot_allowed{true};
+}  // namespace
+
+void set_bf16_dot_allowed(bool allowed) { bf16_dot_allowed.store(allowed, std::memory_order_relaxed); }
+
+bool bf16_dot_usable() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+#else
+  constexpr bool cpu = false;
+#endif
+  return cpu && bf16_dot_allowed.load(std::memory_order_relaxed);
 }
 
 std::vector<int64_t> int8_gemm_targets() { return int8_targets(); }

@@ -52,6 +52,10 @@ void reference_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m,
 /// [1, gemv_max_rows()].
 bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// Whether the kernels may run AVX512-BF16 dot products now: the CPU has them (cpuid; x86 GCC builds only) and
+/// set_bf16_dot_allowed (kernels/linear.h) has not switched them off. Read at every call.
+bool bf16_dot_usable();
+
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 
