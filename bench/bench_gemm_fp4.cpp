@@ -195,6 +195,9 @@ void register_all() {
           benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false)
               ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseRealTime()->Unit(benchmark::kMicrosecond);
         }
+        // ActivationPrecision::Bf16: x rounded to bf16, bf16 dot products where the CPU has them.
+        benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true)
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
         // ActivationPrecision::Int8: int8 activations and integer dot products.
         benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -15,8 +15,9 @@
 #    Q8_0 base with `--token-embedding-type f16 --output-tensor-type f16`: every linear of the blocks in that type,
 #    the tied embedding / output F16 (the bytes fp4serve's checkpoints keep in bf16). (An F16 base type would
 #    copy every tensor unchanged, overrides included.)
-# 3. fp4serve runs models/default-nvfp4 and an MXFP4A16 quantization of default-src, with fp32 and int8
-#    activations (and int8-decode on the NVFP4 model). Every (model, T) sample is a fresh process, interleaved
+# 3. fp4serve runs models/default-nvfp4 and an MXFP4A16 quantization of default-src with its default
+#    activations (auto: bf16 on a CPU with AVX512-BF16, else fp32) and int8, and the NVFP4 model also with fp32.
+#    Every (model, T) sample is a fresh process, interleaved
 #    A B A B … over --reps rounds, one llama-bench -p P -n N -d 0,P -r 1 per llama.cpp sample and one
 #    `fp4serve bench model -r 1` per fp4serve sample.
 #    Decode is measured after the prompt in both (llama-bench -d P; its depth-0 decode is printed for reference).
@@ -147,8 +148,8 @@ st_bytes() {  # safetensors: file sizes minus headers
 }
 
 # ---- samples, interleaved: (model × threads) in rotating order, one process each
-MODELS=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4 fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8
-        fp4serve:nvfp4:int8-decode fp4serve:mxfp4a16:fp32 fp4serve:mxfp4a16:int8)
+MODELS=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4 fp4serve:nvfp4:auto fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8
+        fp4serve:mxfp4a16:auto fp4serve:mxfp4a16:int8)
 # Each tool waits as it does by default (fp4serve: a short spin on an idle machine; ggml: its own spinning
 # barriers) unless PEER_OMP_WAIT_POLICY sets OMP_WAIT_POLICY for both.
 if [ -n "${PEER_OMP_WAIT_POLICY:-}" ]; then
@@ -225,7 +226,7 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
     echo
     echo "fp4serve / llama.cpp per type (decode, prefill):"
     for t in $THREADS; do
-        for f in fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8 fp4serve:nvfp4:int8-decode fp4serve:mxfp4a16:fp32 \
+        for f in fp4serve:nvfp4:auto fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8 fp4serve:mxfp4a16:auto \
             fp4serve:mxfp4a16:int8; do
             line="T=$t $f:"
             for l in llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4; do

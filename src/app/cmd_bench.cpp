@@ -22,7 +22,7 @@ struct ModelBenchOptions {
   std::vector<std::string> models;
   model::LoadOptions load;
   int tensor_parallel_size = 1;
-  std::vector<std::string> activation_precisions{"fp32"};  // every model runs with each (interleaved)
+  std::vector<std::string> activation_precisions{"auto"};  // every model runs with each (interleaved)
   std::vector<std::string> lm_head_dtypes{"bf16"};
   std::vector<std::string> kv_cache_dtypes{"auto"};
   runtime::ModelBenchConfig bench;
@@ -106,9 +106,9 @@ void register_bench_model(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
   cmd->add_option("--activation-precision", opts->activation_precisions,
-                  "fp32, int8 and/or int8-decode (comma-separated: each model runs with each, interleaved)")
+                  "auto, fp32, bf16, int8 and/or int8-decode (comma-separated: each model runs with each, interleaved)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fp32", "int8", "int8-decode"}))
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "int8", "int8-decode"}))
       ->capture_default_str();
   cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
       ->delimiter(',')

@@ -132,6 +132,7 @@ void run_generate(const GenerateOptions& opts) {
                                 {"decode_tokens_per_s", decode_tps},
                                 {"device", opts.model.load.device},
                                 {"kv_cache_dtype", kernels::kv_element_name(loaded.kv_element)},
+                                {"activation_precision", model::activation_precision_name(loaded.activation_precision)},
                                 {"threads", core::num_threads()},
                                 {"threads_note", device}};
     fmt::print("{}\n", out.dump(2));
@@ -140,9 +141,10 @@ void run_generate(const GenerateOptions& opts) {
   std::fputc('\n', stdout);
   std::fflush(stdout);  // before the stderr summary, so the two streams do not interleave
   log_info("load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | "
-           "finish: {} | {} | KV cache {}\n",
+           "finish: {} | {} | KV cache {} | activations {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
-           decode_tps, result.finish_reason, device, kernels::kv_element_name(loaded.kv_element));
+           decode_tps, result.finish_reason, device, kernels::kv_element_name(loaded.kv_element),
+           model::activation_precision_name(loaded.activation_precision));
 }
 
 }  // namespace

@@ -112,9 +112,11 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
       ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
       ->capture_default_str();
   cmd.add_option("--activation-precision", opts.load.activation_precision,
-                 "fp32; int8: NVFP4/MXFP4 linears quantize their input to int8 per weight group and use integer dot "
-                 "products; int8-decode: int8 for decode steps, fp32 for prefill")
-      ->check(CLI::IsMember({"fp32", "int8", "int8-decode"}))
+                 "auto (bf16 for a bfloat16 checkpoint on a CPU with AVX512-BF16, else fp32); fp32; bf16: "
+                 "NVFP4/MXFP4 linears round their input to bf16 (bf16 dot products where the CPU has them); int8: "
+                 "they quantize it to int8 per weight group and use integer dot products; int8-decode: int8 for "
+                 "decode steps, fp32 for prefill")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "int8", "int8-decode"}))
       ->capture_default_str();
   cmd.add_option("--lm-head-dtype", opts.load.lm_head_dtype,
                  "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")

@@ -7,6 +7,7 @@
 
 #include "core/threading.h"
 #include "fp4serve/error.h"
+#include "kernels/linear.h"
 #include "model/backend.h"
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
@@ -31,16 +32,11 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), lines));
 }
 
-PrepareOptions prepare_options(const LoadOptions& options) {
+// The options as prepare takes them; activation_precision comes from resolve_activation_precision with the
+// checkpoint's dtype (model_dtype "" before the checkpoint is read: a check of the choice alone).
+PrepareOptions prepare_options(const LoadOptions& options, const std::string& model_dtype) {
   PrepareOptions out;
-  if (options.activation_precision == "int8") {
-    out.activation_precision = prepare::ActivationPrecision::Int8;
-  } else if (options.activation_precision == "int8-decode") {
-    out.activation_precision = prepare::ActivationPrecision::Int8Decode;
-  } else if (options.activation_precision != "fp32") {
-    throw UsageError(fmt::format("--activation-precision: '{}' is not fp32, int8 or int8-decode",
-                                 options.activation_precision));
-  }
+  out.activation_precision = resolve_activation_precision(options.activation_precision, options.device, model_dtype);
   if (options.lm_head_dtype == "fp8") {
     out.lm_head_dtype = LmHeadDtype::Fp8;
   } else if (options.lm_head_dtype == "int8") {
@@ -52,6 +48,30 @@ PrepareOptions prepare_options(const LoadOptions& options) {
 }
 
 }  // namespace
+
+prepare::ActivationPrecision resolve_activation_precision(const std::string& choice, const std::string& device,
+                                                          const std::string& model_dtype) {
+  if (choice == "auto") {
+    const bool bf16_dots = device != "cuda" && kernels::bf16_dot_active();
+    return bf16_dots && model_dtype == "bfloat16" ? prepare::ActivationPrecision::Bf16
+                                                  : prepare::ActivationPrecision::Fp32;
+  }
+  if (choice == "fp32") return prepare::ActivationPrecision::Fp32;
+  if (choice == "bf16") return prepare::ActivationPrecision::Bf16;
+  if (choice == "int8") return prepare::ActivationPrecision::Int8;
+  if (choice == "int8-decode") return prepare::ActivationPrecision::Int8Decode;
+  throw UsageError(fmt::format("--activation-precision: '{}' is not auto, fp32, bf16, int8 or int8-decode", choice));
+}
+
+const char* activation_precision_name(prepare::ActivationPrecision precision) {
+  switch (precision) {
+    case prepare::ActivationPrecision::Fp32: return "fp32";
+    case prepare::ActivationPrecision::Bf16: return "bf16";
+    case prepare::ActivationPrecision::Int8: return "int8";
+    case prepare::ActivationPrecision::Int8Decode: return "int8-decode";
+  }
+  return "?";
+}
 
 kernels::KvElement resolve_kv_cache_dtype(const std::string& choice, const std::string& device,
                                           const std::string& model_dtype) {
@@ -77,9 +97,9 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   const auto t0 = std::chrono::steady_clock::now();
   // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
   // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
-  const PrepareOptions prepare = prepare_options(options);  // a bad choice is refused before anything is read
-  if (options.device == "cuda" && (prepare.activation_precision != prepare::ActivationPrecision::Fp32 ||
-                                   prepare.lm_head_dtype != LmHeadDtype::Bf16)) {
+  const PrepareOptions checked = prepare_options(options, "");  // a bad choice is refused before anything is read
+  if (options.device == "cuda" && (checked.activation_precision != prepare::ActivationPrecision::Fp32 ||
+                                   checked.lm_head_dtype != LmHeadDtype::Bf16)) {
     throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; the "
                                  "GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
                                  options.activation_precision, options.lm_head_dtype));
@@ -92,6 +112,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
   loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, options.device, loaded.config.dtype);
+  const PrepareOptions prepare = prepare_options(options, loaded.config.dtype);
+  loaded.activation_precision = prepare.activation_precision;
   if (backend == nullptr) backend = make_cpu_backend(loaded.kv_element);
 
   plan_options.activation_quant = plan::parse_activation_quant(options.activation_quant);

@@ -25,9 +25,9 @@ struct LoadOptions {
   int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)
   int threads = 0;                        ///< CPU threads, 0 = all cores
-  /// fp32 | int8 | int8-decode: how NVFP4 / MXFP4 linears take their activations on the CPU
-  /// (prepare::ActivationPrecision: Fp32, Int8, Int8Decode).
-  std::string activation_precision = "fp32";
+  /// auto | fp32 | bf16 | int8 | int8-decode: how NVFP4 / MXFP4 linears take their activations on the CPU
+  /// (prepare::ActivationPrecision: Fp32, Bf16, Int8, Int8Decode; auto: resolve_activation_precision).
+  std::string activation_precision = "auto";
   /// bf16 (as stored) | fp8 | int8: the in-memory copy an unquantized lm_head / tied embedding is served from.
   std::string lm_head_dtype = "bf16";
   /// auto | fp32 | bf16 | fp16: the element type of the CPU KV cache (kernels::KvElement); auto follows the
@@ -49,7 +49,20 @@ struct LoadedModel {
   std::vector<std::string> warnings;  ///< plan warnings (downgrades), for the caller to show (the CLI: unless -q)
   double load_seconds = 0.0;
   kernels::KvElement kv_element = kernels::KvElement::F32;  ///< what the decoder's KV caches store
+  /// How the FP4 linears take their activations (LoadOptions::activation_precision resolved).
+  prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
 };
+
+/// --activation-precision `choice` on `device` for a checkpoint whose dtype is `model_dtype` (ModelConfig::dtype).
+/// auto is Bf16 where the CPU kernels run bf16 dot products (kernels::bf16_dot_active(): AVX512-BF16) and the
+/// checkpoint is bfloat16, so that prefill runs as the checkpoint's own dtype at twice the fp32 FMA's products per
+/// instruction; anything else (another dtype, a CPU without AVX512-BF16, where bf16 would only add a rounding
+/// pass, or "cuda") is Fp32. Throws UsageError naming the option for an unknown choice.
+prepare::ActivationPrecision resolve_activation_precision(const std::string& choice, const std::string& device,
+                                                          const std::string& model_dtype);
+
+/// "fp32", "bf16", "int8" or "int8-decode": the --activation-precision value of `precision`.
+const char* activation_precision_name(prepare::ActivationPrecision precision);
 
 /// --kv-cache-dtype `choice` (auto | fp32 | bf16 | fp16) on `device` (LoadOptions::device) as a cache element.
 /// auto follows the checkpoint's `model_dtype` (ModelConfig::dtype) as vLLM's `auto` does: bfloat16 → Bf16,

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "kernels/linear.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
+#include "quant/formats.h"
 
 namespace fp4serve::kernels {
 namespace {
@@ -233,6 +235,64 @@ TEST(LinearFusedGemv, OtherLayoutsAreNotClaimed) {
     EXPECT_FALSE(gemv_dispatch(w, x.data(), 1, y.data()));
     for (float v : y) EXPECT_TRUE(std::isnan(v));  // nothing written
   });
+}
+
+// Scale byte i of an MXFP4 test layer (make_mxfp4 sets byte 1 to 1, i.e. 2^-126), with the float64 weights.
+void set_mx_scale(Layer& l, size_t i, uint8_t byte) {
+  auto* scales = reinterpret_cast<uint8_t*>(l.scale.data.data());
+  const auto* codes = reinterpret_cast<const uint8_t*>(l.weight.data.data());
+  scales[i] = byte;
+  const int64_t groups = l.k / 32;
+  const int64_t r = static_cast<int64_t>(i) / groups, g = static_cast<int64_t>(i) % groups;
+  for (int64_t c = 32 * g; c < 32 * (g + 1); ++c) {
+    const uint8_t b = codes[static_cast<size_t>(r * l.k / 2 + c / 2)];
+    l.w[static_cast<size_t>(r * l.k + c)] = testing::e2m1_value(c % 2 == 0 ? b & 0xF : b >> 4) * std::ldexp(1.0, byte - 127);
+  }
+}
+
+// ActivationPrecision::Bf16: y must be Σ bf16(x)·w (float64 on the rounded x, the file's fp32 bound), on every
+// target and with bf16 dot products on and off, through the GEMV (m ≤ 8), the streaming panel (9) and the blocked
+// panel (13, 33), for K past one 256-column panel chunk and odd tile counts (a lone last tile in a pair). MXFP4 with
+// a scale whose E2M1 products leave bf16's normal range (byte 1; byte 2 is the smallest that stays) must take the fp32 kernels and still
+// match. It must also differ from the exact-x result, so the rounding provably happened.
+TEST(LinearBf16, MatchesFloat64OnBf16RoundedX) {
+  std::mt19937 rng(110);
+  struct Case { bool nvfp4; int64_t n, k; int mx_byte; };
+  for (const Case c : {Case{true, 13, 48, 0}, Case{true, 37, 400, 0}, Case{true, 72, 544, 0}, Case{false, 23, 96, 120},
+                       Case{false, 41, 544, 2}, Case{false, 37, 544, 1}}) {
+    SCOPED_TRACE(::testing::Message() << (c.nvfp4 ? "nvfp4" : "mxfp4") << " N " << c.n << " K " << c.k << " byte "
+                                      << c.mx_byte);
+    Layer l = c.nvfp4 ? testing::make_nvfp4(rng, c.n, c.k, true) : testing::make_mxfp4(rng, c.n, c.k);
+    if (!c.nvfp4) set_mx_scale(l, 1, static_cast<uint8_t>(c.mx_byte));
+    PreparedLinear w = c.nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                                        GlobalScaleConvention::Divisor, "t")
+                               : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+    w.activation_precision = prepare::ActivationPrecision::Bf16;
+    for (int64_t m : {1, 2, 5, 8, 9, 13, 33}) {
+      const auto x = random_x(rng, m, l.k);
+      std::vector<float> rounded(x.size());
+      for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      std::vector<float> y(static_cast<size_t>(m * l.n));
+      for_each_target([&] {
+        std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+        linear(w, x.data(), m, y.data());
+        check_against_float64(l, {}, rounded, m, y);
+        double worst = 0;  // against Σ x·w on the exact x, relative to Σ |x·w|
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t n = 0; n < l.n; ++n) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < l.k; ++k) {
+              const double p = x[static_cast<size_t>(i * l.k + k)] * l.w[static_cast<size_t>(n * l.k + k)];
+              ref += p;
+              mag += std::fabs(p);
+            }
+            worst = std::max(worst, std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref) / mag);
+          }
+        }
+        EXPECT_GT(worst, static_cast<double>(l.k + 4) * 0x1p-24) << "m " << m << ": x was not rounded";
+      });
+    }
+  }
 }
 
 TEST(LinearThreads, OneAndTwoThreadsGiveIdenticalResults) {

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The run-time approximations of LoadOptions (activation_precision = int8, lm_head_dtype = fp8 | int8,
+// The run-time approximations of LoadOptions (activation_precision = int8 | bf16 | auto, lm_head_dtype = fp8 | int8,
 // kv_cache_dtype = bf16 | fp16 | auto) on the reference fixtures: logits of both prompts against transformers'
 // fp32 golden within a bound that covers the approximation, and different from the exact path's logits (the
 // option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
 // error per linear of ≤ Σ|w|·d/2 (kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row lm_head
 // copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
 // measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)
-// of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. The exact
-// path runs an fp32 cache.
+// of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. bf16
+// activations round each linear's input by ≤ 2^−9 of itself: measured 7.1e-4–1.5e-3 (the weight-only path alone
+// is within 1.2e-3), bound 3e-3. The exact path runs fp32 activations and an fp32 cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "fp4serve/error.h"
+#include "kernels/linear.h"
 #include "model/loader.h"
 #include "test_support.h"
 
@@ -46,6 +48,7 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
   LoadOptions exact_options;
+  exact_options.activation_precision = "fp32";
   exact_options.kv_cache_dtype = "fp32";
   LoadOptions options = exact_options;
   options.activation_precision = c.activation_precision;
@@ -86,7 +89,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
                                            PrecisionCase{"llama-bf16", "fp32", "bf16", 3e-3, "bf16"},
                                            PrecisionCase{"llama-nvfp4a16", "fp32", "bf16", 3e-3, "auto"},
                                            PrecisionCase{"qwen3-nvfp4a16", "fp32", "bf16", 3e-3, "fp16"},
-                                           PrecisionCase{"mixtral-nvfp4a16", "fp32", "bf16", 3e-3, "bf16"}),
+                                           PrecisionCase{"mixtral-nvfp4a16", "fp32", "bf16", 3e-3, "bf16"},
+                                           PrecisionCase{"llama-nvfp4a16", "bf16", "bf16", 3e-3},
+                                           PrecisionCase{"llama-mxfp4a16", "bf16", "bf16", 3e-3},
+                                           PrecisionCase{"qwen3-nvfp4a16", "bf16", "bf16", 3e-3},
+                                           PrecisionCase{"mixtral-nvfp4a16", "bf16", "bf16", 3e-3},
+                                           PrecisionCase{"llama-nvfp4a16", "auto", "bf16", 3e-3, "auto"}),
                          [](const ::testing::TestParamInfo<PrecisionCase>& p) {
                            std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" +
                                            p.param.lm_head_dtype + "_kv_" + p.param.kv_cache_dtype;
@@ -134,6 +142,34 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
   EXPECT_THROW(cache.key(slot, 0, 0, 0), UsageError);  // fp32 rows only
   EXPECT_EQ(static_cast<char*>(cache.key_data(slot, 0, 0, 1)) - static_cast<char*>(cache.key_data(slot, 0, 0, 0)),
             cache.head_dim() * 2);
+}
+
+TEST(RunPrecision, ActivationPrecisionChoices) {
+  using prepare::ActivationPrecision;
+  // auto: bf16 only for a bfloat16 checkpoint on a CPU whose kernels run bf16 dot products.
+  const ActivationPrecision cpu_bf16 = kernels::bf16_dot_active() ? ActivationPrecision::Bf16 : ActivationPrecision::Fp32;
+  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "bfloat16"), cpu_bf16);
+  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "float16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "float32"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision("auto", "cpu", ""), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision("auto", "cuda", "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision("fp32", "cpu", "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision("bf16", "cpu", "float32"), ActivationPrecision::Bf16);
+  EXPECT_EQ(resolve_activation_precision("int8", "cpu", ""), ActivationPrecision::Int8);
+  EXPECT_EQ(resolve_activation_precision("int8-decode", "cpu", ""), ActivationPrecision::Int8Decode);
+  EXPECT_THROW(resolve_activation_precision("fp16", "cpu", ""), UsageError);
+  EXPECT_STREQ(activation_precision_name(ActivationPrecision::Bf16), "bf16");
+  EXPECT_STREQ(activation_precision_name(ActivationPrecision::Int8Decode), "int8-decode");
+  // Without bf16 dot products auto falls back to fp32 on the same CPU.
+  kernels::set_bf16_dot_allowed(false);
+  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "bfloat16"), ActivationPrecision::Fp32);
+  kernels::set_bf16_dot_allowed(true);
+  // The loaded model says what its linears take.
+  const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", LoadOptions{});
+  EXPECT_EQ(loaded.activation_precision, cpu_bf16);
+  LoadOptions fp32;
+  fp32.activation_precision = "fp32";
+  EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", fp32).activation_precision, ActivationPrecision::Fp32);
 }
 
 }  // namespace

@@ -240,29 +240,39 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
 
-// xp [K/8][kM][8] uint32: per octet c of columns and row i, the bf16 pairs (x[8c + j], x[8c + j + 4]) of hi for
-// j = 0 … 3 (low word x[8c + j]), then those of lo, so that everything one octet needs is in one 32-byte block.
+// The words per octet and x row of PairActivations<kSplit>: four pairs of hi, and with kSplit four of lo.
+template <bool kSplit>
+constexpr int64_t kPairWords = kSplit ? 8 : 4;
+
+// xp [K/8][m][kPairWords] uint32: per octet c of columns and row i, the bf16 pairs (x[8c + j], x[8c + j + 4]) of hi
+// for j = 0 … 3 (low word x[8c + j]), then (kSplit) those of lo, so that everything one octet needs is in one block.
+// Without kSplit, hi alone: x rounded to bf16 (ActivationPrecision::Bf16).
+template <bool kSplit>
 HWY_INLINE void PairActivations(const float* HWY_RESTRICT x, int64_t m, int64_t k, uint32_t* HWY_RESTRICT xp) {
+  constexpr int64_t kWords = kPairWords<kSplit>;
   const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t c = 0; c < k / 8; c += 2) {  // K is a multiple of the group size (16 or 32)
       const __m512 v = _mm512_permutexvar_ps(order, _mm512_loadu_ps(x + i * k + 8 * c));
       const __m256i hi = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-      const __m512 hi_f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
-      const __m256i lo = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_sub_ps(v, hi_f)));
-      uint32_t* first = xp + (c * m + i) * 8;
-      uint32_t* second = xp + ((c + 1) * m + i) * 8;
+      uint32_t* first = xp + (c * m + i) * kWords;
+      uint32_t* second = xp + ((c + 1) * m + i) * kWords;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(first), _mm256_castsi256_si128(hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(first + 4), _mm256_castsi256_si128(lo));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(second), _mm256_extracti128_si256(hi, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(second + 4), _mm256_extracti128_si256(lo, 1));
+      if constexpr (kSplit) {
+        const __m512 hi_f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+        const __m256i lo = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_sub_ps(v, hi_f)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(first + 4), _mm256_castsi256_si128(lo));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(second + 4), _mm256_extracti128_si256(lo, 1));
+      }
     }
   }
 }
 
-// Raw sums acc[i][r] for the rows r of tiles (ta, tb), as GemvTiles, from the pairs of PairActivations. Per x
-// row and group two chains (hi, lo), four for kM ≤ 2 (also split by column parity): vdpbf16ps has a 6-cycle latency.
-template <quant::BlockFormat kFormat, int kM>
+// Raw sums acc[i][r] for the rows r of tiles (ta, tb), as GemvTiles, from the pairs of PairActivations<kSplit>.
+// Per x row and group two chains (hi, lo), four for kM ≤ 2 (also split by column parity): vdpbf16ps has a
+// 6-cycle latency.
+template <quant::BlockFormat kFormat, int kM, bool kSplit>
 HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const uint32_t* HWY_RESTRICT xp,
                               float* HWY_RESTRICT acc) {
   const DF df;
@@ -293,14 +303,17 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
       const __m512i v = _mm512_inserti64x4(
           _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(codes_a + 32 * c))),
           _mm256_load_si256(reinterpret_cast<const __m256i*>(codes_b + 32 * c)), 1);
-      const uint32_t* xc = xp + c * kM * 8;
+      const uint32_t* xc = xp + c * kM * kPairWords<kSplit>;
       const auto pair = [&](int j, __m512i words) HWY_ATTR {
         const __m512bh w_pair = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(words, table));
         for (int i = 0; i < kM; ++i) {
-          const __m512bh x_hi = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xc[8 * i + j])));
-          const __m512bh x_lo = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xc[8 * i + 4 + j])));
+          const uint32_t* xi = xc + kPairWords<kSplit> * i;
+          const __m512bh x_hi = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xi[j])));
           hi[i][j % kChains] = _mm512_dpbf16_ps(hi[i][j % kChains], w_pair, x_hi);
-          lo[i][j % kChains] = _mm512_dpbf16_ps(lo[i][j % kChains], w_pair, x_lo);
+          if constexpr (kSplit) {
+            const __m512bh x_lo = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xi[4 + j])));
+            lo[i][j % kChains] = _mm512_dpbf16_ps(lo[i][j % kChains], w_pair, x_lo);
+          }
         }
       };
       pair(0, v);
@@ -318,25 +331,27 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }
 
-template <quant::BlockFormat kFormat, int kM>
+template <quant::BlockFormat kFormat, int kM, bool kSplit>
 void Bf16PairLayer(const PreparedLinear& w, const uint32_t* xp, float* y) {
   ForEachRowItem<kM, kRows>(w, y, [&](int64_t ta, int64_t tb, float* acc) HWY_ATTR {
-    Bf16PairTiles<kFormat, kM>(w, ta, tb, xp, acc);
+    Bf16PairTiles<kFormat, kM, kSplit>(w, ta, tb, xp, acc);
   });
 }
 
+// kSplit: x carried as hi + lo (ActivationPrecision::Fp32); otherwise rounded to bf16 (Bf16).
+template <bool kSplit>
 void Bf16PairGemv(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
-  const auto need = static_cast<size_t>(m * w.in_features);  // K/2 pairs of hi and K/2 of lo per row
+  const auto need = static_cast<size_t>(m * w.in_features / 8 * kPairWords<kSplit>);
   if (capacity < need) {
     pairs = hwy::AllocateAligned<uint32_t>(need);
     capacity = need;
   }
-  PairActivations(x, m, w.in_features, pairs.get());
+  PairActivations<kSplit>(x, m, w.in_features, pairs.get());
   const uint32_t* xp = pairs.get();  // not `pairs`: inside the threads it would name their own buffers
   quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
-    ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() HWY_ATTR { Bf16PairLayer<F, kM>(w, xp, y); });
+    ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() HWY_ATTR { Bf16PairLayer<F, kM, kSplit>(w, xp, y); });
   });
 }
 
@@ -507,6 +522,18 @@ bool GemvBf16DotActive() {
 #endif
 }
 
+// ActivationPrecision::Bf16 for m ≤ kMaxM: x rounded to bf16, one vdpbf16ps per pair (false: no such path here).
+bool GemvBf16Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+#if FP4SERVE_BF16_DOT
+  if (w.layout != WeightLayout::Fp4 || m < 1 || m > kMaxM || !bf16_dot_usable()) return false;
+  Bf16PairGemv<false>(w, x, m, y);
+  return true;
+#else
+  (void)w, (void)x, (void)m, (void)y;
+  return false;
+#endif
+}
+
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (m < 1) return false;
   switch (w.layout) {
@@ -514,7 +541,7 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
       if (m > kMaxM) return false;
 #if FP4SERVE_BF16_DOT
       if (bf16_dot_usable()) {
-        Bf16PairGemv(w, x, m, y);
+        Bf16PairGemv<true>(w, x, m, y);
         return true;
       }
 #endif
@@ -620,6 +647,8 @@ int64_t GemvMaxRows() { return kMaxM; }
 
 bool GemvBf16DotActive() { return false; }
 
+bool GemvBf16Impl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
+
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   // Sub-tiles of Lanes rows must cover a tile, and the byte table needs a 16-byte vector.
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
@@ -642,6 +671,8 @@ int64_t GemvMaxRows() { return 0; }
 
 bool GemvBf16DotActive() { return false; }
 
+bool GemvBf16Impl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
+
 bool GemvImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
 #endif
@@ -656,6 +687,11 @@ namespace fp4serve::kernels {
 HWY_EXPORT(GemvImpl);
 HWY_EXPORT(GemvMaxRows);
 HWY_EXPORT(GemvBf16DotActive);
+HWY_EXPORT(GemvBf16Impl);
+
+bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  return HWY_DYNAMIC_DISPATCH(GemvBf16Impl)(w, x, m, y);
+}
 
 bool bf16_dot_active() { return HWY_DYNAMIC_DISPATCH(GemvBf16DotActive)(); }
 

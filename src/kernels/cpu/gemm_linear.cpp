@@ -35,6 +35,8 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   const bool int8 = w.activation_precision == prepare::ActivationPrecision::Int8 ||
                     (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= int8_one_pass_rows());
   if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
+  const bool bf16 = w.activation_precision == prepare::ActivationPrecision::Bf16;
+  if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_gemm(w, x, m, y);
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
@@ -49,6 +51,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   }
   if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
+  if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_gemm(w, xp.data(), m, y);
   gemm_dispatch(w, xp.data(), m, y);
 }
 

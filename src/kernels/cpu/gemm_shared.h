@@ -56,6 +56,14 @@ bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
 /// set_bf16_dot_allowed (kernels/linear.h) has not switched them off. Read at every call.
 bool bf16_dot_usable();
 
+/// ActivationPrecision::Bf16 through the fused GEMV with AVX512-BF16 (x rounded to bf16; Fp4 layouts, m ≤
+/// gemv_max_rows()). Returns false (and writes nothing) where that path does not exist or is switched off.
+bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// ActivationPrecision::Bf16 for any m ≥ 1 (gemm_simd.cpp): that GEMV, else the bf16-pair panel GEMM, else x
+/// rounded to bf16 and the fp32 kernels.
+void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 

@@ -16,11 +16,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/fp4_scales-inl.h"
 #include "kernels/cpu/gemm_micro-inl.h"
 #include "kernels/cpu/gemm_shared.h"
 #include "kernels/linear.h"
+#include "quant/formats.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels {
@@ -36,6 +38,8 @@ int64_t TargetId() { return HWY_TARGET; }
 #if !FP4SERVE_PANEL_TARGET
 
 void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) { reference_gemm(w, x, m, y); }
+
+bool Bf16GemmImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
 #else
 
@@ -249,9 +253,12 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
 
 // ---- driver -------------------------------------------------------------------------------------------------
 
-void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  // The panel assumes kLanes lanes per vector; SVE lengths (≥ 128 bits) always hold them.
-  if (hn::Lanes(DF()) != static_cast<size_t>(kLanes)) return reference_gemm(w, x, m, y);
+// The GEMM loops around a panel decoder and a micro-kernel, shared by the fp32 panel (GemmImpl) and the bf16-pair
+// one (Bf16GemmImpl). ops.decode(p, k0, kc, panel) fills the thread's panel scratch (kKc · kNR floats of room)
+// with columns [k0, k0 + kc) of panel p; ops.micro(mm, m0, k0, kc, panel, c, ldc, load_c) adds rows
+// [m0, m0 + mm) of x times that panel into c [mm][ldc] (or stores them when !load_c).
+template <class Ops>
+void PanelGemm(const PreparedLinear& w, int64_t m, float* y, const Ops& ops) {
   const int64_t k_total = w.in_features;
   const int64_t n_total = w.out_features;
   const int64_t panels = (w.tiles() + kPanelTiles - 1) / kPanelTiles;
@@ -275,8 +282,8 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         std::memset(acc, 0, sizeof(float) * kMR * kNR);
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
           const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
-          DecodePanel(w, p, k0, kc, panel);
-          MicroDispatch(static_cast<int>(m), x + k0, k_total, panel, kNR, kc, acc, kNR, /*load_c=*/true);
+          ops.decode(p, k0, kc, panel);
+          ops.micro(static_cast<int>(m), 0, k0, kc, panel, acc, kNR, /*load_c=*/true);
         }
         const int64_t cols = std::min(kNR, n_total - p * kNR);
         for (int64_t i = 0; i < m; ++i) EpilogueRow(w, p * kNR, cols, acc + i * kNR, y + i * n_total + p * kNR);
@@ -292,14 +299,14 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
           const int64_t k0 = kb * kKc, kc = std::min(kKc, k_total - k0);
           for (int64_t p = g * group_panels; p < p_end; ++p) {
-            DecodePanel(w, p, k0, kc, panel);
+            ops.decode(p, k0, kc, panel);
             const int64_t cols = std::min(kNR, n_total - p * kNR);
             for (int64_t m0 = 0; m0 < m; m0 += kMR) {
               const int64_t mm = std::min(kMR, m - m0);
               if (cols == kNR) {
                 // A full panel accumulates in y itself (the last block then applies the epilogue in place).
                 float* c = y + m0 * n_total + p * kNR;
-                MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kNR, kc, c, n_total, kb > 0);
+                ops.micro(static_cast<int>(mm), m0, k0, kc, panel, c, n_total, kb > 0);
                 if (kb + 1 == k_blocks) {
                   for (int64_t i = 0; i < mm; ++i) EpilogueRow(w, p * kNR, kNR, c + i * n_total, c + i * n_total);
                 }
@@ -314,7 +321,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
                   std::memcpy(acc + i * kNR, yi, sizeof(float) * static_cast<size_t>(cols));
                 }
               }
-              MicroDispatch(static_cast<int>(mm), x + m0 * k_total + k0, k_total, panel, kNR, kc, acc, kNR, /*load_c=*/true);
+              ops.micro(static_cast<int>(mm), m0, k0, kc, panel, acc, kNR, /*load_c=*/true);
               for (int64_t i = 0; i < mm; ++i) {
                 float* yi = y + (m0 + i) * n_total + p * kNR;
                 if (kb + 1 < k_blocks) {
@@ -331,6 +338,163 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   }
 }
 
+struct Fp32PanelOps {
+  const PreparedLinear& w;
+  const float* x;
+  void decode(int64_t p, int64_t k0, int64_t kc, float* panel) const { DecodePanel(w, p, k0, kc, panel); }
+  void micro(int mm, int64_t m0, int64_t k0, int64_t kc, const float* panel, float* c, int64_t ldc, bool load_c) const {
+    MicroDispatch(mm, x + m0 * w.in_features + k0, w.in_features, panel, kNR, kc, c, ldc, load_c);
+  }
+};
+
+void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  // The panel assumes kLanes lanes per vector; SVE lengths (≥ 128 bits) always hold them.
+  if (hn::Lanes(DF()) != static_cast<size_t>(kLanes)) return reference_gemm(w, x, m, y);
+  PanelGemm(w, m, y, Fp32PanelOps{w, x});
+}
+
+#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && HWY_COMPILER_GCC_ACTUAL
+// ---- ActivationPrecision::Bf16 with AVX512-BF16: the panel holds bf16 pairs, the micro-kernel runs vdpbf16ps ---
+// Highway 1.0 has no AVX512-BF16 target: this section adds the instructions (as gemm_gemv.cpp's pair GEMV does),
+// and Bf16GemmImpl runs only where bf16_dot_usable(). A panel row is a pair of columns k, k + 1 of the 32 output
+// rows: lane r of a 32-bit word holds W[r, k] in its low half and W[r, k + 1] in its high one, and x arrives as the
+// same pairs, so one vdpbf16ps does what two FMAs do in the fp32 micro-kernel. The decoded weights are the fp32
+// panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8) as long as E2M1 · 2^e
+// stays a normal bf16, which Bf16GemmImpl checks for MXFP4 (E8M0 bytes 2 … 252).
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+
+// x [m][K] fp32 → [m][K/2] bf16 pairs (x[2q] in the low half), rounded to nearest even; K a multiple of 16.
+HWY_INLINE void RoundToBf16Pairs(const float* HWY_RESTRICT x, int64_t m, int64_t k, uint32_t* HWY_RESTRICT xp) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k; j += 16) {
+      const __m256i pairs = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i * k + j)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xp + (i * k + j) / 2), pairs);
+    }
+  }
+}
+
+// Columns [k0, k0 + kc) of FP4 tiles `tile` and `tile + 1` (`tile` alone when !both: lanes 8–15 become 0) as bf16
+// pairs: panel[(kk/2) · kNR + r] for kk even, panel already offset to the tile pair.
+template <quant::BlockFormat kFormat>
+void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, bool both, int64_t k0, int64_t kc, uint32_t* panel) {
+  const int64_t octets = w.in_features / 8;
+  const int64_t groups = w.groups();
+  const uint8_t* codes_a = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
+  const uint8_t* codes_b = both ? codes_a + octets * 32 : codes_a;
+  const uint8_t* scales_a = w.scales.as<uint8_t>() + tile * groups * kTileRows;
+  const uint8_t* scales_b = both ? scales_a + groups * kTileRows : scales_a;
+  const __mmask16 lanes = both ? 0xFFFF : 0x00FF;
+  int64_t group = -1;
+  hn::Vec<DF> scale = hn::Zero(DF());
+  for (int64_t c = 0; c < kc / 8; ++c) {
+    const int64_t k = k0 + 8 * c;
+    if (k / w.group_size != group) {
+      group = k / w.group_size;
+      scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f);
+    }
+    uint32_t* out = panel + 4 * c * kNR;
+    __m512i even{};
+    DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, [&](int j, hn::Vec<DF> column) HWY_ATTR {
+      // Exact in bf16, so the top half of the fp32 bits is the bf16.
+      const __m512i bits = _mm512_castps_si512(hn::Mul(column, scale).raw);
+      if (j % 2 == 0) {
+        even = _mm512_srli_epi32(bits, 16);
+        return;
+      }
+      const __m512i pair = _mm512_or_si512(even, _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+      _mm512_storeu_si512(out + (j / 2) * kNR, _mm512_maskz_mov_epi32(lanes, pair));
+    });
+  }
+}
+
+// Columns [k0, k0 + kc) of panel p as bf16 pairs; tiles past the end become zeros.
+void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
+  for (int64_t s = 0; s < kPanelTiles; s += 2) {
+    const int64_t tile = p * kPanelTiles + s;
+    uint32_t* out = panel + s * kTileRows;
+    if (tile >= w.tiles()) {
+      for (int64_t kk = 0; kk < kc / 2; ++kk) std::memset(out + kk * kNR, 0, 2 * kTileRows * sizeof(uint32_t));
+      continue;
+    }
+    quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+      DecodeFp4TilePairBf16<F>(w, tile, tile + 1 < w.tiles(), k0, kc, out);
+    });
+  }
+}
+
+// c[i · ldc + 0..kNR) (+)= Σ_q x[i · ldx + q] · p[q · kNR + 0..kNR) over kc2 column pairs q, as bf16 dot products.
+template <int kM>
+HWY_NOINLINE void MicroBf16(const uint32_t* HWY_RESTRICT x, int64_t ldx, const uint32_t* HWY_RESTRICT p, int64_t kc2,
+                            float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
+  __m512 a0[kM], a1[kM];
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    a0[i] = load_c ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+    a1[i] = load_c ? _mm512_loadu_ps(c + i * ldc + kLanes) : _mm512_setzero_ps();
+  }
+  for (int64_t q = 0; q < kc2; ++q) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * kNR));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * kNR + kLanes));
+#pragma GCC unroll 16
+    for (int i = 0; i < kM; ++i) {
+      const __m512bh xi = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(x[i * ldx + q])));
+      a0[i] = _mm512_dpbf16_ps(a0[i], b0, xi);
+      a1[i] = _mm512_dpbf16_ps(a1[i], b1, xi);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    _mm512_storeu_ps(c + i * ldc, a0[i]);
+    _mm512_storeu_ps(c + i * ldc + kLanes, a1[i]);
+  }
+}
+
+template <int kM = kMR>
+HWY_INLINE void MicroBf16Dispatch(int m, const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t kc2, float* c,
+                                  int64_t ldc, bool load_c) {
+  if constexpr (kM > 0) {
+    if (m == kM) return MicroBf16<kM>(x, ldx, p, kc2, c, ldc, load_c);
+    return MicroBf16Dispatch<kM - 1>(m, x, ldx, p, kc2, c, ldc, load_c);
+  }
+}
+
+struct Bf16PanelOps {
+  const PreparedLinear& w;
+  const uint32_t* xp;  // [m][K/2] pairs
+  void decode(int64_t p, int64_t k0, int64_t kc, float* panel) const {
+    DecodePanelBf16(w, p, k0, kc, reinterpret_cast<uint32_t*>(panel));  // half the fp32 panel's room
+  }
+  void micro(int mm, int64_t m0, int64_t k0, int64_t kc, const float* panel, float* c, int64_t ldc, bool load_c) const {
+    const int64_t ldx = w.in_features / 2;
+    MicroBf16Dispatch(mm, xp + m0 * ldx + k0 / 2, ldx, reinterpret_cast<const uint32_t*>(panel), kc / 2, c, ldc, load_c);
+  }
+};
+
+bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (!bf16_dot_usable() || w.layout != WeightLayout::Fp4 || m < 1) return false;
+  if (w.block_format == quant::BlockFormat::Mxfp4) {
+    const uint8_t* scales = w.scales.as<uint8_t>();
+    const auto [lo, hi] = std::minmax_element(scales, scales + w.groups() * w.tiles() * kTileRows);
+    if (*lo < 2 || *hi > 252) return false;  // some E2M1 · 2^e would leave bf16's normal range
+  }
+  thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
+  thread_local size_t capacity = 0;
+  const auto need = static_cast<size_t>(m * w.in_features / 2);
+  if (capacity < need) {
+    pairs = hwy::AllocateAligned<uint32_t>(need);
+    capacity = need;
+  }
+  RoundToBf16Pairs(x, m, w.in_features, pairs.get());
+  PanelGemm(w, m, y, Bf16PanelOps{w, pairs.get()});
+  return true;
+}
+
+#pragma GCC pop_options
+#else
+bool Bf16GemmImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
+#endif
+
 #endif
 
 }  // namespace HWY_NAMESPACE
@@ -341,11 +505,21 @@ HWY_AFTER_NAMESPACE();
 namespace fp4serve::kernels {
 
 HWY_EXPORT(GemmImpl);
+HWY_EXPORT(Bf16GemmImpl);
 HWY_EXPORT(TargetId);
 
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (gemv_dispatch(w, x, m, y)) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
+}
+
+void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (gemv_bf16_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y)) return;
+  // No bf16 dot products here (or an MXFP4 scale outside bf16's range): the same numbers from the fp32 kernels.
+  thread_local std::vector<float> rounded;
+  rounded.resize(static_cast<size_t>(m * w.in_features));
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+  gemm_dispatch(w, rounded.data(), m, y);
 }
 
 std::vector<int64_t> gemm_targets() { return hwy::SupportedAndGeneratedTargets(); }
