@@ -118,6 +118,12 @@ std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
     const size_t per = prepare::weight_bytes(g_cold.copies[0]);
     const size_t count = std::max<size_t>(2, (cold_bytes() + per - 1) / per);
     for (size_t i = 1; i < count; ++i) g_cold.copies.push_back(g_cold.copies[0].clone());
+    // On transparent huge pages, as the model's weights are (CpuBackend::upload_linear): with 4 KiB pages every
+    // page of a cold read is also a TLB miss. The arena goes; its chunks stay as long as the copies.
+    prepare::HugePageArena arena;
+    for (PreparedLinear& c : g_cold.copies) {
+      for (prepare::AlignedBuffer* b : {&c.codes, &c.scales, &c.offsets}) *b = prepare::AlignedBuffer::copy_into(arena, *b);
+    }
   }
   return g_cold.copies;
 }

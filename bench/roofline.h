@@ -7,7 +7,8 @@
 
 namespace fp4serve::bench {
 
-/// Bytes/s of a streaming SIMD sum over `bytes` (choose > LLC), all engine threads, best of `repeats`.
+/// Bytes/s of a streaming SIMD sum over `bytes` (choose > LLC) on transparent huge pages (advised), all engine
+/// threads, best of `repeats`.
 double measure_read_bandwidth(size_t bytes, int repeats);
 
 /// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`.

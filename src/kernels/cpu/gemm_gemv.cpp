@@ -323,8 +323,9 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
     }
     const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 1.f);
     for (int i = 0; i < kM; ++i) {
-      __m512 sum = _mm512_add_ps(hi[i][0], lo[i][0]);
-      if constexpr (kChains == 2) sum = _mm512_add_ps(sum, _mm512_add_ps(hi[i][1], lo[i][1]));
+      __m512 sum = hi[i][0];
+      if constexpr (kChains == 2) sum = _mm512_add_ps(sum, hi[i][1]);
+      if constexpr (kSplit) sum = _mm512_add_ps(sum, kChains == 2 ? _mm512_add_ps(lo[i][0], lo[i][1]) : lo[i][0]);
       total[i] = hn::MulAdd(VF{sum}, scale, total[i]);
     }
   }
