@@ -183,6 +183,16 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 template <int kM>
 constexpr int64_t kTilesPerCall = 1;  // one 512-bit vector already spans two tiles
 
+// The code bytes and block-scale bytes of tiles ta and tb (a 512-bit vector holds one octet of each).
+struct TilePair {
+  const uint8_t *codes_a, *codes_b, *scales_a, *scales_b;
+};
+HWY_INLINE TilePair TilePairBytes(const PreparedLinear& w, int64_t ta, int64_t tb) {
+  const int64_t tile_codes = w.in_features / 8 * 32, tile_scales = w.groups() * kTileRows;
+  return {w.codes.as<uint8_t>() + ta * tile_codes, w.codes.as<uint8_t>() + tb * tile_codes,
+          w.scales.as<uint8_t>() + ta * tile_scales, w.scales.as<uint8_t>() + tb * tile_scales};
+}
+
 // Raw sums acc[i][r] = Σ_k x[i, k] · W[row r of tiles (ta, tb), k] (block scales applied, global scale not),
 // i < kM. Two partial sums per x row (even/odd columns) shorten the FMA dependency chains.
 template <quant::BlockFormat kFormat, int kM>
@@ -190,13 +200,9 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
                           float* HWY_RESTRICT acc) {
   const DF df;
   const int64_t k_total = w.in_features;
-  const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
-  const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
-  const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
-  const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
-  const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
+  const auto [codes_a, codes_b, scales_a, scales_b] = TilePairBytes(w, ta, tb);
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
   const ItemAheadPrefetch ahead(w, ta, 2);
@@ -277,13 +283,9 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
                               float* HWY_RESTRICT acc) {
   const DF df;
   constexpr int kChains = kM <= 2 ? 2 : 1;
-  const int64_t octets = w.in_features / 8;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
-  const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
-  const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
-  const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
-  const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
+  const auto [codes_a, codes_b, scales_a, scales_b] = TilePairBytes(w, ta, tb);
   // E2M1 as bf16, twice: vpermw reads bits [4:0] of each index word, and bit 4 is the next column's low bit.
   alignas(64) static constexpr uint16_t kTable[32] = {
       0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,

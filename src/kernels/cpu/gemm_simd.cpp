@@ -196,14 +196,16 @@ void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, 
 // model -p 128`, default model, one thread, the FP4 decoder 13% of the prefill's GEMM time beside the micro-kernel,
 // 9% after; bench_gemm_fp4 NVFP4/MXFP4 M = 16 and 64, alternating, per-round medians 1.02–1.18×; model prefill
 // moved within its noise (1.00–1.02×).
-template <quant::BlockFormat kFormat>
-void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+// use(c, j, column) for the octets c < kc/8 of columns from k0 and j = 0 … 7: column 8c + j of tiles `tile` (lanes
+// 0–7) and `tile + 1` (lanes 8–15; with !both `tile` again), E2M1 · block scale (exact in fp32).
+template <quant::BlockFormat kFormat, class Use>
+HWY_INLINE void ForEachScaledColumn(const PreparedLinear& w, int64_t tile, bool both, int64_t k0, int64_t kc, Use&& use) {
   const int64_t octets = w.in_features / 8;
   const int64_t groups = w.groups();
   const uint8_t* codes_a = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
-  const uint8_t* codes_b = codes_a + octets * 32;
+  const uint8_t* codes_b = both ? codes_a + octets * 32 : codes_a;
   const uint8_t* scales_a = w.scales.as<uint8_t>() + tile * groups * kTileRows;
-  const uint8_t* scales_b = scales_a + groups * kTileRows;
+  const uint8_t* scales_b = both ? scales_a + groups * kTileRows : scales_a;
   int64_t group = -1;
   hn::Vec<DF> scale = hn::Zero(DF());
   for (int64_t c = 0; c < kc / 8; ++c) {
@@ -212,10 +214,16 @@ void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_
       group = k / w.group_size;
       scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f);
     }
-    float* out = panel + 8 * c * kNR;
     DecodeOctet(codes_a + 32 * c, codes_b + 32 * c,
-                [&](int j, hn::Vec<DF> column) HWY_ATTR { hn::Store(hn::Mul(column, scale), DF(), out + j * kNR); });
+                [&](int j, hn::Vec<DF> column) HWY_ATTR { use(c, j, hn::Mul(column, scale)); });
   }
+}
+
+template <quant::BlockFormat kFormat>
+void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
+  ForEachScaledColumn<kFormat>(w, tile, /*both=*/true, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
+    hn::Store(column, DF(), panel + (8 * c + j) * kNR);
+  });
 }
 #endif
 
@@ -361,51 +369,23 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // same pairs, so one vdpbf16ps does what two FMAs do in the fp32 micro-kernel. The decoded weights are the fp32
 // panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8) as long as E2M1 · 2^e
 // stays a normal bf16, which Bf16GemmImpl checks for MXFP4 (E8M0 bytes 2 … 252).
-#pragma GCC push_options
-#pragma GCC target("avx512bf16")
-
-// x [m][K] fp32 → [m][K/2] bf16 pairs (x[2q] in the low half), rounded to nearest even; K a multiple of 16.
-HWY_INLINE void RoundToBf16Pairs(const float* HWY_RESTRICT x, int64_t m, int64_t k, uint32_t* HWY_RESTRICT xp) {
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < k; j += 16) {
-      const __m256i pairs = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i * k + j)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xp + (i * k + j) / 2), pairs);
-    }
-  }
-}
 
 // Columns [k0, k0 + kc) of FP4 tiles `tile` and `tile + 1` (`tile` alone when !both: lanes 8–15 become 0) as bf16
-// pairs: panel[(kk/2) · kNR + r] for kk even, panel already offset to the tile pair.
+// pairs: panel[(kk/2) · kNR + r] for kk even, panel already offset to the tile pair. No bf16 instruction here.
 template <quant::BlockFormat kFormat>
 void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, bool both, int64_t k0, int64_t kc, uint32_t* panel) {
-  const int64_t octets = w.in_features / 8;
-  const int64_t groups = w.groups();
-  const uint8_t* codes_a = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
-  const uint8_t* codes_b = both ? codes_a + octets * 32 : codes_a;
-  const uint8_t* scales_a = w.scales.as<uint8_t>() + tile * groups * kTileRows;
-  const uint8_t* scales_b = both ? scales_a + groups * kTileRows : scales_a;
   const __mmask16 lanes = both ? 0xFFFF : 0x00FF;
-  int64_t group = -1;
-  hn::Vec<DF> scale = hn::Zero(DF());
-  for (int64_t c = 0; c < kc / 8; ++c) {
-    const int64_t k = k0 + 8 * c;
-    if (k / w.group_size != group) {
-      group = k / w.group_size;
-      scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f);
+  __m512i even{};
+  ForEachScaledColumn<kFormat>(w, tile, both, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
+    // Exact in bf16, so the top half of the fp32 bits is the bf16.
+    const __m512i bits = _mm512_castps_si512(column.raw);
+    if (j % 2 == 0) {
+      even = _mm512_srli_epi32(bits, 16);
+      return;
     }
-    uint32_t* out = panel + 4 * c * kNR;
-    __m512i even{};
-    DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, [&](int j, hn::Vec<DF> column) HWY_ATTR {
-      // Exact in bf16, so the top half of the fp32 bits is the bf16.
-      const __m512i bits = _mm512_castps_si512(hn::Mul(column, scale).raw);
-      if (j % 2 == 0) {
-        even = _mm512_srli_epi32(bits, 16);
-        return;
-      }
-      const __m512i pair = _mm512_or_si512(even, _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
-      _mm512_storeu_si512(out + (j / 2) * kNR, _mm512_maskz_mov_epi32(lanes, pair));
-    });
-  }
+    const __m512i pair = _mm512_or_si512(even, _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+    _mm512_storeu_si512(panel + (4 * c + j / 2) * kNR, _mm512_maskz_mov_epi32(lanes, pair));
+  });
 }
 
 // Columns [k0, k0 + kc) of panel p as bf16 pairs; tiles past the end become zeros.
@@ -420,6 +400,19 @@ void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc,
     quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
       DecodeFp4TilePairBf16<F>(w, tile, tile + 1 < w.tiles(), k0, kc, out);
     });
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+
+// x [m][K] fp32 → [m][K/2] bf16 pairs (x[2q] in the low half), rounded to nearest even; K a multiple of 16.
+HWY_INLINE void RoundToBf16Pairs(const float* HWY_RESTRICT x, int64_t m, int64_t k, uint32_t* HWY_RESTRICT xp) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k; j += 16) {
+      const __m256i pairs = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i * k + j)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xp + (i * k + j) / 2), pairs);
+    }
   }
 }
 
