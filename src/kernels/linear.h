@@ -102,9 +102,10 @@ uint8_t mxfp4_activation_exponent(float amax);
 
 /// The fused NVFP4/MXFP4 GEMV of the AVX-512 target (m ≤ 8, ActivationPrecision::Fp32) multiplies with
 /// AVX512-BF16 dot products (vdpbf16ps) on CPUs that have them, x carried as hi = bf16(x) plus lo = bf16(x − hi)
-/// (16 significant bits: |x − hi − lo| ≤ 2^−18·|x|, so y gains at most 2^−18·Σ_k |x[k]·W[n, k]| over the fp32
-/// path's error; subnormal x, below 2^−126, counts as 0). On by default; off, the same CPU runs the FMA kernel,
-/// which keeps x exact (tests and bench_gemm_fp4 compare the two). A process-wide switch, read at every call.
+/// (|x − hi − lo| ≤ 2^−17·|x|, so y gains at most 2^−17·Σ_k |x[k]·W[n, k]| over the fp32 path's error; vdpbf16ps
+/// reads subnormals as 0, so lo is lost for |x| below ≈ 2^−117). The same switch governs ActivationPrecision::Bf16's
+/// dot-product kernels. On by default; off, the same CPU runs the FMA kernels, which keep x exact (tests and
+/// bench_gemm_fp4 compare the two). A process-wide switch, read at every call.
 void set_bf16_dot_allowed(bool allowed);
 
 /// Whether linear() on the current target takes that path now: the AVX-512 target, a CPU with AVX512-BF16, the

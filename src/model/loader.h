@@ -74,7 +74,7 @@ kernels::KvElement resolve_kv_cache_dtype(const std::string& choice, const std::
 /// Loads `dir`. Throws FormatError / UnsupportedError from every stage with the file, tensor or layer named:
 /// unreadable checkpoint, unknown architecture, a layer no scheme can run on this device, a contract violation
 /// (missing, mis-shaped or unconsumed tensors), bad scales. For --device cuda (checked before any weight is read):
-/// UsageError when activation_precision is not fp32 or lm_head_dtype not bf16 (CPU-only paths), UnsupportedError
+/// UsageError when activation_precision is not fp32 or auto, or lm_head_dtype not bf16 (CPU-only paths), UnsupportedError
 /// when the build has no CUDA backend, UsageError when no GPU is found, and what the CUDA
 /// backend throws for an op it does not have (naming the op and the layer). Tensor parallelism: UsageError when
 /// the size, rank and communicator disagree or the model does not split over that size (naming the valid sizes).

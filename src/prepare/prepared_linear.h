@@ -34,10 +34,10 @@ enum class ActivationPrecision : uint8_t {
   /// than the fp32 panel GEMM) and where no SIMD int8 kernel exists (Arm: int8 is a scalar loop there)
   Int8Decode,
   /// x rounded to bf16 (nearest even) at the input of each call, then the fp32 math: the products are exact and
-  /// sum in fp32, so the only error beyond Fp32's is x's rounding (≤ 2^−9·|x| per element), what a bf16 model
+  /// sum in fp32, so the only error beyond Fp32's is x's rounding (≤ 2^−8·|x| per element), what a bf16 model
   /// computes on a GPU. On CPUs with AVX512-BF16 the products run as bf16 dot products (vdpbf16ps: two per lane
-  /// and instruction, twice the FMA's), which is what makes prefill faster; elsewhere x is rounded and the fp32
-  /// kernels run.
+  /// and instruction, twice the FMA's), which is what makes prefill faster; they read subnormal values (below
+  /// 2^−126) as 0. Elsewhere x is rounded and the fp32 kernels run.
   Bf16,
 };
 

@@ -7,7 +7,7 @@
 // copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
 // measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)
 // of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. bf16
-// activations round each linear's input by ≤ 2^−9 of itself: measured 7.1e-4–1.5e-3 (the weight-only path alone
+// activations round each linear's input by ≤ 2^−8 of itself: measured 7.1e-4–1.5e-3 (the weight-only path alone
 // is within 1.2e-3), bound 3e-3. The exact path runs fp32 activations and an fp32 cache.
 #include <gtest/gtest.h>
 
@@ -47,6 +47,9 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const PrecisionCase& c = GetParam();
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
+  if (c.activation_precision == "auto" && !kernels::bf16_dot_active()) {
+    GTEST_SKIP() << "auto is fp32 on this CPU (no AVX512-BF16): nothing differs from the exact path";
+  }
   LoadOptions exact_options;
   exact_options.activation_precision = "fp32";
   exact_options.kv_cache_dtype = "fp32";
@@ -94,7 +97,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
                                            PrecisionCase{"llama-mxfp4a16", "bf16", "bf16", 3e-3},
                                            PrecisionCase{"qwen3-nvfp4a16", "bf16", "bf16", 3e-3},
                                            PrecisionCase{"mixtral-nvfp4a16", "bf16", "bf16", 3e-3},
-                                           PrecisionCase{"llama-nvfp4a16", "auto", "bf16", 3e-3, "auto"}),
+                                           PrecisionCase{"llama-nvfp4a16", "auto", "bf16", 3e-3}),
                          [](const ::testing::TestParamInfo<PrecisionCase>& p) {
                            std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" +
                                            p.param.lm_head_dtype + "_kv_" + p.param.kv_cache_dtype;

@@ -17,7 +17,7 @@
 //   one x row a call covers two tiles, so each broadcast x[k] feeds two FMAs. Both changes together:
 //   bench_gemm_fp4, one thread, M = 1, 1.2–1.3× on the model's 576/1536 shapes and 4096² (README "CPU decode").
 // - AVX-512 with AVX512-BF16 (Zen 4, Sapphire Rapids): vpermw looks up two columns of 16 rows as bf16 pairs and
-//   vdpbf16ps multiplies them with x carried as two bf16 (Bf16PairTiles below): about half the instructions.
+//   vdpbf16ps multiplies them with x carried as two bf16 (Bf16PairTiles below): 0.65× the instructions.
 // - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
 // EMU128 returns false and the caller runs the general GEMM. Threads split N (items of 16 rows; 8 on AVX2 with
 // m > 1); K is never split, so a layer with N < 16·threads leaves threads idle.
@@ -233,12 +233,14 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 // Why: the loop above spends a shift, a vpermps and an FMA per 16 weights (one column of 16 rows). vpermw over
 // the 32-bit row words looks up columns j and j + 4 of every row at once as a bf16 pair (low word: bits 0–15,
 // columns 0–3; high word: columns 4–7), and one vdpbf16ps multiplies the pair with (x[j], x[j + 4]): half the
-// lookups and products per weight. E2M1 values are exact in bf16; x is not, so it is carried as two bf16, hi =
+// lookups and half the shifts; per 128 weights at m = 1, 3 shifts + 4 vpermw + 8 vdpbf16ps against 7 + 8 + 8 with
+// x split in two (0.65×), 3 + 4 + 4 with x in one bf16 (ActivationPrecision::Bf16, 0.48×). E2M1 values are exact in bf16; x is not, so it is carried as two bf16, hi =
 // bf16(x) and lo = bf16(x − hi) (both round to nearest even; x − hi is exact), and every pair is multiplied twice.
 // The products are exact in fp32 and vdpbf16ps adds them one at a time, so the only error beyond the fp32
-// path's is x − hi − lo: at most 2^−18·|x| (16 significant bits), the reference path's fp32 accumulation over
-// K = 576 alone allows 576·2^−24 ≈ 2^−14.8 of Σ|x·w|. vdpbf16ps treats subnormal inputs and results as zero
-// (|x| < 2^−126: far below what an activation carries). One thread, M = 1, an L1-resident 16 × 576 tile pair:
+// path's is x − hi − lo: at most 2^−17·|x| (|x − hi| ≤ 2^−8·|x|, and lo rounds that to 8 bits: 1 + 2^−9 + 2^−17
+// reaches it), while the reference path's fp32 accumulation over K = 576 alone allows 576·2^−24 ≈ 2^−14.8 of
+// Σ|x·w|. vdpbf16ps treats subnormal inputs and results as zero, so lo is lost below |x − hi| < 2^−126 (|x| below
+// ≈ 2^−117: far below what an activation carries). One thread, M = 1, an L1-resident 16 × 576 tile pair:
 // 1.7 ns per 128 weights against 2.2 for the loop above (a microbenchmark). bench_gemm_fp4 M = 1, one thread,
 // cold weights, AMD EPYC (Zen 4), this kernel ÷ the FMA kernel in the same run (linear/ vs linear_fma/): NVFP4
 // 1.22–1.25× at 576×1536, 1536×576, 4096² and 11008×4096, MXFP4 1.09–1.33×.

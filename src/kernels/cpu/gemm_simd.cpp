@@ -367,8 +367,9 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // and Bf16GemmImpl runs only where bf16_dot_usable(). A panel row is a pair of columns k, k + 1 of the 32 output
 // rows: lane r of a 32-bit word holds W[r, k] in its low half and W[r, k + 1] in its high one, and x arrives as the
 // same pairs, so one vdpbf16ps does what two FMAs do in the fp32 micro-kernel. The decoded weights are the fp32
-// panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8) as long as E2M1 · 2^e
-// stays a normal bf16, which Bf16GemmImpl checks for MXFP4 (E8M0 bytes 2 … 252).
+// panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8, and the same exponent
+// range, so ±inf and NaN carry over too), except that vdpbf16ps reads a subnormal as 0: MXFP4 blocks with E8M0
+// bytes 0 and 1, whose weights are below 2^−125 (≈ 2.4e-38), count as zero.
 
 // Columns [k0, k0 + kc) of FP4 tiles `tile` and `tile + 1` (`tile` alone when !both: lanes 8–15 become 0) as bf16
 // pairs: panel[(kk/2) · kNR + r] for kk even, panel already offset to the tile pair. No bf16 instruction here.
@@ -466,11 +467,6 @@ struct Bf16PanelOps {
 
 bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (!bf16_dot_usable() || w.layout != WeightLayout::Fp4 || m < 1) return false;
-  if (w.block_format == quant::BlockFormat::Mxfp4) {
-    const uint8_t* scales = w.scales.as<uint8_t>();
-    const auto [lo, hi] = std::minmax_element(scales, scales + w.groups() * w.tiles() * kTileRows);
-    if (*lo < 2 || *hi > 252) return false;  // some E2M1 · 2^e would leave bf16's normal range
-  }
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
   const auto need = static_cast<size_t>(m * w.in_features / 2);
@@ -508,7 +504,8 @@ void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
 
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (gemv_bf16_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y)) return;
-  // No bf16 dot products here (or an MXFP4 scale outside bf16's range): the same numbers from the fp32 kernels.
+  // No bf16 dot products here: the same rounded x through the fp32 kernels (the same numbers up to the summation
+  // order and vdpbf16ps's flush of subnormal inputs).
   thread_local std::vector<float> rounded;
   rounded.resize(static_cast<size_t>(m * w.in_features));
   for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
