@@ -49,7 +49,7 @@ void run_perplexity(const PerplexityCliOptions& opts) {
   std::optional<model::LoadedModel> base;
   if (!opts.kld_base.empty()) {
     // The base is the reference: it runs whole on rank 0 (the followers are inside the model's steps), and the
-    // run-time approximations (int8 activations, a cheaper lm_head copy, a 16-bit KV cache) stay off.
+    // run-time approximations (bf16 or int8 activations, a cheaper lm_head copy, a 16-bit KV cache) stay off.
     ModelOptions base_opts = model_opts;
     base_opts.model = opts.kld_base;
     base_opts.load.tensor_parallel_size = 1;

@@ -76,9 +76,9 @@ void run_serve(ServeOptions opts) {
   const int port = http.bind();
   scheduler.start();
   fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget, {}) | "
-                     "{} tokens per step | queue {} | {}\n",
+                     "activations {} | {} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             kernels::kv_element_name(loaded.kv_element),
+             kernels::kv_element_name(loaded.kv_element), model::activation_precision_name(loaded.activation_precision),
              opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {
