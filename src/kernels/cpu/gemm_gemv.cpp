@@ -233,17 +233,18 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 // Why: the loop above spends a shift, a vpermps and an FMA per 16 weights (one column of 16 rows). vpermw over
 // the 32-bit row words looks up columns j and j + 4 of every row at once as a bf16 pair (low word: bits 0–15,
 // columns 0–3; high word: columns 4–7), and one vdpbf16ps multiplies the pair with (x[j], x[j + 4]): half the
-// lookups and half the shifts; per 128 weights at m = 1, 3 shifts + 4 vpermw + 8 vdpbf16ps against 7 + 8 + 8 with
-// x split in two (0.65×), 3 + 4 + 4 with x in one bf16 (ActivationPrecision::Bf16, 0.48×). E2M1 values are exact in bf16; x is not, so it is carried as two bf16, hi =
-// bf16(x) and lo = bf16(x − hi) (both round to nearest even; x − hi is exact), and every pair is multiplied twice.
-// The products are exact in fp32 and vdpbf16ps adds them one at a time, so the only error beyond the fp32
-// path's is x − hi − lo: at most 2^−17·|x| (|x − hi| ≤ 2^−8·|x|, and lo rounds that to 8 bits: 1 + 2^−9 + 2^−17
-// reaches it), while the reference path's fp32 accumulation over K = 576 alone allows 576·2^−24 ≈ 2^−14.8 of
-// Σ|x·w|. vdpbf16ps treats subnormal inputs and results as zero, so lo is lost below |x − hi| < 2^−126 (|x| below
-// ≈ 2^−117: far below what an activation carries). One thread, M = 1, an L1-resident 16 × 576 tile pair:
-// 1.7 ns per 128 weights against 2.2 for the loop above (a microbenchmark). bench_gemm_fp4 M = 1, one thread,
-// cold weights, AMD EPYC (Zen 4), this kernel ÷ the FMA kernel in the same run (linear/ vs linear_fma/): NVFP4
-// 1.22–1.25× at 576×1536, 1536×576, 4096² and 11008×4096, MXFP4 1.09–1.33×.
+// lookups and half the shifts. Per 128 weights at m = 1: 3 shifts + 4 vpermw + 8 vdpbf16ps against 7 + 8 + 8 with
+// x split in two (0.65×), 3 + 4 + 4 with x in one bf16 (ActivationPrecision::Bf16, 0.48×).
+// E2M1 values are exact in bf16; x is not, so for fp32 activations it is carried as two bf16, hi = bf16(x) and
+// lo = bf16(x − hi) (both round to nearest even; x − hi is exact), and every pair is multiplied twice. The products
+// are exact in fp32 and vdpbf16ps adds them one at a time, so the only error beyond the fp32 path's is x − hi − lo:
+// at most 2^−17·|x| (|x − hi| ≤ 2^−8·|x|, and lo rounds that to 8 bits: 1 + 2^−9 + 2^−17 reaches it), while the
+// reference path's fp32 accumulation over K = 576 alone allows 576·2^−24 ≈ 2^−14.8 of Σ|x·w|. vdpbf16ps treats
+// subnormal inputs and results as zero, so lo is lost below |x − hi| < 2^−126 (|x| below ≈ 2^−117: far below what
+// an activation carries). One thread, M = 1, an L1-resident 16 × 576 tile pair: 1.7 ns per 128 weights against
+// 2.2 for the loop above (a microbenchmark). bench_gemm_fp4 M = 1, one thread, cold weights, AMD EPYC (Zen 4), this
+// kernel ÷ the FMA kernel in the same run (linear/ vs linear_fma/): NVFP4 1.22–1.25× at 576×1536, 1536×576, 4096²
+// and 11008×4096, MXFP4 1.09–1.33×.
 #define FP4SERVE_BF16_DOT 1
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
@@ -278,8 +279,8 @@ HWY_INLINE void PairActivations(const float* HWY_RESTRICT x, int64_t m, int64_t 
 }
 
 // Raw sums acc[i][r] for the rows r of tiles (ta, tb), as GemvTiles, from the pairs of PairActivations<kSplit>.
-// Per x row and group two chains (hi, lo), four for kM ≤ 2 (also split by column parity): vdpbf16ps has a
-// 6-cycle latency.
+// Per x row and group one chain (hi) or two (hi, lo: kSplit), twice that for kM ≤ 2 (split by column parity):
+// vdpbf16ps has a 6-cycle latency.
 template <quant::BlockFormat kFormat, int kM, bool kSplit>
 HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const uint32_t* HWY_RESTRICT xp,
                               float* HWY_RESTRICT acc) {
