@@ -121,9 +121,7 @@ std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
     // On transparent huge pages, as the model's weights are (CpuBackend::upload_linear): with 4 KiB pages every
     // page of a cold read is also a TLB miss. The arena goes; its chunks stay as long as the copies.
     prepare::HugePageArena arena;
-    for (PreparedLinear& c : g_cold.copies) {
-      for (prepare::AlignedBuffer* b : {&c.codes, &c.scales, &c.offsets}) *b = prepare::AlignedBuffer::copy_into(arena, *b);
-    }
+    for (PreparedLinear& c : g_cold.copies) prepare::move_weights_into(c, arena);
   }
   return g_cold.copies;
 }

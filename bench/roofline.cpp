@@ -7,14 +7,11 @@
 #include <hwy/highway.h>
 #include <omp.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <memory>
-#include <new>
 
+#include "prepare/prepared_linear.h"
 #include "roofline.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -66,14 +63,12 @@ HWY_EXPORT(FmaChains);
 double measure_read_bandwidth(size_t bytes, int repeats) {
   // On transparent huge pages where the kernel allows them, as the weights the GEMV benchmarks read (their copies
   // sit in a prepare::HugePageArena, as the model's do): a probe on 4 KiB pages reads slower than the weights.
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t padded = (bytes + kHuge - 1) / kHuge * kHuge;
-  const std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(kHuge, padded)), &std::free);
-  if (buf == nullptr) throw std::bad_alloc();
-  madvise(buf.get(), padded, MADV_HUGEPAGE);  // advice: a kernel without THP keeps 4 KiB pages
+  prepare::HugePageArena arena(bytes);
+  std::shared_ptr<void> chunk;  // keeps the bytes
+  auto* buf = reinterpret_cast<float*>(arena.allocate(bytes, chunk));
   const size_t n = bytes / sizeof(float);
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) buf.get()[i] = 1.f;  // first touch by the threads that read it
+  for (size_t i = 0; i < n; ++i) buf[i] = 1.f;  // first touch by the threads that read it
   double best = 0;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -82,8 +77,8 @@ double measure_read_bandwidth(size_t bytes, int repeats) {
     {
       const size_t threads = static_cast<size_t>(omp_get_num_threads());
       const size_t t = static_cast<size_t>(omp_get_thread_num());
-      const size_t chunk = (n / threads) & ~size_t{255};
-      total += HWY_DYNAMIC_DISPATCH(SumStream)(buf.get() + t * chunk, chunk);
+      const size_t share = (n / threads) & ~size_t{255};
+      total += HWY_DYNAMIC_DISPATCH(SumStream)(buf + t * share, share);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     volatile float sink = total;

@@ -31,11 +31,7 @@ LinearGroup::LinearGroup(std::vector<LinearPart> parts, std::vector<std::string>
 }
 
 void LinearGroup::move_weights_into(prepare::HugePageArena& arena) {
-  for (LinearPart& part : parts_) {
-    for (prepare::AlignedBuffer* buffer : {&part.weight.codes, &part.weight.scales, &part.weight.offsets}) {
-      *buffer = prepare::AlignedBuffer::copy_into(arena, *buffer);
-    }
-  }
+  for (LinearPart& part : parts_) prepare::move_weights_into(part.weight, arena);
 }
 
 LinearPart fuse_parts(std::vector<LinearPart> parts) {

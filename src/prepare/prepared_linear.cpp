@@ -93,6 +93,10 @@ size_t HugePageArena::used_bytes() const {
   return state_->handed_out;
 }
 
+void move_weights_into(PreparedLinear& w, HugePageArena& arena) {
+  for (AlignedBuffer* buffer : {&w.codes, &w.scales, &w.offsets}) *buffer = AlignedBuffer::copy_into(arena, *buffer);
+}
+
 size_t weight_bytes(const PreparedLinear& w) {
   return w.codes.size() + w.scales.size() + w.offsets.size() + w.global_scale.size() * sizeof(float);
 }

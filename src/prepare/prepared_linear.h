@@ -99,6 +99,12 @@ class HugePageArena {
   std::shared_ptr<State> state_;
 };
 
+struct PreparedLinear;
+
+/// Moves w's weight buffers (codes, scales, offsets: the bytes a GEMV streams) into `arena` (copies; the originals
+/// are freed). Throws std::bad_alloc.
+void move_weights_into(PreparedLinear& w, HugePageArena& arena);
+
 /// One Linear layer y = x·Wᵀ (+ bias), W = [out_features N, in_features K], in kernel layout.
 ///
 /// Kernel layouts (T = padded_rows / kTileRows tiles; row r of tile t is output row 8t + r; padded rows are

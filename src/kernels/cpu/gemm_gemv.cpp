@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "kernels/cpu/fp4_scales-inl.h"
+#include "kernels/cpu/gemm_micro-inl.h"
 #include "kernels/cpu/gemm_shared.h"
 #include "kernels/linear.h"
 
@@ -349,13 +350,9 @@ template <bool kSplit>
 void Bf16PairGemv(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
-  const auto need = static_cast<size_t>(m * w.in_features / 8 * kPairWords<kSplit>);
-  if (capacity < need) {
-    pairs = hwy::AllocateAligned<uint32_t>(need);
-    capacity = need;
-  }
-  PairActivations<kSplit>(x, m, w.in_features, pairs.get());
-  const uint32_t* xp = pairs.get();  // not `pairs`: inside the threads it would name their own buffers
+  // The pointer, not `pairs`: inside the threads that name would be their own buffers.
+  uint32_t* xp = micro::Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 8 * kPairWords<kSplit>));
+  PairActivations<kSplit>(x, m, w.in_features, xp);
   quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
     ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() HWY_ATTR { Bf16PairLayer<F, kM, kSplit>(w, xp, y); });
   });
@@ -490,13 +487,9 @@ void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
   if (bf16) {
     thread_local hwy::AlignedFreeUniquePtr<float[]> xr;
     thread_local size_t cap = 0;
-    const auto need = static_cast<size_t>(4 * kM * w.in_features);
-    if (cap < need) {
-      xr = hwy::AllocateAligned<float>(need);
-      cap = need;
-    }
-    Replicate4(x, kM, w.in_features, xr.get());
-    xin = xr.get();
+    float* replicated = micro::Scratch(xr, cap, static_cast<size_t>(4 * kM * w.in_features));
+    Replicate4(x, kM, w.in_features, replicated);
+    xin = replicated;
   }
   ForEachRowItem<kM, kTileRows>(w, y, [&](int64_t t, int64_t, float* acc) {
     if (bf16) {

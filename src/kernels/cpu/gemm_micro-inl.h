@@ -114,11 +114,12 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
 }
 #endif
 
-// Grows buf to at least `need` floats and returns it: per-thread scratch that persists between calls (OpenMP
-// threads persist), for the panels and tiles of the micro-kernel's callers.
-HWY_INLINE float* Scratch(hwy::AlignedFreeUniquePtr<float[]>& buf, size_t& cap, size_t need) {
+// Grows buf to at least `need` elements and returns it: per-thread scratch that persists between calls (OpenMP
+// threads persist), for the panels, tiles and converted activations of the GEMM and GEMV kernels.
+template <class T>
+HWY_INLINE T* Scratch(hwy::AlignedFreeUniquePtr<T[]>& buf, size_t& cap, size_t need) {
   if (cap < need) {
-    buf = hwy::AllocateAligned<float>(need);
+    buf = hwy::AllocateAligned<T>(need);
     cap = need;
   }
   return buf.get();

@@ -469,13 +469,9 @@ bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) 
   if (!bf16_dot_usable() || w.layout != WeightLayout::Fp4 || m < 1) return false;
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
-  const auto need = static_cast<size_t>(m * w.in_features / 2);
-  if (capacity < need) {
-    pairs = hwy::AllocateAligned<uint32_t>(need);
-    capacity = need;
-  }
-  RoundToBf16Pairs(x, m, w.in_features, pairs.get());
-  PanelGemm(w, m, y, Bf16PanelOps{w, pairs.get()});
+  uint32_t* xp = Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 2));
+  RoundToBf16Pairs(x, m, w.in_features, xp);
+  PanelGemm(w, m, y, Bf16PanelOps{w, xp});
   return true;
 }
 
