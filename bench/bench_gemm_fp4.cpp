@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
 // SmolLM2 (576×1536) and Llama-7B (4096, 11008) shapes. Weights rotate through copies totalling > LLC so M = 1 reads
-// them from DRAM. Counters: weight GB/s, GFLOP/s, and the ratios to the read bandwidth and FMA peak measured
-// at start-up in this binary (bw_ratio on M ≤ 8 rows, fma_ratio on M = 256 rows). Baselines at M = 256:
+// them from DRAM. Counters: weight GB/s, GFLOP/s; on M ≤ 8 rows bw_ratio, against a streaming read of the same
+// bytes interleaved with the calls (BM_Linear), and bw_ratio_1g, against the 1 GiB read probe of start-up; on
+// M = 256 rows fma_ratio, against the FMA peak measured at start-up. Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
 // OpenBLAS: FP4SERVE_HAVE_OPENBLAS). For NVFP4/MXFP4, M ≤ 4
 // (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM.
@@ -12,6 +13,7 @@
 #endif
 #include <hwy/targets.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +45,7 @@ size_t cold_bytes() {
 
 double g_read_bw = 0;   // bytes/s
 double g_fma_peak = 0;  // FLOP/s
+bool g_roofs = true;    // false: FP4SERVE_BENCH_NO_ROOFS (no probes at all)
 
 core::TensorView view(core::DType dtype, std::vector<int64_t> shape, const std::vector<uint8_t>& bytes) {
   return core::TensorView{dtype, std::move(shape), std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())};
@@ -134,11 +137,20 @@ std::vector<float> random_x(int64_t m, int64_t k) {
   return x;
 }
 
+// A streaming read of w's weight buffers (codes, scales, offsets: what the kernels stream); returns the bytes read.
+size_t stream_weights(const PreparedLinear& w) {
+  size_t bytes = 0;
+  for (const prepare::AlignedBuffer* b : {&w.codes, &w.scales, &w.offsets}) {
+    if (b->size() > 0) bytes += stream_read(b->data(), b->size());
+  }
+  return bytes;
+}
+
 void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64_t n, int64_t k) {
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   state.counters["weight_GB/s"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  if (m <= 8) state.counters["bw_ratio"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
+  if (m <= 8) state.counters["bw_ratio_1g"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -152,14 +164,36 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
+  // M ≤ 8 (the GEMVs, bound by DRAM reads): after each call a streaming sum reads the weight buffers of the copy
+  // half a rotation away (as cold as the kernel's), so bw_ratio compares the kernel with the read roof of the same
+  // bytes, measured in alternation with it. On a shared VM the start-up probe drifted by ±10% over one run
+  // (36.0–39.9 GB/s at one thread in three runs of one session), more than the effects measured here.
+  const bool probe = g_roofs && m <= 8;
+  using Clock = std::chrono::steady_clock;
+  double kernel_seconds = 0, probe_seconds = 0, probe_bytes = 0;
   size_t i = 0;
   for (auto _ : state) {
+    const auto t0 = Clock::now();
     kernels::linear(copies[i], x.data(), m, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
+    const auto t1 = Clock::now();
+    const double seconds = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(seconds);
+    kernel_seconds += seconds;
+    if (probe) {
+      probe_bytes += static_cast<double>(stream_weights(copies[(i + copies.size() / 2) % copies.size()]));
+      probe_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+    }
     i = (i + 1) % copies.size();
   }
-  set_counters(state, static_cast<double>(prepare::weight_bytes(copies[0])), m, n, k);
+  const double weight_bytes = static_cast<double>(prepare::weight_bytes(copies[0]));
+  set_counters(state, weight_bytes, m, n, k);
+  if (probe && probe_seconds > 0 && kernel_seconds > 0) {
+    const double stream_bw = probe_bytes / probe_seconds;
+    state.counters["stream_GB/s"] = stream_bw / 1e9;
+    state.counters["bw_ratio"] = weight_bytes * static_cast<double>(state.iterations()) / kernel_seconds / stream_bw;
+  }
   state.SetLabel(kernels::gemm_target_name());
   kernels::set_bf16_dot_allowed(true);
 }
@@ -192,19 +226,19 @@ void register_all() {
     for (auto [n, k] : list) {
       const std::string shape = std::string(kFormatNames[static_cast<int>(f)]) + "/" + std::to_string(n) + "x" + std::to_string(k);
       benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true)
-          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       if (f == Format::Nvfp4 || f == Format::Mxfp4) {
         // The FMA kernel where the default fused GEMV takes AVX512-BF16 pairs: the same run's baseline.
         if (kernels::bf16_dot_active()) {
           benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false)
-              ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseRealTime()->Unit(benchmark::kMicrosecond);
+              ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseManualTime()->Unit(benchmark::kMicrosecond);
         }
         // ActivationPrecision::Bf16: x rounded to bf16, bf16 dot products where the CPU has them.
         benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true)
-            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
         // ActivationPrecision::Int8: int8 activations and integer dot products.
         benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true)
-            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       }
     }
   }
@@ -232,6 +266,7 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(threads);
 #endif
   const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
+  bench::g_roofs = roofs;
   bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
   bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;
   std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming sum), fp32 FMA peak %.1f GFLOP/s\n",

@@ -60,6 +60,19 @@ namespace fp4serve::bench {
 HWY_EXPORT(SumStream);
 HWY_EXPORT(FmaChains);
 
+size_t stream_read(const std::byte* p, size_t bytes) {
+  const auto* f = reinterpret_cast<const float*>(p);
+  const int threads = omp_get_max_threads();
+  // Each thread reads a whole number of 256-float blocks (a multiple of every SumStream step); the tail is left out.
+  const size_t share = (bytes / sizeof(float) / static_cast<size_t>(threads)) & ~size_t{255};
+  float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  total += HWY_DYNAMIC_DISPATCH(SumStream)(f + static_cast<size_t>(omp_get_thread_num()) * share, share);
+  volatile float sink = total;
+  (void)sink;
+  return share * static_cast<size_t>(threads) * sizeof(float);
+}
+
 double measure_read_bandwidth(size_t bytes, int repeats) {
   // On transparent huge pages where the kernel allows them, as the weights the GEMV benchmarks read (their copies
   // sit in a prepare::HugePageArena, as the model's do): a probe on 4 KiB pages reads slower than the weights.

@@ -157,7 +157,8 @@ void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, in
   w.out_features = n;
   w.in_features = k;
   w.group_size = group_size;
-  w.padded_rows = (n + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t row_multiple = layout == WeightLayout::Fp4 || layout == WeightLayout::Int4 ? kPairedTiles * kTileRows : kTileRows;
+  w.padded_rows = (n + row_multiple - 1) / row_multiple * row_multiple;
   const auto tiles = static_cast<size_t>(w.tiles());
   w.codes = AlignedBuffer(tiles * code_bytes_per_tile);
   w.scales = AlignedBuffer(tiles * scale_bytes_per_tile);

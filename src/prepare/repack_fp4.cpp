@@ -32,7 +32,7 @@ int64_t check_fp4_shapes(const core::TensorView& packed, const core::TensorView&
   return k;
 }
 
-// Interleaves the codes of [N, K/2] bytes into [T][K/8][32] (prepared_linear.h).
+// Interleaves the codes of [N, K/2] bytes into tile pairs [T/2][K/8][2][32] (prepared_linear.h).
 void interleave_fp4(const core::TensorView& packed, PreparedLinear& w) {
   const int64_t n = w.out_features;
   const int64_t octets = w.in_features / 8;
@@ -40,7 +40,7 @@ void interleave_fp4(const core::TensorView& packed, PreparedLinear& w) {
   auto* dst = w.codes.as<uint8_t>();
   for (int64_t row = 0; row < n; ++row) {
     const uint8_t* s = src + row * (w.in_features / 2);
-    uint8_t* tile = dst + (row / kTileRows) * octets * 32;
+    uint8_t* tile = dst + code_tile_offset(w.in_features, row / kTileRows);
     const int64_t r = row % kTileRows;
     for (int64_t c = 0; c < octets; ++c) {
       const uint8_t* b = s + 4 * c;  // 4 bytes = columns 8c..8c+7, even column in the low nibble
@@ -48,19 +48,19 @@ void interleave_fp4(const core::TensorView& packed, PreparedLinear& w) {
                               static_cast<uint8_t>(b[1] & 0xF), static_cast<uint8_t>(b[1] >> 4),
                               static_cast<uint8_t>(b[2] & 0xF), static_cast<uint8_t>(b[2] >> 4),
                               static_cast<uint8_t>(b[3] & 0xF), static_cast<uint8_t>(b[3] >> 4)};
-      detail::put_octet(tile + c * 32, r, nib);
+      detail::put_octet(tile + c * kOctetStride, r, nib);
     }
   }
 }
 
-// Copies [N, G] scale bytes into [T][G][8].
+// Copies [N, G] scale bytes into tile pairs [T/2][G][2][8].
 void interleave_scale_bytes(const core::TensorView& scale, PreparedLinear& w) {
   const int64_t g = w.groups();
   const auto* src = reinterpret_cast<const uint8_t*>(scale.bytes.data());
   auto* dst = w.scales.as<uint8_t>();
   for (int64_t row = 0; row < w.out_features; ++row) {
-    uint8_t* tile = dst + (row / kTileRows) * g * kTileRows;
-    for (int64_t j = 0; j < g; ++j) tile[j * kTileRows + row % kTileRows] = src[row * g + j];
+    uint8_t* tile = dst + scale_tile_offset(g, row / kTileRows);
+    for (int64_t j = 0; j < g; ++j) tile[j * kScaleGroupStride + row % kTileRows] = src[row * g + j];
   }
 }
 

@@ -60,6 +60,27 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   const size_t scale_tile = per_tile(first.scales, first);
   const size_t offset_tile = per_tile(first.offsets, first);
   detail::init_tiles(out, first.layout, n, first.in_features, first.group_size, code_tile, scale_tile, offset_tile);
+  // Tile pairs (prepared_linear.h): a part may end on the first tile of a pair, so its tiles move one at a time,
+  // in chunks (column octets of the codes, groups of the Fp4 scale bytes); other buffers hold each tile contiguously.
+  const bool paired = first.layout == WeightLayout::Fp4 || first.layout == WeightLayout::Int4;
+  const int64_t octets = first.in_features / 8, groups = first.groups();
+  const auto copy_tile = [&](const PreparedLinear& p, int64_t from, int64_t to) {
+    for (int64_t c = 0; c < octets; ++c) {
+      std::memcpy(out.codes.as<uint8_t>() + code_tile_offset(p.in_features, to) + c * kOctetStride,
+                  p.codes.as<uint8_t>() + code_tile_offset(p.in_features, from) + c * kOctetStride, 32);
+    }
+    if (first.layout == WeightLayout::Fp4) {
+      for (int64_t g = 0; g < groups; ++g) {
+        std::memcpy(out.scales.as<uint8_t>() + scale_tile_offset(groups, to) + g * kScaleGroupStride,
+                    p.scales.as<uint8_t>() + scale_tile_offset(groups, from) + g * kScaleGroupStride, kTileRows);
+      }
+    } else if (scale_tile > 0) {
+      std::memcpy(out.scales.data() + static_cast<size_t>(to) * scale_tile, p.scales.data() + static_cast<size_t>(from) * scale_tile, scale_tile);
+    }
+    if (offset_tile > 0) {
+      std::memcpy(out.offsets.data() + static_cast<size_t>(to) * offset_tile, p.offsets.data() + static_cast<size_t>(from) * offset_tile, offset_tile);
+    }
+  };
   out.dense_storage = first.dense_storage;
   out.block_format = first.block_format;
   out.convention = first.convention;
@@ -70,11 +91,17 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
   if (any_bias) out.bias.assign(static_cast<size_t>(n), 0.f);
   int64_t row0 = 0;
   for (const PreparedLinear& p : parts) {
-    const auto t0 = static_cast<size_t>(row0 / kTileRows);
-    const auto tiles = static_cast<size_t>(p.tiles());
-    std::memcpy(out.codes.data() + t0 * code_tile, p.codes.data(), tiles * code_tile);
-    if (scale_tile > 0) std::memcpy(out.scales.data() + t0 * scale_tile, p.scales.data(), tiles * scale_tile);
-    if (offset_tile > 0) std::memcpy(out.offsets.data() + t0 * offset_tile, p.offsets.data(), tiles * offset_tile);
+    const int64_t t0 = row0 / kTileRows;
+    if (paired) {
+      const int64_t tiles = (p.out_features + kTileRows - 1) / kTileRows;  // without a pair's zero padding tile
+      for (int64_t t = 0; t < tiles; ++t) copy_tile(p, t, t0 + t);
+    } else {
+      const auto tiles = static_cast<size_t>(p.tiles());
+      const auto at = static_cast<size_t>(t0);
+      std::memcpy(out.codes.data() + at * code_tile, p.codes.data(), tiles * code_tile);
+      if (scale_tile > 0) std::memcpy(out.scales.data() + at * scale_tile, p.scales.data(), tiles * scale_tile);
+      if (offset_tile > 0) std::memcpy(out.offsets.data() + at * offset_tile, p.offsets.data(), tiles * offset_tile);
+    }
     for (int64_t r = 0; r < p.out_features; ++r) {
       const auto dst = static_cast<size_t>(row0 + r);
       if (!p.global_scale.empty()) out.global_scale[dst] = p.global_scale[static_cast<size_t>(r)];

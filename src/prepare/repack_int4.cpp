@@ -96,7 +96,7 @@ PreparedLinear prepare_int4(const core::TensorView& weight_packed, const core::T
         const int64_t col = perm.empty() ? 8 * c + j : perm[static_cast<size_t>(8 * c + j)];
         nib[j] = nibble_at(col);
       }
-      detail::put_octet(codes + (t * (k / 8) + c) * 32, r, nib);
+      detail::put_octet(codes + code_tile_offset(k, t) + c * kOctetStride, r, nib);
     }
     for (int64_t g = 0; g < groups; ++g) {
       const float s = quant::load_float(weight_scale, static_cast<size_t>(row * groups + g), name);

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 
 #include "fp4serve/error.h"
@@ -201,6 +202,62 @@ TEST(RepackConcat, FusedRowsKeepTheirOwnGlobalScalesAndBias) {
   ASSERT_EQ(fused.bias.size(), 21u);
   EXPECT_EQ(fused.bias[0], 0.f);
   EXPECT_EQ(fused.bias[16 + 2], 3.f);
+}
+
+// Fp4 and Int4 store tiles in pairs (prepared_linear.h): parts of 8, 24 and 13 rows (1, 3 and 2 tiles) start and
+// end inside pairs, so their tiles move one at a time. The fused weights dequantize to the parts', and every
+// kernel reading the fused pairs gives the parts' outputs (the same sums in the same order: equal bits).
+TEST(RepackConcat, PartsThatEndInsideATilePairKeepTheirRows) {
+  std::mt19937 rng(21);
+  const int64_t k = 96;
+  const int64_t rows[] = {8, 24, 13};
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "NVFP4" : variant == 1 ? "MXFP4" : "int4");
+    std::vector<PreparedLinear> parts;
+    for (int64_t n : rows) {
+      if (variant == 0) {
+        const Layer l = testing::make_nvfp4(rng, n, k, true);
+        parts.push_back(prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale, GlobalScaleConvention::Divisor, "p"));
+      } else if (variant == 1) {
+        const Layer l = testing::make_mxfp4(rng, n, k);
+        parts.push_back(prepare_mxfp4(l.weight.view(), l.scale.view(), "p"));
+      } else {
+        const Layer l = testing::make_int4(rng, n, k, 32, true, false);
+        const core::TensorView zp = l.zero_point.view();
+        parts.push_back(prepare_int4(l.weight.view(), l.scale.view(), &zp, nullptr, k, 32, "p"));
+      }
+    }
+    std::vector<std::vector<float>> expected;
+    std::vector<float> x(static_cast<size_t>(2 * k));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& v : x) v = normal(rng);
+    std::vector<std::vector<float>> y_parts;
+    for (const PreparedLinear& p : parts) {
+      expected.push_back(dequant(p));
+      y_parts.emplace_back(static_cast<size_t>(2 * p.out_features));
+      kernels::linear(p, x.data(), 2, y_parts.back().data());
+    }
+    const PreparedLinear fused = concat_rows(std::move(parts));
+    ASSERT_EQ(fused.out_features, 45);
+    ASSERT_EQ(fused.padded_rows, 48);
+    const auto got = dequant(fused);
+    std::vector<float> y(static_cast<size_t>(2 * 45));
+    kernels::linear(fused, x.data(), 2, y.data());
+    int64_t row0 = 0;
+    for (size_t p = 0; p < expected.size(); ++p) {
+      const int64_t n = rows[p];
+      for (int64_t i = 0; i < n * k; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(row0 * k + i)], expected[p][static_cast<size_t>(i)]) << "part " << p << " element " << i;
+      }
+      for (int64_t m = 0; m < 2; ++m) {
+        for (int64_t r = 0; r < n; ++r) {
+          ASSERT_EQ(y[static_cast<size_t>(m * 45 + row0 + r)], y_parts[p][static_cast<size_t>(m * n + r)])
+              << "part " << p << " x row " << m << " output row " << r;
+        }
+      }
+      row0 += n;
+    }
+  }
 }
 
 TEST(RepackConcat, RejectsDifferentInputGlobalScales) {

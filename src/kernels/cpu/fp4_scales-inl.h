@@ -125,62 +125,54 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
 }
 
 /// The software prefetch of the fused decode kernels: while a work item reads group g of its tiles, the same group
-/// of the tiles `ahead` items later is prefetched (codes and block scales), with `ahead` the fewest items whose
-/// codes span kItemAheadBytes. An item of two tiles reads them side by side, two streams one tile apart, and the
-/// hardware prefetcher did not keep them fed; a fixed distance per stream (prefetch_ahead) either stopped short of
-/// DRAM's latency · bandwidth or, at the model's K = 576 (2.3 KiB tiles), ran into the neighbouring tile, which is
-/// read anyway. Prefetching whole items ahead keeps one stream's worth of lines in flight whatever K is.
+/// of the tile pair `ahead` pairs later is prefetched (codes and block scales), with `ahead` the fewest pairs whose
+/// codes span kItemAheadBytes. The tiles of a pair lie side by side (prepared_linear.h), so a pair's codes are one
+/// stream and its scale bytes another; a fixed distance per stream (prefetch_ahead) either stopped short of DRAM's
+/// latency · bandwidth or, at the model's K = 576, ran into the neighbouring tiles, which are read anyway.
+/// Prefetching whole pairs ahead keeps one stream's worth of lines in flight whatever K is.
 /// bench_gemm_fp4, cold weights, M = 1, one thread, AVX-512 (AMD EPYC, 32 MiB L3), NVFP4, per-stream 1 KiB + the
-/// next item's heads → this, same run: fp32 576×1536 35.0–37.9 → 25.1–27.0 µs, 4096² 632–671 → 465–471 µs;
-/// int8 576×1536 34.6–36.2 → 21.1–22.1 µs, 4096² 642–644 → 349–373 µs. kItemAheadBytes 4 KiB and 16 KiB
-/// measured within the noise of 8 KiB; per-stream distances of 2 and 4 KiB stayed behind (int8 4096² 397–481 µs).
+/// next item's heads → items ahead (then over two separate tiles), same run: fp32 576×1536 35.0–37.9 → 25.1–27.0 µs,
+/// 4096² 632–671 → 465–471 µs; int8 576×1536 34.6–36.2 → 21.1–22.1 µs, 4096² 642–644 → 349–373 µs. kItemAheadBytes
+/// 4 KiB and 16 KiB measured within the noise of 8 KiB.
 /// step() is a handful of straight-line instructions: written as loops over tiles and lines, with its pointers kept
 /// as integers, it cost the kernels more than its lines saved at the model's shapes (GCC kept the loop, and the
-/// kernel's pointers spilled around it); straight-line, bench_gemm_fp4 M = 1, one thread, 4 alternating rounds,
-/// per-round medians old/new: NVFP4 fp32 / int8 1.27–1.31× at 576×1536, 1536×576 and 4096², MXFP4 1.16–1.25×.
+/// kernel's pointers spilled around it).
 class ItemAheadPrefetch {
  public:
-  /// The current item is tiles [first_tile, first_tile + tiles) of w (Fp4 layout), tiles ≤ 2 (one or two 8-row
-  /// tiles per vector; a larger count prefetches only the first two). Items past the last tile are not
-  /// prefetched; an item that belongs to another thread's share is (a hint).
-  ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile, int64_t tiles) {
-    tile_bytes_ = w.in_features / 8 * 32;
-    scale_tile_bytes_ = w.groups() * prepare::kTileRows;  // one byte per row and group
-    group_code_bytes_ = w.group_size * prepare::kTileRows / 2;
-    const int64_t item_bytes = tiles * tile_bytes_;
-    const int64_t ahead = std::max<int64_t>(1, (kItemAheadBytes + item_bytes - 1) / item_bytes);
-    const int64_t target = first_tile + ahead * tiles;
-    count_ = std::clamp<int64_t>(w.tiles() - target, 0, std::min<int64_t>(tiles, 2));
-    // Only formed when count_ > 0: past the last tile the address would leave the arrays.
-    if (count_ > 0) {
-      codes_ = w.codes.as<uint8_t>() + target * tile_bytes_;
-      scales_ = w.scales.as<uint8_t>() + target * scale_tile_bytes_;
+  /// The current item starts at tile first_tile of w (Fp4 layout) and lies within one tile pair. Pairs past the
+  /// last are not prefetched; a pair that belongs to another thread's share is (a hint). An item on the second tile
+  /// of a pair prefetches nothing: the item on the first did.
+  ItemAheadPrefetch(const prepare::PreparedLinear& w, int64_t first_tile) {
+    const int64_t pair_bytes = prepare::code_tile_offset(w.in_features, prepare::kPairedTiles);
+    const int64_t pair_scale_bytes = prepare::scale_tile_offset(w.groups(), prepare::kPairedTiles);
+    group_code_bytes_ = w.group_size / 8 * prepare::kOctetStride;
+    const int64_t ahead = std::max<int64_t>(1, (kItemAheadBytes + pair_bytes - 1) / pair_bytes);
+    const int64_t target = first_tile / prepare::kPairedTiles + ahead;
+    // Only formed for a pair that exists: past the last the address would leave the arrays.
+    if (first_tile % prepare::kPairedTiles == 0 && target < w.tiles() / prepare::kPairedTiles) {
+      codes_ = w.codes.as<uint8_t>() + target * pair_bytes;
+      scales_ = w.scales.as<uint8_t>() + target * pair_scale_bytes;
     }
   }
 
-  /// Issues the prefetches that go with the current item's group g (addresses inside codes and scales: count_
-  /// covers only tiles that exist).
+  /// Issues the prefetches that go with the current item's group g: its code lines in the pair ahead (a group of 16
+  /// rows: NVFP4 128 bytes, MXFP4 256) and, every fourth group, the line of scale bytes.
   HWY_INLINE void step(int64_t g) const {
-    if (count_ == 0) return;
+    if (codes_ == nullptr) return;
     const uint8_t* codes = codes_ + g * group_code_bytes_;
-    const bool scale_line = (g * prepare::kTileRows) % 64 == 0;
-    const uint8_t* scales = scales_ + g * prepare::kTileRows;
-    // One or two tiles (count_ ≤ 2), one or two lines per tile and group (a group of 8 rows: NVFP4 64 bytes,
-    // MXFP4 128).
     hwy::Prefetch(codes);
-    if (group_code_bytes_ > 64) hwy::Prefetch(codes + 64);
-    if (scale_line) hwy::Prefetch(scales);
-    if (count_ > 1) {
-      hwy::Prefetch(codes + tile_bytes_);
-      if (group_code_bytes_ > 64) hwy::Prefetch(codes + tile_bytes_ + 64);
-      if (scale_line) hwy::Prefetch(scales + scale_tile_bytes_);
+    hwy::Prefetch(codes + 64);
+    if (group_code_bytes_ > 128) {
+      hwy::Prefetch(codes + 128);
+      hwy::Prefetch(codes + 192);
     }
+    if ((g * prepare::kScaleGroupStride) % 64 == 0) hwy::Prefetch(scales_ + g * prepare::kScaleGroupStride);
   }
 
  private:
   const uint8_t* codes_ = nullptr;
   const uint8_t* scales_ = nullptr;
-  int64_t tile_bytes_ = 0, scale_tile_bytes_ = 0, group_code_bytes_ = 0, count_ = 0;
+  int64_t group_code_bytes_ = 0;
 };
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
@@ -192,23 +184,16 @@ inline constexpr int64_t kFusedRows = 8;
 inline constexpr int64_t kFusedRows = 16;
 #endif
 
-/// Block scales (format kFormat) of rows [tile a | tile b] (8 bytes each, `b` unused on AVX2) as fp32, times `unit`.
+/// Block scales (format kFormat) of one group of kFusedRows rows as fp32, times `unit`: the 8 bytes of a tile at
+/// `p` (AVX2), or the 16 of a tile pair (AVX-512: p at the pair's first tile, the second's follow).
 template <quant::BlockFormat kFormat>
-HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>> BlockScales(const uint8_t* a,
-                                                                                              const uint8_t* b,
-                                                                                              float unit) {
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>> BlockScales(const uint8_t* p, float unit) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::FixedTag<float, kFusedRows> df;
   const hn::FixedTag<int32_t, kFusedRows> di;
-#if HWY_TARGET == HWY_AVX2
-  (void)b;
-  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, 8>(), hn::LoadU(hn::FixedTag<uint8_t, 8>(), a)));
-#else
-  // movq + movhps: the two tiles' 8 bytes in one 128-bit register.
-  const __m128i pair = _mm_castpd_si128(
-      _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))), reinterpret_cast<const double*>(b)));
-  const auto bytes = hn::Vec<decltype(di)>{_mm512_cvtepu8_epi32(pair)};
-#endif
+  static_assert(kFusedRows == prepare::kTileRows || kFusedRows == prepare::kTileRows * prepare::kPairedTiles,
+                "a tile or a tile pair");
+  const auto bytes = hn::BitCast(di, hn::PromoteTo(hn::FixedTag<uint32_t, kFusedRows>(), hn::LoadU(hn::FixedTag<uint8_t, kFusedRows>(), p)));
   constexpr quant::ElementFormat kScale = quant::block_format_traits(kFormat).scale;
   static_assert(kScale == quant::ElementFormat::E4M3 || kScale == quant::ElementFormat::E8M0, "one-byte scale decoders");
   if constexpr (kScale == quant::ElementFormat::E4M3) {
@@ -225,18 +210,16 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRow
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-/// The 32-byte blocks of one octet (8 columns) of tiles a and b → use(j, column j as fp32 E2M1 values, rows of
-/// tile a in lanes 0–7 and of tile b in lanes 8–15) for j = 0 … 7: one vpermps per column, the 16 E2M1 values being
-/// the whole table, which reads only bits [3:0] of each index lane (so `word >> 4j` needs no mask). Shared by the
-/// fused GEMV and the panel GEMM's decoder.
+/// The 64 bytes of one column octet (8 columns) of a tile pair → use(j, column j as fp32 E2M1 values, rows of the
+/// first tile in lanes 0–7 and of the second in lanes 8–15) for j = 0 … 7: one vpermps per column, the 16 E2M1 values
+/// being the whole table, which reads only bits [3:0] of each index lane (so `word >> 4j` needs no mask). Shared by
+/// the fused GEMV and the panel GEMM's decoder.
 template <class Use>
-HWY_INLINE void DecodeOctet(const uint8_t* pa, const uint8_t* pb, Use&& use) {
+HWY_INLINE void DecodeOctet(const uint8_t* p, Use&& use) {
   using VF = hwy::HWY_NAMESPACE::Vec<hwy::HWY_NAMESPACE::FixedTag<float, kFusedRows>>;
   const __m512 table = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,  //
                                       -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
-  const __m512i v = _mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
-      _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1);
+  const __m512i v = _mm512_load_si512(p);
   use(0, VF{_mm512_permutexvar_ps(v, table)});
   use(1, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)});
   use(2, VF{_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), table)});

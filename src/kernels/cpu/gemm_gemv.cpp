@@ -126,15 +126,14 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   constexpr int64_t kT = kTilesPerCall<kM>;
   const DF df;
   const int64_t k_total = w.in_features;
-  const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
   const int64_t tiles[2] = {ta, tb};
   const uint8_t* codes[kT];
   const uint8_t* scales[kT];
   for (int64_t t = 0; t < kT; ++t) {
-    codes[t] = w.codes.as<uint8_t>() + tiles[t] * octets * 32;
-    scales[t] = w.scales.as<uint8_t>() + tiles[t] * groups * kTileRows;
+    codes[t] = w.codes.as<uint8_t>() + prepare::code_tile_offset(k_total, tiles[t]);
+    scales[t] = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, tiles[t]);
   }
   // The columns carry 2^25. An E4M3 scale takes the 2^-25 itself (its smallest value, 2^-9, stays normal); an E8M0
   // scale reaches 2^-127, so there the group sum takes 2^-24 and the scale the remaining ½.
@@ -144,7 +143,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   for (auto& per_tile : total) {
     for (VF& v : per_tile) v = hn::Zero(df);
   }
-  const ItemAheadPrefetch ahead(w, ta, kT);
+  const ItemAheadPrefetch ahead(w, ta);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     VF part[kT][kM][2];
@@ -155,7 +154,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       const int64_t c = g * kOctetsPerGroup + o;
       const float* xc = x + 8 * c;
       OctetBytes bytes[kT];
-      for (int64_t t = 0; t < kT; ++t) bytes[t] = LookupOctet(codes[t] + 32 * c);
+      for (int64_t t = 0; t < kT; ++t) bytes[t] = LookupOctet(codes[t] + prepare::kOctetStride * c);
       ForEachColumn([&]<int kJ>() HWY_ATTR {
         VF col[kT];
         for (int64_t t = 0; t < kT; ++t) col[t] = Column<kJ>(bytes[t]);
@@ -166,7 +165,7 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       });
     }
     for (int64_t t = 0; t < kT; ++t) {
-      const VF scale = BlockScales<kFormat>(scales[t] + g * kTileRows, nullptr, kScaleUnit);
+      const VF scale = BlockScales<kFormat>(scales[t] + g * prepare::kScaleGroupStride, kScaleUnit);
       for (int i = 0; i < kM; ++i) {
         VF sum = hn::Add(part[t][i][0], part[t][i][1]);
         if constexpr (!kE4m3Scale) sum = hn::Mul(sum, hn::Set(df, 0x1p-24f));
@@ -184,14 +183,14 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
 template <int kM>
 constexpr int64_t kTilesPerCall = 1;  // one 512-bit vector already spans two tiles
 
-// The code bytes and block-scale bytes of tiles ta and tb (a 512-bit vector holds one octet of each).
+// The code bytes and block-scale bytes of the tile pair that starts at tile ta (a 512-bit vector holds one column
+// octet of both tiles; 16 scale bytes one group of both).
 struct TilePair {
-  const uint8_t *codes_a, *codes_b, *scales_a, *scales_b;
+  const uint8_t *codes, *scales;
 };
-HWY_INLINE TilePair TilePairBytes(const PreparedLinear& w, int64_t ta, int64_t tb) {
-  const int64_t tile_codes = w.in_features / 8 * 32, tile_scales = w.groups() * kTileRows;
-  return {w.codes.as<uint8_t>() + ta * tile_codes, w.codes.as<uint8_t>() + tb * tile_codes,
-          w.scales.as<uint8_t>() + ta * tile_scales, w.scales.as<uint8_t>() + tb * tile_scales};
+HWY_INLINE TilePair TilePairBytes(const PreparedLinear& w, int64_t ta) {
+  return {w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, ta),
+          w.scales.as<uint8_t>() + prepare::scale_tile_offset(w.groups(), ta)};
 }
 
 // Raw sums acc[i][r] = Σ_k x[i, k] · W[row r of tiles (ta, tb), k] (block scales applied, global scale not),
@@ -203,10 +202,11 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
   const int64_t k_total = w.in_features;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
-  const auto [codes_a, codes_b, scales_a, scales_b] = TilePairBytes(w, ta, tb);
+  (void)tb;  // ta + 1: the pair's second tile
+  const auto [codes, scales] = TilePairBytes(w, ta);
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const ItemAheadPrefetch ahead(w, ta, 2);
+  const ItemAheadPrefetch ahead(w, ta);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     VF part[kM][2];
@@ -217,9 +217,9 @@ HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
       auto use = [&](int j, VF col) HWY_ATTR {
         for (int i = 0; i < kM; ++i) part[i][j & 1] = hn::MulAdd(col, hn::Set(df, xc[i * k_total + j]), part[i][j & 1]);
       };
-      DecodeOctet(codes_a + 32 * c, codes_b + 32 * c, use);
+      DecodeOctet(codes + prepare::kOctetStride * c, use);
     }
-    const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, kLutUnit);
+    const VF scale = BlockScales<kFormat>(scales + g * prepare::kScaleGroupStride, kLutUnit);
     for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(part[i][0], part[i][1]), scale, total[i]);
   }
   for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
@@ -289,7 +289,8 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
   constexpr int kChains = kM <= 2 ? 2 : 1;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
-  const auto [codes_a, codes_b, scales_a, scales_b] = TilePairBytes(w, ta, tb);
+  (void)tb;  // ta + 1: the pair's second tile
+  const auto [codes, scales] = TilePairBytes(w, ta);
   // E2M1 as bf16, twice: vpermw reads bits [4:0] of each index word, and bit 4 is the next column's low bit.
   alignas(64) static constexpr uint16_t kTable[32] = {
       0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
@@ -297,7 +298,7 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
   const __m512i table = _mm512_load_si512(kTable);
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const ItemAheadPrefetch ahead(w, ta, 2);
+  const ItemAheadPrefetch ahead(w, ta);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     __m512 hi[kM][kChains], lo[kM][kChains];
@@ -306,9 +307,7 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
     }
     for (int64_t o = 0; o < kOctetsPerGroup; ++o) {
       const int64_t c = g * kOctetsPerGroup + o;
-      const __m512i v = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(codes_a + 32 * c))),
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(codes_b + 32 * c)), 1);
+      const __m512i v = _mm512_load_si512(codes + prepare::kOctetStride * c);
       const uint32_t* xc = xp + c * kM * kPairWords<kSplit>;
       const auto pair = [&](int j, __m512i words) HWY_ATTR {
         const __m512bh w_pair = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(words, table));
@@ -327,7 +326,7 @@ HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, c
       pair(2, _mm512_srli_epi16(v, 8));
       pair(3, _mm512_srli_epi16(v, 12));
     }
-    const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 1.f);
+    const VF scale = BlockScales<kFormat>(scales + g * prepare::kScaleGroupStride, 1.f);
     for (int i = 0; i < kM; ++i) {
       __m512 sum = hi[i][0];
       if constexpr (kChains == 2) sum = _mm512_add_ps(sum, hi[i][1]);
@@ -581,11 +580,10 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
   const DTI di;
   const hn::Repartition<uint8_t, DT> du8;
   const int64_t k_total = w.in_features;
-  const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
   const int64_t octets_per_group = w.group_size / 8;
-  const uint8_t* codes = w.codes.as<uint8_t>() + tile * octets * 32 + 4 * r0;
-  const uint8_t* scales = w.scales.as<uint8_t>() + tile * groups * kTileRows + r0;
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(k_total, tile) + 4 * r0;
+  const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, tile) + r0;
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::Repartition<int8_t, DT>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
@@ -596,7 +594,7 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
       const int64_t c = g * octets_per_group + o;
       const float* xc = x + 8 * c;
       // Byte b of lane r holds columns 2b (low nibble) and 2b + 1 (high nibble) of row r0 + r.
-      const auto v = hn::LoadU(du8, codes + 32 * c);
+      const auto v = hn::LoadU(du8, codes + prepare::kOctetStride * c);
       const auto even = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(v, mask)));
       const auto odd = hn::BitCast(di, hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(v), mask)));
 #define FP4SERVE_GEMV_COLUMN(J)                                                                                 \
@@ -617,7 +615,7 @@ HWY_INLINE void PortableGemvRows(const PreparedLinear& w, int64_t tile, int64_t 
       FP4SERVE_GEMV_COLUMN(7)
 #undef FP4SERVE_GEMV_COLUMN
     }
-    const auto scale = Fp4ScaleBytes<kFormat>(DT(), scales + g * kTileRows);
+    const auto scale = Fp4ScaleBytes<kFormat>(DT(), scales + g * prepare::kScaleGroupStride);
     t0 = hn::MulAdd(p0, scale, t0);
     if constexpr (kM > 1) t1 = hn::MulAdd(p1, scale, t1);
     if constexpr (kM > 2) t2 = hn::MulAdd(p2, scale, t2);

@@ -184,16 +184,8 @@ using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 using VU8 = hn::Vec<DU8>;
 
-// The 32-byte block (tile, octet c) of tile a, and on AVX-512 that of tile b in the upper half.
-HWY_INLINE VU8 LoadOctet(const uint8_t* pa, const uint8_t* pb) {
-#if HWY_TARGET == HWY_AVX2
-  (void)pb;
-  return hn::Load(DU8(), pa);
-#else
-  return VU8{_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(pa))),
-                                _mm256_load_si256(reinterpret_cast<const __m256i*>(pb)), 1)};
-#endif
-}
+// One column octet at p: the 32 bytes of a tile (AVX2), or the 64 of a tile pair (AVX-512: p at its first tile).
+HWY_INLINE VU8 LoadOctet(const uint8_t* p) { return hn::Load(DU8(), p); }
 
 // Four activation bytes broadcast to every 32-bit lane.
 HWY_INLINE VU8 Broadcast4(const int8_t* p) {
@@ -236,15 +228,13 @@ struct Int8Pass {
 
 // isum[i] += Σ u·q over the group's octet pairs for rows i < kM, and with kFine isum2[i] += Σ u·r.
 template <quant::BlockFormat kFormat, int kM, bool kFine>
-HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_t g, const Int8Pass& x,
-                          VU8 lut, VU8 low4, VI* isum, VI* isum2) {
+HWY_INLINE void GroupDots(const uint8_t* codes, int64_t g, const Int8Pass& x, VU8 lut, VU8 low4, VI* isum, VI* isum2) {
   constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
-  (void)codes_b;
   (void)isum2;
   for (int64_t p = 0; p < kPairsPerGroup; ++p) {
     const int64_t c = (g * kPairsPerGroup + p) * 2;
-    const VU8 v0 = LoadOctet(codes_a + 32 * c, codes_b + 32 * c);
-    const VU8 v1 = LoadOctet(codes_a + 32 * (c + 1), codes_b + 32 * (c + 1));
+    const VU8 v0 = LoadOctet(codes + prepare::kOctetStride * c);
+    const VU8 v1 = LoadOctet(codes + prepare::kOctetStride * (c + 1));
     const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
     const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
     const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
@@ -263,36 +253,33 @@ HWY_INLINE void GroupDots(const uint8_t* codes_a, const uint8_t* codes_b, int64_
   }
 }
 
-// Raw sums acc[i][r] for rows r of tiles (ta, tb) and x rows i < kM (block scales applied, global scale not).
+// Raw sums acc[i][r] for the kRows rows r from tile ta (one tile on AVX2, the pair ta, ta + 1 on AVX-512) and x
+// rows i < kM (block scales applied, global scale not).
 template <quant::BlockFormat kFormat, int kM>
-HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const Int8Pass& x, float* HWY_RESTRICT acc) {
+HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x, float* HWY_RESTRICT acc) {
   const DF df;
   const DI di;
   const DU8 du8;
-  const int64_t k_total = w.in_features;
-  const int64_t octets = k_total / 8;
   const int64_t groups = w.groups();
-  const uint8_t* codes_a = w.codes.as<uint8_t>() + ta * octets * 32;
-  const uint8_t* codes_b = w.codes.as<uint8_t>() + tb * octets * 32;
-  const uint8_t* scales_a = w.scales.as<uint8_t>() + ta * groups * kTileRows;
-  const uint8_t* scales_b = w.scales.as<uint8_t>() + tb * groups * kTileRows;
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, ta);
+  const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, ta);
   // u = 2·e2m1 + 12: codes 0..7 = +0 … +6, 8..15 = −0 … −6.
   alignas(16) static constexpr uint8_t kLut[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
   const VU8 lut = hn::LoadDup128(du8, kLut);
   const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
   VF total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
-  const ItemAheadPrefetch ahead(w, ta, kRows / kTileRows);
+  const ItemAheadPrefetch ahead(w, ta);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     // The table holds 2·e2m1: the ½ is folded into the scale.
-    const VF scale = BlockScales<kFormat>(scales_a + g * kTileRows, scales_b + g * kTileRows, 0.5f);
+    const VF scale = BlockScales<kFormat>(scales + g * prepare::kScaleGroupStride, 0.5f);
     VI isum[kM];
     for (int i = 0; i < kM; ++i) isum[i] = hn::Zero(di);
     // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
     // eight rows' sums and totals leave none to spare).
     if (x.any_fine[g] == 0) {
-      GroupDots<kFormat, kM, false>(codes_a, codes_b, g, x, lut, low4, isum, nullptr);
+      GroupDots<kFormat, kM, false>(codes, g, x, lut, low4, isum, nullptr);
       for (int i = 0; i < kM; ++i) {
         const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[g * kM + i]));
         // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
@@ -303,7 +290,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, int64_t tb, const
     // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
     VI isum2[kM];
     for (int i = 0; i < kM; ++i) isum2[i] = hn::Zero(di);
-    GroupDots<kFormat, kM, true>(codes_a, codes_b, g, x, lut, low4, isum, isum2);
+    GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
     for (int i = 0; i < kM; ++i) {
       // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
       const VI uq = x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
@@ -365,12 +352,12 @@ constexpr int64_t kBlockXBytes = 32 * 1024;
 template <quant::BlockFormat kFormat, int kM>
 void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t first, int64_t count, float* y) {
   const int64_t n_total = w.out_features;
-  ForEachItem<kRows>(w, [&](int64_t ta, int64_t tb) {
+  ForEachItem<kRows>(w, [&](int64_t ta, int64_t) {
     alignas(64) float acc[kM * kRows];
     const int64_t n0 = ta * kTileRows;
     const int64_t rows = std::min(kRows, n_total - n0);
     for (int64_t p = first; p < first + count; ++p) {
-      Int8Tiles<kFormat, kM>(w, ta, tb, passes[p], acc);
+      Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
       float* yp = y + p * kMaxM * n_total + n0;
       for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kRows, yp + i * n_total);
     }
@@ -543,25 +530,24 @@ namespace {
 void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
-  const int64_t octets = k / 8;
-  const uint8_t* codes = w.codes.as<uint8_t>();
-  const uint8_t* scales = w.scales.as<uint8_t>();
   static constexpr int32_t kTwiceE2m1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.out_features; ++n) {
       const int64_t tile = n / prepare::kTileRows, r = n % prepare::kTileRows;
+      const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(k, tile);
+      const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, tile);
       float total = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
         const bool fine = x.fine[i * groups + g] != 0;
         int32_t sum = 0;
         for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
-          const uint8_t byte = codes[(tile * octets + col / 8) * 32 + 4 * r + (col % 8) / 2];
+          const uint8_t byte = codes[(col / 8) * prepare::kOctetStride + 4 * r + (col % 8) / 2];
           const uint8_t code = col % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
           const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
           const int32_t big_q = fine ? 256 * x.q[at] + x.r[at] : x.q[at];
           sum += kTwiceE2m1[code] * big_q;
         }
-        const uint8_t sb = scales[(tile * groups + g) * prepare::kTileRows + r];
+        const uint8_t sb = scales[g * prepare::kScaleGroupStride + r];
         const float s = quant::decode_block_scale(w.block_format, sb);
         total += static_cast<float>(sum) * x.d[i * groups + g] * (0.5f * s);
       }

@@ -82,10 +82,10 @@ template <WeightLayout kLayout, quant::BlockFormat kFormat>
 void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, int64_t r0, float* panel) {
   const hn::Repartition<uint8_t, DT> du8;
   const DT df;
-  const int64_t octets = w.in_features / 8;
   const int64_t groups = w.groups();
   // Rows r0 .. r0 + kTileLanes − 1 of each octet block: 4 bytes (one word) per row.
-  const uint8_t* codes = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32 + 4 * r0;
+  const uint8_t* codes =
+      w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, tile) + (k0 / 8) * prepare::kOctetStride + 4 * r0;
   alignas(16) static constexpr int8_t kLut[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const auto lut = hn::BitCast(du8, hn::LoadDup128(hn::Repartition<int8_t, DT>(), kLut));
   const auto mask = hn::Set(du8, uint8_t{0x0F});
@@ -95,15 +95,16 @@ void DecodeNibbleRows(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t
     const int64_t k = k0 + 8 * c;
     if (k / w.group_size != group) {
       group = k / w.group_size;
-      const int64_t at = (tile * groups + group) * kTileRows + r0;
-      if constexpr (kLayout == WeightLayout::Int4) {
+      if constexpr (kLayout == WeightLayout::Int4) {  // fp32 scales and offsets: [T][groups][8]
+        const int64_t at = (tile * groups + group) * kTileRows + r0;
         scale = hn::Load(df, w.scales.as<float>() + at);
         offset = hn::Load(df, w.offsets.as<float>() + at);
       } else {
-        scale = Fp4ScaleBytes<kFormat>(DT(), w.scales.as<uint8_t>() + at);
+        scale = Fp4ScaleBytes<kFormat>(
+            DT(), w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, tile) + group * prepare::kScaleGroupStride + r0);
       }
     }
-    const auto v = hn::Load(du8, codes + 32 * c);
+    const auto v = hn::LoadU(du8, codes + prepare::kOctetStride * c);
     float* out = panel + 8 * c * kNR + r0;
     const auto emit = [&](int j, hn::Vec<DTI> q) HWY_ATTR {
       const auto f = hn::ConvertTo(df, q);
@@ -189,39 +190,34 @@ void DecodeDense(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, 
 }
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-// FP4 tiles `tile` and `tile + 1` at once (they sit side by side in the panel: 16 consecutive floats per column),
-// with the fused GEMV's DecodeOctet: a column of both costs one shift, one 512-bit vpermps, the scale multiplication
-// and one store. DecodeNibbleRows (a lone last tile) gives the same values: e2m1 · s is exact either way (2 and 4
+// The FP4 tile pair `tile`, `tile + 1` at once (they sit side by side in the panel: 16 consecutive floats per
+// column), with the fused GEMV's DecodeOctet: a column of both costs one shift, one 512-bit vpermps, the scale
+// multiplication and one store. DecodeNibbleRows gives the same values: e2m1 · s is exact either way (2 and 4
 // significant bits). Against a 256-bit vpermt2ps per tile (the previous AVX-512 decoder): perf of `fp4serve bench
 // model -p 128`, default model, one thread, the FP4 decoder 13% of the prefill's GEMM time beside the micro-kernel,
 // 9% after; bench_gemm_fp4 NVFP4/MXFP4 M = 16 and 64, alternating, per-round medians 1.02–1.18×; model prefill
 // moved within its noise (1.00–1.02×).
-// use(c, j, column) for the octets c < kc/8 of columns from k0 and j = 0 … 7: column 8c + j of tiles `tile` (lanes
-// 0–7) and `tile + 1` (lanes 8–15; with !both `tile` again), E2M1 · block scale (exact in fp32).
+// use(c, j, column) for the octets c < kc/8 of columns from k0 and j = 0 … 7: column 8c + j of the tile pair that
+// starts at `tile` (even: lanes 0–7 its first tile, 8–15 its second), E2M1 · block scale (exact in fp32).
 template <quant::BlockFormat kFormat, class Use>
-HWY_INLINE void ForEachScaledColumn(const PreparedLinear& w, int64_t tile, bool both, int64_t k0, int64_t kc, Use&& use) {
-  const int64_t octets = w.in_features / 8;
-  const int64_t groups = w.groups();
-  const uint8_t* codes_a = w.codes.as<uint8_t>() + (tile * octets + k0 / 8) * 32;
-  const uint8_t* codes_b = both ? codes_a + octets * 32 : codes_a;
-  const uint8_t* scales_a = w.scales.as<uint8_t>() + tile * groups * kTileRows;
-  const uint8_t* scales_b = both ? scales_a + groups * kTileRows : scales_a;
+HWY_INLINE void ForEachScaledColumn(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, Use&& use) {
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, tile) + (k0 / 8) * prepare::kOctetStride;
+  const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(w.groups(), tile);
   int64_t group = -1;
   hn::Vec<DF> scale = hn::Zero(DF());
   for (int64_t c = 0; c < kc / 8; ++c) {
     const int64_t k = k0 + 8 * c;
     if (k / w.group_size != group) {
       group = k / w.group_size;
-      scale = BlockScales<kFormat>(scales_a + group * kTileRows, scales_b + group * kTileRows, 1.f);
+      scale = BlockScales<kFormat>(scales + group * prepare::kScaleGroupStride, 1.f);
     }
-    DecodeOctet(codes_a + 32 * c, codes_b + 32 * c,
-                [&](int j, hn::Vec<DF> column) HWY_ATTR { use(c, j, hn::Mul(column, scale)); });
+    DecodeOctet(codes + prepare::kOctetStride * c, [&](int j, hn::Vec<DF> column) HWY_ATTR { use(c, j, hn::Mul(column, scale)); });
   }
 }
 
 template <quant::BlockFormat kFormat>
 void DecodeFp4TilePair(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, float* panel) {
-  ForEachScaledColumn<kFormat>(w, tile, /*both=*/true, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
+  ForEachScaledColumn<kFormat>(w, tile, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
     hn::Store(column, DF(), panel + (8 * c + j) * kNR);
   });
 }
@@ -233,7 +229,7 @@ void DecodePanel(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, flo
     const int64_t tile = p * kPanelTiles + s;
     float* out = panel + s * kTileRows;
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-    if (w.layout == WeightLayout::Fp4 && s % 2 == 0 && tile + 1 < w.tiles()) {
+    if (w.layout == WeightLayout::Fp4 && s % 2 == 0 && tile < w.tiles()) {  // a pair: Fp4 holds an even count
       quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
         DecodeFp4TilePair<F>(w, tile, k0, kc, out);
       });
@@ -371,13 +367,12 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // range, so ±inf and NaN carry over too), except that vdpbf16ps reads a subnormal as 0: MXFP4 blocks with E8M0
 // bytes 0 and 1, whose weights are below 2^−125 (≈ 2.4e-38), count as zero.
 
-// Columns [k0, k0 + kc) of FP4 tiles `tile` and `tile + 1` (`tile` alone when !both: lanes 8–15 become 0) as bf16
-// pairs: panel[(kk/2) · kNR + r] for kk even, panel already offset to the tile pair. No bf16 instruction here.
+// Columns [k0, k0 + kc) of the FP4 tile pair that starts at `tile` as bf16 pairs: panel[(kk/2) · kNR + r] for kk
+// even, panel already offset to the tile pair. No bf16 instruction here.
 template <quant::BlockFormat kFormat>
-void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, bool both, int64_t k0, int64_t kc, uint32_t* panel) {
-  const __mmask16 lanes = both ? 0xFFFF : 0x00FF;
+void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, uint32_t* panel) {
   __m512i even{};
-  ForEachScaledColumn<kFormat>(w, tile, both, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
+  ForEachScaledColumn<kFormat>(w, tile, k0, kc, [&](int64_t c, int j, hn::Vec<DF> column) HWY_ATTR {
     // Exact in bf16, so the top half of the fp32 bits is the bf16.
     const __m512i bits = _mm512_castps_si512(column.raw);
     if (j % 2 == 0) {
@@ -385,7 +380,7 @@ void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, bool both, int
       return;
     }
     const __m512i pair = _mm512_or_si512(even, _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
-    _mm512_storeu_si512(panel + (4 * c + j / 2) * kNR, _mm512_maskz_mov_epi32(lanes, pair));
+    _mm512_storeu_si512(panel + (4 * c + j / 2) * kNR, pair);
   });
 }
 
@@ -399,7 +394,7 @@ void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc,
       continue;
     }
     quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
-      DecodeFp4TilePairBf16<F>(w, tile, tile + 1 < w.tiles(), k0, kc, out);
+      DecodeFp4TilePairBf16<F>(w, tile, k0, kc, out);
     });
   }
 }

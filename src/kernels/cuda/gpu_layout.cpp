@@ -17,15 +17,17 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
-// CPU layout (prepared_linear.h): tile row/8, octet col/8, word row%8, nibble col%8.
+// CPU layout (prepared_linear.h): tile row/8 (in pairs), octet col/8, word row%8, nibble col%8.
 uint32_t prepared_fp4_code(const PreparedLinear& w, int64_t row, int64_t col) {
-  const uint8_t* block = w.codes.as<uint8_t>() + ((row / kTileRows) * (w.in_features / 8) + col / 8) * 32;
+  const uint8_t* block =
+      w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, row / kTileRows) + (col / 8) * prepare::kOctetStride;
   const uint8_t byte = block[4 * (row % kTileRows) + (col % 8) / 2];
   return col % 2 == 0 ? (byte & 0x0Fu) : static_cast<uint32_t>(byte >> 4);
 }
 
 uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t row, int64_t group) {
-  return w.scales.as<uint8_t>()[((row / kTileRows) * w.groups() + group) * kTileRows + row % kTileRows];
+  return w.scales.as<uint8_t>()[prepare::scale_tile_offset(w.groups(), row / kTileRows) + group * prepare::kScaleGroupStride +
+                                row % kTileRows];
 }
 
 PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
