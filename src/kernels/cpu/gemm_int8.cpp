@@ -226,35 +226,48 @@ struct Int8Pass {
   const uint8_t* any_fine;  // [groups]: 1 where some row's group is fine
 };
 
-// isum[i] += Σ u·q over the group's octet pairs for rows i < kM, and with kFine isum2[i] += Σ u·r.
+// A work item is a tile pair: one vector of rows on AVX-512; on AVX2 two, the pair's tiles side by side in each
+// octet's 64-byte line, so the item reads each line once and each x broadcast serves both. Items of one tile read
+// each line twice, the second time from L2 (bench_gemm_fp4 linear_a8 M = 1 on AVX2, one thread, bw_ratio
+// 0.74–0.76 → 0.59–0.60 at 4096²), and so did a pass over a chunk of columns per tile (0.55–0.66 with 2048-column
+// chunks) and tile after tile per scale group (MXFP4 0.59–0.61).
+constexpr int64_t kItemTiles = prepare::kPairedTiles * prepare::kTileRows / kRows;
+constexpr int64_t kItemRows = kItemTiles * kRows;
+
+// isum[t][i] += Σ u·q over the group's octet pairs for tile t of the item and rows i < kM, and with kFine isum2[t][i]
+// += Σ u·r.
 template <quant::BlockFormat kFormat, int kM, bool kFine>
-HWY_INLINE void GroupDots(const uint8_t* codes, int64_t g, const Int8Pass& x, VU8 lut, VU8 low4, VI* isum, VI* isum2) {
+HWY_INLINE void GroupDots(const uint8_t* codes, int64_t g, const Int8Pass& x, VU8 lut, VU8 low4, VI (*isum)[kM],
+                          VI (*isum2)[kM]) {
   constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
   (void)isum2;
   for (int64_t p = 0; p < kPairsPerGroup; ++p) {
     const int64_t c = (g * kPairsPerGroup + p) * 2;
-    const VU8 v0 = LoadOctet(codes + prepare::kOctetStride * c);
-    const VU8 v1 = LoadOctet(codes + prepare::kOctetStride * (c + 1));
-    const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
-    const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
-    const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
-    const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
     const int8_t* xq = x.q + c * kM * 8;
     const int8_t* xr = x.r + c * kM * 8;
     (void)xr;
-    for (int i = 0; i < kM; ++i) {
-      isum[i] = DotAdd(isum[i], even0, Broadcast4(xq + 8 * i), odd0, Broadcast4(xq + 8 * i + 4), even1,
-                       Broadcast4(xq + 8 * (kM + i)), odd1, Broadcast4(xq + 8 * (kM + i) + 4));
-      if constexpr (kFine) {
-        isum2[i] = DotAdd(isum2[i], even0, Broadcast4(xr + 8 * i), odd0, Broadcast4(xr + 8 * i + 4), even1,
-                          Broadcast4(xr + 8 * (kM + i)), odd1, Broadcast4(xr + 8 * (kM + i) + 4));
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      // The second tile of a pair (AVX2) is the upper 32 bytes of each line.
+      const VU8 v0 = LoadOctet(codes + 32 * t + prepare::kOctetStride * c);
+      const VU8 v1 = LoadOctet(codes + 32 * t + prepare::kOctetStride * (c + 1));
+      const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
+      const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
+      const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
+      const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
+      for (int i = 0; i < kM; ++i) {
+        isum[t][i] = DotAdd(isum[t][i], even0, Broadcast4(xq + 8 * i), odd0, Broadcast4(xq + 8 * i + 4), even1,
+                            Broadcast4(xq + 8 * (kM + i)), odd1, Broadcast4(xq + 8 * (kM + i) + 4));
+        if constexpr (kFine) {
+          isum2[t][i] = DotAdd(isum2[t][i], even0, Broadcast4(xr + 8 * i), odd0, Broadcast4(xr + 8 * i + 4), even1,
+                               Broadcast4(xr + 8 * (kM + i)), odd1, Broadcast4(xr + 8 * (kM + i) + 4));
+        }
       }
     }
   }
 }
 
-// Raw sums acc[i][r] for the kRows rows r from tile ta (one tile on AVX2, the pair ta, ta + 1 on AVX-512) and x
-// rows i < kM (block scales applied, global scale not).
+// Raw sums acc[i][r] for the kItemRows rows r of the tile pair from tile ta and x rows i < kM (block scales applied,
+// global scale not).
 template <quant::BlockFormat kFormat, int kM>
 HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x, float* HWY_RESTRICT acc) {
   const DF df;
@@ -267,38 +280,45 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
   alignas(16) static constexpr uint8_t kLut[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
   const VU8 lut = hn::LoadDup128(du8, kLut);
   const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
-  VF total[kM];
-  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
+  VF total[kItemTiles][kM];
+  for (auto& per_tile : total) {
+    for (VF& v : per_tile) v = hn::Zero(df);
+  }
   const ItemAheadPrefetch ahead(w, ta);
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
-    // The table holds 2·e2m1: the ½ is folded into the scale.
-    const VF scale = BlockScales<kFormat>(scales + g * prepare::kScaleGroupStride, 0.5f);
-    VI isum[kM];
-    for (int i = 0; i < kM; ++i) isum[i] = hn::Zero(di);
+    VI isum[kItemTiles][kM];
+    for (auto& per_tile : isum) {
+      for (VI& v : per_tile) v = hn::Zero(di);
+    }
     // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
     // eight rows' sums and totals leave none to spare).
-    if (x.any_fine[g] == 0) {
+    const bool any_fine = x.any_fine[g] != 0;
+    VI isum2[kItemTiles][kM];
+    if (!any_fine) {
       GroupDots<kFormat, kM, false>(codes, g, x, lut, low4, isum, nullptr);
-      for (int i = 0; i < kM; ++i) {
-        const VI exact = hn::Sub(isum[i], hn::Set(di, x.off[g * kM + i]));
-        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
-        total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[i]);
+    } else {
+      // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
+      for (auto& per_tile : isum2) {
+        for (VI& v : per_tile) v = hn::Zero(di);
       }
-      continue;
+      GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
     }
-    // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
-    VI isum2[kM];
-    for (int i = 0; i < kM; ++i) isum2[i] = hn::Zero(di);
-    GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
-    for (int i = 0; i < kM; ++i) {
-      // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
-      const VI uq = x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[i]), isum2[i]) : isum[i];
-      const VI exact = hn::Sub(uq, hn::Set(di, x.off[g * kM + i]));
-      total[i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[i]);
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      // The table holds 2·e2m1: the ½ is folded into the scale. The second tile's bytes follow the first's.
+      const VF scale = BlockScales<kFormat>(scales + kTileRows * t + g * prepare::kScaleGroupStride, 0.5f);
+      for (int i = 0; i < kM; ++i) {
+        // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
+        const VI uq = any_fine && x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[t][i]), isum2[t][i]) : isum[t][i];
+        const VI exact = hn::Sub(uq, hn::Set(di, x.off[g * kM + i]));
+        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
+        total[t][i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[t][i]);
+      }
     }
   }
-  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
+  for (int64_t t = 0; t < kItemTiles; ++t) {
+    for (int i = 0; i < kM; ++i) hn::StoreU(total[t][i], df, acc + i * kItemRows + t * kRows);
+  }
 }
 
 // Rows [m0, m0 + mm) of x as one pass's Int8Pass, its arrays in `buffer`.
@@ -352,14 +372,14 @@ constexpr int64_t kBlockXBytes = 32 * 1024;
 template <quant::BlockFormat kFormat, int kM>
 void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t first, int64_t count, float* y) {
   const int64_t n_total = w.out_features;
-  ForEachItem<kRows>(w, [&](int64_t ta, int64_t) {
-    alignas(64) float acc[kM * kRows];
+  ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t) {
+    alignas(64) float acc[kM * kItemRows];
     const int64_t n0 = ta * kTileRows;
-    const int64_t rows = std::min(kRows, n_total - n0);
+    const int64_t rows = std::min(kItemRows, n_total - n0);
     for (int64_t p = first; p < first + count; ++p) {
       Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
       float* yp = y + p * kMaxM * n_total + n0;
-      for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kRows, yp + i * n_total);
+      for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
     }
   });
 }
