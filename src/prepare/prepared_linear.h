@@ -51,8 +51,9 @@ inline constexpr int64_t kTileRows = 8;
 /// `codes` (and, for Fp4, per scale group of `scales`), so each of those buffers is read as one stream and the
 /// AVX-512 kernels load a column octet of 16 rows (64 bytes) or a group's 16 scale bytes with one instruction. Their
 /// padded_rows is a multiple of kPairedTiles · kTileRows. bench_gemm_fp4 M = 1, one thread, cold weights, AMD EPYC
-/// (Zen 4), bw_ratio against a stream of the same bytes, same run: NVFP4 bf16 0.82–0.90 → 0.94, fp32 0.75–0.78 →
-/// 0.90 (4096², 11008×4096; with the prefetch reading the pairs as one stream as well).
+/// (Zen 4), bw_ratio (against a streaming read of the same bytes), old and new binaries alternating, medians of 4
+/// rounds, 4096² / 11008×4096: NVFP4 fp32 activations 0.78 / 0.75 → 0.86 / 0.88, bf16 0.87 / 0.91 → 0.91 / 0.92;
+/// MXFP4 fp32 0.81 / 0.80 → 0.89 / 0.89 (with ItemAheadPrefetch reading a pair as one stream too).
 inline constexpr int64_t kPairedTiles = 2;
 /// Bytes from column octet c to c + 1 of one tile in Fp4 / Int4 `codes`.
 inline constexpr int64_t kOctetStride = 32 * kPairedTiles;
