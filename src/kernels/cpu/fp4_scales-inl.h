@@ -116,9 +116,10 @@ template <int kM, int64_t kItemRows, class Tiles>
 HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const Tiles& tiles) {
   const int64_t n_total = w.out_features;
   ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t tb) {
+    const int64_t n0 = ta * prepare::kTileRows;
+    if (n0 >= n_total) return;  // the padding tile of a pair (FP4 / int4), when an item is one tile
     alignas(64) float acc[kM * kItemRows];
     tiles(ta, tb, acc);
-    const int64_t n0 = ta * prepare::kTileRows;
     const int64_t rows = std::min(kItemRows, n_total - n0);
     for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, y + i * n_total + n0);
   });

@@ -265,7 +265,9 @@ template <class Ops>
 void PanelGemm(const PreparedLinear& w, int64_t m, float* y, const Ops& ops) {
   const int64_t k_total = w.in_features;
   const int64_t n_total = w.out_features;
-  const int64_t panels = (w.tiles() + kPanelTiles - 1) / kPanelTiles;
+  // Panels that hold output rows: FP4 / int4 pad N to whole tile pairs, so on a target whose panel is one tile
+  // (NEON: kNR = 8) the last tile can lie wholly past N.
+  const int64_t panels = (n_total + kNR - 1) / kNR;
   const int64_t k_blocks = (k_total + kKc - 1) / kKc;
   const bool streaming = m <= kMR;
   // Large m: up to 8 panels per work item, but at least two items per thread for balance.
