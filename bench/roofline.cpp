@@ -33,6 +33,21 @@ float SumStream(const float* HWY_RESTRICT p, size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
 }
 
+// As SumStream on arbitrary bytes (weights read as floats would include subnormals and NaNs, which some CPUs add
+// slowly): integer XOR, four independent accumulators.
+uint32_t XorStream(const uint32_t* HWY_RESTRICT p, size_t n) {
+  const hn::ScalableTag<uint32_t> d;
+  const size_t step = 4 * hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (size_t i = 0; i + step <= n; i += step) {
+    a0 = hn::Xor(a0, hn::Load(d, p + i));
+    a1 = hn::Xor(a1, hn::Load(d, p + i + hn::Lanes(d)));
+    a2 = hn::Xor(a2, hn::Load(d, p + i + 2 * hn::Lanes(d)));
+    a3 = hn::Xor(a3, hn::Load(d, p + i + 3 * hn::Lanes(d)));
+  }
+  return hn::GetLane(hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3)));
+}
+
 // 12 independent FMA chains (2 FMA ports × 4-cycle latency needs ≥ 8). Returns flops done.
 double FmaChains(size_t iters, float seed) {
   const hn::ScalableTag<float> d;
@@ -58,19 +73,20 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace fp4serve::bench {
 HWY_EXPORT(SumStream);
+HWY_EXPORT(XorStream);
 HWY_EXPORT(FmaChains);
 
 size_t stream_read(const std::byte* p, size_t bytes) {
-  const auto* f = reinterpret_cast<const float*>(p);
+  const auto* words = reinterpret_cast<const uint32_t*>(p);
   const int threads = omp_get_max_threads();
-  // Each thread reads a whole number of 256-float blocks (a multiple of every SumStream step); the tail is left out.
-  const size_t share = (bytes / sizeof(float) / static_cast<size_t>(threads)) & ~size_t{255};
-  float total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  total += HWY_DYNAMIC_DISPATCH(SumStream)(f + static_cast<size_t>(omp_get_thread_num()) * share, share);
-  volatile float sink = total;
+  // Each thread reads a whole number of 256-word blocks (a multiple of every XorStream step); the tail is left out.
+  const size_t share = (bytes / sizeof(uint32_t) / static_cast<size_t>(threads)) & ~size_t{255};
+  uint32_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(^ : total)
+  total ^= HWY_DYNAMIC_DISPATCH(XorStream)(words + static_cast<size_t>(omp_get_thread_num()) * share, share);
+  volatile uint32_t sink = total;
   (void)sink;
-  return share * static_cast<size_t>(threads) * sizeof(float);
+  return share * static_cast<size_t>(threads) * sizeof(uint32_t);
 }
 
 double measure_read_bandwidth(size_t bytes, int repeats) {

@@ -11,9 +11,9 @@ namespace fp4serve::bench {
 /// threads, best of `repeats`.
 double measure_read_bandwidth(size_t bytes, int repeats);
 
-/// A streaming SIMD sum over [p, p + bytes) (p 64-byte aligned), split over all engine threads as the kernels
-/// split their work: the read roof of exactly those bytes, for probes interleaved with a kernel's calls. Returns
-/// the bytes read (each thread's share rounded down to 1 KiB).
+/// A streaming SIMD XOR of the 32-bit words of [p, p + bytes) (p 64-byte aligned), split over all engine threads
+/// as the kernels split their work: the read roof of exactly those bytes, for probes interleaved with a kernel's
+/// calls. Returns the bytes read (each thread's share rounded down to 1 KiB).
 size_t stream_read(const std::byte* p, size_t bytes);
 
 /// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`.
