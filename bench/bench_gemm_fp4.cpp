@@ -164,7 +164,7 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
-  // M ≤ 8 (the GEMVs, bound by DRAM reads): after each call a streaming sum reads the weight buffers of the copy
+  // M ≤ 8 (the GEMVs, bound by DRAM reads): after each call a streaming read (stream_read) takes the weight buffers of the copy
   // half a rotation away (as cold as the kernel's), so bw_ratio compares the kernel with the read roof of the same
   // bytes, measured in alternation with it. On a shared VM the start-up probe drifted by ±10% over one run
   // (36.0–39.9 GB/s at one thread in three runs of one session), more than the effects measured here.
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   bench::g_roofs = roofs;
   bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
   bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;
-  std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming sum), fp32 FMA peak %.1f GFLOP/s\n",
+  std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming read), fp32 FMA peak %.1f GFLOP/s\n",
               kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, bench::g_fma_peak / 1e9);
   benchmark::AddCustomContext("read_GB/s", std::to_string(bench::g_read_bw / 1e9));
   benchmark::AddCustomContext("fma_peak_GFLOP/s", std::to_string(bench::g_fma_peak / 1e9));

@@ -7,7 +7,7 @@
 
 namespace fp4serve::bench {
 
-/// Bytes/s of a streaming SIMD sum over `bytes` (choose > LLC) on transparent huge pages (advised), all engine
+/// Bytes/s of stream_read over `bytes` (choose > LLC) on transparent huge pages (advised), all engine
 /// threads, best of `repeats`.
 double measure_read_bandwidth(size_t bytes, int repeats);
 
