@@ -164,9 +164,9 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
-  // M ≤ 8 (the GEMVs, bound by DRAM reads): after each call a streaming read (stream_read) takes the weight buffers of the copy
-  // half a rotation away (as cold as the kernel's), so bw_ratio compares the kernel with the read roof of the same
-  // bytes, measured in alternation with it. On a shared VM the start-up probe drifted by ±10% over one run
+  // M ≤ 8 (the GEMVs, bound by DRAM reads): after each call stream_read reads the weight buffers of the copy half a
+  // rotation away (as cold as the kernel's), so bw_ratio compares the kernel with the read roof of the same bytes,
+  // measured in alternation with it. On a shared VM the start-up probe drifted by ±10% over one run
   // (36.0–39.9 GB/s at one thread in three runs of one session), more than the effects measured here.
   const bool probe = g_roofs && m <= 8;
   using Clock = std::chrono::steady_clock;
