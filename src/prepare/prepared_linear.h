@@ -188,6 +188,18 @@ struct PreparedLinear {
   PreparedLinear(const PreparedLinear&) = default;
 };
 
+/// Fp4 / Int4: the 4-bit code of row n, prepared column k (the E2M1 code for Fp4, q + 8 for Int4), read with the
+/// layout above. For element-wise readers (reference decoder, scalar fallbacks, GPU repacking), not kernels.
+inline uint8_t prepared_nibble(const PreparedLinear& w, int64_t n, int64_t k) {
+  const uint8_t byte = w.codes.as<uint8_t>()[code_tile_offset(w.in_features, n / kTileRows) + (k / 8) * kOctetStride +
+                                             4 * (n % kTileRows) + (k % 8) / 2];
+  return k % 2 == 0 ? static_cast<uint8_t>(byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+}
+/// Fp4: the block-scale byte of row n, scale group g.
+inline uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t n, int64_t g) {
+  return w.scales.as<uint8_t>()[scale_tile_offset(w.groups(), n / kTileRows) + g * kScaleGroupStride + n % kTileRows];
+}
+
 /// Bytes the weights occupy in kernel layout (codes + scales + offsets + global scales).
 size_t weight_bytes(const PreparedLinear& w);
 

@@ -553,22 +553,17 @@ void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m,
   static constexpr int32_t kTwiceE2m1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.out_features; ++n) {
-      const int64_t tile = n / prepare::kTileRows, r = n % prepare::kTileRows;
-      const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(k, tile);
-      const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, tile);
       float total = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
         const bool fine = x.fine[i * groups + g] != 0;
         int32_t sum = 0;
         for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
-          const uint8_t byte = codes[(col / 8) * prepare::kOctetStride + 4 * r + (col % 8) / 2];
-          const uint8_t code = col % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
+          const uint8_t code = prepare::prepared_nibble(w, n, col);
           const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
           const int32_t big_q = fine ? 256 * x.q[at] + x.r[at] : x.q[at];
           sum += kTwiceE2m1[code] * big_q;
         }
-        const uint8_t sb = scales[g * prepare::kScaleGroupStride + r];
-        const float s = quant::decode_block_scale(w.block_format, sb);
+        const float s = quant::decode_block_scale(w.block_format, prepare::prepared_scale_byte(w, n, g));
         total += static_cast<float>(sum) * x.d[i * groups + g] * (0.5f * s);
       }
       y[i * w.out_features + n] = apply_epilogue(w, n, total);

@@ -22,23 +22,9 @@ using prepare::WeightLayout;
 
 namespace {
 
-uint8_t interleaved_nibble(const PreparedLinear& w, int64_t n, int64_t k) {
-  const uint8_t* block = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, n / kTileRows) + (k / 8) * prepare::kOctetStride;
-  // Row r of the tile is the little-endian 32-bit word r of the block; column 8c + j is its nibble j.
-  const int64_t j = k % 8;
-  const uint8_t byte = block[4 * (n % kTileRows) + j / 2];
-  return j % 2 == 0 ? (byte & 0x0F) : static_cast<uint8_t>(byte >> 4);
-}
-
 // The fp32 scales (and offsets) of Int4, Fp8 and Int8: [T][groups][8].
 size_t group_index(const PreparedLinear& w, int64_t n, int64_t k) {
   return static_cast<size_t>(((n / kTileRows) * w.groups() + k / w.group_size) * kTileRows + n % kTileRows);
-}
-
-// The block-scale byte of Fp4: tile pairs [T/2][groups][2][8].
-uint8_t fp4_scale_byte(const PreparedLinear& w, int64_t n, int64_t k) {
-  return w.scales.as<uint8_t>()[prepare::scale_tile_offset(w.groups(), n / kTileRows) + (k / w.group_size) * prepare::kScaleGroupStride +
-                                n % kTileRows];
 }
 
 }  // namespace
@@ -46,11 +32,11 @@ uint8_t fp4_scale_byte(const PreparedLinear& w, int64_t n, int64_t k) {
 float decode_weight(const PreparedLinear& w, int64_t n, int64_t k) {
   switch (w.layout) {
     case WeightLayout::Fp4:
-      return quant::e2m1_to_float(interleaved_nibble(w, n, k)) *
-             quant::decode_block_scale(w.block_format, fp4_scale_byte(w, n, k));
+      return quant::e2m1_to_float(prepare::prepared_nibble(w, n, k)) *
+             quant::decode_block_scale(w.block_format, prepare::prepared_scale_byte(w, n, k / w.group_size));
     case WeightLayout::Int4: {
       const size_t g = group_index(w, n, k);
-      return static_cast<float>(interleaved_nibble(w, n, k)) * w.scales.as<float>()[g] + w.offsets.as<float>()[g];
+      return static_cast<float>(prepare::prepared_nibble(w, n, k)) * w.scales.as<float>()[g] + w.offsets.as<float>()[g];
     }
     case WeightLayout::Fp8: {
       const size_t at = static_cast<size_t>(((n / kTileRows) * w.in_features + k) * kTileRows + n % kTileRows);
@@ -79,10 +65,10 @@ void dequantize(const PreparedLinear& w, float* out) {
       float v;
       if (w.layout == WeightLayout::Fp4 && !w.global_scale.empty()) {
         // The producers' op order (FORMATS.md §2.1, §3.2): scale ∘ global first, then times the code.
-        const float s = quant::decode_block_scale(w.block_format, fp4_scale_byte(w, n, j));
+        const float s = quant::decode_block_scale(w.block_format, prepare::prepared_scale_byte(w, n, j / w.group_size));
         const float g = w.global_scale[static_cast<size_t>(n)];
         const float per_block = w.convention == prepare::GlobalScaleConvention::Divisor ? s / g : s * g;
-        v = quant::e2m1_to_float(interleaved_nibble(w, n, j)) * per_block;
+        v = quant::e2m1_to_float(prepare::prepared_nibble(w, n, j)) * per_block;
       } else {
         v = decode_weight(w, n, j);
       }

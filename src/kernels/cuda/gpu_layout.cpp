@@ -7,7 +7,6 @@
 
 namespace fp4serve::kernels::cuda {
 
-using prepare::kTileRows;
 using prepare::PreparedLinear;
 using prepare::WeightLayout;
 
@@ -16,19 +15,6 @@ namespace {
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
-
-// CPU layout (prepared_linear.h): tile row/8 (in pairs), octet col/8, word row%8, nibble col%8.
-uint32_t prepared_fp4_code(const PreparedLinear& w, int64_t row, int64_t col) {
-  const uint8_t* block =
-      w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, row / kTileRows) + (col / 8) * prepare::kOctetStride;
-  const uint8_t byte = block[4 * (row % kTileRows) + (col % 8) / 2];
-  return col % 2 == 0 ? (byte & 0x0Fu) : static_cast<uint32_t>(byte >> 4);
-}
-
-uint8_t prepared_scale_byte(const PreparedLinear& w, int64_t row, int64_t group) {
-  return w.scales.as<uint8_t>()[prepare::scale_tile_offset(w.groups(), row / kTileRows) + group * prepare::kScaleGroupStride +
-                                row % kTileRows];
-}
 
 PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
   if (w.layout != WeightLayout::Fp4) {
@@ -68,7 +54,7 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
           for (int64_t i = 0; i < 8; ++i) {
             const int64_t row = kGpuRowTile * rt + g + 8 * (i & 1);
             const int64_t col = kGpuColChunk * c + 16 * t + 4 * j + (i >> 2) + 2 * ((i >> 1) & 1);
-            if (row < n && col < k) word |= prepared_fp4_code(w, row, col) << (4 * i);
+            if (row < n && col < k) word |= static_cast<uint32_t>(prepare::prepared_nibble(w, row, col)) << (4 * i);
           }
           p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)] = word;
         }
@@ -79,7 +65,7 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
         for (int64_t half = 0; half < 2; ++half) {
           const int64_t row = kGpuRowTile * rt + g + 8 * half;
           if (row < n && group < w.groups()) {
-            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepared_scale_byte(w, row, group);
+            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepare::prepared_scale_byte(w, row, group);
           }
         }
       }

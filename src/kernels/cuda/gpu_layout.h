@@ -61,11 +61,6 @@ struct PackedFp4 {
   int64_t scale_slots() const { return gpu_scale_slots(group_size); }
 };
 
-/// E2M1 code of W[row, col] and block-scale byte of (row, group) read from an Fp4 PreparedLinear's CPU
-/// layout (prepared_linear.h); no bounds checks (row < N, col < K, group < groups()).
-uint32_t prepared_fp4_code(const prepare::PreparedLinear& w, int64_t row, int64_t col);
-uint8_t prepared_scale_byte(const prepare::PreparedLinear& w, int64_t row, int64_t group);
-
 /// Repacks the codes and block-scale bytes of an Fp4 PreparedLinear (NVFP4, MXFP4; bytes unchanged, positions
 /// moved). Global scale, bias and convention are not part of it (upload_linear copies them as they are).
 /// Throws UnsupportedError for other layouts, for a column permutation (k_perm) and for a block format whose group

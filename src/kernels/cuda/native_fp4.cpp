@@ -88,10 +88,10 @@ NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t col = 0; col < k; col += 2) {
       out.codes[static_cast<size_t>((row * k + col) / 2)] =
-          static_cast<uint8_t>(prepared_fp4_code(w, row, col) | (prepared_fp4_code(w, row, col + 1) << 4));
+          static_cast<uint8_t>(prepare::prepared_nibble(w, row, col) | (prepare::prepared_nibble(w, row, col + 1) << 4));
     }
     for (int64_t g = 0; g < groups; ++g) {
-      out.scales[static_cast<size_t>(block_scale_offset(row, g, groups))] = prepared_scale_byte(w, row, g);
+      out.scales[static_cast<size_t>(block_scale_offset(row, g, groups))] = prepare::prepared_scale_byte(w, row, g);
     }
   }
   return out;
