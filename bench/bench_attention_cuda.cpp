@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA decode attention speed: attention() (one block per head and row, keys walked serially) against
-// attention_decode() (keys split over blocks, kernels/cuda/ops.h) for `rows` decode rows of `len` keys each, in
-// the shapes of SmolLM2-135M (9 heads / 3 KV heads of 64) and Llama-3-8B (32 / 8 of 128). attention() serves one
+// attention_decode() (keys split over blocks, backends/cuda/kernels/ops.h) for `rows` decode rows of `len` keys each,
+// in the shapes of SmolLM2-135M (9 heads / 3 KV heads of 64) and Llama-3-8B (32 / 8 of 128). attention() serves one
 // sequence per call, so the baseline is `rows` launches; both are timed with CUDA events around a batch of
 // launches, median of the benchmark's repetitions. Counters: KV_GBps (K and V bytes read per second) and
 // vs_serial (attention() time / this time at the same shape). Before timing, attention_decode is checked once
@@ -18,9 +18,9 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda/device.h"
-#include "kernels/cuda/ops.h"
-#include "kernels/cuda/partition.h"
+#include "backends/cuda/kernels/device.h"
+#include "backends/cuda/kernels/ops.h"
+#include "backends/cuda/kernels/partition.h"
 
 namespace fp4serve::bench {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for the weight-only NVFP4 and MXFP4 kernels (kernels/cuda/
+// CUDA GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for the weight-only NVFP4 and MXFP4 kernels (backends/cuda/kernels/
 // gemm_fp4.cu) and cuBLAS bf16, M ∈ {1, 4, 16, 64, 256, 4096} × (N, K) ∈ {4096×4096, 8192×8192, 28672×8192}.
 // Timed with CUDA events around a batch of launches on one stream, replayed as a CUDA graph (counter graph = 1;
 // plain launches when capture fails), manual time = seconds per launch. Weights
@@ -11,7 +11,7 @@
 // Weight bytes are constant patterns (valid E4M3 / E8M0 scales): the kernels' speed does not depend on values.
 // Before timing, each FP4 kernel path (M = 1, 16: decode; 64: tiled split over K; 256: tiled) is verified once
 // at 4096×4096 on random checkpoint tensors (tests/prepare/checkpoint_tensors.h, uploaded through the real
-// upload_linear) against a float64 reference on the host, with the bound of tests/kernels/cuda/
+// upload_linear) against a float64 reference on the host, with the bound of tests/backends/cuda/kernels/
 // linear_cuda_test.cpp; a failure makes the exit status 1. After the runs a table gives, per shape and M, the
 // time of each kind, its copy_ratio and vs_cublas (all measured in this process).
 // Without a GPU it prints a message and exits 0. A full run takes well under 90 s on an H200.
@@ -27,9 +27,9 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda/device.h"
-#include "kernels/cuda/gpu_layout.h"
-#include "kernels/cuda/linear_cuda.h"
+#include "backends/cuda/kernels/device.h"
+#include "backends/cuda/kernels/gpu_layout.h"
+#include "backends/cuda/kernels/linear_cuda.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
 #include "quant/block_format.h"

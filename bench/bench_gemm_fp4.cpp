@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernels/linear.h"
+#include "bench_target.h"
 #include "core/tensor_view.h"
 #include "core/threading.h"
-#include "kernels/linear.h"
 #include "prepare/repack.h"
-#include "bench_target.h"
 #include "roofline.h"
 
 namespace fp4serve::bench {

@@ -6,6 +6,9 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <memory>
+
+#include "backends/registry.h"
 #include "plan/layer_plan.h"
 
 namespace fp4serve::plan {
@@ -60,7 +63,8 @@ void BM_BuildPlanQwen3MoeScale(benchmark::State& state) {
       nvfp4(h, x + ".down_proj", kH, kMoeI);
     }
   }
-  const PlanOptions options{resolve_device("sm90"), ActivationQuant::Auto};
+  const std::unique_ptr<KernelCatalogue> sm90 = backends::catalogue_for(resolve_device("sm90"));
+  const PlanOptions options{sm90.get(), ActivationQuant::Auto};
   for (auto _ : state) {
     LayerPlan plan = build_plan(config, nullptr, h, options);
     benchmark::DoNotOptimize(plan.modules.data());

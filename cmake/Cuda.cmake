@@ -11,7 +11,7 @@ if(FP4SERVE_CUDA STREQUAL "AUTO" OR FP4SERVE_CUDA STREQUAL "ON")
     set(CMAKE_CUDA_ARCHITECTURES ${FP4SERVE_CUDA_ARCHS})
     enable_language(CUDA)
     # CMake 3.25 knows no C++20 flag for nvcc, but nvcc ≥ 12 accepts -std=c++20: declare it so that .cu files can
-    # include the project's C++20 host headers (std::span in kernels/cuda/device.h).
+    # include the project's C++20 host headers (std::span in backends/cuda/kernels/device.h).
     set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)

@@ -118,7 +118,7 @@ if [[ -f $root/.device/bundle.tar.xz ]]; then
   fi
 elif [[ -x $build/fp4serve ]]; then
   bin=$build
-  for t in "$build"/tests/kernels/cuda/cuda_*_test "$build"/tests/model/backend_parity_test; do
+  for t in "$build"/tests/backends/cuda/kernels/cuda_*_test "$build"/tests/model/backend_parity_test; do
     [[ -x $t ]] && tests+=("${t#"$build"/}")
   done
   row "build" "ok" "local build $build"

@@ -9,12 +9,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include "backends/cpu/kernels/activation.h"
+#include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/hadamard.h"
+#include "backends/cpu/kernels/norm.h"
+#include "backends/cpu/kernels/rope.h"
 #include "bench_target.h"
-#include "kernels/activation.h"
-#include "kernels/attention.h"
-#include "kernels/hadamard.h"
-#include "kernels/norm.h"
-#include "kernels/rope.h"
+#include "model/rope_table.h"
 
 namespace fp4serve::kernels {
 namespace {
@@ -51,7 +52,7 @@ BENCHMARK(BM_RotateBlocksRow4096)->Arg(16)->Arg(128);
 
 // An online `output` transform on the k slice (1024 columns) of a fused Llama-3-8B q|k|v output (6144 columns),
 // head_dim blocks of 128, over a 512-token prefill: one kernel call per row (arg 0) against gathering the slice
-// into a contiguous block, one call, and scattering it back (arg 1). model::OnlineTransform::apply_strided uses
+// into a contiguous block, one call, and scattering it back (arg 1). backends::cpu::apply_transform_strided uses
 // the per-row form, which measured faster.
 void BM_FwhtStridedSlice(benchmark::State& state) {
   const bool gather = state.range(0) != 0;
@@ -149,13 +150,14 @@ BENCHMARK(BM_SwigluOai);
 
 void BM_Rope(benchmark::State& state) {
   const int64_t tokens = state.range(0), heads = 32, head_dim = 128;
-  RopeScaling s;
-  const RopeCache cache(head_dim, 500000.0, s, 4096);
+  model::RopeScaling s;
+  const model::RopeCache cache(head_dim, 500000.0, s, 4096);
+  const RopeTable table{cache.cos(0), cache.sin(0), cache.rotary_dim(), cache.max_positions()};
   std::vector<float> x = random_vec(tokens * heads * head_dim, 1);
   std::vector<int64_t> pos(tokens);
   for (int64_t i = 0; i < tokens; ++i) pos[i] = 100 + i;
   for (auto _ : state) {
-    apply_rope(x.data(), tokens, heads, head_dim, pos.data(), cache, RopeLayout::NeoX);
+    apply_rope(x.data(), tokens, heads, head_dim, pos.data(), table, RopeLayout::NeoX);
     benchmark::DoNotOptimize(x.data());
   }
 }

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "fp4serve/error.h"
-#include "kernels/hadamard.h"
-#include "model/loader.h"
+#include "backends/cpu/kernels/hadamard.h"
+#include "backends/load_model.h"
 #include "runtime/text_setup.h"
 
 namespace fp4serve::app {
@@ -110,7 +110,7 @@ CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std:
   model::LoadOptions options;
   options.device = device;
   const model::LoadedModel loaded = model::load_model(source.root(), options);
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(text.str(), true);
   if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
   if (tokens.size() < 2) {

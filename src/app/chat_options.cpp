@@ -17,9 +17,9 @@ void add_chat_template_options(CLI::App& cmd, ChatTemplateOptions& opts) {
                  "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
 }
 
-runtime::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
+text::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
                                            const ChatTemplateOptions& opts) {
-  runtime::ChatTemplates templates = runtime::ChatTemplates::load(model_dir, tokenizer_config, opts.chat_template);
+  text::ChatTemplates templates = text::ChatTemplates::load(model_dir, tokenizer_config, opts.chat_template);
   fmt::print(stderr, "{}\n", templates.describe());
   return templates;
 }

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "runtime/chat_template.h"
+#include "text/chat_template.h"
 
 namespace fp4serve::app {
 
@@ -21,7 +21,7 @@ void add_chat_template_options(CLI::App& cmd, ChatTemplateOptions& opts);
 
 /// The model folder's templates with the override applied; prints the one-line "chat template: <source>" to
 /// stderr so the user sees which template renders the prompt.
-runtime::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
+text::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
                                            const ChatTemplateOptions& opts);
 
 /// The variables a template sees besides messages: `context` (bos_token, eos_token, ...; runtime::template_context)

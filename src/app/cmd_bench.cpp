@@ -11,7 +11,7 @@
 #include "app/commands.h"
 #include "app/model_options.h"
 #include "app/tensor_parallel.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/model_bench.h"
 #include "server/bench_client.h"
 

@@ -13,9 +13,9 @@
 #include "app/log.h"
 #include "app/model_options.h"
 #include "app/threads.h"
-#include "runtime/chat_template.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
+#include "text/chat_template.h"
 
 namespace fp4serve::app {
 namespace {
@@ -36,10 +36,10 @@ constexpr const char* kHelp =
 
 void run_chat(const ChatOptions& opts) {
   const model::LoadedModel loaded = load_model_for(opts.model);
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   const auto templates =
       load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
-  const runtime::ChatTemplate& tmpl = templates.select(false);
+  const text::ChatTemplate& tmpl = templates.select(false);
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
   model::KvCache cache = loaded.decoder->make_cache(max_len, 1);

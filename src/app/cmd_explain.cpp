@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// `fp4serve explain`: the per-layer scheme plan of a checkpoint on a device (detected or a dry run), from the
-// config files and safetensors headers alone.
+// `fp4serve explain`: the per-layer scheme and kernel plan of a checkpoint on a device (detected or a dry run),
+// from the config files and safetensors headers alone, asked of the same kernel catalogue the loader uses.
 #include <fmt/format.h>
 
 #include <memory>
 
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "plan/explain.h"
 #include "plan/layer_plan.h"
@@ -20,6 +21,7 @@ struct ExplainOptions {
   std::string device = "auto";
   std::string activation_quant = "auto";
   bool json = false;
+  bool verbose = false;
   bool check_scales = false;
   int tensor_parallel_size = 1;
   bool expert_parallel = false;
@@ -27,8 +29,10 @@ struct ExplainOptions {
 
 // Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
 void run_explain(const ExplainOptions& opts) {
+  // The catalogue the loader would use for this device: explain and loading give one answer.
+  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(plan::resolve_device(opts.device));
   plan::PlanOptions options;
-  options.device = plan::resolve_device(opts.device);
+  options.catalogue = catalogue.get();
   options.activation_quant = plan::parse_activation_quant(opts.activation_quant);
   const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(opts.model, /*allow_file=*/true));
   const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
@@ -45,7 +49,7 @@ void run_explain(const ExplainOptions& opts) {
     if (!tp_text.empty()) j["tensor_parallel"] = tp_text;
     fmt::print("{}\n", j.dump(2));
   } else {
-    fmt::print("{}", plan::render_explain_text(layer_plan, opts.model));
+    fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
     if (!tp_text.empty()) fmt::print("\n{}", tp_text);
   }
   if (!layer_plan.complete()) throw CLI::RuntimeError(1);
@@ -62,6 +66,8 @@ void register_explain(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--activation-quant", opts->activation_quant, "auto | weight-only | emulate")->capture_default_str();
   cmd->add_flag("--json", opts->json, "print JSON (rows, notices, every module with its tensors) instead of a table");
+  cmd->add_flag("-v,--verbose", opts->verbose,
+                "also list rejected candidates and mark kernels that have never run on this kind of device");
   cmd->add_flag("--check-scales", opts->check_scales,
                 "also read the scalar global/input scales (4 bytes each) and reject zero, NaN or Inf");
   cmd->add_option("--tensor-parallel-size", opts->tensor_parallel_size,

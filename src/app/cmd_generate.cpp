@@ -16,10 +16,10 @@
 #include "app/threads.h"
 #include "core/threading.h"
 #include "fp4serve/error.h"
-#include "runtime/chat_template.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
-#include "runtime/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace fp4serve::app {
 namespace {
@@ -65,7 +65,7 @@ void run_generate(const GenerateOptions& opts) {
   if (prompt.empty()) throw UsageError("the prompt is empty (-p TEXT, -p - for stdin, or -f FILE)");
   const RankModel run = tp.load(model_opts);
   const model::LoadedModel& loaded = run.loaded;
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::string text = prompt;
   if (opts.chat) {
     const auto templates =
@@ -131,7 +131,7 @@ void run_generate(const GenerateOptions& opts) {
                                 {"prefill_tokens_per_s", prefill_tps},
                                 {"decode_tokens_per_s", decode_tps},
                                 {"device", opts.model.load.device},
-                                {"kv_cache_dtype", kernels::kv_element_name(loaded.kv_element)},
+                                {"kv_cache_dtype", model::kv_cache_dtype_name(loaded.kv_element)},
                                 {"activation_precision", model::activation_precision_name(loaded.activation_precision)},
                                 {"threads", core::num_threads()},
                                 {"threads_note", device}};
@@ -143,7 +143,7 @@ void run_generate(const GenerateOptions& opts) {
   log_info("load {:.2f} s | prompt {} tokens, {:.1f} tokens/s (TTFT {:.3f} s) | decode {} tokens, {:.2f} tokens/s | "
            "finish: {} | {} | KV cache {} | activations {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
-           decode_tps, result.finish_reason, device, kernels::kv_element_name(loaded.kv_element),
+           decode_tps, result.finish_reason, device, model::kv_cache_dtype_name(loaded.kv_element),
            model::activation_precision_name(loaded.activation_precision));
 }
 

@@ -60,7 +60,7 @@ void run_perplexity(const PerplexityCliOptions& opts) {
     base_opts.load.kv_cache_dtype = "fp32";
     base.emplace(load_model_for(base_opts));
   }
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
   std::vector<int32_t> tokens = tokenizer.encode(read_file(opts.file), true);
   if (opts.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(static_cast<size_t>(opts.max_tokens));
   runtime::PerplexityOptions po{opts.context, opts.stride};

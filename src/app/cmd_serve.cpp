@@ -14,13 +14,13 @@
 #include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "fp4serve/error.h"
-#include "model/loader.h"
-#include "runtime/chat_template.h"
+#include "backends/load_model.h"
 #include "runtime/text_setup.h"
 #include "server/decoder_step_model.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "server/tokenizer_codec.h"
+#include "text/chat_template.h"
 
 namespace fp4serve::app {
 namespace {
@@ -51,8 +51,8 @@ void run_serve(ServeOptions opts) {
   const model::LoadedModel& loaded = run.loaded;
   // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
   const int64_t context_length = effective_max_model_len(opts.model, loaded.config);
-  runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  std::optional<runtime::ChatTemplates> chat_templates;
+  text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  std::optional<text::ChatTemplates> chat_templates;
   try {
     chat_templates = load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
   } catch (const Error& e) {
@@ -78,7 +78,7 @@ void run_serve(ServeOptions opts) {
   fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget, {}) | "
                      "activations {} | {} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             kernels::kv_element_name(loaded.kv_element), model::activation_precision_name(loaded.activation_precision),
+             model::kv_cache_dtype_name(loaded.kv_element), model::activation_precision_name(loaded.activation_precision),
              opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {

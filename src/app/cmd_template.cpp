@@ -13,7 +13,7 @@
 #include "checkpoint/checkpoint.h"
 #include "fp4serve/error.h"
 #include "runtime/text_setup.h"
-#include "runtime/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace fp4serve::app {
 namespace {
@@ -47,11 +47,11 @@ void run_template(const TemplateOptions& opts) {
   nlohmann::json tokenizer_config = nlohmann::json::object();
   std::error_code ec;
   if (std::filesystem::is_regular_file(config_path, ec)) tokenizer_config = checkpoint::read_json_object_file(config_path);
-  std::optional<runtime::Tokenizer> tokenizer;
+  std::optional<text::Tokenizer> tokenizer;
   if (std::filesystem::is_regular_file(dir / "tokenizer.json", ec)) {
-    tokenizer = runtime::Tokenizer::from_files(dir / "tokenizer.json", tokenizer_config);
+    tokenizer = text::Tokenizer::from_files(dir / "tokenizer.json", tokenizer_config);
   }
-  const runtime::ChatTemplates templates = load_chat_templates(dir, tokenizer_config, opts.chat);
+  const text::ChatTemplates templates = load_chat_templates(dir, tokenizer_config, opts.chat);
   const nlohmann::ordered_json request = read_messages_file(opts.messages_file);
   const bool with_tools = request.contains("tools") && !request["tools"].is_null();
 

@@ -195,7 +195,7 @@ fs::path resolve_model_path(const std::string& arg, bool allow_file) {
 
 ContextLimit context_limit(const model::ModelConfig& config) {
   ContextLimit limit{config.max_position_embeddings, fmt::format("max_position_embeddings {}", config.max_position_embeddings)};
-  using Kind = kernels::RopeScaling::Kind;
+  using Kind = model::RopeScaling::Kind;
   const auto& rs = config.rope_scaling;
   // vLLM's derived length: yarn from original_max_position_embeddings × factor, linear from
   // max_position_embeddings × factor; llama3 configs already state the extended length.

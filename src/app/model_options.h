@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "model/loader.h"
+#include "backends/load_model.h"
 
 namespace fp4serve::app {
 

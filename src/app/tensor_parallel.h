@@ -12,7 +12,7 @@
 #include "app/model_options.h"
 #include "dist/communicator.h"
 #include "dist/launch.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/rank_zero_model.h"
 
 namespace fp4serve::app {

@@ -56,11 +56,4 @@ void Backend::decode_attention(int64_t layer, const float* q, const AttentionOp&
   }
 }
 
-#if !FP4SERVE_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int /*ordinal*/) {
-  throw UnsupportedError("--device cuda: this fp4serve was built without the CUDA backend (no nvcc at configure time, "
-                         "or FP4SERVE_CUDA=OFF); use --device cpu, or --device sm80 … sm120 for a dry-run plan");
-}
-#endif
-
 }  // namespace fp4serve::model

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The ops a decoder step is written in, implemented once per device: model::CpuBackend (cpu_backend.h, the CPU
-// kernels of src/kernels) and model::CudaBackend (cuda_backend.h, kernels/cuda). model::Decoder and the MoE block
-// (decoder.h, moe.h) are written against this interface only, so every architecture runs on every backend; an op
-// a backend does not have throws UnsupportedError naming the op and the layer, at load time where it can.
+// The ops a decoder step is written in, implemented once per device in that device's wing of src/backends/
+// (backends::cpu::CpuBackend in backends/cpu, backends::cuda::CudaBackend in backends/cuda; backends/registry.h makes
+// them). model::Decoder and the MoE block (decoder.h, moe.h) are written against this interface only, so every
+// architecture runs on every backend; an op a backend does not have throws UnsupportedError naming the op and the
+// layer, at load time where it can. Nothing in src/model names a device's kernels.
 //
 // Memory: activations are fp32 arrays in the backend's memory (host memory for the CPU, device memory for CUDA),
 // addressed by plain `float*` that the caller may offset but never dereference; they come from workspace(). Token
@@ -24,11 +25,11 @@
 
 #include "core/tensor_view.h"
 #include "dist/communicator.h"
-#include "kernels/rope.h"
 #include "model/forward_model.h"
 #include "model/kv_cache.h"
 #include "model/linear_group.h"
 #include "model/model_config.h"
+#include "model/rope_table.h"
 #include "model/router.h"
 
 namespace fp4serve::model {
@@ -65,7 +66,7 @@ class BackendTransform {
   int64_t block = 0;
 };
 
-/// The rotary cos/sin table of kernels::RopeCache in backend memory.
+/// The rotary cos/sin table of a RopeCache (rope_table.h) in backend memory.
 class BackendRope {
  public:
   virtual ~BackendRope() = default;
@@ -95,7 +96,7 @@ struct FlatBatch {
 FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers, int64_t max_seq_len, int max_slots,
                         int64_t vocab);
 
-/// Options of one attention call (kernels::AttentionParams with the sinks as a backend vector).
+/// Options of one attention call (causal GQA with an optional sliding window and sinks).
 struct AttentionOp {
   int64_t num_heads = 0;     ///< H_q
   int64_t num_kv_heads = 0;  ///< divides H_q (GQA: head h reads KV head h / (H_q / H_kv))
@@ -129,11 +130,11 @@ class Backend {
   virtual std::unique_ptr<BackendTransform> upload_transform(std::shared_ptr<const OnlineTransform> transform,
                                                              const std::string& where) = 0;
   /// Uploads the RoPE table (every scaling kind is computed by the host RopeCache).
-  virtual std::unique_ptr<BackendRope> upload_rope(kernels::RopeCache rope) = 0;
+  virtual std::unique_ptr<BackendRope> upload_rope(RopeCache rope) = 0;
   /// Throws UnsupportedError naming `layer` when this backend's attention cannot run `op`'s shape (head_dim).
   virtual void check_attention(const AttentionOp& op, const std::string& layer) const = 0;
   /// A KV cache of `max_slots` sequences × `max_seq_len` positions with its keys and values in this backend's
-  /// memory (the CPU: KvCache's host layout and the backend's element; the GPU: its own fp32 layout). Throws
+  /// memory (the CPU: host memory in the backend's element; the GPU: its own fp32 layout). Throws
   /// UsageError on bad sizes, DeviceError when it does not fit.
   virtual KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
                              int max_slots) const = 0;
@@ -167,11 +168,12 @@ class Backend {
   /// token's slot and position in `layer` of the step's cache.
   virtual void write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) = 0;
   /// Causal attention of one sequence's t query rows q[t, H_q, D] at positions start_pos … over `slot`'s keys and
-  /// values of `layer` (rows 0 … start_pos + t − 1 written), as kernels::attention. out: [t, H_q, D].
+  /// values of `layer` (rows 0 … start_pos + t − 1 written), scores in fp32 with a max-subtracted softmax.
+  /// out: [t, H_q, D].
   virtual void attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
                          float* out) = 0;
   /// The expert / MLP activation of x [m, 2I] (gate | up halves per row) into y [m, I]: silu(g)·u or GPT-OSS
-  /// swiglu (alpha, limit) (kernels/activation.h).
+  /// swiglu (alpha, limit) (ExpertActivation, model_config.h).
   virtual void activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,
                           float* y) = 0;
   /// x[i] += alpha · delta[i], i < n (the residual add).
@@ -179,7 +181,7 @@ class Backend {
   /// x[i] = value, i < n.
   virtual void fill(float* x, int64_t n, float value) = 0;
   /// Routes m tokens from router logits [m, E] in backend memory to experts [m, k] int32 and weights [m, k] fp32
-  /// on the host (router.h: model::route's order of operations).
+  /// on the host (router.h: model::route's order of operations, with the backend's RouterMath).
   virtual void route(const RouterSettings& settings, const float* logits, int64_t m, int32_t* experts,
                      float* weights) = 0;
   /// dst[r, :] = src[rows[r], :] for r < rows.size(); src, dst: `width` floats per row; rows on the host.
@@ -217,11 +219,5 @@ class Backend {
   /// default calls `work`.
   virtual void run_decode(const std::function<void()>& work) { work(); }
 };
-
-/// The CPU backend (cpu_backend.h); its KV caches store `kv_element`s (--kv-cache-dtype).
-std::unique_ptr<Backend> make_cpu_backend(kernels::KvElement kv_element = kernels::KvElement::F32);
-/// The CUDA backend on GPU `ordinal` (cuda_backend.h). Throws UnsupportedError when this build has no CUDA
-/// backend, UsageError (the no-GPU message) when no usable GPU is found.
-std::unique_ptr<Backend> make_cuda_backend(int ordinal = 0);
 
 }  // namespace fp4serve::model

@@ -60,8 +60,6 @@ std::vector<float> load_vector(const WeightSource& weights, const std::string& n
   return out;
 }
 
-Decoder::Decoder(ModelConfig config, const WeightSource& weights) : Decoder(std::move(config), weights, make_cpu_backend()) {}
-
 Decoder::~Decoder() = default;
 
 Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend)
@@ -170,7 +168,7 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
   // Tensor parallelism: the all-reduces wait on the stream and call the communicator, outside any graph.
   capturable_ = comm_ == nullptr;
   for (int64_t l = 0; l < c.num_layers; ++l) capturable_ = capturable_ && !c.is_moe_layer(l);
-  rope_ = b.upload_rope(kernels::RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
+  rope_ = b.upload_rope(RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
 }
 
 KvCache Decoder::make_cache(int64_t max_seq_len, int max_slots) const {

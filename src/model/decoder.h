@@ -40,8 +40,6 @@ class Decoder final : public ForwardModel {
   /// outlive the decoder; null or size 1: a whole model) sums the row-parallel partial outputs, one all-reduce
   /// after o_proj and one after the MLP / MoE block per layer. Every rank must run the same steps.
   Decoder(ModelConfig config, const WeightSource& weights, std::unique_ptr<Backend> backend, dist::Communicator* comm);
-  /// The same on the CPU backend.
-  Decoder(ModelConfig config, const WeightSource& weights);
   ~Decoder() override;
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;

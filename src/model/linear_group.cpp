@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "fp4serve/error.h"
 #include "prepare/repack.h"
 
@@ -54,46 +52,6 @@ LinearPart fuse_parts(std::vector<LinearPart> parts) {
   }
   fused.weight = prepare::concat_rows(std::move(weights));
   return fused;
-}
-
-namespace {
-
-// y[m, stride]: each output transform of `p` on its columns (the part's columns start at y).
-void apply_output_transforms(const LinearPart& p, float* y, int64_t m, int64_t stride) {
-  for (const OutputTransform& t : p.output_transforms) t.transform->apply_strided(y + t.offset, m, t.width, stride);
-}
-
-}  // namespace
-
-void LinearGroup::forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const {
-  // The transformed input, recomputed only when the next part has a different transform (q|k|v share one).
-  thread_local std::vector<float> transformed;
-  const OnlineTransform* current = nullptr;
-  auto input_for = [&](const LinearPart& p) -> const float* {
-    if (!p.input_transform) return x;
-    if (p.input_transform.get() != current) {
-      transformed.assign(x, x + m * in_features_);
-      p.input_transform->apply(transformed.data(), m, in_features_);
-      current = p.input_transform.get();
-    }
-    return transformed.data();
-  };
-  if (parts_.size() == 1) {
-    kernels::linear(parts_[0].weight, input_for(parts_[0]), m, y, parts_[0].activation_quant);
-    apply_output_transforms(parts_[0], y, m, out_features_);
-    return;
-  }
-  int64_t offset = 0;
-  for (const auto& p : parts_) {
-    const int64_t n = p.weight.out_features;
-    scratch.resize(static_cast<size_t>(m * n));
-    kernels::linear(p.weight, input_for(p), m, scratch.data(), p.activation_quant);
-    apply_output_transforms(p, scratch.data(), m, n);
-    for (int64_t r = 0; r < m; ++r) {
-      std::memcpy(y + r * out_features_ + offset, scratch.data() + r * n, static_cast<size_t>(n) * sizeof(float));
-    }
-    offset += n;
-  }
 }
 
 }  // namespace fp4serve::model

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Linear modules whose outputs are concatenated along N, e.g. q|k|v or gate|up. The plan decides whether the
 // shards run fused (one prepared weight) or unfused (one per shard, SCHEMES.md rule 4); the model only sees
-// the concatenated output either way.
+// the concatenated output either way. A group is data: each backend runs it (Backend::upload_linear, linear):
+// y[m, N] = concat over parts of U_part(T_part(x[m, K]) · W_partᵀ (+ bias_part)), T_part the part's online input
+// transform and U_part its output transforms per slice (identity where absent).
 #pragma once
 
 #include <cstdint>
@@ -9,11 +11,19 @@
 #include <string>
 #include <vector>
 
-#include "kernels/linear.h"
 #include "model/online_transform.h"
 #include "prepare/prepared_linear.h"
 
 namespace fp4serve::model {
+
+/// What a part does to its input before the GEMM: the W4A4 activation emulation of its block format (chosen by
+/// the plan; not plan::ActivationQuant, the --activation-quant policy that decides which parts get one). Each
+/// backend maps it to its own GEMM options.
+enum class ActivationEmulation : uint8_t {
+  None,          ///< activations stay as the backend's GEMM takes them
+  EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
+  EmulateMxfp4,  ///< W4A4 emulation: x is quantized to MXFP4 (E8M0 per 32, dynamic) as compressed-tensors does
+};
 
 /// An online `output` transform on the output columns [offset, offset + width) of a part: the shard it belongs to
 /// (a fused q|k|v part holds one per shard that has one; every shard transforms only its own slice).
@@ -25,7 +35,7 @@ struct OutputTransform {
 
 struct LinearPart {
   prepare::PreparedLinear weight;
-  kernels::ActivationEmulation activation_quant = kernels::ActivationEmulation::None;
+  ActivationEmulation activation_quant = ActivationEmulation::None;
   /// Online `input` transform applied to x before this part's GEMM (null: none). Parts of a fused group share
   /// one object; identical matrices are shared across layers (TransformCache).
   std::shared_ptr<const OnlineTransform> input_transform;
@@ -66,10 +76,6 @@ class LinearGroup {
   void move_weights_into(prepare::HugePageArena& arena);
   bool empty() const { return parts_.empty(); }
 
-  /// y[m, out_features] = concat over parts of U_part(T_part(x[m, K]) · W_partᵀ (+ bias_part)), T_part the part's
-  /// online input transform and U_part its output transforms per slice (identity where absent). `scratch` is reused between calls to avoid allocations when there is more
-  /// than one part; x is never modified (a transformed copy lives in a per-thread buffer).
-  void forward(const float* x, int64_t m, float* y, std::vector<float>& scratch) const;
 
  private:
   std::vector<LinearPart> parts_;

@@ -139,8 +139,8 @@ ModelConfig parse_model_config(const json& c) {
   }
   m.max_position_embeddings = c.contains("max_position_embeddings") ? require_int(c, "max_position_embeddings") : 2048;
   m.rms_norm_eps = static_cast<float>(number_or(c, "rms_norm_eps", 1e-6));
-  m.rope_theta = kernels::parse_rope_theta(c);
-  m.rope_scaling = kernels::parse_rope_scaling(c);
+  m.rope_theta = parse_rope_theta(c);
+  m.rope_scaling = parse_rope_scaling(c);
   m.tie_word_embeddings = d.tie_word_embeddings;
   m.mlp_bias = d.mlp_bias;
   m.qk_norm = spec.qk_norm;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checkpoint/architecture.h"
-#include "kernels/rope.h"
+#include "model/rope_table.h"
 
 namespace fp4serve::model {
 
@@ -47,7 +47,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   float rms_norm_eps = 1e-6f;
   double rope_theta = 10000.0;
-  kernels::RopeScaling rope_scaling;
+  RopeScaling rope_scaling;
   int64_t sliding_window = 0;     ///< 0 = full attention
   /// Per-layer override of sliding_window (GPT-OSS `layer_types`): empty = every layer uses sliding_window.
   std::vector<int64_t> layer_sliding_window;

@@ -70,10 +70,7 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
                                     shared->gate.in_features(), hidden_));
     }
   }
-  if (backend == nullptr) {
-    own_backend_ = make_cpu_backend();
-    backend = own_backend_.get();
-  }
+  if (backend == nullptr) throw UsageError(fmt::format("{}: no backend", name_));
   backend_ = backend;
   router_ = backend_->upload_linear(std::move(router));
   experts_.reserve(experts.size());

@@ -49,12 +49,12 @@ struct MoeSettings {
 class MoeBlock final : public FeedForward {
  public:
   /// `router`: [E, H] (with bias for GPT-OSS); `experts`: E entries. `name` (e.g. "model.layers.3 MoE") prefixes
-  /// errors. The weights are uploaded to `backend` (which must outlive the block), or to a CPU backend the block
-  /// owns when null. Throws FormatError when the expert count differs from settings.router.num_experts or an
+  /// errors. The weights are uploaded to `backend` (which must outlive the block). Throws UsageError for a null
+  /// backend, FormatError when the expert count differs from settings.router.num_experts or an
   /// expert's sizes disagree with the router's H or with the other experts (w13 [2·I, H], down [H, I]);
   /// what Backend::upload_linear throws.
   MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
-           std::optional<SharedExpertWeights> shared = std::nullopt, Backend* backend = nullptr);
+           std::optional<SharedExpertWeights> shared, Backend* backend);
   ~MoeBlock() override;
 
   /// out[m, H] = Σ_k weight_k · expert_k(h) (+ sigmoid(gate(h)) · shared(h)). h, out: [m, H] fp32 in the
@@ -71,7 +71,6 @@ class MoeBlock final : public FeedForward {
   };
   std::string name_;
   MoeSettings settings_;
-  std::unique_ptr<Backend> own_backend_;  // only when constructed without a backend
   Backend* backend_ = nullptr;
   std::unique_ptr<BackendLinear> router_;
   std::vector<Expert> experts_;
@@ -81,12 +80,12 @@ class MoeBlock final : public FeedForward {
   int64_t shared_intermediate_ = 0;
 };
 
-/// Builds decoder layer `layer`'s MoE block on `backend` (a CPU backend of its own when null) from the modules the
+/// Builds decoder layer `layer`'s MoE block on `backend` (non-null) from the modules the
 /// plan lists for it (router, per-expert or fused 3-D experts, shared expert), with the routing and activation
 /// rules of `config`. Throws FormatError naming the layer when the checkpoint's expert count or sizes disagree
 /// with config.json, and what `weights` and the backend throw.
 std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const WeightSource& weights, int64_t layer,
-                                         Backend* backend = nullptr);
+                                         Backend* backend);
 
 /// The first workspace slot the MoE block uses (the decoder's slots lie below).
 inline constexpr int kMoeWorkspace = 16;

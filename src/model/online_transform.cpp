@@ -9,7 +9,6 @@
 #include <span>
 
 #include "fp4serve/error.h"
-#include "kernels/hadamard.h"
 #include "quant/formats.h"
 
 namespace fp4serve::model {
@@ -39,30 +38,6 @@ OnlineTransform::OnlineTransform(prepare::PreparedKroneckerHadamard structured, 
     throw UsageError(fmt::format("OnlineTransform: kronecker-hadamard block {} with a {}-element matrix", block_,
                                  matrix_.size()));
   }
-}
-
-void OnlineTransform::apply(float* x, int64_t rows, int64_t dim) const {
-  if (dim % block_ != 0) {
-    throw UsageError(fmt::format("online transform: block {} does not divide the input width {}", block_, dim));
-  }
-  switch (kernel_) {
-    case TransformKernel::Fwht: kernels::fwht_blocks(x, rows, dim, block_); return;
-    case TransformKernel::Dense: kernels::rotate_blocks(x, rows, dim, matrix_.data(), block_); return;
-    case TransformKernel::KroneckerHadamard: kernels::kronecker_hadamard_blocks(*structured_, x, rows, dim); return;
-  }
-}
-
-void OnlineTransform::apply_strided(float* x, int64_t rows, int64_t width, int64_t stride) const {
-  if (width > stride || width % block_ != 0) {
-    throw UsageError(fmt::format("online transform: block {} on a {}-wide slice of {}-float rows", block_, width, stride));
-  }
-  if (width == stride) {
-    apply(x, rows, width);
-    return;
-  }
-  // One kernel call per row in place: measured faster than gathering the slice into a contiguous block for one
-  // call (bench_ops BM_FwhtStridedSlice: 0.68 vs 1.06 ms for a 512×1024 slice, b128, on 2 busy cores).
-  for (int64_t r = 0; r < rows; ++r) apply(x + r * stride, 1, width);
 }
 
 namespace {

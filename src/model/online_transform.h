@@ -7,7 +7,9 @@
 // (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
 // Hadamard runs as the fast Walsh–Hadamard kernel; a stored matrix that verifies as signs · (A ⊗ H_p) · signs
 // (every random-hadamard compressed-tensors builds, permuted or not; prepare/hadamard_factor.h) as sign flips, the
-// FWHT on p-blocks and a small k×k GEMM; anything else as a dense block-diagonal rotation.
+// FWHT on p-blocks and a small k×k GEMM; anything else as a dense block-diagonal rotation. An OnlineTransform is
+// data (kernel, block, matrices); each backend applies it (Backend::upload_transform, transform, and the linear
+// groups' input / output transforms).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +26,10 @@ namespace fp4serve::model {
 
 /// How a transform executes.
 enum class TransformKernel : uint8_t {
-  Fwht,   ///< kernels::fwht_blocks (the matrix is ±1 Sylvester: log2(b) add/sub stages per element)
-  Dense,  ///< kernels::rotate_blocks with the normalized b×b matrix (b multiply-adds per element)
-  /// kernels::kronecker_hadamard_blocks: the stored matrix is signs · (A ⊗ H_p) · signs with A k×k, b = k·p
-  /// (k + log2 p multiply-adds per element)
+  Fwht,   ///< the fast Walsh–Hadamard transform (the matrix is ±1 Sylvester: log2(b) add/sub stages per element)
+  Dense,  ///< a block rotation with the normalized b×b matrix (b multiply-adds per element)
+  /// the stored matrix is signs · (A ⊗ H_p) · signs with A k×k, b = k·p: gathers with signs, the FWHT on p-blocks
+  /// and a k×k GEMM (k + log2 p multiply-adds per element; backends without that kernel run matrix() dense)
   KroneckerHadamard,
 };
 const char* transform_kernel_name(TransformKernel k);
@@ -48,12 +50,6 @@ class OnlineTransform {
   /// KroneckerHadamard: the factors' kernel layout (k = its order of A, p of the Sylvester factor); else null.
   const prepare::PreparedKroneckerHadamard* structured() const { return structured_.get(); }
 
-  /// x[rows, dim] f32, in place: each b-wide slice of every row ← slice · M̂. Throws UsageError when b does not
-  /// divide dim.
-  void apply(float* x, int64_t rows, int64_t dim) const;
-  /// The same on the columns [0, width) of rows `stride` floats apart (one shard's slice of a concatenated output,
-  /// e.g. k of q|k|v). Throws UsageError when b does not divide width or width > stride.
-  void apply_strided(float* x, int64_t rows, int64_t width, int64_t stride) const;
 
  private:
   TransformKernel kernel_;

@@ -26,13 +26,13 @@ quant::GlobalScaleConvention convention_of(const plan::ModulePlan& m, const std:
   return *m.global_scale;
 }
 
-// The activation emulation of a block format's W4A4 scheme (kernels/linear.h): a new format needs its own.
-kernels::ActivationEmulation emulation_of(quant::BlockFormat f) {
+// The activation emulation of a block format's W4A4 scheme (linear_group.h): a new format needs its own.
+ActivationEmulation emulation_of(quant::BlockFormat f) {
   switch (f) {
-    case quant::BlockFormat::Nvfp4: return kernels::ActivationEmulation::EmulateNvfp4;
-    case quant::BlockFormat::Mxfp4: return kernels::ActivationEmulation::EmulateMxfp4;
+    case quant::BlockFormat::Nvfp4: return ActivationEmulation::EmulateNvfp4;
+    case quant::BlockFormat::Mxfp4: return ActivationEmulation::EmulateMxfp4;
   }
-  return kernels::ActivationEmulation::None;
+  return ActivationEmulation::None;
 }
 
 }  // namespace
@@ -219,11 +219,13 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
   LinearPart part;
   const plan::SchemeTraits& scheme = plan::scheme_traits(*m.scheme);
-  if (scheme.activations == plan::ActivationMode::Native) {
-    throw UnsupportedError(fmt::format(
-        "{}: scheme {} was planned for {} and needs that GPU's FP4/FP8 matrix units; this build runs it on the CPU "
-        "only as weight-only or emulation (use --device cpu, or --activation-quant weight-only|emulate)",
-        name, scheme.name, plan_.device.label()));
+  // Native W4A4 is planned only where the device's catalogue has FP4 matrix units (the CUDA backend's cuBLASLt
+  // block-scaled path, which quantizes the activations on the device): the packed weights with the activation
+  // format attached, as the emulation has them. Native FP8 has no kernel in any catalogue.
+  const bool native = scheme.activations == plan::ActivationMode::Native;
+  if (native && scheme.weights != plan::WeightKind::Block) {
+    throw UnsupportedError(fmt::format("{}: scheme {} was planned for {}, but fp4serve has no kernel for it", name,
+                                       scheme.name, plan_.device.label()));
   }
   switch (scheme.weights) {
     case plan::WeightKind::Block: {
@@ -250,8 +252,9 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
         // power of two), so the emulation keeps the packed layout and only fake-quantizes the activations.
         part.weight = prepare::prepare_fp4(format, view(packed_role), view(TensorRole::WeightScale), global_scale,
                                            convention, name);
+        if (native && global) prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
       }
-      if (emulated) part.activation_quant = emulation_of(format);
+      if (emulated || native) part.activation_quant = emulation_of(format);
       break;
     }
     case plan::WeightKind::Int4: {
@@ -287,7 +290,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
     prepare::attach_bias(part.weight, slice(ckpt_.tensor(bias->name), TensorRole::Bias), name);
   }
-  if (part.activation_quant == kernels::ActivationEmulation::None) part.weight.activation_precision = options_.activation_precision;
+  if (part.activation_quant == ActivationEmulation::None) part.weight.activation_precision = options_.activation_precision;
   part.input_transform = online_transform(m, "input", k_local);
   if (auto output = online_transform(m, "output", shard.rows.size())) {
     part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});

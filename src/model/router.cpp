@@ -6,14 +6,15 @@
 #include <vector>
 
 #include "fp4serve/error.h"
-#include "kernels/softmax.h"
 
 namespace fp4serve::model {
 
-void route(const RouterSettings& s, const float* logits, int64_t m, int32_t* experts, float* weights) {
+void route(const RouterSettings& s, const float* logits, int64_t m, int32_t* experts, float* weights,
+           const RouterMath& math) {
   if (m < 0 || (m > 0 && (logits == nullptr || experts == nullptr || weights == nullptr))) {
     throw UsageError("route: null pointer or negative token count");
   }
+  if (math.softmax_rows == nullptr || math.top_k == nullptr) throw UsageError("route: no softmax / top-k given");
   if (s.top_k < 1 || s.top_k > s.num_experts) {
     throw UsageError(fmt::format("route: top_k {} outside 1 … {} experts", s.top_k, s.num_experts));
   }
@@ -26,8 +27,8 @@ void route(const RouterSettings& s, const float* logits, int64_t m, int32_t* exp
     std::copy(logits + t * e, logits + (t + 1) * e, row.begin());
     switch (s.kind) {
       case RouterKind::SoftmaxTopK: {
-        kernels::softmax_rows(row.data(), 1, e);
-        kernels::top_k(row.data(), e, k, idx, w);
+        math.softmax_rows(row.data(), 1, e);
+        math.top_k(row.data(), e, k, idx, w);
         if (s.renormalize) {
           float sum = 0.0f;
           for (int64_t j = 0; j < k; ++j) sum += w[j];
@@ -36,8 +37,8 @@ void route(const RouterSettings& s, const float* logits, int64_t m, int32_t* exp
         break;
       }
       case RouterKind::TopKSoftmax:
-        kernels::top_k(row.data(), e, k, idx, w);
-        kernels::softmax_rows(w, 1, k);
+        math.top_k(row.data(), e, k, idx, w);
+        math.softmax_rows(w, 1, k);
         break;
     }
     if (s.scaling != 1.0f) {

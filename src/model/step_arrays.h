@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The per-row arrays a GPU decode step reads on the device, packed into one buffer so that a step costs one small
-// host→device copy, and padded to a batch-size bucket so that a CUDA graph captured for that bucket
-// (kernels/cuda/graph.h) can be replayed for any batch up to it: the graph bakes the buffer's address and the
+// host→device copy, and padded to a batch-size bucket so that a CUDA graph captured for that bucket (the CUDA
+// backend's StepGraphs) can be replayed for any batch up to it: the graph bakes the buffer's address and the
 // arrays' offsets, the copy before each replay refreshes the contents. Host-only (no CUDA), unit-tested in
 // tests/model/step_arrays_test.cpp.
 //
@@ -34,7 +34,7 @@ StepArraysLayout step_arrays_layout(int64_t rows);
 
 /// Rows a step runs on: the smallest bucket ≥ the batch's rows for a decode step that may be captured
 /// (flat.decode && flat.capturable) when some bucket is large enough, else exactly the batch's rows.
-/// `buckets` ascending (kernels::cuda::default_graph_buckets).
+/// `buckets` ascending (the CUDA backend: default_graph_buckets, 1, 2, 4, … 256).
 int64_t padded_step_rows(const FlatBatch& flat, std::span<const int64_t> buckets);
 
 /// Writes the arrays of `flat` padded to `rows` rows into `out` (at least step_arrays_layout(rows).bytes bytes):

@@ -18,15 +18,6 @@ std::string scheme_label(const std::optional<SchemeId>& s) { return s ? std::str
 
 }  // namespace
 
-std::string backend_name(const DeviceCaps& d) {
-  if (d.kind == DeviceKind::Cuda) return fmt::format("cuda-sm{}", d.sm);
-  if (d.cpu.avx512f) return "cpu-avx512";
-  if (d.cpu.avx2) return "cpu-avx2";
-  if (d.cpu.sve) return "cpu-sve";
-  if (d.cpu.neon) return "cpu-neon";
-  return "cpu-scalar";
-}
-
 namespace {
 
 // "<location> <group> <type> b<block> <kernel>"; the kernel guess matches model::TransformCache, which runs an
@@ -59,23 +50,25 @@ std::string online_transform_summary(const ModulePlan& mp) {
 std::string attention_transform_summary(const AttentionTransform& at) { return transform_text(at.transform, at.block); }
 
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
-  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string>;
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string>;
   std::map<Key, size_t> index;
   std::vector<ExplainRow> rows;
   std::vector<std::set<std::string>> runs;
-  const std::string backend = backend_name(plan.device);
+  const std::string& backend = plan.backend;
   for (const ModulePlan& mp : plan.modules) {
     const std::string pattern = name_pattern(mp.run_name);
     const std::string variant(variant_name(mp.variant));
     const std::string scheme = scheme_label(mp.scheme);
+    const std::string kernel = mp.scheme ? mp.kernel.kernel : "-";
     // Reasons name modules ("ignored by 'model.layers.3.mlp.gate'"); collapse their indices too.
     const std::string reason = name_pattern(mp.reason_text);
     std::string transform = online_transform_summary(mp);
-    const Key key{pattern, variant, scheme, reason, transform};
+    const Key key{pattern, variant, scheme, kernel, reason, transform};
     auto [it, inserted] = index.emplace(key, rows.size());
     if (inserted) {
-      rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", reason,
-                      std::string(reason_code(mp.reason)), std::move(transform)});
+      rows.push_back({pattern, 0, variant, scheme, mp.scheme ? backend : "-", kernel,
+                      !mp.scheme || mp.kernel.hardware_verified, reason, std::string(reason_code(mp.reason)),
+                      std::move(transform)});
       runs.emplace_back();
     }
     runs[it->second].insert(mp.run_name);
@@ -87,10 +80,12 @@ std::vector<ExplainRow> explain_rows(const LayerPlan& plan) {
     const std::string reason = at.transform.location == "q_attn"
                                    ? "post-RoPE query states, per head, before the attention scores"
                                    : "post-RoPE key states, per head, before they are written to the KV cache";
-    const Key key{pattern, "attention", "-", reason, transform};
+    const std::string kernel = plan.attention.ok() ? plan.attention.kernel : "-";
+    const Key key{pattern, "attention", "-", kernel, reason, transform};
     auto [it, inserted] = index.emplace(key, rows.size());
     if (inserted) {
-      rows.push_back({pattern, 0, "attention", "-", backend, reason, "online-transform", std::move(transform)});
+      rows.push_back({pattern, 0, "attention", "-", backend, kernel, plan.attention.hardware_verified, reason,
+                      "online-transform", std::move(transform)});
       runs.emplace_back();
     }
     runs[it->second].insert(at.module);
@@ -145,7 +140,7 @@ uint64_t resident_bytes(const LayerPlan& plan) {
   return bytes;
 }
 
-std::string render_explain_text(const LayerPlan& plan, const std::string& source) {
+std::string render_explain_text(const LayerPlan& plan, const std::string& source, bool verbose) {
   std::string out;
   const auto& d = plan.dims;
   out += fmt::format("checkpoint: {}\n", source);
@@ -156,17 +151,28 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
   }
   out += fmt::format("; producer: {}", quant::producer_name(plan.producer.producer));
   if (!plan.producer.formats.empty()) out += fmt::format(" ({})", fmt::join(plan.producer.formats, ", "));
-  out += fmt::format("\ndevice: {} — {}{}; activation-quant: {}\n\n", plan.device.label(), plan.device.name,
-                     plan.device.detected ? " (detected)" : "", activation_quant_name(plan.activation_quant));
+  out += fmt::format("\ndevice: {} — {}{}; backend: {}; activation-quant: {}\n", plan.device.label(),
+                     plan.device.name, plan.device.detected ? " (detected)" : "", plan.backend,
+                     activation_quant_name(plan.activation_quant));
+  // The marker of kernels compiled but never run on this kind of device (verbose only).
+  const auto marked = [&](const std::string& kernel, bool verified) {
+    return verbose && !verified && kernel != "-" ? kernel + " *" : kernel;
+  };
+  out += plan.attention.ok() ? fmt::format("attention: {}\n\n", marked(plan.attention.kernel, plan.attention.hardware_verified))
+                             : fmt::format("attention: no kernel: {}\n\n", plan.attention.why_not);
 
   const std::vector<ExplainRow> rows = explain_rows(plan);
-  size_t w_pattern = 6, w_variant = 10, w_scheme = 6, w_backend = 7;
+  size_t w_pattern = 6, w_variant = 10, w_scheme = 6, w_backend = 7, w_kernel = 6;
+  bool unverified = false;
   for (const ExplainRow& r : rows) {
+    w_backend = std::max(w_backend, r.backend.size());
     w_pattern = std::max(w_pattern, r.pattern.size());
     w_variant = std::max(w_variant, r.variant.size());
     w_scheme = std::max(w_scheme, r.scheme.size());
-    w_backend = std::max(w_backend, r.backend.size());
+    w_kernel = std::max(w_kernel, marked(r.kernel, r.hardware_verified).size());
+    unverified = unverified || (!r.hardware_verified && r.kernel != "-");
   }
+  unverified = unverified || (plan.attention.ok() && !plan.attention.hardware_verified);
   // The transform column appears only for checkpoints with online transforms (it is empty otherwise).
   size_t w_transform = 0;
   for (const ExplainRow& r : rows) w_transform = std::max(w_transform, r.transform.size());
@@ -174,11 +180,27 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
   const auto transform_cell = [&](const std::string& t) {
     return w_transform == 0 ? std::string() : fmt::format("{:<{}}  ", t.empty() ? "-" : t, w_transform);
   };
-  out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", "layers", w_pattern, "count", "checkpoint", w_variant,
-                     "scheme", w_scheme, "backend", w_backend, transform_cell("online transform"), "reason");
+  out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", "layers", w_pattern, "count", "checkpoint",
+                     w_variant, "scheme", w_scheme, "backend", w_backend, "kernel", w_kernel,
+                     transform_cell("online transform"), "reason");
   for (const ExplainRow& r : rows) {
-    out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", r.pattern, w_pattern, r.count, r.variant, w_variant,
-                       r.scheme, w_scheme, r.backend, w_backend, transform_cell(r.transform), r.reason);
+    out += fmt::format("{:<{}}  {:>5}  {:<{}}  {:<{}}  {:<{}}  {:<{}}  {}{}\n", r.pattern, w_pattern, r.count, r.variant,
+                       w_variant, r.scheme, w_scheme, r.backend, w_backend, marked(r.kernel, r.hardware_verified),
+                       w_kernel, transform_cell(r.transform), r.reason);
+  }
+  if (verbose && unverified) {
+    out += "\n* compiled and host-tested, but fp4serve has not run this kernel on this kind of device yet\n";
+  }
+  if (verbose) {
+    std::set<std::string> seen;
+    std::string rejected;
+    for (const ModulePlan& mp : plan.modules) {
+      for (const RejectedCandidate& r : mp.rejected) {
+        const std::string line = fmt::format("  {} {}: {}", name_pattern(mp.run_name), scheme_name(r.scheme), r.why);
+        if (seen.insert(line).second) rejected += line + "\n";
+      }
+    }
+    if (!rejected.empty()) out += "\nrejected candidates:\n" + rejected;
   }
   if (!plan.notices.empty()) {
     out += "\nnotices:\n";
@@ -201,11 +223,12 @@ std::string render_explain_text(const LayerPlan& plan, const std::string& source
                      "not included)\n", mib(resident), resident);
   size_t missing = 0;
   for (const ModulePlan& mp : plan.modules) missing += mp.scheme ? 0 : 1;
-  if (missing == 0) {
+  if (missing == 0 && plan.attention.ok()) {
     out += "status: every layer has a scheme\n";
-  } else {
+  } else if (missing > 0) {
     out += fmt::format("status: {} layer{} have no scheme on {}\n", missing, missing == 1 ? "" : "s", plan.device.label());
   }
+  if (!plan.attention.ok()) out += fmt::format("status: attention has no kernel on {}\n", plan.device.label());
   return out;
 }
 
@@ -216,12 +239,15 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
   out["architecture"] = plan.dims.architecture;
   out["producer"] = std::string(quant::producer_name(plan.producer.producer));
   out["device"] = {{"label", plan.device.label()}, {"name", plan.device.name}, {"detected", plan.device.detected},
-                   {"sm", plan.device.sm}, {"backend", backend_name(plan.device)}};
+                   {"sm", plan.device.sm}, {"backend", plan.backend}};
+  out["attention"] = {{"kernel", plan.attention.kernel}, {"why_not", plan.attention.why_not},
+                      {"hardware_verified", plan.attention.hardware_verified}};
   out["activation_quant"] = std::string(activation_quant_name(plan.activation_quant));
   out["rows"] = json::array();
   for (const ExplainRow& r : explain_rows(plan)) {
     out["rows"].push_back({{"pattern", r.pattern}, {"count", r.count}, {"variant", r.variant}, {"scheme", r.scheme},
-                           {"backend", r.backend}, {"reason", r.reason_code}, {"reason_text", r.reason},
+                           {"backend", r.backend}, {"kernel", r.kernel}, {"hardware_verified", r.hardware_verified},
+                           {"reason", r.reason_code}, {"reason_text", r.reason},
                            {"online_transform", r.transform}});
   }
   out["notices"] = json::array();
@@ -236,7 +262,8 @@ nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& sou
   for (const ModulePlan& mp : plan.modules) {
     json m = {{"name", mp.module.name}, {"role", std::string(checkpoint::module_role_name(mp.module.role))},
               {"run_name", mp.run_name}, {"run_fused", mp.run_fused}, {"variant", std::string(variant_name(mp.variant))},
-              {"scheme", scheme_label(mp.scheme)}, {"reason", std::string(reason_code(mp.reason))},
+              {"scheme", scheme_label(mp.scheme)}, {"kernel", mp.kernel.kernel},
+              {"hardware_verified", mp.kernel.hardware_verified}, {"reason", std::string(reason_code(mp.reason))},
               {"reason_text", mp.reason_text},
               {"global_scale", mp.global_scale ? std::string(quant::global_scale_convention_name(*mp.global_scale)) : "none"},
               {"has_input_global_scale", mp.has_input_global_scale}};

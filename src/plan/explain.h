@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Human- and machine-readable rendering of a LayerPlan for `fp4serve explain`: one row per group of identical
-// decisions (layer pattern, count, checkpoint variant, scheme, backend, reason), the notices, and byte totals.
+// decisions (layer pattern, count, checkpoint variant, scheme, kernel, reason), the notices, and byte totals.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,6 +18,8 @@ struct ExplainRow {
   std::string variant;
   std::string scheme;    ///< "-" when no scheme
   std::string backend;   ///< "cpu-avx2", "cuda-sm90", "-" when no scheme
+  std::string kernel;    ///< the device catalogue's kernel ("-" when no scheme)
+  bool hardware_verified = true;  ///< false: compiled, never run by the project on this kind of device
   std::string reason;    ///< reason text
   std::string reason_code;
   /// Online transforms of the row, e.g. "input v hadamard b128 fwht"; "" when none (online_transform_summary).
@@ -40,18 +42,16 @@ struct SchemeTotal {
   uint64_t resident_bytes = 0;    ///< tensors kept after loading
 };
 
-/// The backend a scheme runs on for `device`: "cpu-avx512", "cpu-avx2", "cpu-sve", "cpu-neon", "cpu-scalar",
-/// "cuda-smNN" (each CPU name is a Highway target family the CPU kernels are compiled for).
-std::string backend_name(const DeviceCaps& device);
-
 std::vector<ExplainRow> explain_rows(const LayerPlan& plan);
 std::vector<SchemeTotal> scheme_totals(const LayerPlan& plan);
 /// Resident weight bytes: kept module tensors (shared ones once) plus non-linear tensors that are not dropped and
 /// attention-transform matrices (tied copies once).
 uint64_t resident_bytes(const LayerPlan& plan);
 
-/// The explain report as text (table, notices, totals, status line). `source` names the checkpoint.
-std::string render_explain_text(const LayerPlan& plan, const std::string& source);
+/// The explain report as text (table with the kernel of each row, the attention kernel, notices, totals, status
+/// line). `source` names the checkpoint. `verbose` adds each row's rejected candidates and marks kernels that are
+/// compiled but have never run on this kind of device.
+std::string render_explain_text(const LayerPlan& plan, const std::string& source, bool verbose = false);
 /// The same as JSON, plus every module with its tensors and rejected candidates.
 nlohmann::json render_explain_json(const LayerPlan& plan, const std::string& source);
 

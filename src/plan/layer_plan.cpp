@@ -166,6 +166,36 @@ class SharedTransforms {
 
 // Why an online transform of a module cannot run, or "" when every one can: `input` and `output` run around the
 // GEMM of a Linear (model/linear_group.h); `q_attn` / `k_cache` belong to attention modules, not Linears.
+// The layer's shape as the device catalogue is asked about it (the scheme is filled in per candidate).
+LinearQuery linear_query(const ModulePlan& mp) {
+  LinearQuery q;
+  q.role = mp.module.role;
+  q.out_features = mp.module.out_features;
+  q.in_features = mp.module.in_features;
+  q.fused_experts = mp.module.experts > 0;
+  if (const auto& w = mp.quant.weights) {
+    if (w->group_size && *w->group_size > 0) q.group_size = *w->group_size;
+    q.activation_order = w->actorder == quant::ActOrder::Group;
+  }
+  return q;
+}
+
+// The block b of each online transform of a module, from its TransformMatrix tensor `P.<group>_<location>.weight`
+// ([b, b]); offline ones (weight_input / weight_output) are folded into the weights and run nothing.
+std::vector<int64_t> online_transform_blocks(const ModulePlan& mp) {
+  std::vector<int64_t> blocks;
+  for (const quant::TransformUse& t : mp.quant.transforms) {
+    if (!t.online) continue;
+    const std::string suffix = fmt::format(".{}_{}.weight", t.group, t.location);
+    for (const TensorUse& u : mp.tensors) {
+      if (u.role == TensorRole::TransformMatrix && u.name.ends_with(suffix) && !u.shape.empty()) {
+        blocks.push_back(u.shape.front());
+      }
+    }
+  }
+  return blocks;
+}
+
 std::string unexecuted_transform(const ModulePlan& mp) {
   int inputs = 0, outputs = 0;
   for (const quant::TransformUse& t : mp.quant.transforms) {
@@ -297,7 +327,8 @@ const AttentionTransform* LayerPlan::attention_transform(int64_t layer, std::str
 }
 
 bool LayerPlan::complete() const {
-  return std::all_of(modules.begin(), modules.end(), [](const ModulePlan& m) { return m.scheme.has_value(); });
+  return attention.ok() &&
+         std::all_of(modules.begin(), modules.end(), [](const ModulePlan& m) { return m.scheme.has_value(); });
 }
 
 const ModulePlan* LayerPlan::find(std::string_view name) const {
@@ -324,8 +355,11 @@ TensorHeaders read_headers(const checkpoint::Checkpoint& ckpt) {
 
 LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quant_config, const TensorHeaders& headers,
                      const PlanOptions& options) {
+  if (options.catalogue == nullptr) throw UsageError("build_plan: no kernel catalogue for the target device");
+  const KernelCatalogue& catalogue = *options.catalogue;
   LayerPlan plan;
-  plan.device = options.device;
+  plan.device = catalogue.device();
+  plan.backend = catalogue.backend();
   plan.activation_quant = options.activation_quant;
   const quant::QuantConfig qc = quant::parse_quant_config(config, hf_quant_config);
   plan.producer = qc.producer;
@@ -359,8 +393,9 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
       mp.reason = Reason::OnlineTransform;
       mp.reason_text = why + "; the layer has no scheme";
     } else {
-      Selection s = select_scheme(mp.variant, options.device, options.activation_quant);
+      Selection s = select_scheme(mp.variant, catalogue, options.activation_quant, linear_query(mp));
       mp.scheme = s.scheme;
+      mp.kernel = std::move(s.kernel);
       mp.reason = s.reason;
       mp.reason_text = std::move(s.reason_text);
       mp.rejected = std::move(s.rejected);
@@ -444,7 +479,29 @@ LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quan
     throw FormatError(message);
   }
 
-  // 4. Notices: once per distinct (variant, scheme, reason), with the number of layers.
+  // 4. What the device runs besides the GEMMs: the online transforms of each module and of attention, and the
+  // attention itself. A refusal leaves the layer (or the plan) without a kernel, as a GEMM refusal does.
+  for (ModulePlan& mp : plan.modules) {
+    if (!mp.scheme) continue;
+    for (int64_t block : online_transform_blocks(mp)) {
+      const KernelChoice t = catalogue.online_transform({block});
+      if (t.ok()) continue;
+      mp.scheme.reset();
+      mp.kernel = t;
+      mp.reason = Reason::OnlineTransform;
+      mp.reason_text = t.why_not + "; the layer has no scheme";
+      break;
+    }
+  }
+  const checkpoint::ModelDims& d = plan.dims;
+  plan.attention = catalogue.attention({d.head_dim, d.num_attention_heads, d.num_key_value_heads});
+  for (const AttentionTransform& at : plan.attention_transforms) {
+    if (!plan.attention.ok()) break;
+    const KernelChoice t = catalogue.online_transform({at.block});
+    if (!t.ok()) plan.attention = KernelChoice::refused(fmt::format("{} {}: {}", at.module, at.transform.location, t.why_not));
+  }
+
+  // 5. Notices: once per distinct (variant, scheme, reason), with the number of layers.
   for (const ModulePlan& mp : plan.modules) {
     if (reason_is_warning(mp.reason)) {
       add_notice(plan.notices, {Severity::Warning, mp.variant, mp.scheme, mp.reason, mp.reason_text, 1});

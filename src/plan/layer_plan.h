@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/dtype.h"
 #include "plan/device_caps.h"
+#include "plan/kernel_catalogue.h"
 #include "plan/scheme.h"
 #include "plan/select.h"
 #include "quant/quant_config.h"
@@ -51,6 +52,7 @@ struct ModulePlan {
   quant::LayerQuant quant;
   Variant variant = Variant::Unquantized;
   std::optional<SchemeId> scheme;        ///< nullopt: nothing runs it on this device (see reason)
+  KernelChoice kernel;                   ///< the device catalogue's kernel for `scheme` (refused when none)
   Reason reason = Reason::NotQuantized;
   std::string reason_text;
   std::vector<RejectedCandidate> rejected;
@@ -91,13 +93,19 @@ struct Notice {
 };
 
 struct PlanOptions {
-  DeviceCaps device;
+  /// The target device's kernels (backends::catalogue_for): the plan takes only schemes it names a kernel for.
+  /// Required: build_plan throws UsageError when it is null. Not owned; used only during build_plan.
+  const KernelCatalogue* catalogue = nullptr;
   ActivationQuant activation_quant = ActivationQuant::Auto;
 };
 
 struct LayerPlan {
-  DeviceCaps device;
+  DeviceCaps device;                ///< the catalogue's device
+  std::string backend;              ///< the catalogue's backend label ("cpu-avx512", "cuda-sm90")
   ActivationQuant activation_quant = ActivationQuant::Auto;
+  /// The attention kernel of every layer; refused (the plan is then incomplete) when the device has none for the
+  /// model's head_dim / heads.
+  KernelChoice attention;
   quant::ProducerInfo producer;
   checkpoint::ModelDims dims;
   checkpoint::ExpertNaming expert_naming = checkpoint::ExpertNaming::Native;  ///< from the tensor names (MoE)
@@ -107,7 +115,7 @@ struct LayerPlan {
   std::vector<AttentionTransform> attention_transforms;
   std::vector<Notice> notices;
 
-  /// True when every module has a scheme.
+  /// True when every module has a scheme and the attention has a kernel.
   bool complete() const;
   /// The plan of module `name` (checkpoint naming), or nullptr.
   const ModulePlan* find(std::string_view name) const;
@@ -123,7 +131,8 @@ struct LayerPlan {
 /// stale config value (e.g. a group_size the scale shapes contradict) — rule 6 — including attention transforms
 /// whose matrix is not [b, b] with b dividing head_dim, and transforms at locations an attention module cannot
 /// take (input / output / weight_*). Layers that no scheme can run on
-/// this device are not an error here: they have scheme = nullopt (see LayerPlan::complete()).
+/// this device are not an error here: they have scheme = nullopt (see LayerPlan::complete()). Throws UsageError
+/// when options.catalogue is null.
 LayerPlan build_plan(const nlohmann::json& config, const nlohmann::json& hf_quant_config, const TensorHeaders& headers,
                      const PlanOptions& options);
 

@@ -188,36 +188,6 @@ Variant classify_layer(const quant::LayerQuant& q, const checkpoint::ModuleInfo&
   refuse(q, m, "no fp4serve scheme matches this combination");
 }
 
-namespace {
-bool runs_on_sm120(quant::BlockFormat f) {
-  DeviceCaps sm120;
-  sm120.kind = DeviceKind::Cuda;
-  sm120.sm = 120;
-  return sm120.has_fp4_mma(f);
-}
-}  // namespace
-
-bool scheme_supported(SchemeId id, const DeviceCaps& d, std::string* why_not) {
-  const SchemeTraits& t = scheme_traits(id);
-  std::string reason;
-  if (t.weights == WeightKind::Unquantized) {
-    // any device
-  } else if (t.activations != ActivationMode::Native) {
-    if (!d.runs_weight_only()) reason = fmt::format("{} is below sm80: quantized weights are not supported there", d.label());
-  } else if (t.weights == WeightKind::Fp8) {
-    if (!d.has_fp8_mma()) reason = fmt::format("{} has no FP8 matrix units (needs sm89+)", d.label());
-  } else if (!d.has_fp4_mma(*t.block)) {
-    // The FP4 units of sm120 take NVFP4 only; fp4serve's MXFP4-activation kernel is for the sm100 family.
-    reason = d.has_nvfp4_mma()
-                 ? fmt::format("{}: no {} W4A4 kernel ({} activations run on the sm100 family only)", d.label(),
-                               quant::block_format_name(*t.block), quant::block_format_name(*t.block))
-                 : fmt::format("{} has no FP4 matrix units (needs {})", d.label(),
-                               runs_on_sm120(*t.block) ? "sm100 or sm120" : "the sm100 family");
-  }
-  if (why_not != nullptr) *why_not = reason;
-  return reason.empty();
-}
-
 std::string_view tensor_role_name(TensorRole r) {
   switch (r) {
     case TensorRole::Weight: return "weight";

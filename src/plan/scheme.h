@@ -98,8 +98,6 @@ bool variant_has_activation_quant(Variant v);
 /// GPT-OSS native MXFP4).
 Variant classify_layer(const quant::LayerQuant& quant, const checkpoint::ModuleInfo& module);
 
-/// Whether `id` can run on `device`; on false, `why_not` says what the device lacks.
-bool scheme_supported(SchemeId id, const DeviceCaps& device, std::string* why_not);
 
 // --- parameter contracts (rule 6) -----------------------------------------------------------------------------
 

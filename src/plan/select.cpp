@@ -36,6 +36,7 @@ std::string_view reason_code(Reason r) {
     case Reason::EmulateNotAvailable: return "emulate-not-available";
     case Reason::NotQuantized: return "not-quantized";
     case Reason::DeviceTooOld: return "device-too-old";
+    case Reason::NoKernel: return "no-kernel";
     case Reason::OnlineTransform: return "online-transform";
   }
   return "?";
@@ -49,6 +50,7 @@ bool reason_is_warning(Reason r) {
     case Reason::UserWeightOnly:
     case Reason::EmulateNotAvailable:
     case Reason::DeviceTooOld:
+    case Reason::NoKernel:
     case Reason::OnlineTransform:
       return true;
     case Reason::NativeW4A4:
@@ -74,8 +76,9 @@ std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode) {
   return {*find_scheme(v.weights, v.block, ActivationMode::Native), weight_only};
 }
 
-Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode) {
+Selection select_scheme(Variant variant, const KernelCatalogue& catalogue, ActivationQuant mode, LinearQuery shape) {
   Selection s;
+  const DeviceCaps& device = catalogue.device();
   const std::vector<SchemeId> candidates = scheme_candidates(variant, mode);
   if (candidates.empty()) {
     // Only `emulate` on a layer whose activation format has no emulation gets here: serving it weight-only or
@@ -88,17 +91,19 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
   }
   size_t chosen = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
-    std::string why;
-    if (scheme_supported(candidates[i], device, &why)) {
+    shape.scheme = candidates[i];
+    KernelChoice kernel = catalogue.linear(shape);
+    if (kernel.ok()) {
       chosen = i;
+      s.kernel = std::move(kernel);
       break;
     }
-    s.rejected.push_back({candidates[i], why});
+    s.rejected.push_back({candidates[i], kernel.why_not});
   }
   if (chosen == candidates.size()) {
-    s.reason = Reason::DeviceTooOld;
-    s.reason_text = fmt::format("no scheme for {} on {}: {}", variant_name(variant), device.label(),
-                                s.rejected.empty() ? "no candidate" : s.rejected.back().why);
+    s.reason = device.runs_weight_only() ? Reason::NoKernel : Reason::DeviceTooOld;
+    s.kernel = KernelChoice::refused(s.rejected.empty() ? "no candidate" : s.rejected.back().why);
+    s.reason_text = fmt::format("no scheme for {} on {}: {}", variant_name(variant), device.label(), s.kernel.why_not);
     return s;
   }
   const SchemeId id = candidates[chosen];
@@ -113,11 +118,10 @@ Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQua
       return s;
     }
     const quant::BlockFormatTraits& f = quant::block_format_traits(*v.block);
-    if (device.has_nvfp4_mma()) {  // FP4 units, but not for this format's activations
+    if (device.has_nvfp4_mma()) {  // FP4 units, but the catalogue has no kernel for this format's activations
       s.reason = Reason::NoMxfp4W4A4;
-      s.reason_text = fmt::format("{} W4A4 checkpoint served weight-only: {} has FP4 matrix units but fp4serve has "
-                                  "no {}-activation kernel for it; the activations stay 16-bit", f.name, device.label(),
-                                  f.name);
+      s.reason_text = fmt::format("{} W4A4 checkpoint served weight-only: {}; the activations stay 16-bit", f.name,
+                                  s.rejected.front().why);
       return s;
     }
     s.reason = Reason::NoFp4MatrixUnits;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Scheme selection for one layer: candidates for the checkpoint variant → scheme_supported(device) → the first
-// that runs, with the reason and every rejected candidate. Implements the decision table of docs/SCHEMES.md;
-// per-layer wiring (fused groups, warnings, contracts) is in layer_plan.h.
+// Scheme selection for one layer: candidates for the checkpoint variant in preference order → the first one the
+// target device's kernel catalogue (kernel_catalogue.h) runs, with the reason, the kernel and every rejected
+// candidate. Implements the decision table of docs/SCHEMES.md; per-layer wiring (fused groups, warnings,
+// contracts) is in layer_plan.h.
 #pragma once
 
 #include <optional>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "plan/device_caps.h"
+#include "plan/kernel_catalogue.h"
 #include "plan/scheme.h"
 
 namespace fp4serve::plan {
@@ -38,6 +40,7 @@ enum class Reason : uint8_t {
   EmulateNotAvailable, ///< --activation-quant emulate on FP8 W8A8: no emulated scheme, the layer has none (refused)
   NotQuantized,        ///< ignored, excluded, not targeted, not listed, or a plain checkpoint
   DeviceTooOld,        ///< no scheme: below sm80
+  NoKernel,            ///< no scheme: the device's catalogue has no kernel for any candidate (e.g. int4 on a GPU)
   OnlineTransform,     ///< no scheme: an online transform the module cannot run (q_attn / k_cache on a Linear, one
                        ///< on the embedding or on fused 3-D experts, two at one location)
 };
@@ -54,6 +57,7 @@ struct RejectedCandidate {
 
 struct Selection {
   std::optional<SchemeId> scheme;  ///< nullopt: no scheme runs this layer on this device
+  KernelChoice kernel;             ///< the catalogue's kernel for `scheme` (refused when scheme is nullopt)
   Reason reason = Reason::NotQuantized;
   std::string reason_text;
   std::vector<RejectedCandidate> rejected;
@@ -63,8 +67,10 @@ struct Selection {
 /// `emulate` on a variant without an emulation.
 std::vector<SchemeId> scheme_candidates(Variant variant, ActivationQuant mode);
 
-/// Chooses the scheme for one layer. Never throws; a layer nothing can run gets scheme = nullopt and
-/// Reason::DeviceTooOld (or Reason::EmulateNotAvailable when `emulate` was asked for a layer without emulation).
-Selection select_scheme(Variant variant, const DeviceCaps& device, ActivationQuant mode);
+/// Chooses the scheme for one layer: the first candidate for which `catalogue` names a kernel for `shape` (its
+/// `scheme` field is overwritten per candidate). Never throws; a layer nothing can run gets scheme = nullopt and
+/// Reason::DeviceTooOld (below sm80), Reason::NoKernel (the catalogue refused every candidate), or
+/// Reason::EmulateNotAvailable when `emulate` was asked for a layer without emulation.
+Selection select_scheme(Variant variant, const KernelCatalogue& catalogue, ActivationQuant mode, LinearQuery shape);
 
 }  // namespace fp4serve::plan

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A Linear layer's weights in the layout the CPU GEMM kernels read (src/kernels/linear.h). Built once at
+// A Linear layer's weights in the layout the CPU GEMM kernels read (src/backends/cpu/kernels/linear.h). Built once at
 // load by the functions in repack.h from checkpoint tensors; kernels never see checkpoint layouts.
 #pragma once
 
@@ -27,7 +27,7 @@ enum class ActivationPrecision : uint8_t {
   /// x quantized once per call to int8 per row and weight group (d = amax/127, the group size of the weights:
   /// 16 for NVFP4, 32 for MXFP4; the groups that dominate a row's rounding error get a 16-bit grid held in two
   /// int8), E2M1·2 codes used as integers, integer dot products per group, each group's sum scaled by block
-  /// scale · d in fp32 (kernels/linear.h quantize_activations_int8)
+  /// scale · d in fp32 (backends/cpu/kernels/linear.h quantize_activations_int8)
   Int8,
   /// Int8 for calls whose rows the SIMD int8 kernel serves in one pass over the weights (m ≤ 4 on AVX2, ≤ 8 on
   /// AVX-512: decode steps), Fp32 above (prefill, where Int8 re-reads the weights per 4 / 8 rows and runs slower
@@ -44,7 +44,7 @@ enum class ActivationPrecision : uint8_t {
 /// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same
 /// column of the 8 rows is contiguous. The tile is a target-neutral layout unit, not a register shape: each
 /// Highway target reads a column as one vector of 8 rows (AVX2, AVX-512, 256-bit SVE) or two of 4 (NEON, 128-bit
-/// SVE), and picks its own panel width and rows per work item (kernels/cpu/gemm_simd.cpp, gemm_gemv.cpp).
+/// SVE), and picks its own panel width and rows per work item (backends/cpu/kernels/gemm_simd.cpp, gemm_gemv.cpp).
 inline constexpr int64_t kTileRows = 8;
 
 /// Fp4 and Int4 layouts store their tiles in pairs: tiles 2p and 2p + 1 lie side by side per column octet of
@@ -136,7 +136,7 @@ void move_weights_into(PreparedLinear& w, HugePageArena& arena);
 ///   and its nibble j (bits 4j..4j+3) is column 8c+j — i.e. the row's 4 checkpoint bytes unchanged. One
 ///   256-bit load thus gives one SIMD lane per row, and a shift by 4j plus a 16-entry table lookup (vpermps
 ///   reads only the low 4 bits of each lane) decodes column 8c+j for all 8 rows at once (the decode-path
-///   GEMV, kernels/cpu/gemm_gemv.cpp). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
+///   GEMV, backends/cpu/kernels/gemm_gemv.cpp). Nibbles are the checkpoint's E2M1 codes unchanged (4 bits/weight).
 ///   `scales` = [T/2][K/g][2][8] bytes (scale_tile_offset), the checkpoint's block-scale bytes unchanged (the row of `block_format`
 ///   in quant/block_format.h gives g and the scale element: E4M3 per 16 for NVFP4, E8M0 per 32 for MXFP4):
 ///   8/g bits/weight. A format with a global scale adds `global_scale` [padded_rows] (+ `convention`),

@@ -61,7 +61,7 @@ std::string StopMatcher::finish() {
   return out;
 }
 
-GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const Tokenizer& tokenizer,
+GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const text::Tokenizer& tokenizer,
                           const GenerationRequest& request, const std::function<bool(std::string_view)>& on_text) {
   using clock = std::chrono::steady_clock;
   if (request.prompt.empty()) throw UsageError("generate: the prompt has no tokens");
@@ -82,7 +82,7 @@ GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& ca
   result.prompt_tokens = prompt_len;
   Sampler sampler(request.sampling);
   sampler.observe_prompt(request.prompt);
-  StreamDecoder detok(tokenizer, /*skip_special_tokens=*/true);
+  text::StreamDecoder detok(tokenizer, /*skip_special_tokens=*/true);
   StopMatcher stops(request.stop);
   const int64_t vocab = decoder.config().vocab_size;
 

@@ -13,7 +13,7 @@
 #include "model/decoder.h"
 #include "model/forward_model.h"
 #include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace fp4serve::runtime {
 
@@ -57,7 +57,7 @@ class StopMatcher {
 /// Runs `request` in a free slot of `cache` (released afterwards). `on_text` receives each piece of new text;
 /// returning false cancels generation (finish_reason "abort"). Throws UsageError when the prompt is empty, no
 /// slot is free, or prompt + max_new_tokens exceeds the cache length.
-GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const Tokenizer& tokenizer,
+GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const text::Tokenizer& tokenizer,
                           const GenerationRequest& request, const std::function<bool(std::string_view)>& on_text);
 
 }  // namespace fp4serve::runtime

@@ -57,7 +57,7 @@ std::vector<std::vector<ModelBenchSample>> run_model_bench(
       const size_t i = (j + static_cast<size_t>(r)) % targets.size();
       const ModelBenchTarget& t = targets[i];
       const BenchModel bench = loader ? loader(i, t) : BenchModel{model::load_model(t.dir, t.load), nullptr};
-      const Tokenizer tokenizer = load_tokenizer(bench.loaded.checkpoint);
+      const text::Tokenizer tokenizer = load_tokenizer(bench.loaded.checkpoint);
       model::KvCache cache = bench.model().make_cache(config.prompt_tokens + config.gen_tokens, 1);
       const GenerationResult result = generate(bench.model(), cache, tokenizer, request, [](std::string_view) { return true; });
       if (static_cast<int64_t>(result.tokens.size()) != config.gen_tokens) {

@@ -16,7 +16,7 @@
 
 #include <filesystem>
 
-#include "model/loader.h"
+#include "backends/load_model.h"
 
 namespace fp4serve::runtime {
 

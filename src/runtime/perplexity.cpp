@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "fp4serve/error.h"
-#include "kernels/softmax.h"
+#include "backends/cpu/kernels/softmax.h"
 
 namespace fp4serve::runtime {
 namespace {

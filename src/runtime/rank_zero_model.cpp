@@ -114,7 +114,7 @@ model::KvCache RankZeroModel::make_cache(int64_t max_seq_len, int max_slots) con
   }
   model::KvCache local = local_.make_cache(max_seq_len, max_slots);
   const int64_t layers = local.num_layers(), kv_heads = local.num_kv_heads(), head_dim = local.head_dim();
-  const kernels::KvElement element = local.element();
+  const model::KvCacheDtype element = local.element();
   // The outer cache only keeps slot bookkeeping (its storage is the wrapper), so its sizes are the local ones.
   return model::KvCache(layers, kv_heads, head_dim, max_seq_len, max_slots,
                         std::make_unique<RankZeroCache>(state_, id, std::move(local)), element);

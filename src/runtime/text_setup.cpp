@@ -32,17 +32,17 @@ void add_ids(const json& value, std::vector<int32_t>& out) {
 
 }  // namespace
 
-Tokenizer load_tokenizer(const checkpoint::Checkpoint& ckpt) {
+text::Tokenizer load_tokenizer(const checkpoint::Checkpoint& ckpt) {
   const auto path = ckpt.tokenizer_json();
   if (!path) throw FormatError(fmt::format("{}: no tokenizer.json (needed to turn text into tokens)", ckpt.root().string()));
-  return Tokenizer::from_files(*path, ckpt.tokenizer_config());
+  return text::Tokenizer::from_files(*path, ckpt.tokenizer_config());
 }
 
-json template_context(const Tokenizer& tokenizer, const checkpoint::Checkpoint& ckpt) {
+json template_context(const text::Tokenizer& tokenizer, const checkpoint::Checkpoint& ckpt) {
   return template_context(ckpt.tokenizer_config(), &tokenizer);
 }
 
-json template_context(const json& tc, const Tokenizer* tokenizer) {
+json template_context(const json& tc, const text::Tokenizer* tokenizer) {
   json ctx = json::object();
   if (tc.is_object()) {
     for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
@@ -67,7 +67,7 @@ nlohmann::ordered_json parse_chat_template_kwargs(const std::string& text) {
 }
 
 std::vector<int32_t> eos_token_ids(const model::ModelConfig& config, const checkpoint::Checkpoint& ckpt,
-                                   const Tokenizer& tokenizer) {
+                                   const text::Tokenizer& tokenizer) {
   std::vector<int32_t> ids;
   const json& g = ckpt.generation_config();
   if (g.is_object() && g.contains("eos_token_id")) add_ids(g["eos_token_id"], ids);

@@ -10,10 +10,10 @@
 namespace fp4serve::server {
 
 int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
-                        int max_num_seqs, kernels::KvElement element) {
+                        int max_num_seqs, model::KvCacheDtype element) {
   // Keys and values for every layer, KV head and position: what model::KvCache allocates per slot.
   const int64_t per_slot = 2 * config.num_layers * max_seq_len * config.num_kv_heads * config.head_dim *
-                           kernels::kv_element_bytes(element);
+                           model::kv_cache_dtype_bytes(element);
   const int64_t fit = per_slot > 0 ? budget_bytes / per_slot : 0;
   if (fit < 1) {
     throw UsageError(fmt::format("the KV-cache budget of {} MiB holds no sequence: one slot of {} positions needs "

@@ -16,7 +16,7 @@ namespace fp4serve::server {
 /// as `element`s (model::LoadedModel::kv_element), capped at `max_num_seqs`. Throws UsageError naming the sizes
 /// when not even one slot fits.
 int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
-                        int max_num_seqs, kernels::KvElement element);
+                        int max_num_seqs, model::KvCacheDtype element);
 
 class DecoderStepModel final : public StepModel {
  public:

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Text ↔ tokens for the HTTP layer: prompt encoding, chat-template rendering and incremental detokenization.
-// The production implementation (tokenizer_codec.h) wraps runtime::Tokenizer and runtime::ChatTemplate. Every
+// The production implementation (tokenizer_codec.h) wraps text::Tokenizer and text::ChatTemplate. Every
 // method is called from HTTP handler threads concurrently, so implementations must be immutable after
 // construction; per-request state lives in the Detokenizer each request creates.
 #pragma once

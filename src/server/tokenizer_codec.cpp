@@ -8,24 +8,24 @@ namespace {
 
 class StreamDetokenizer final : public Detokenizer {
  public:
-  explicit StreamDetokenizer(const runtime::Tokenizer& tokenizer) : decoder_(tokenizer, /*skip_special_tokens=*/true) {}
+  explicit StreamDetokenizer(const text::Tokenizer& tokenizer) : decoder_(tokenizer, /*skip_special_tokens=*/true) {}
   std::string push(int32_t id) override { return decoder_.push(id); }
   std::string flush() override { return decoder_.flush(); }
 
  private:
-  runtime::StreamDecoder decoder_;
+  text::StreamDecoder decoder_;
 };
 
 }  // namespace
 
-TokenizerCodec::TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplate> chat_template,
+TokenizerCodec::TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplate> chat_template,
                                nlohmann::json template_context, std::vector<int32_t> eos_token_ids)
     : tokenizer_(std::move(tokenizer)),
       template_(std::move(chat_template)),
       context_(std::move(template_context)),
       eos_(std::move(eos_token_ids)) {}
 
-TokenizerCodec::TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplates> chat_templates,
+TokenizerCodec::TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplates> chat_templates,
                                nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids)
     : tokenizer_(std::move(tokenizer)),
       templates_(std::move(chat_templates)),
@@ -45,7 +45,7 @@ std::string TokenizerCodec::render_chat(const std::vector<ChatTurn>& messages) c
     return render_chat_prompt(prompt);
   }
   if (!template_) throw UsageError("the model has no chat template (tokenizer_config.json chat_template); use /v1/completions");
-  std::vector<runtime::ChatMessage> turns;
+  std::vector<text::ChatMessage> turns;
   turns.reserve(messages.size());
   for (const auto& m : messages) turns.push_back({m.role, m.content});
   return template_->render(turns, /*add_generation_prompt=*/true, context_);

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "runtime/chat_template.h"
-#include "runtime/tokenizer.h"
 #include "server/text_codec.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace fp4serve::server {
 
@@ -16,11 +16,11 @@ class TokenizerCodec final : public TextCodec {
  public:
   /// `chat_template` absent: chat requests get 400 ("the model has no chat template"). `template_context` holds
   /// the variables HF passes to templates (bos_token, eos_token; runtime::template_context).
-  TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplate> chat_template,
+  TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplate> chat_template,
                  nlohmann::json template_context, std::vector<int32_t> eos_token_ids);
-  /// A model folder's templates (runtime::ChatTemplates: "tool_use" for requests with tools). `variables`:
+  /// A model folder's templates (text::ChatTemplates: "tool_use" for requests with tools). `variables`:
   /// template_context plus the server's --chat-template-kwargs, which a request's chat_template_kwargs override.
-  TokenizerCodec(runtime::Tokenizer tokenizer, std::optional<runtime::ChatTemplates> chat_templates,
+  TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplates> chat_templates,
                  nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
@@ -32,9 +32,9 @@ class TokenizerCodec final : public TextCodec {
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
 
  private:
-  runtime::Tokenizer tokenizer_;
-  std::optional<runtime::ChatTemplate> template_;
-  std::optional<runtime::ChatTemplates> templates_;
+  text::Tokenizer tokenizer_;
+  std::optional<text::ChatTemplate> template_;
+  std::optional<text::ChatTemplates> templates_;
   nlohmann::json context_;
   nlohmann::ordered_json variables_;
   std::vector<int32_t> eos_;

@@ -12,7 +12,7 @@
 #include <map>
 
 #include "app/calibration.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/text_setup.h"
 
 namespace fp4serve::app {

@@ -100,7 +100,7 @@ TEST(ResolveModelPath, HubCacheRefsMainThenTheOnlySnapshot) {
   EXPECT_EQ(error_of("/no/such/dir"), "/no/such/dir: no such file or folder");
 }
 
-model::ModelConfig config_with(int64_t max_pos, kernels::RopeScaling::Kind kind = kernels::RopeScaling::Kind::None,
+model::ModelConfig config_with(int64_t max_pos, model::RopeScaling::Kind kind = model::RopeScaling::Kind::None,
                                double factor = 1, double original = 0) {
   model::ModelConfig c;
   c.max_position_embeddings = max_pos;
@@ -127,7 +127,7 @@ TEST(ContextLimit, MaxPositionEmbeddingsIsDefaultAndMaximum) {
 }
 
 TEST(ContextLimit, RopeScalingFactorIsNamedNotApplied) {
-  using Kind = kernels::RopeScaling::Kind;
+  using Kind = model::RopeScaling::Kind;
   // yarn: vLLM derives original × factor = 4096 × 4 = 16384; the RoPE table here stops at max_position_embeddings.
   const ContextLimit yarn = context_limit(config_with(4096, Kind::Yarn, 4, 4096));
   EXPECT_EQ(yarn.tokens, 4096);

@@ -4,7 +4,7 @@
 // transforms (QuIP / SpinQuant) included: logits of the two golden prompts within 2e-2 · max|logit| (set by the
 // GPU's bf16 GEMM inputs), then 8 teacher-forced greedy decode steps through the KV cache (the GPU is fed the
 // CPU's tokens; the decode steps run split-KV attention and, for dense models, CUDA graphs) with their logits in
-// the same bound and the near-tie rule of kernels/cuda/greedy_check.h: a different argmax fails only when the
+// the same bound and the near-tie rule of backends/cuda/kernels/greedy_check.h: a different argmax fails only when the
 // CPU prefers its token by more than 1e-3 · max|logit| (the margin is printed either way). CudaGraphs checks graph
 // replay against eager decode steps of the same backend. The GPU cases skip without a GPU; the host-side checks
 // (batch flattening, cache ownership, the no-GPU refusal) run everywhere.
@@ -16,18 +16,21 @@
 #include <iomanip>
 #include <sstream>
 
+#include "backends/cpu/cpu_kv_storage.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/device.h"
+#include "backends/cuda/kernels/greedy_check.h"
+#include "backends/load_model.h"
 #include "checkpoint/safetensors.h"
 #include "fp4serve/error.h"
-#include "kernels/cuda/device.h"
-#include "kernels/cuda/greedy_check.h"
 #include "model/backend.h"
-#include "model/cuda_backend.h"
-#include "model/loader.h"
 #include "test_support.h"
 
 namespace fp4serve::model {
 namespace {
 
+using backends::cpu::host_kv;
+using backends::cuda::CudaBackend;
 using test_support::ids_of;
 using test_support::kRef;
 
@@ -66,8 +69,8 @@ TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
   KvCache cache(2, 1, 4, 8, 1, std::make_unique<OpaqueStorage>());
   const int slot = cache.acquire();
   ASSERT_EQ(slot, 0);
-  EXPECT_THROW(cache.key(slot, 0, 0, 0), UsageError);
-  EXPECT_THROW(cache.value(slot, 0, 0, 0), UsageError);
+  EXPECT_THROW(host_kv(cache).key(slot, 0, 0, 0), UsageError);
+  EXPECT_THROW(host_kv(cache).value(slot, 0, 0, 0), UsageError);
 
   LoadOptions options;
   const LoadedModel cpu = load_model(kRef / "llama-nvfp4a16", options);

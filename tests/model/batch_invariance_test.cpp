@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "backends/load_model.h"
 #include "checkpoint/safetensors.h"
-#include "model/loader.h"
 #include "test_support.h"
 
 namespace fp4serve::model {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <random>
 
+#include "backends/cpu/cpu_linear.h"
 #include "checkpoint/safetensors.h"
 #include "model/online_transform.h"
 #include "prepare/hadamard_factor.h"
@@ -67,14 +68,14 @@ std::vector<int64_t> random_perm(int64_t n, uint32_t seed) {
   return p;
 }
 
-// Checks t->apply against y = x · M̂ in float64 (M̂ from the stored values w, perm, inverse, scale) with an error
-// bound of fp32 rounding on the sum of |terms|.
+// Checks the CPU's apply_transform(t) against y = x · M̂ in float64 (M̂ from the stored values w, perm, inverse,
+// scale) with an error bound of fp32 rounding on the sum of |terms|.
 void expect_matches_float64(const OnlineTransform& t, const std::vector<double>& w, const std::vector<int64_t>& perm,
                             int64_t n, bool inverse, double scale, int64_t rows, int64_t dim, uint32_t seed,
                             int64_t row_step = 1) {
   const std::vector<float> x = random_x(rows * dim, seed);
   std::vector<float> y = x;
-  t.apply(y.data(), rows, dim);
+  backends::cpu::apply_transform(t, y.data(), rows, dim);
   auto pi = [&](int64_t i) { return perm.empty() ? i : perm[static_cast<size_t>(i)]; };
   double worst = 0.0;
   std::vector<int64_t> checked;  // every row_step-th row and the last
@@ -207,7 +208,7 @@ TEST(KroneckerTransform, ManyRowsCrossTheKernelsChunksAndStridedSlicesKeepTheirN
   const int64_t rows = 3, stride = n + 64;
   std::vector<float> x = random_x(rows * stride, 41);
   const std::vector<float> before = x;
-  t->apply_strided(x.data(), rows, n, stride);
+  backends::cpu::apply_transform_strided(*t, x.data(), rows, n, stride);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = n; c < stride; ++c) ASSERT_EQ(x[static_cast<size_t>(r * stride + c)], before[static_cast<size_t>(r * stride + c)]);
   }
@@ -215,7 +216,7 @@ TEST(KroneckerTransform, ManyRowsCrossTheKernelsChunksAndStridedSlicesKeepTheirN
   for (int64_t r = 0; r < rows; ++r) {
     std::copy_n(before.begin() + r * stride, n, slice.begin() + r * n);
   }
-  t->apply(slice.data(), rows, n);
+  backends::cpu::apply_transform(*t, slice.data(), rows, n);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < n; ++c) ASSERT_EQ(x[static_cast<size_t>(r * stride + c)], slice[static_cast<size_t>(r * n + c)]);
   }

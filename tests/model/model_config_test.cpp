@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // config.json → ModelConfig: the rope_theta the model runs with is the one kernels::parse_rope_theta (tested in
-// tests/kernels/ops_rope_test.cpp) reads, wherever the config puts it.
+// tests/backends/cpu/kernels/ops_rope_test.cpp) reads, wherever the config puts it.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

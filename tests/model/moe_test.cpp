@@ -11,9 +11,11 @@
 #include <numeric>
 #include <random>
 
+#include "backends/cpu/cpu_backend.h"
+#include "backends/load_model.h"
+#include "backends/registry.h"
 #include "checkpoint/safetensors_writer.h"
 #include "fp4serve/error.h"
-#include "model/loader.h"
 #include "model/moe.h"
 #include "model/planned_weights.h"
 #include "model/router.h"
@@ -102,6 +104,11 @@ struct RouterCase {
 
 class RouterTest : public ::testing::TestWithParam<RouterCase> {};
 
+// Routing as the backends run it: with the CPU's softmax and top-k.
+void route(const RouterSettings& s, const float* logits, int64_t m, int32_t* experts, float* weights) {
+  model::route(s, logits, m, experts, weights, backends::cpu::router_math());
+}
+
 TEST_P(RouterTest, MatchesFloat64Reference) {
   const RouterCase c = GetParam();
   const int e = 7, k = 3, m = 9;
@@ -146,6 +153,12 @@ TEST(Router, RejectsTopKOutsideTheExperts) {
 
 // MoE block tests -------------------------------------------------------------------------------------------
 
+// The CPU backend the blocks below run on (a block keeps a pointer to its backend: this one outlives them all).
+Backend* block_backend() {
+  static const std::unique_ptr<Backend> cpu = backends::make_cpu_backend();
+  return cpu.get();
+}
+
 LinearGroup dense_group(const std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>* bias = nullptr) {
   std::vector<LinearPart> parts(1);
   parts[0].weight = prepare::prepare_dense(f32_view(w, {n, k}), "test");
@@ -188,7 +201,8 @@ TEST_P(MoeBlockTest, MatchesFloat64Reference) {
   s.router = {RouterKind::TopKSoftmax, e, k, false, 1.0f};
   s.activation = c.activation;
   s.swiglu_limit = 0.8f;  // small, so the clamps are exercised by these inputs
-  MoeBlock block("test MoE", s, dense_group(router_w, e, h, &router_b), std::move(experts));
+  MoeBlock block("test MoE", s, dense_group(router_w, e, h, &router_b), std::move(experts), std::nullopt,
+                 block_backend());
   std::vector<float> got(static_cast<size_t>(m * h));
   block.forward(x.data(), m, got.data(), nullptr);
 
@@ -245,10 +259,11 @@ TEST(MoeBlock, W13MustHoldGateAndUpRows) {
   };
   MoeSettings gated;
   gated.router = {RouterKind::SoftmaxTopK, e, 1, true, 1.0f};
-  EXPECT_NO_THROW(MoeBlock("g", gated, dense_group(router, e, h), experts(w2i, 2 * inter)));
+  EXPECT_NO_THROW(
+      MoeBlock("g", gated, dense_group(router, e, h), experts(w2i, 2 * inter), std::nullopt, block_backend()));
   // A w13 of I rows (an up projection without its gate) is refused, naming the expert and the expected shape.
   try {
-    MoeBlock("g", gated, dense_group(router, e, h), experts(wi, inter));
+    MoeBlock("g", gated, dense_group(router, e, h), experts(wi, inter), std::nullopt, block_backend());
     ADD_FAILURE() << "an [I, H] w13 was accepted";
   } catch (const FormatError& err) {
     EXPECT_NE(std::string(err.what()).find("g expert 0: w13 [8, 8] and down [8, 8] where [16, 8]"), std::string::npos)
@@ -257,7 +272,8 @@ TEST(MoeBlock, W13MustHoldGateAndUpRows) {
   // An expert count that disagrees with the router.
   auto three = experts(w2i, 2 * inter);
   three.push_back({dense_group(w2i, 2 * inter, h), dense_group(down, h, inter)});
-  EXPECT_THROW(MoeBlock("g", gated, dense_group(router, e, h), std::move(three)), FormatError);
+  EXPECT_THROW(MoeBlock("g", gated, dense_group(router, e, h), std::move(three), std::nullopt, block_backend()),
+               FormatError);
 }
 
 // Qwen2-MoE: routed experts (softmax → top-k, no renormalization) plus sigmoid(gate(h)) · shared_expert(h).
@@ -276,7 +292,8 @@ TEST(MoeBlock, SharedExpertWithSigmoidGateMatchesFloat64Reference) {
   MoeSettings s;
   s.router = {RouterKind::SoftmaxTopK, e, k, false, 1.0f};
   MoeBlock block("qwen2moe", s, dense_group(router, e, h), std::move(experts),
-                 SharedExpertWeights{dense_group(s13, 2 * si, h), dense_group(sdown, h, si), dense_group(sgate, 1, h)});
+                 SharedExpertWeights{dense_group(s13, 2 * si, h), dense_group(sdown, h, si), dense_group(sgate, 1, h)},
+                 block_backend());
   std::vector<float> got(m * h);
   block.forward(x.data(), m, got.data(), nullptr);
   auto swiglu_mlp = [&](const std::vector<float>& wa, const std::vector<float>& wd, int64_t width, const float* xt) {
@@ -421,7 +438,8 @@ TEST(MoeLoad, GateAndUpGlobalScalesStayPerShard) {
   copy.set_scalar(x + ".up_proj.weight_global_scale", up);
   ASSERT_NE(gate, up);
   const auto ckpt = checkpoint::Checkpoint::open(copy.dir());
-  const plan::LayerPlan p = plan::build_plan(ckpt, plan::PlanOptions{});
+  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const plan::LayerPlan p = plan::build_plan(ckpt, plan::PlanOptions{catalogue.get()});
   LoadProgress progress(1, 1, {});
   const PlannedWeights weights(ckpt, p, progress);
   const LinearGroup w13 = weights.linear_group({x + ".gate_proj", x + ".up_proj"});

@@ -3,8 +3,8 @@
 // kv_cache_dtype = bf16 | fp16 | auto) on the reference fixtures: logits of both prompts against transformers'
 // fp32 golden within a bound that covers the approximation, and different from the exact path's logits (the
 // option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
-// error per linear of ≤ Σ|w|·d/2 (kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row lm_head
-// copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
+// error per linear of ≤ Σ|w|·d/2 (backends/cpu/kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row
+// lm_head copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
 // measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)
 // of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. bf16
 // activations round each linear's input by ≤ 2^−8 of itself: measured 7.1e-4–1.5e-3 (the weight-only path alone
@@ -15,10 +15,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include "backends/cpu/cpu_kv_storage.h"
+#include "backends/cpu/kernels/linear.h"
+#include "backends/load_model.h"
 #include "checkpoint/safetensors.h"
 #include "fp4serve/error.h"
-#include "kernels/linear.h"
-#include "model/loader.h"
 #include "test_support.h"
 
 namespace fp4serve::model {
@@ -120,17 +121,16 @@ TEST(RunPrecision, UnknownChoicesAreUsageErrors) {
 // auto follows the checkpoint's dtype on the CPU (as vLLM's auto), and is fp32 on the GPU, whose cache is fp32;
 // a 16-bit choice for the GPU is refused rather than ignored.
 TEST(RunPrecision, KvCacheDtypeChoices) {
-  using kernels::KvElement;
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "bfloat16"), KvElement::Bf16);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float16"), KvElement::F16);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float32"), KvElement::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", ""), KvElement::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "sm90", "bfloat16"), KvElement::Bf16);  // plans only: the CPU runs
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cuda", "bfloat16"), KvElement::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cpu", "bfloat16"), KvElement::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp16", "cpu", "bfloat16"), KvElement::F16);
-  EXPECT_EQ(resolve_kv_cache_dtype("bf16", "cpu", "float32"), KvElement::Bf16);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cuda", ""), KvElement::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "bfloat16"), KvCacheDtype::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float16"), KvCacheDtype::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float32"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", ""), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "sm90", "bfloat16"), KvCacheDtype::Bf16);  // plans only: the CPU runs
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cuda", "bfloat16"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cpu", "bfloat16"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp16", "cpu", "bfloat16"), KvCacheDtype::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype("bf16", "cpu", "float32"), KvCacheDtype::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cuda", ""), KvCacheDtype::F32);
   EXPECT_THROW(resolve_kv_cache_dtype("bf16", "cuda", ""), UsageError);
   EXPECT_THROW(resolve_kv_cache_dtype("fp16", "cuda", ""), UsageError);
   EXPECT_THROW(resolve_kv_cache_dtype("f16", "cpu", ""), UsageError);
@@ -138,12 +138,13 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
   LoadOptions options;
   const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", options);
   EXPECT_EQ(loaded.config.dtype, "bfloat16");
-  EXPECT_EQ(loaded.kv_element, KvElement::Bf16);
+  EXPECT_EQ(loaded.kv_element, KvCacheDtype::Bf16);
   KvCache cache = loaded.decoder->make_cache(8, 1);
-  EXPECT_EQ(cache.element(), KvElement::Bf16);
+  EXPECT_EQ(cache.element(), KvCacheDtype::Bf16);
   const int slot = cache.acquire();
-  EXPECT_THROW(cache.key(slot, 0, 0, 0), UsageError);  // fp32 rows only
-  EXPECT_EQ(static_cast<char*>(cache.key_data(slot, 0, 0, 1)) - static_cast<char*>(cache.key_data(slot, 0, 0, 0)),
+  backends::cpu::CpuKvStorage& host = backends::cpu::host_kv(cache);
+  EXPECT_THROW(host.key(slot, 0, 0, 0), UsageError);  // fp32 rows only
+  EXPECT_EQ(static_cast<char*>(host.key_data(slot, 0, 0, 1)) - static_cast<char*>(host.key_data(slot, 0, 0, 0)),
             cache.head_dim() * 2);
 }
 

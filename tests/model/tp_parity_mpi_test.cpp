@@ -16,10 +16,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/load_model.h"
 #include "fp4serve/error.h"
-#include "model/loader.h"
-#include "tp_checkpoint.h"
 #include "test_support.h"
+#include "tp_checkpoint.h"
 
 namespace fp4serve::model {
 namespace {

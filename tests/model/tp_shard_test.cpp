@@ -12,12 +12,14 @@
 #include <fstream>
 #include <random>
 
-#include "tp_checkpoint.h"
+#include "backends/cpu/cpu_linear.h"
+#include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors_writer.h"
 #include "fp4serve/error.h"
 #include "model/planned_weights.h"
 #include "plan/shard.h"
+#include "tp_checkpoint.h"
 
 namespace fp4serve::model {
 namespace {
@@ -72,7 +74,8 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
   const ShardCase& c = GetParam();
   const auto ck = write_llama(c.format, c.inter, c.tag, c.ranks);
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
-  const plan::LayerPlan lp = plan::build_plan(ckpt, {plan::resolve_device("cpu"), plan::ActivationQuant::Auto});
+  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const plan::LayerPlan lp = plan::build_plan(ckpt, {catalogue.get(), plan::ActivationQuant::Auto});
   ASSERT_TRUE(lp.complete());
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, c.ranks, false);
   LoadProgress progress(0, 0, {});
@@ -95,7 +98,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
         }
       }
       std::vector<float> y(static_cast<size_t>(m * l.n)), scratch;
-      g.forward(xs.data(), m, y.data(), scratch);
+      backends::cpu::linear_forward(g, xs.data(), m, y.data(), scratch);
       for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
       covered += s.columns.size();
     }
@@ -112,7 +115,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
     const plan::IndexRange rows = tp.layers[0].ffn_columns[static_cast<size_t>(r)];
     ASSERT_EQ(g.out_features(), 2 * rows.size());
     std::vector<float> y(static_cast<size_t>(m * g.out_features())), scratch;
-    g.forward(x.data(), m, y.data(), scratch);
+    backends::cpu::linear_forward(g, x.data(), m, y.data(), scratch);
     std::vector<float> yg, yu;
     for (int64_t i = 0; i < m; ++i) {
       const auto* row = y.data() + i * g.out_features();
@@ -137,7 +140,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(RowParallel, AGlobalActivationOrderThatARankCannotHoldIsRefusedNamingTheGroup) {
   const auto ck = write_llama(Format::Int4ActorderGlobal, 128, "int4_gidx_global", 2);
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
-  const plan::LayerPlan lp = plan::build_plan(ckpt, {plan::resolve_device("cpu"), plan::ActivationQuant::Auto});
+  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const plan::LayerPlan lp = plan::build_plan(ckpt, {catalogue.get(), plan::ActivationQuant::Auto});
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, 2, false);
   LoadProgress progress(0, 0, {});
   const PlannedWeights w(ckpt, lp, progress, &tp, 1);

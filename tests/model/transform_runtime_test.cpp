@@ -12,6 +12,9 @@
 #include <map>
 #include <random>
 
+#include "backends/cpu/cpu_kv_storage.h"
+#include "backends/cpu/cpu_linear.h"
+#include "backends/registry.h"
 #include "fp4serve/error.h"
 #include "model/decoder.h"
 #include "model/linear_group.h"
@@ -164,7 +167,7 @@ TEST(OutputTransform, FusedAndUnfusedShardsTransformOnlyTheirOwnSliceBiasInclude
   for (const LinearGroup* g : {&fused, &unfused}) {
     SCOPED_TRACE(g == &fused ? "fused" : "unfused");
     std::vector<float> y(static_cast<size_t>(kM * total), 0.0f), scratch;
-    g->forward(x.data(), kM, y.data(), scratch);
+    backends::cpu::linear_forward(*g, x.data(), kM, y.data(), scratch);
     double max_diff = 0.0, max_ref = 0.0;
     for (size_t i = 0; i < y.size(); ++i) {
       max_diff = std::max(max_diff, std::fabs(y[i] - want[i]));
@@ -191,7 +194,7 @@ TEST(OutputTransform, SlicesOutsideThePartOrNotAMultipleOfTheBlockAreRejected) {
   EXPECT_THROW(LinearGroup(part(16, 8)), UsageError);
   EXPECT_THROW(LinearGroup(part(0, 12)), UsageError);
   std::vector<float> x(20);
-  EXPECT_THROW(t.transform->apply_strided(x.data(), 2, 12, 10), UsageError);
+  EXPECT_THROW(backends::cpu::apply_transform_strided(*t.transform, x.data(), 2, 12, 10), UsageError);
 }
 
 // --- decoder ------------------------------------------------------------------------------------------------------
@@ -285,7 +288,7 @@ struct ForwardRun {
 };
 
 ForwardRun run(const MemoryWeights& weights, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode) {
-  const Decoder decoder(parse_model_config(tiny_llama()), weights);
+  const Decoder decoder(parse_model_config(tiny_llama()), weights, backends::make_cpu_backend());
   KvCache cache = decoder.make_cache(32, 1);
   const int slot = cache.acquire();
   ForwardRun out;
@@ -300,7 +303,8 @@ ForwardRun run(const MemoryWeights& weights, const std::vector<int32_t>& prompt,
   for (int64_t l = 0; l < kLayers; ++l) {
     std::vector<float> keys;  // [kv_head][position][head_dim]
     for (int64_t h = 0; h < cache.num_kv_heads(); ++h) {
-      keys.insert(keys.end(), cache.key(slot, l, h, 0), cache.key(slot, l, h, 0) + pos * cache.head_dim());
+      const float* row = backends::cpu::host_kv(cache).key(slot, l, h, 0);
+      keys.insert(keys.end(), row, row + pos * cache.head_dim());
     }
     out.keys.push_back(std::move(keys));
   }
@@ -408,7 +412,7 @@ TEST(AttentionTransform, BlockNotDividingHeadDimIsRejectedAtLoad) {
   TransformCache cache;
   const StoredTransform t = make_transform(cache, random_matrix(12, 2), 12, "random-matrix", false);
   w.attention.key.push_back(t.transform);
-  EXPECT_THROW(Decoder(parse_model_config(tiny_llama()), w), FormatError);
+  EXPECT_THROW(Decoder(parse_model_config(tiny_llama()), w, backends::make_cpu_backend()), FormatError);
 }
 
 // QuIP-style `output` on v_proj per head (randomized Hadamard b16 = head_dim, the permuted Sylvester runs as the

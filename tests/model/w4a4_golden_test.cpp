@@ -10,9 +10,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backends/cpu/kernels/linear.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
-#include "kernels/linear.h"
 #include "prepare/repack.h"
 #include "test_support.h"
 

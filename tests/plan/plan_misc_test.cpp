@@ -16,7 +16,7 @@ using namespace testing;
 
 LayerPlan plan_for(const json& config, const TensorHeaders& h, const std::string& dev = "cpu",
                    ActivationQuant mode = ActivationQuant::Auto) {
-  return build_plan(config, nullptr, h, {device(dev), mode});
+  return build_plan(config, nullptr, h, {catalogue(dev), mode});
 }
 
 json llama(const json& qc) { return model_config("LlamaForCausalLM", {{"quantization_config", qc}}); }
@@ -47,20 +47,30 @@ TEST(Plan, BelowSm80HasNoSchemeForFp4AndSaysWhy) {
   EXPECT_NE(m->reason_text.find("below sm80"), std::string::npos);
   ASSERT_EQ(m->rejected.size(), 1u);
   EXPECT_EQ(m->rejected[0].scheme, SchemeId::W4A16Nvfp4);
-  EXPECT_EQ(p.find("lm_head")->scheme, SchemeId::Unquantized);  // bf16 still runs
+  // fp4serve's CUDA kernels need sm80: below it nothing runs, not even bf16 layers or attention.
+  EXPECT_FALSE(p.find("lm_head")->scheme.has_value());
+  EXPECT_FALSE(p.attention.ok());
+  EXPECT_NE(p.attention.why_not.find("below sm80"), std::string::npos) << p.attention.why_not;
 }
 
-TEST(Plan, Fp8W8A8OnSm86IsW8A16WithWarningAndOnSm89IsNative) {
+TEST(Plan, Fp8W8A8OnTheCpuIsW8A16WithWarningAndHasNoCudaKernel) {
   const json qc = ct_quant("float-quantized", ct_args(8, "float", "tensor", nullptr), ct_args(8, "float", "tensor", nullptr));
-  const LayerPlan a = plan_for(llama(qc), dense_headers(all_but_head(Kind::CtFp8Static)), "sm86");
+  const LayerPlan a = plan_for(llama(qc), dense_headers(all_but_head(Kind::CtFp8Static)), "cpu");
   const ModulePlan* m = a.find("model.layers.0.mlp.up_proj");
   EXPECT_EQ(m->scheme, SchemeId::W8A16Fp8);
   EXPECT_TRUE(m->tensor(TensorRole::InputScale)->dropped);
   ASSERT_NE(a.warning(Reason::NoFp8MatrixUnits), nullptr);
   ASSERT_EQ(m->rejected.size(), 1u);
   EXPECT_EQ(m->rejected[0].scheme, SchemeId::W8A8Fp8);
+  // sm89 has FP8 matrix units, but the CUDA catalogue has no FP8 kernel: both candidates are refused, and
+  // explain and the loader say so instead of planning a layer the GPU cannot run.
   const LayerPlan b = plan_for(llama(qc), dense_headers(all_but_head(Kind::CtFp8Static)), "sm89");
-  EXPECT_EQ(b.find("model.layers.0.mlp.up_proj")->scheme, SchemeId::W8A8Fp8);
+  const ModulePlan* g = b.find("model.layers.0.mlp.up_proj");
+  EXPECT_FALSE(g->scheme.has_value());
+  EXPECT_EQ(g->reason, Reason::NoKernel);
+  ASSERT_EQ(g->rejected.size(), 2u);
+  EXPECT_NE(g->rejected[0].why.find("no CUDA FP8 kernel"), std::string::npos) << g->rejected[0].why;
+  EXPECT_FALSE(b.complete());
   EXPECT_EQ(b.warning(Reason::NoFp8MatrixUnits), nullptr);
 }
 
@@ -319,7 +329,7 @@ TEST(Plan, ModelOptAlgorithmsOutsideTheSupportedSetAreRefusedByName) {
   for (const char* algo : {"W4A16_AWQ", "W4A8_AWQ", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "W8A8_SQ_PER_CHANNEL"}) {
     const json hf = {{"quantization", {{"quant_algo", algo}}}};
     try {
-      build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::Dense)), {device("cpu"), ActivationQuant::Auto});
+      build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::Dense)), {catalogue("cpu"), ActivationQuant::Auto});
       FAIL() << algo;
     } catch (const UnsupportedError& e) {
       EXPECT_NE(std::string(e.what()).find(algo), std::string::npos) << e.what();
@@ -328,7 +338,7 @@ TEST(Plan, ModelOptAlgorithmsOutsideTheSupportedSetAreRefusedByName) {
 }
 
 TEST(Plan, FullyUnquantizedCheckpointIsUnquantizedEverywhere) {
-  const LayerPlan p = plan_for(model_config("LlamaForCausalLM"), dense_headers(all_but_head(Kind::Dense)), "sm75");
+  const LayerPlan p = plan_for(model_config("LlamaForCausalLM"), dense_headers(all_but_head(Kind::Dense)), "sm80");
   EXPECT_TRUE(p.complete());
   for (const ModulePlan& mp : p.modules) EXPECT_EQ(mp.reason_text, "plain checkpoint (no quantization config)");
   EXPECT_TRUE(p.notices.empty());
@@ -339,7 +349,7 @@ TEST(Explain, RowsGroupIdenticalDecisionsAcrossLayersAndExperts) {
   const LayerPlan p = build_plan(moe_config({{"quantization_config", qc}}), nullptr, moe_headers([](const std::string& m) {
                                    return (m == "lm_head" || m.ends_with("mlp.gate")) ? Kind::Dense : Kind::CtNvfp4A4;
                                  }),
-                                 {device("sm100"), ActivationQuant::Auto});
+                                 {catalogue("sm100"), ActivationQuant::Auto});
   const auto rows = explain_rows(p);
   const auto find = [&](const std::string& pattern) -> const ExplainRow* {
     for (const auto& r : rows) if (r.pattern == pattern) return &r;

@@ -16,7 +16,7 @@ using namespace testing;
 LayerPlan plan_llama(const json& qc, const KindOf& kinds, const std::string& dev = "cpu",
                      ActivationQuant mode = ActivationQuant::Auto) {
   return build_plan(model_config("LlamaForCausalLM", {{"quantization_config", qc}}), nullptr, dense_headers(kinds),
-                    {device(dev), mode});
+                    {catalogue(dev), mode});
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -41,7 +41,7 @@ TEST(Rule1, FloatWeightOnlyConfigIsNeverInt4EvenWithPackQuantizedFormat) {
 
 TEST(Rule1, Int4ConfigIsW4A16Int4) {
   const LayerPlan p = plan_llama(ct_quant("pack-quantized", ct_args(4, "int", "group", 32), nullptr),
-                                 all_but_head(Kind::CtInt4G32), "sm100");
+                                 all_but_head(Kind::CtInt4G32), "cpu");
   EXPECT_EQ(p.find("model.layers.1.mlp.down_proj")->scheme, SchemeId::W4A16Int4);
 }
 
@@ -110,7 +110,7 @@ TEST(Rule2, WeightOnlyCheckpointSaysWeightOnlyByDesignNeverNoFp4Units) {
 TEST(Rule2, ModelOptDowngradeDropsInputScaleAndRecordsMultiplierConvention) {
   const json hf = {{"quantization", {{"quant_algo", "NVFP4"}, {"group_size", 16}, {"exclude_modules", {"lm_head"}}}}};
   const LayerPlan p = build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::MoNvfp4A4)),
-                                 {device("cpu"), ActivationQuant::Auto});
+                                 {catalogue("cpu"), ActivationQuant::Auto});
   const ModulePlan* m = p.find("model.layers.1.mlp.gate_proj");
   EXPECT_EQ(m->global_scale, quant::GlobalScaleConvention::Multiplier);
   EXPECT_EQ(m->tensor(TensorRole::WeightGlobalScale)->name, "model.layers.1.mlp.gate_proj.weight_scale_2");
@@ -206,7 +206,7 @@ TEST(Rule5, IgnoreRegexWithDollarMatchesOnlyTheRouter) {
                                    moe_headers([](const std::string& m) {
                                      return (m == "lm_head" || m.ends_with("mlp.gate")) ? Kind::Dense : Kind::CtNvfp4A16;
                                    }),
-                                   {device("cpu"), ActivationQuant::Auto});
+                                   {catalogue("cpu"), ActivationQuant::Auto});
   EXPECT_EQ(moe.find("model.layers.1.mlp.gate")->quant.origin, quant::MatchOrigin::Ignored);
   EXPECT_EQ(moe.find("model.layers.1.mlp.experts.3.gate_proj")->scheme, SchemeId::W4A16Nvfp4);
   EXPECT_TRUE(moe.find("model.layers.1.mlp.experts.3.gate_proj")->run_fused);
@@ -245,11 +245,12 @@ TEST(Rule5, ModelOptMixedPrecisionUnlistedLayerIsUnquantized) {
                                    if (!layers.contains(m)) return Kind::Dense;
                                    return layers[m]["quant_algo"] == "FP8" ? Kind::MoFp8 : Kind::MoNvfp4A4;
                                  }),
-                                 {device("sm89"), ActivationQuant::Auto});
+                                 {catalogue("cpu"), ActivationQuant::Auto});
   const ModulePlan* down = p.find("model.layers.0.mlp.down_proj");  // siblings are FP8; it is not listed
   EXPECT_EQ(down->scheme, SchemeId::Unquantized);
   EXPECT_EQ(down->quant.origin, quant::MatchOrigin::NotListed);
-  EXPECT_EQ(p.find("model.layers.0.mlp.gate_proj")->scheme, SchemeId::W8A8Fp8);
+  EXPECT_EQ(p.find("model.layers.0.mlp.gate_proj")->variant, Variant::Fp8W8A8);
+  EXPECT_EQ(p.find("model.layers.0.mlp.gate_proj")->scheme, SchemeId::W8A16Fp8);  // no FP8 matrix units
   EXPECT_EQ(p.find("model.layers.1.self_attn.v_proj")->scheme, SchemeId::W4A16Nvfp4);
 }
 
@@ -258,7 +259,7 @@ TEST(Rule5, ModelOptExcludeModulesAreFnmatchPatterns) {
   const LayerPlan p = build_plan(model_config("LlamaForCausalLM"), hf, dense_headers([](const std::string& m) {
                                    return (m == "lm_head" || m.starts_with("model.layers.1.")) ? Kind::Dense : Kind::MoNvfp4A16;
                                  }),
-                                 {device("cpu"), ActivationQuant::Auto});
+                                 {catalogue("cpu"), ActivationQuant::Auto});
   EXPECT_EQ(p.find("model.layers.1.mlp.up_proj")->quant.origin, quant::MatchOrigin::Excluded);
   EXPECT_EQ(p.find("model.layers.0.mlp.up_proj")->scheme, SchemeId::W4A16Nvfp4);
 }
@@ -273,7 +274,7 @@ TEST(Rule6, MissingMisTypedMisShapedAndUnconsumedAreReportedTogether) {
   put(h, "model.layers.0.mlp.extra_buffer", core::DType::F32, {3});
   const std::string msg = error_of([&] {
     build_plan(model_config("LlamaForCausalLM", {{"quantization_config", ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a())}}),
-               nullptr, h, {device("cpu"), ActivationQuant::Auto});
+               nullptr, h, {catalogue("cpu"), ActivationQuant::Auto});
   });
   EXPECT_NE(msg.find("4 problems"), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing model.layers.0.self_attn.q_proj.weight_scale"), std::string::npos) << msg;
@@ -293,7 +294,7 @@ TEST(Rule6, StaleGroupSizeContradictingTheScalesIsAnError) {
   // ModelOpt NVFP4 with a stale group_size 128: NVFP4 is group 16 by definition.
   const json hf = {{"quantization", {{"quant_algo", "NVFP4"}, {"group_size", 128}, {"exclude_modules", {"lm_head"}}}}};
   const std::string mo = error_of([&] {
-    build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::MoNvfp4A4)), {device("cpu"), ActivationQuant::Auto});
+    build_plan(model_config("LlamaForCausalLM"), hf, dense_headers(all_but_head(Kind::MoNvfp4A4)), {catalogue("cpu"), ActivationQuant::Auto});
   });
   EXPECT_NE(mo.find("group_size=128"), std::string::npos) << mo;
 }
@@ -301,12 +302,12 @@ TEST(Rule6, StaleGroupSizeContradictingTheScalesIsAnError) {
 TEST(Rule6, NonLinearTensorsAreDeclaredSoNothingIsSilentlyIgnored) {
   TensorHeaders h = dense_headers(all_but_head(Kind::Dense));
   h.erase("model.layers.1.post_attention_layernorm.weight");
-  const std::string msg = error_of([&] { build_plan(model_config("LlamaForCausalLM"), nullptr, h, {device("cpu"), ActivationQuant::Auto}); });
+  const std::string msg = error_of([&] { build_plan(model_config("LlamaForCausalLM"), nullptr, h, {catalogue("cpu"), ActivationQuant::Auto}); });
   EXPECT_NE(msg.find("missing model.layers.1.post_attention_layernorm.weight"), std::string::npos) << msg;
   // An old export's rotary buffer is optional and dropped.
   TensorHeaders h2 = dense_headers(all_but_head(Kind::Dense));
   put(h2, "model.layers.0.self_attn.rotary_emb.inv_freq", core::DType::F32, {kHd / 2});
-  const LayerPlan p = build_plan(model_config("LlamaForCausalLM"), nullptr, h2, {device("cpu"), ActivationQuant::Auto});
+  const LayerPlan p = build_plan(model_config("LlamaForCausalLM"), nullptr, h2, {catalogue("cpu"), ActivationQuant::Auto});
   bool dropped = false;
   for (const TensorUse& t : p.others) dropped |= t.name.ends_with("inv_freq") && t.dropped;
   EXPECT_TRUE(dropped);

@@ -73,7 +73,7 @@ LayerPlan gpt_oss_plan(const Dims& d) {
                                                 {"modules_to_not_convert", {"model.layers.*.self_attn",
                                                                             "model.layers.*.mlp.router",
                                                                             "model.embed_tokens", "lm_head"}}}}};
-  return build_plan(config, nullptr, h, {device("sm90"), ActivationQuant::Auto});
+  return build_plan(config, nullptr, h, {catalogue("sm90"), ActivationQuant::Auto});
 }
 
 LayerPlan qwen3_moe_plan(const Dims& d) {
@@ -103,7 +103,7 @@ LayerPlan qwen3_moe_plan(const Dims& d) {
                        {"mlp_only_layers", json::array()}, {"tie_word_embeddings", false},
                        {"quantization_config", ct_quant("nvfp4-pack-quantized", nvfp4_w(), nullptr,
                                                         {"lm_head", "re:.*mlp.gate$"})}};
-  return build_plan(config, nullptr, h, {device("sm90"), ActivationQuant::Auto});
+  return build_plan(config, nullptr, h, {catalogue("sm90"), ActivationQuant::Auto});
 }
 
 LayerPlan granite_moe_plan(const Dims& d) {
@@ -121,7 +121,7 @@ LayerPlan granite_moe_plan(const Dims& d) {
                        {"num_attention_heads", d.heads}, {"num_key_value_heads", d.kv},
                        {"vocab_size", d.vocab}, {"num_local_experts", d.experts},
                        {"num_experts_per_tok", d.top_k}, {"tie_word_embeddings", true}};
-  return build_plan(config, nullptr, h, {device("cpu"), ActivationQuant::Auto});
+  return build_plan(config, nullptr, h, {catalogue("cpu"), ActivationQuant::Auto});
 }
 
 const ModulePlan& module(const LayerPlan& p, const std::string& name) {
@@ -265,13 +265,13 @@ TEST(ShardPlan, TooFewGroupsFallsBackToWholeExpertsOrRefusesADenseMlp) {
                                    nullptr, moe_headers([](const std::string& m) {
                                      return (m == "lm_head" || m.ends_with("mlp.gate")) ? Kind::Dense : Kind::CtNvfp4A16;
                                    }),
-                                   {device("cpu"), ActivationQuant::Auto});
+                                   {catalogue("cpu"), ActivationQuant::Auto});
   EXPECT_EQ(plan_tensor_parallel(moe, 2, false).layers[0].ffn, FfnSplit::Intermediate);
   EXPECT_EQ(plan_tensor_parallel(moe, 4, false).layers[0].ffn, FfnSplit::WholeExperts);  // 2 groups < 4 ranks
   // Dense Llama with intermediate 96 in MXFP4 (3 groups): TP 4 leaves a rank without a whole group.
   const LayerPlan dense = build_plan(model_config("LlamaForCausalLM",
                                                   {{"quantization_config", ct_quant("mxfp4-pack-quantized", mxfp4_w(), nullptr)}}),
-                                     nullptr, dense_headers(all_but_head(Kind::CtMxfp4)), {device("cpu"), ActivationQuant::Auto});
+                                     nullptr, dense_headers(all_but_head(Kind::CtMxfp4)), {catalogue("cpu"), ActivationQuant::Auto});
   EXPECT_EQ(plan_tensor_parallel(dense, 2, false).layers[0].ffn_columns,
             (std::vector<IndexRange>{{0, 64}, {64, 96}}));  // uneven, on the 32-element group
   // At 4 ranks o_proj's K (4 heads × 16) would give each rank 16 columns: half an MXFP4 group.

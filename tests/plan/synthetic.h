@@ -5,10 +5,13 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "plan/layer_plan.h"
 
 namespace fp4serve::plan::testing {
@@ -170,5 +173,14 @@ inline KindOf all_but_head(Kind kind) {
 }
 
 inline DeviceCaps device(const std::string& label) { return resolve_device(label); }
+
+/// The kernel catalogue of `--device label` ("cpu", "sm90", …), as the app and the loader make it; one per label
+/// for the life of the test binary.
+inline const KernelCatalogue* catalogue(const std::string& label) {
+  static std::map<std::string, std::unique_ptr<KernelCatalogue>> made;
+  std::unique_ptr<KernelCatalogue>& c = made[label];
+  if (!c) c = backends::catalogue_for(resolve_device(label));
+  return c.get();
+}
 
 }  // namespace fp4serve::plan::testing

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Test helpers: seeded random checkpoint tensors in the producers' layouts (docs/FORMATS.md §2, §3) and
 // their float64 dequantization written from the format description, independently of src/prepare and
-// src/kernels. Shared by tests/prepare and tests/kernels.
+// src/backends/cpu/kernels. Shared by tests/prepare and tests/backends/cpu/kernels.
 #pragma once
 
 #include <cmath>

@@ -9,8 +9,8 @@
 #include <random>
 #include <string>
 
+#include "backends/cpu/kernels/linear.h"
 #include "fp4serve/error.h"
-#include "kernels/linear.h"
 #include "prepare/checkpoint_tensors.h"
 #include "prepare/repack.h"
 

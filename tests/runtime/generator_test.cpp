@@ -12,7 +12,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "fp4serve/error.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
 
@@ -151,7 +151,7 @@ class Generate : public ::testing::Test {
   static void SetUpTestSuite() {
     model::LoadOptions options;
     model_ = std::make_unique<model::LoadedModel>(model::load_model(kFixture, options));
-    tokenizer_ = std::make_unique<Tokenizer>(load_tokenizer(model_->checkpoint));
+    tokenizer_ = std::make_unique<text::Tokenizer>(load_tokenizer(model_->checkpoint));
   }
   static void TearDownTestSuite() {
     tokenizer_.reset();
@@ -183,11 +183,11 @@ class Generate : public ::testing::Test {
   }
 
   static std::unique_ptr<model::LoadedModel> model_;
-  static std::unique_ptr<Tokenizer> tokenizer_;
+  static std::unique_ptr<text::Tokenizer> tokenizer_;
 };
 
 std::unique_ptr<model::LoadedModel> Generate::model_;
-std::unique_ptr<Tokenizer> Generate::tokenizer_;
+std::unique_ptr<text::Tokenizer> Generate::tokenizer_;
 
 TEST_F(Generate, GreedyReproducesTransformersContinuation) {
   const std::vector<int32_t> want = golden_ids("greedy.prompt0");

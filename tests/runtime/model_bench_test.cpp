@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "fp4serve/error.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/model_bench.h"
 
 namespace fp4serve::runtime {

@@ -13,7 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "fp4serve/error.h"
-#include "model/loader.h"
+#include "backends/load_model.h"
 #include "runtime/perplexity.h"
 
 namespace fp4serve::runtime {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/cpu_kv_storage.h"
 #include "dist/communicator.h"
 #include "dist/launch.h"
 #include "fp4serve/error.h"
@@ -33,7 +34,9 @@ class RecordingModel final : public model::ForwardModel {
   const model::ModelConfig& config() const override { return config_; }
   model::KvCache make_cache(int64_t max_seq_len, int max_slots) const override {
     log.insert(log.end(), {-1, max_seq_len, max_slots});
-    return model::KvCache(config_.num_layers, config_.num_kv_heads, config_.head_dim, max_seq_len, max_slots);
+    // Its keys hold the tokens seen (host memory, as the CPU backend keeps them).
+    return backends::cpu::make_host_kv_cache(config_.num_layers, config_.num_kv_heads, config_.head_dim, max_seq_len,
+                                             max_slots);
   }
   std::vector<float> forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const override {
     log.insert(log.end(), {-2, static_cast<int64_t>(batch.size())});
@@ -51,10 +54,12 @@ class RecordingModel final : public model::ForwardModel {
     for (const auto& c : batch) {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         const int64_t p = c.start_pos + static_cast<int64_t>(i);
-        cache.key(c.slot, 1, 0, p)[2] = static_cast<float>(c.tokens[i]);
+        backends::cpu::host_kv(cache).key(c.slot, 1, 0, p)[2] = static_cast<float>(c.tokens[i]);
         if (c.all_logits ? static_cast<int64_t>(i) < c.first_logit_row : i + 1 < c.tokens.size()) continue;
         double history = 0;
-        for (int64_t q = 0; q <= p; ++q) history += cache.key(c.slot, 1, 0, q)[2] * static_cast<double>(q + 1);
+        for (int64_t q = 0; q <= p; ++q) {
+          history += backends::cpu::host_kv(cache).key(c.slot, 1, 0, q)[2] * static_cast<double>(q + 1);
+        }
         for (int64_t v = 0; v < kVocab; ++v) logits.push_back(static_cast<float>(history + static_cast<double>(v) / 4));
       }
     }
@@ -172,10 +177,10 @@ TEST(RankZeroModel, EveryRankRunsTheSamePlan) {
 }
 
 TEST(KvCache, AcquireASpecificSlot) {
-  model::KvCache cache(2, 1, 3, 5, 3);
+  model::KvCache cache = backends::cpu::make_host_kv_cache(2, 1, 3, 5, 3);
   EXPECT_TRUE(cache.acquire(1));
   EXPECT_FALSE(cache.acquire(1));  // already in use
-  cache.key(1, 1, 0, 4)[2] = 7.0f;    // its memory exists
+  backends::cpu::host_kv(cache).key(1, 1, 0, 4)[2] = 7.0f;  // its memory exists
   EXPECT_EQ(cache.acquire(), 0);   // the lowest free slot, around the taken one
   EXPECT_EQ(cache.acquire(), 2);
   EXPECT_EQ(cache.acquire(), -1);

@@ -2,18 +2,18 @@
 // Chat requests as transformers renders them: chat_template_kwargs, tools and full OpenAI messages reach the
 // template, and /tokenize shows the exact ids. The expected prompts are transformers' renders of the published
 // Qwen3 template (tests/data/tokenizers/published/golden.json), encoded by the qwen2-family tokenizer (itself
-// checked against HF tokenizers in tests/runtime).
+// checked against HF tokenizers in tests/text).
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
-#include "runtime/chat_template.h"
 #include "runtime/text_setup.h"
 #include "server/fakes.h"
 #include "server/openai_api.h"
 #include "server/server_harness.h"
 #include "server/tokenizer_codec.h"
+#include "text/chat_template.h"
 #include "checkpoint/checkpoint.h"
 
 namespace fp4serve::server {
@@ -46,17 +46,17 @@ const ojson& golden_case(const std::string& conversation, bool add_generation_pr
 }
 
 struct Fixture {
-  runtime::Tokenizer tokenizer;
+  text::Tokenizer tokenizer;
   json config;
   Fixture()
-      : tokenizer(runtime::Tokenizer::from_files(kData + "qwen2/tokenizer.json",
+      : tokenizer(text::Tokenizer::from_files(kData + "qwen2/tokenizer.json",
                                                  checkpoint::read_json_object_file(kData + "qwen2/tokenizer_config.json"))),
         config(checkpoint::read_json_object_file(kData + "qwen2/tokenizer_config.json")) {}
 
   // The server's codec with --chat-template <published Qwen3 template>; the golden's special tokens stand in
   // for template_context so both sides see the same variables.
   TokenizerCodec codec(const ojson& server_kwargs = ojson::object()) const {
-    auto templates = runtime::ChatTemplates::load(kData + "qwen2", config, kData + "published/Qwen-Qwen3-0.6B.jinja");
+    auto templates = text::ChatTemplates::load(kData + "qwen2", config, kData + "published/Qwen-Qwen3-0.6B.jinja");
     ojson vars = golden_case("single_user", false)["special_tokens"];
     for (const auto& [k, v] : server_kwargs.items()) vars[k] = v;
     return TokenizerCodec(tokenizer, std::move(templates), vars, {1});

@@ -8,13 +8,13 @@
 #include <atomic>
 #include <thread>
 
-#include "model/loader.h"
-#include "runtime/chat_template.h"
+#include "backends/load_model.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
 #include "server/decoder_step_model.h"
 #include "server/server_harness.h"
 #include "server/tokenizer_codec.h"
+#include "text/chat_template.h"
 
 namespace fp4serve::server {
 namespace {
@@ -44,8 +44,8 @@ TEST(ServerEndToEnd, SixteenConcurrentStreamsEqualSequentialGreedy) {
   const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
   model::LoadOptions load;
   const model::LoadedModel loaded = model::load_model(dir, load);
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  const auto chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const auto chat_template = text::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
   const json context = runtime::template_context(tokenizer, loaded.checkpoint);
   const auto eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
   const TokenizerCodec codec(tokenizer, chat_template, context, eos);
@@ -111,8 +111,8 @@ TEST(ServerEndToEnd, SeededSampledRequestIsBatchInvariant) {
   const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/ref/llama-nvfp4a16";
   model::LoadOptions load;
   const model::LoadedModel loaded = model::load_model(dir, load);
-  const runtime::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
-  const auto chat_template = runtime::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
+  const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
+  const auto chat_template = text::ChatTemplate::from_tokenizer_config(loaded.checkpoint.tokenizer_config());
   const json context = runtime::template_context(tokenizer, loaded.checkpoint);
   const auto eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
   const TokenizerCodec codec(tokenizer, chat_template, context, eos);

@@ -24,12 +24,12 @@ TEST(KvBudget, SlotsFollowTheCacheElement) {
   config.num_kv_heads = 3;
   config.head_dim = 64;
   const int64_t budget = int64_t{200} << 20;
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::F32), 2);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::Bf16), 4);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, kernels::KvElement::F16), 4);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 3, kernels::KvElement::Bf16), 3);  // max_num_seqs caps it
-  EXPECT_THROW(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, kernels::KvElement::F32), UsageError);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, kernels::KvElement::Bf16), 1);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::F32), 2);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::Bf16), 4);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::F16), 4);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 3, model::KvCacheDtype::Bf16), 3);  // max_num_seqs caps it
+  EXPECT_THROW(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, model::KvCacheDtype::F32), UsageError);
+  EXPECT_EQ(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, model::KvCacheDtype::Bf16), 1);
 }
 
 TEST(OpenAiApi, ParsesCompletionFields) {

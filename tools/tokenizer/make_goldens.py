@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Make the tokenizer and chat-template fixtures of tests/runtime from the reference libraries.
+"""Make the tokenizer and chat-template fixtures of tests/text from the reference libraries.
 
 Writes, under tests/data/tokenizers/:
   <family>/tokenizer.json, tokenizer_config.json  -- small BPE tokenizers trained here with the HF `tokenizers`

@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backends/cpu/kernels/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backends/cpu/kernels/simd.h"
+#include "fp4serve/error.h"
+
+namespace fp4serve::kernels {
+
+int64_t kv_element_bytes(KvElement element) {
+  switch (element) {
+    case KvElement::F32: return 4;
+    case KvElement::Bf16:
+    case KvElement::F16: return 2;
+  }
+  return 4;
+}
+
+std::string_view kv_element_name(KvElement element) {
+  switch (element) {
+    case KvElement::F32: return "fp32";
+    case KvElement::Bf16: return "bf16";
+    case KvElement::F16: return "fp16";
+  }
+  return "?";
+}
+
+void write_kv_row(const float* src, int64_t n, KvElement element, void* dst) {
+  cpu::store_kv_row(src, n, element, dst);
+}
+
+void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
+               int64_t cache_row_stride, const AttentionParams& params, float* out) {
+  attention(q, t, start_pos, KvRows{k_cache, v_cache, cache_row_stride, params.head_dim, KvElement::F32}, params, out);
+}
+
+void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
+               float* out) {
+  const int64_t cache_row_stride = cache.row_stride;
+  const int64_t heads = p.num_heads;
+  const int64_t kv_heads = p.num_kv_heads;
+  const int64_t d = p.head_dim;
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || d < 1) {
+    throw UsageError(fmt::format("attention: num_heads {} must be a positive multiple of num_kv_heads {}, head_dim {} >= 1",
+                                 heads, kv_heads, d));
+  }
+  // The heads' rows must not overlap: rows of all heads together, or each head's positions together.
+  const int64_t positions = std::max<int64_t>(start_pos + t, 1);
+  const bool rows_of_heads = cache.head_stride >= d && cache_row_stride >= kv_heads * cache.head_stride;
+  const bool heads_of_rows = cache_row_stride >= d && cache.head_stride >= positions * cache_row_stride;
+  if (t < 0 || start_pos < 0 || p.sliding_window < 0 || !(rows_of_heads || heads_of_rows)) {
+    throw UsageError(fmt::format(
+        "attention: t {} start_pos {} sliding_window {} must be >= 0, and the cache's row stride {} and head stride {} "
+        "must lay out [positions][num_kv_heads {}][head_dim {}] or [num_kv_heads][positions {}][head_dim] without overlap",
+        t, start_pos, p.sliding_window, cache_row_stride, cache.head_stride, kv_heads, d, positions));
+  }
+  if (t == 0) return;
+  if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
+    throw UsageError("attention: null pointer");
+  }
+  const int64_t group = heads / kv_heads;
+  // KV head kvh's keys and values start kvh · head_stride elements in.
+  const auto* k_bytes = static_cast<const std::byte*>(cache.keys);
+  const auto* v_bytes = static_cast<const std::byte*>(cache.values);
+  const int64_t head_bytes = cache.head_stride * kv_element_bytes(cache.element);
+  const int64_t total = start_pos + t;
+  const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
+  const auto keys_of = [&](int64_t i) {
+    const int64_t hi = start_pos + i;
+    const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, hi - p.sliding_window + 1) : 0;
+    return std::pair{lo, hi};
+  };
+  const int64_t splits = attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
+  if (splits == 1 && t >= kMinBlockedPrefillRows &&
+      cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
+    return;
+  }
+  if (splits == 1) {
+    // Work items are (query row, KV head). Rows near the end of a prefill attend to more keys, hence dynamic.
+#pragma omp parallel
+    {
+      std::vector<float> scores(static_cast<size_t>(group * max_len));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+          const auto [lo, hi] = keys_of(i);
+          const int64_t h0 = kvh * group;
+          cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
+                            cache.element, cache_row_stride, lo, hi, p.scale,
+                            p.sinks != nullptr ? p.sinks + h0 : nullptr, scores.data(), out + (i * heads + h0) * d);
+        }
+      }
+    }
+    return;
+  }
+  // Few (row, KV head) items for the threads (decode with few KV heads): each item's keys are split into
+  // `splits` ranges, each range gives per head its max score m_c, Σ exp(s − m_c) and Σ exp(s − m_c)·v, and the
+  // ranges merge as out = Σ_c e^(m_c − M)·o_c / (Σ_c e^(m_c − M)·l_c + e^(sink − M)), M = max(max_c m_c, sink).
+  const int64_t items = t * kv_heads;
+  const int64_t stats_size = 2 * group, part_size = group * d + stats_size;
+  std::vector<float> parts(static_cast<size_t>(items * splits * part_size));
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(group * ((max_len + splits - 1) / splits)));
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t item = 0; item < items; ++item) {
+      for (int64_t c = 0; c < splits; ++c) {
+        const int64_t i = item / kv_heads, kvh = item % kv_heads;
+        const auto [lo, hi] = keys_of(i);
+        const int64_t len = hi - lo + 1;
+        // Range c of `splits` near-equal ranges; a row with fewer keys than splits leaves some ranges empty.
+        const int64_t c_lo = lo + len * c / splits, c_hi = lo + len * (c + 1) / splits - 1;
+        float* part = parts.data() + (item * splits + c) * part_size;
+        if (c_hi < c_lo) {
+          for (int64_t g = 0; g < group; ++g) part[group * d + 2 * g] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const int64_t h0 = kvh * group;
+        cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
+                          cache.element, cache_row_stride, c_lo, c_hi, p.scale, nullptr, scores.data(), part,
+                          part + group * d);
+      }
+    }
+  }
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t i = item / kv_heads, kvh = item % kv_heads;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kvh * group + g;
+      const auto stat = [&](int64_t c, int64_t which) {
+        return parts[static_cast<size_t>((item * splits + c) * part_size + group * d + 2 * g + which)];
+      };
+      float m = p.sinks != nullptr ? p.sinks[h] : -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < splits; ++c) m = std::max(m, stat(c, 0));
+      float denom = p.sinks != nullptr ? std::exp(p.sinks[h] - m) : 0.f;
+      float* o = out + (i * heads + h) * d;
+      std::fill(o, o + d, 0.f);
+      for (int64_t c = 0; c < splits; ++c) {
+        if (stat(c, 0) == -std::numeric_limits<float>::infinity()) continue;  // an empty range
+        const float w = std::exp(stat(c, 0) - m);
+        denom += w * stat(c, 1);
+        const float* oc = parts.data() + (item * splits + c) * part_size + g * d;
+        for (int64_t e = 0; e < d; ++e) o[e] += w * oc[e];
+      }
+      const float inv = 1.f / denom;
+      for (int64_t e = 0; e < d; ++e) o[e] *= inv;
+    }
+  }
+}
+
+int64_t attention_key_splits(int64_t t, int64_t kv_heads, int64_t keys, int64_t threads) {
+  const int64_t items = t * kv_heads;
+  if (threads <= 1 || items >= 2 * threads) return 1;
+  const int64_t wanted = (2 * threads + items - 1) / items;
+  return std::max<int64_t>(1, std::min(wanted, keys / kMinKeysPerSplit));
+}
+
+}  // namespace fp4serve::kernels

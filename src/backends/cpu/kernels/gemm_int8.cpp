@@ -1,0 +1,620 @@
+// SPDX-License-Identifier: Apache-2.0
+// NVFP4 / MXFP4 with ActivationPrecision::Int8: activations quantized once per call to int8 per row and weight
+// group, integer dot products against the E2M1 codes. Compiled once per Highway target (foreach_target.h
+// re-includes this file); this file alone also builds AVX3_DL (AVX-512 VNNI, HWY_WANT_AVX3_DL in CMake).
+//
+// Why: the fp32 decode GEMV (gemm_gemv.cpp) spends one fp32 FMA per weight and row, plus a shift and a table
+// lookup per weight column; it is bound by instructions, not by DRAM. Here one byte shuffle decodes 32 (AVX2)
+// or 64 (AVX-512) weights to int8 and one vpmaddubsw (or vpdpbusd with VNNI) multiplies and pairs 32 / 64 of
+// them with the activation bytes:
+//   Σ_k x[k]·w[n,k] ≈ Σ_g d[g] · s[n,g]/2 · Σ_{k∈g} q[k]·(2·e2m1[n,k])
+// with q = round(x/d), d = amax_g(|x|)/127, s the block scale. The byte multiplies take an unsigned operand, so
+// the codes are looked up as u = 2·e2m1 + 12 ∈ [0, 24] and 12·Σ_{k∈g} q[k] (per row and group, computed with q)
+// is subtracted from each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·128 = 6144, so four of
+// them add in int16 without saturation before vpmaddwd widens them to int32.
+//
+// Fine groups: the int8 rounding of the few groups whose amax dominates a row (RMSNorm outputs times a norm
+// weight with outlier channels) carried most of the int8 path's KLD. Those groups get a 16-bit grid
+// Q = round(x·32512/amax) split into two int8, hi and lo, both dotted with the same decoded weight bytes and
+// combined as 256·Σu·hi + Σu·lo in int32; the other groups keep the single int8 dot. Which groups are fine is
+// decided per row by quantize_int8_blocks (kInt8ActivationFineRatio).
+//
+// Layout: the row-word layout of prepared_linear.h, unchanged. Byte b of lane r holds columns 2b (low nibble)
+// and 2b + 1 (high nibble) of row r, so the low nibbles of a lane are columns 0, 2, 4, 6 of its octet and the
+// high ones 1, 3, 5, 7; the quantized activations are stored per octet as [q0 q2 q4 q6 | q1 q3 q5 q7], so a
+// 32-bit broadcast of either half lines up with every lane. Threads split N as in gemm_gemv.cpp; larger m runs
+// in passes of kMaxM rows (x interleaved per pass, Int8Pass), blocks of passes sharing one loop over N.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/cpu/kernels/gemm_int8.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/kernels/fp4_scales-inl.h"
+#include "backends/cpu/kernels/gemm_shared.h"
+#include "backends/cpu/kernels/linear.h"
+#include "quant/formats.h"
+
+// Defined once although foreach_target.h includes this file once per target.
+#ifndef FP4SERVE_GEMM_INT8_ROWS
+#define FP4SERVE_GEMM_INT8_ROWS
+namespace fp4serve::kernels {
+struct Int8Rows {
+  const int8_t* q;      // [rows][K], octet order: Q (coarse groups) or hi = ⌊(Q + 128)/256⌋ (fine groups)
+  const int8_t* r;      // [rows][K], octet order: lo = Q − 256·hi (fine groups), 0 elsewhere
+  const float* d;       // [rows][groups]: x ≈ Q·d
+  const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
+  const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
+};
+
+// Up to this many rows of x (a decode step, a small batch) are quantized and interleaved without opening a parallel
+// region: per row it is a few KiB of work, and the decode step calls this for every linear.
+inline constexpr int64_t kSerialPrepRows = 8;
+
+// quantize_int8_blocks' rule (gemm_shared.h), shared by its scalar and vector forms. The per-row threshold on
+// (amax/127)²: fine_ratio² · the mean over the groups whose amax is finite and > 0 (amax [groups], NaN for a group
+// holding a NaN).
+inline double int8_fine_threshold(const std::vector<float>& amax, float fine_ratio) {
+  double sum_d2 = 0;
+  int64_t usable = 0;
+  for (const float a : amax) {
+    if (std::isfinite(a) && a > 0.f) {
+      const double dg = static_cast<double>(a) / 127;
+      sum_d2 += dg * dg;
+      ++usable;
+    }
+  }
+  return usable > 0 ? static_cast<double>(fine_ratio) * fine_ratio * sum_d2 / static_cast<double>(usable) : 0;
+}
+
+// One group's grid: degenerate (amax 0, inf or NaN: Q = 0, d = amax / top), else fine (|Q| ≤ 32512 = 127·256, so
+// Q = 256·hi + lo splits into two int8) when (amax/127)² reaches the threshold, else coarse (|Q| ≤ 127).
+struct Int8GroupGrid {
+  bool degenerate, fine;
+  float top;  // the largest |Q|
+};
+inline Int8GroupGrid int8_group_grid(float amax, double fine_threshold) {
+  const bool degenerate = std::isnan(amax) || !std::isfinite(amax) || !(amax > 0.f);
+  const double dg = static_cast<double>(amax) / 127;
+  const bool fine = !degenerate && dg * dg >= fine_threshold;
+  return {degenerate, fine, fine ? 32512.f : 127.f};
+}
+}  // namespace fp4serve::kernels
+#endif
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+namespace {
+
+// Column j of an octet → its byte within the octet's 8 activation bytes (see the layout note above).
+constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+// The rule of quantize_int8_blocks one element at a time: targets without QuantizeInt8Impl, odd block sizes.
+void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order,
+                                 float fine_ratio, int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+  const int64_t groups = k / block;
+  thread_local std::vector<float> amax;
+  amax.resize(static_cast<size_t>(groups));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    int8_t* qi = q + i * k;
+    int8_t* ri = r + i * k;
+    // Pass 1: amax per group (NaN if the group holds one).
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xi + g * block;
+      float a = 0.f;
+      bool nan = false;
+      for (int64_t j = 0; j < block; ++j) {
+        a = std::max(a, std::fabs(xg[j]));
+        nan = nan || std::isnan(xg[j]);
+      }
+      amax[static_cast<size_t>(g)] = nan ? std::numeric_limits<float>::quiet_NaN() : a;
+    }
+    const double fine_threshold = int8_fine_threshold(amax, fine_ratio);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xi + g * block;
+      const float a = amax[static_cast<size_t>(g)];
+      // A NaN input makes its block's scale NaN (Q = 0), so it reaches the outputs as in the fp32 path.
+      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
+      const float inv = degenerate ? 0.f : top / a;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < block; ++j) {
+        // |x·inv| ≤ top up to one rounding; the clamp keeps it inside the grid whatever the rounding.
+        const auto v = static_cast<int32_t>(degenerate ? 0.f : std::nearbyint(std::clamp(xg[j] * inv, -top, top)));
+        // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ ∈ [−127, 127].
+        const int32_t hi = is_fine ? (v + 128) >> 8 : v;
+        const int64_t col = g * block + j;
+        const int64_t at = octet_order ? (col & ~int64_t{7}) + kOctetSlot[col & 7] : col;
+        qi[at] = static_cast<int8_t>(hi);
+        ri[at] = static_cast<int8_t>(is_fine ? v - 256 * hi : 0);
+        sum += v;
+      }
+      d[i * groups + g] = std::isnan(a) ? a : a / top;
+      if (off != nullptr) off[i * groups + g] = 12 * sum;
+      if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace fp4serve::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4serve::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using prepare::kTileRows;
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
+
+// Highway 1.0's AVX3_DL target string names avxvnni (the VEX form) but not avx512vnni, which vpdpbusd on zmm
+// needs, while its run-time check requires AVX512-VNNI: add it for this section (GCC's target pragmas accumulate).
+// Other compilers run the vpmaddubsw form there.
+#if HWY_TARGET == HWY_AVX3_DL && HWY_COMPILER_GCC_ACTUAL
+#define FP4SERVE_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+#else
+#define FP4SERVE_VNNI 0
+#endif
+
+constexpr int64_t kRows = kFusedRows;
+// Up to kMaxM rows of x share one pass over the weights: one int32 accumulator and one fp32 total per row.
+#if HWY_TARGET == HWY_AVX2
+constexpr int64_t kMaxM = 4;
+#else
+constexpr int64_t kMaxM = 8;
+#endif
+using DF = hn::FixedTag<float, kRows>;
+using DI = hn::FixedTag<int32_t, kRows>;
+using DU8 = hn::FixedTag<uint8_t, 4 * kRows>;
+using DU32 = hn::FixedTag<uint32_t, kRows>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using VU8 = hn::Vec<DU8>;
+
+// One column octet at p: the 32 bytes of a tile (AVX2), or the 64 of a tile pair (AVX-512: p at its first tile).
+HWY_INLINE VU8 LoadOctet(const uint8_t* p) { return hn::Load(DU8(), p); }
+
+// Four activation bytes broadcast to every 32-bit lane.
+HWY_INLINE VU8 Broadcast4(const int8_t* p) {
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  return hn::BitCast(DU8(), hn::Set(DU32(), word));
+}
+
+// acc += Σ over the 4 bytes of each lane of u[b]·s[b] for the two (u, s) pairs, u unsigned, s signed.
+HWY_INLINE VI DotAdd(VI acc, VU8 u0, VU8 s0, VU8 u1, VU8 s1, VU8 u2, VU8 s2, VU8 u3, VU8 s3) {
+#if FP4SERVE_VNNI
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u0.raw, s0.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u1.raw, s1.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u2.raw, s2.raw);
+  acc.raw = _mm512_dpbusd_epi32(acc.raw, u3.raw, s3.raw);
+  return acc;
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const __m512i p = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u0.raw, s0.raw), _mm512_maddubs_epi16(u1.raw, s1.raw)),
+                                     _mm512_add_epi16(_mm512_maddubs_epi16(u2.raw, s2.raw), _mm512_maddubs_epi16(u3.raw, s3.raw)));
+  return VI{_mm512_add_epi32(acc.raw, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))};
+#else
+  const __m256i p = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0.raw, s0.raw), _mm256_maddubs_epi16(u1.raw, s1.raw)),
+                                     _mm256_add_epi16(_mm256_maddubs_epi16(u2.raw, s2.raw), _mm256_maddubs_epi16(u3.raw, s3.raw)));
+  return VI{_mm256_add_epi32(acc.raw, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))};
+#endif
+}
+
+
+// The kM (≤ kMaxM) rows of x one pass over the weights serves, interleaved so that everything a group needs of
+// them is contiguous and one base pointer with constant offsets reaches it (eight row pointers and their strides
+// did not fit in the general registers beside the kernel's).
+struct Int8Pass {
+  const int8_t* q;          // [K/8][kM][8]: Int8Rows::q's octets, row after row
+  const int8_t* r;          // [K/8][kM][8]: Int8Rows::r's
+  const float* d;           // [groups][kM]
+  const int32_t* off;       // [groups][kM]
+  const uint8_t* fine;      // [groups][kM]
+  const uint8_t* any_fine;  // [groups]: 1 where some row's group is fine
+};
+
+// A work item is a tile pair: one vector of rows on AVX-512; on AVX2 two, the pair's tiles side by side in each
+// octet's 64-byte line, so the item reads each line once and each x broadcast serves both. Items of one tile read
+// each line twice, the second time from L2 (bench_gemm_fp4 linear_a8 M = 1 on AVX2, one thread, bw_ratio
+// 0.74–0.76 → 0.59–0.60 at 4096²), and so did a pass over a chunk of columns per tile (0.55–0.66 with 2048-column
+// chunks) and tile after tile per scale group (MXFP4 0.59–0.61).
+constexpr int64_t kItemTiles = prepare::kPairedTiles * prepare::kTileRows / kRows;
+constexpr int64_t kItemRows = kItemTiles * kRows;
+
+// isum[t][i] += Σ u·q over the group's octet pairs for tile t of the item and rows i < kM, and with kFine isum2[t][i]
+// += Σ u·r.
+template <quant::BlockFormat kFormat, int kM, bool kFine>
+HWY_INLINE void GroupDots(const uint8_t* codes, int64_t g, const Int8Pass& x, VU8 lut, VU8 low4, VI (*isum)[kM],
+                          VI (*isum2)[kM]) {
+  constexpr int64_t kPairsPerGroup = quant::block_format_traits(kFormat).group_size / 16;  // octet pairs per group
+  (void)isum2;
+  for (int64_t p = 0; p < kPairsPerGroup; ++p) {
+    const int64_t c = (g * kPairsPerGroup + p) * 2;
+    const int8_t* xq = x.q + c * kM * 8;
+    const int8_t* xr = x.r + c * kM * 8;
+    (void)xr;
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      // The second tile of a pair (AVX2) is the upper 32 bytes of each line.
+      const VU8 v0 = LoadOctet(codes + 32 * t + prepare::kOctetStride * c);
+      const VU8 v1 = LoadOctet(codes + 32 * t + prepare::kOctetStride * (c + 1));
+      const VU8 even0 = hn::TableLookupBytes(lut, hn::And(v0, low4));
+      const VU8 odd0 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v0));
+      const VU8 even1 = hn::TableLookupBytes(lut, hn::And(v1, low4));
+      const VU8 odd1 = hn::TableLookupBytes(lut, hn::ShiftRight<4>(v1));
+      for (int i = 0; i < kM; ++i) {
+        isum[t][i] = DotAdd(isum[t][i], even0, Broadcast4(xq + 8 * i), odd0, Broadcast4(xq + 8 * i + 4), even1,
+                            Broadcast4(xq + 8 * (kM + i)), odd1, Broadcast4(xq + 8 * (kM + i) + 4));
+        if constexpr (kFine) {
+          isum2[t][i] = DotAdd(isum2[t][i], even0, Broadcast4(xr + 8 * i), odd0, Broadcast4(xr + 8 * i + 4), even1,
+                               Broadcast4(xr + 8 * (kM + i)), odd1, Broadcast4(xr + 8 * (kM + i) + 4));
+        }
+      }
+    }
+  }
+}
+
+// Raw sums acc[i][r] for the kItemRows rows r of the tile pair from tile ta and x rows i < kM (block scales applied,
+// global scale not).
+template <quant::BlockFormat kFormat, int kM>
+HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x, float* HWY_RESTRICT acc) {
+  const DF df;
+  const DI di;
+  const DU8 du8;
+  const int64_t groups = w.groups();
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, ta);
+  const uint8_t* scales = w.scales.as<uint8_t>() + prepare::scale_tile_offset(groups, ta);
+  // u = 2·e2m1 + 12: codes 0..7 = +0 … +6, 8..15 = −0 … −6.
+  alignas(16) static constexpr uint8_t kLut[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  const VU8 lut = hn::LoadDup128(du8, kLut);
+  const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
+  VF total[kItemTiles][kM];
+  for (auto& per_tile : total) {
+    for (VF& v : per_tile) v = hn::Zero(df);
+  }
+  const ItemAheadPrefetch ahead(w, ta);
+  for (int64_t g = 0; g < groups; ++g) {
+    ahead.step(g);
+    VI isum[kItemTiles][kM];
+    for (auto& per_tile : isum) {
+      for (VI& v : per_tile) v = hn::Zero(di);
+    }
+    // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
+    // eight rows' sums and totals leave none to spare).
+    const bool any_fine = x.any_fine[g] != 0;
+    VI isum2[kItemTiles][kM];
+    if (!any_fine) {
+      GroupDots<kFormat, kM, false>(codes, g, x, lut, low4, isum, nullptr);
+    } else {
+      // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
+      for (auto& per_tile : isum2) {
+        for (VI& v : per_tile) v = hn::Zero(di);
+      }
+      GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
+    }
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      // The table holds 2·e2m1: the ½ is folded into the scale. The second tile's bytes follow the first's.
+      const VF scale = BlockScales<kFormat>(scales + kTileRows * t + g * prepare::kScaleGroupStride, 0.5f);
+      for (int i = 0; i < kM; ++i) {
+        // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
+        const VI uq = any_fine && x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[t][i]), isum2[t][i]) : isum[t][i];
+        const VI exact = hn::Sub(uq, hn::Set(di, x.off[g * kM + i]));
+        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
+        total[t][i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[t][i]);
+      }
+    }
+  }
+  for (int64_t t = 0; t < kItemTiles; ++t) {
+    for (int i = 0; i < kM; ++i) hn::StoreU(total[t][i], df, acc + i * kItemRows + t * kRows);
+  }
+}
+
+// Rows [m0, m0 + mm) of x as one pass's Int8Pass, its arrays in `buffer`.
+struct PassBuffer {
+  std::vector<int8_t> q, r;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+  std::vector<uint8_t> fine, any_fine;
+};
+Int8Pass InterleavePass(const Int8Rows& x, int64_t k, int64_t groups, int64_t m0, int64_t mm, PassBuffer& buffer) {
+  if (mm == 1) {  // one row is its own interleaving (decode)
+    const uint8_t* fine = x.fine + m0 * groups;
+    return {x.q + m0 * k, x.r + m0 * k, x.d + m0 * groups, x.off + m0 * groups, fine, fine};
+  }
+  buffer.q.resize(static_cast<size_t>(mm * k));
+  buffer.r.resize(static_cast<size_t>(mm * k));
+  buffer.d.resize(static_cast<size_t>(mm * groups));
+  buffer.off.resize(static_cast<size_t>(mm * groups));
+  buffer.fine.resize(static_cast<size_t>(mm * groups));
+  buffer.any_fine.assign(static_cast<size_t>(groups), 0);
+  for (int64_t i = 0; i < mm; ++i) {
+    const int64_t row = m0 + i;
+    for (int64_t c = 0; c < k / 8; ++c) {
+      std::memcpy(buffer.q.data() + (c * mm + i) * 8, x.q + row * k + 8 * c, 8);
+      std::memcpy(buffer.r.data() + (c * mm + i) * 8, x.r + row * k + 8 * c, 8);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const auto at = static_cast<size_t>(g * mm + i);
+      buffer.d[at] = x.d[row * groups + g];
+      buffer.off[at] = x.off[row * groups + g];
+      buffer.fine[at] = x.fine[row * groups + g];
+      buffer.any_fine[static_cast<size_t>(g)] = static_cast<uint8_t>(buffer.any_fine[static_cast<size_t>(g)] | buffer.fine[at]);
+    }
+  }
+  return {buffer.q.data(), buffer.r.data(), buffer.d.data(), buffer.off.data(), buffer.fine.data(),
+          buffer.any_fine.data()};
+}
+
+// Quantized bytes of x (its q bytes) per parallel loop over the output rows: a block of passes that shares one loop,
+// so a work item runs all of them while its weights are in L1 (x itself comes from L1 or L2). One pass per loop cost
+// a fork and join per kMaxM rows; all rows in one loop streamed the whole of x per item from L2 or beyond (int8
+// perplexity over 512-token windows 15% slower than one pass per loop); a pass count chosen inside the item loop
+// (ForRowCount per pass) compiled the kernel worse. Measured with the parallel quantization and interleaving of
+// the same commit, against one pass per loop with both serial, alternating: `fp4serve perplexity …
+// --activation-precision int8` (512-token windows) one thread 4.15–4.37 → 3.96–4.15 s user, two threads
+// 3.32–3.62 → 2.77–2.91 s wall; `bench model -p 128 --activation-precision int8` prefill, per-round medians,
+// T=1 1229 → 1328 tok/s, T=2 1593 → 2440.
+constexpr int64_t kBlockXBytes = 32 * 1024;
+
+// Passes [first, first + count) of kM rows each (rows first·kMaxM …), one parallel loop over the output rows.
+template <quant::BlockFormat kFormat, int kM>
+void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t first, int64_t count, float* y) {
+  const int64_t n_total = w.out_features;
+  ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t) {
+    alignas(64) float acc[kM * kItemRows];
+    const int64_t n0 = ta * kTileRows;
+    const int64_t rows = std::min(kItemRows, n_total - n0);
+    for (int64_t p = first; p < first + count; ++p) {
+      Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
+      float* yp = y + p * kMaxM * n_total + n0;
+      for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
+    }
+  });
+}
+
+bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
+  switch (w.layout) {
+    case WeightLayout::Fp4: break;
+    case WeightLayout::Int4:
+    case WeightLayout::Fp8:
+    case WeightLayout::Int8:
+    case WeightLayout::Dense: return false;
+  }
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  const int64_t pass_count = (m + kMaxM - 1) / kMaxM;
+  // The calling thread's buffers (inside the parallel loop a thread_local name would be each thread's own).
+  thread_local std::vector<PassBuffer> buffers_of_caller;
+  thread_local std::vector<Int8Pass> passes_of_caller;
+  std::vector<PassBuffer>& buffers = buffers_of_caller;
+  std::vector<Int8Pass>& passes = passes_of_caller;
+  if (static_cast<int64_t>(buffers.size()) < pass_count) buffers.resize(static_cast<size_t>(pass_count));
+  passes.resize(static_cast<size_t>(pass_count));
+  const auto interleave = [&](int64_t p) {
+    const int64_t m0 = p * kMaxM;
+    passes[static_cast<size_t>(p)] =
+        InterleavePass(x, k, groups, m0, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
+  };
+  if (m <= kSerialPrepRows) {
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+  }
+  const Int8Pass* all = passes.data();
+  const int64_t full_passes = m / kMaxM;
+  const int64_t block_passes = std::max<int64_t>(1, kBlockXBytes / (kMaxM * k));
+  quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+    for (int64_t p = 0; p < full_passes; p += block_passes) {
+      Int8PassBlock<F, static_cast<int>(kMaxM)>(w, all, p, std::min(block_passes, full_passes - p), y);
+    }
+    if (m % kMaxM != 0) {
+      ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR { Int8PassBlock<F, kM>(w, all, full_passes, 1, y); });
+    }
+  });
+  return true;
+}
+
+int64_t Int8OnePassRows() { return kMaxM; }
+
+#if FP4SERVE_VNNI
+#pragma GCC pop_options
+#endif
+#undef FP4SERVE_VNNI
+
+#else
+
+bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*) { return false; }
+
+int64_t Int8OnePassRows() { return 0; }
+
+#endif
+
+int64_t Int8TargetId() { return HWY_TARGET; }
+
+#if HWY_TARGET != HWY_SCALAR
+// quantize_int8_blocks (gemm_shared.h) in vectors, the same rule and the same integers as its scalar form:
+// a decode step quantizes every linear input, and the scalar loop (a nearbyint call per element) took ~30% of an
+// int8 GEMV at K = 1536 (bench_gemm_fp4, AVX-512, M = 1). Blocks that are not a multiple of 16 and of the vector
+// length return false (the caller runs the scalar form).
+bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                      int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(di)> d8;
+  const hn::FixedTag<uint8_t, 16> d16;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kMaxBlock = 256;
+  if (block % 16 != 0 || block % lanes != 0 || block > kMaxBlock) return false;
+  const int64_t groups = k / block;
+  thread_local std::vector<float> amax;
+  amax.resize(static_cast<size_t>(groups));
+  // Octet order within each 16 bytes: [c0 c2 c4 c6 c1 c3 c5 c7] per 8 columns (gemm_int8.cpp's layout note).
+  alignas(16) static constexpr uint8_t kOctetOrder[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+  const auto order = hn::Load(d16, kOctetOrder);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    int8_t* qi = q + i * k;
+    int8_t* ri = r + i * k;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto va = hn::Zero(df);
+      auto nan = hn::FirstN(df, 0);
+      for (int64_t j = 0; j < block; j += lanes) {
+        const auto v = hn::LoadU(df, xi + g * block + j);
+        va = hn::Max(va, hn::Abs(v));
+        nan = hn::Or(nan, hn::IsNaN(v));
+      }
+      amax[static_cast<size_t>(g)] =
+          hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
+    }
+    const double fine_threshold = int8_fine_threshold(amax, fine_ratio);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float a = amax[static_cast<size_t>(g)];
+      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
+      alignas(64) int8_t hi_bytes[kMaxBlock], lo_bytes[kMaxBlock];
+      auto vsum = hn::Zero(di);
+      if (degenerate) {
+        std::fill(hi_bytes, hi_bytes + block, int8_t{0});
+        std::fill(lo_bytes, lo_bytes + block, int8_t{0});
+      } else {
+        const auto inv = hn::Set(df, top / a), vtop = hn::Set(df, top), vbottom = hn::Set(df, -top);
+        for (int64_t j = 0; j < block; j += lanes) {
+          // Round to nearest even, as nearbyint in the default rounding mode.
+          const auto v = hn::NearestInt(hn::Clamp(hn::Mul(hn::LoadU(df, xi + g * block + j), inv), vbottom, vtop));
+          vsum = hn::Add(vsum, v);
+          // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ (an arithmetic shift).
+          const auto hi = is_fine ? hn::ShiftRight<8>(hn::Add(v, hn::Set(di, 128))) : v;
+          const auto lo = is_fine ? hn::Sub(v, hn::ShiftLeft<8>(hi)) : hn::Zero(di);
+          hn::StoreU(hn::DemoteTo(d8, hi), d8, hi_bytes + j);
+          hn::StoreU(hn::DemoteTo(d8, lo), d8, lo_bytes + j);
+        }
+      }
+      for (int64_t j = 0; j < block; j += 16) {
+        auto hv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(hi_bytes + j));
+        auto lv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(lo_bytes + j));
+        if (octet_order) {
+          hv = hn::TableLookupBytes(hv, order);
+          lv = hn::TableLookupBytes(lv, order);
+        }
+        hn::StoreU(hv, d16, reinterpret_cast<uint8_t*>(qi + g * block + j));
+        hn::StoreU(lv, d16, reinterpret_cast<uint8_t*>(ri + g * block + j));
+      }
+      d[i * groups + g] = std::isnan(a) ? a : a / top;
+      if (off != nullptr) off[i * groups + g] = 12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+      if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
+    }
+  }
+  return true;
+}
+#else
+bool QuantizeInt8Impl(const float*, int64_t, int64_t, int64_t, bool, float, int8_t*, int8_t*, float*, int32_t*,
+                      uint8_t*) {
+  return false;
+}
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace fp4serve::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp4serve::kernels {
+
+HWY_EXPORT(Int8Impl);
+HWY_EXPORT(Int8TargetId);
+HWY_EXPORT(QuantizeInt8Impl);
+
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+  if (HWY_DYNAMIC_DISPATCH(QuantizeInt8Impl)(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine)) return;
+  quantize_int8_blocks_scalar(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine);
+}
+HWY_EXPORT(Int8OnePassRows);
+
+namespace {
+
+// The same integer math without SIMD, for targets that have no kernel above (and the same results up to the
+// fp32 order of the group sums).
+void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  static constexpr int32_t kTwiceE2m1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < w.out_features; ++n) {
+      float total = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const bool fine = x.fine[i * groups + g] != 0;
+        int32_t sum = 0;
+        for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
+          const uint8_t code = prepare::prepared_nibble(w, n, col);
+          const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
+          const int32_t big_q = fine ? 256 * x.q[at] + x.r[at] : x.q[at];
+          sum += kTwiceE2m1[code] * big_q;
+        }
+        const float s = quant::decode_block_scale(w.block_format, prepare::prepared_scale_byte(w, n, g));
+        total += static_cast<float>(sum) * x.d[i * groups + g] * (0.5f * s);
+      }
+      y[i * w.out_features + n] = apply_epilogue(w, n, total);
+    }
+  }
+}
+
+struct Int8Scratch {
+  std::vector<int8_t> q, r;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+  std::vector<uint8_t> fine;
+};
+
+}  // namespace
+
+void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  // Reused between calls: the decode step calls this for every layer with the same few sizes.
+  thread_local Int8Scratch s;
+  const int64_t k = w.in_features;
+  const int64_t groups = w.groups();
+  s.q.resize(static_cast<size_t>(m * k));
+  s.r.resize(static_cast<size_t>(m * k));
+  s.d.resize(static_cast<size_t>(m * groups));
+  s.off.resize(static_cast<size_t>(m * groups));
+  s.fine.resize(static_cast<size_t>(m * groups));
+  // Rows are quantized independently: in parallel for a prefill chunk (serial, it held back two-thread prefill).
+  // The pointers are taken here: inside the loop `s` would name each thread's own scratch.
+  int8_t* q = s.q.data();
+  int8_t* r = s.r.data();
+  float* d = s.d.data();
+  int32_t* off = s.off.data();
+  uint8_t* fine = s.fine.data();
+  if (m <= kSerialPrepRows) {
+    quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q, r, d, off, fine);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
+                           r + i * k, d + i * groups, off + i * groups, fine + i * groups);
+    }
+  }
+  const Int8Rows rows{s.q.data(), s.r.data(), s.d.data(), s.off.data(), s.fine.data()};
+  if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y)) int8_scalar(w, rows, m, y);
+}
+
+std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+const char* int8_target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(Int8TargetId)()); }
+
+int64_t int8_one_pass_rows() { return HWY_DYNAMIC_DISPATCH(Int8OnePassRows)(); }
+
+}  // namespace fp4serve::kernels
+#endif

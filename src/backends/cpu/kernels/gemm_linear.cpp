@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// linear(): argument checks, activation preprocessing (W4A4 emulation, int4 activation order), dispatch.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels/gemm_shared.h"
+#include "backends/cpu/kernels/linear.h"
+#include "fp4serve/error.h"
+
+namespace fp4serve::kernels {
+
+void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, ActivationEmulation aq) {
+  if (m < 0) throw UsageError(fmt::format("linear: m = {} is negative", m));
+  if (m == 0) return;
+  if (x == nullptr || y == nullptr) throw UsageError("linear: x and y must not be null");
+  const int64_t k = w.in_features;
+  const bool fp4 = w.layout == prepare::WeightLayout::Fp4;
+  const auto is_fp4 = [&](quant::BlockFormat f) { return fp4 && w.block_format == f; };
+  const bool emulate = aq == ActivationEmulation::EmulateNvfp4;
+  if (emulate && !is_fp4(quant::BlockFormat::Nvfp4) && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: W4A4 emulation needs an NVFP4 layer (or its reference-dequantized dense "
+                                 "form), this one is {}", prepare::format_label(w)));
+  }
+  if (emulate && w.input_global_scale <= 0.f) {
+    throw UsageError("linear: W4A4 emulation needs the layer's input_global_scale (set_input_global_scale)");
+  }
+  const bool emulate_mx = aq == ActivationEmulation::EmulateMxfp4;
+  if (emulate_mx && !is_fp4(quant::BlockFormat::Mxfp4) && w.layout != prepare::WeightLayout::Dense) {
+    throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an MXFP4 layer (or a dense one), this one is {}",
+                                 prepare::format_label(w)));
+  }
+  const bool int8 = w.activation_precision == prepare::ActivationPrecision::Int8 ||
+                    (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= int8_one_pass_rows());
+  if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
+  const bool bf16 = w.activation_precision == prepare::ActivationPrecision::Bf16;
+  if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_gemm(w, x, m, y);
+  if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
+
+  std::vector<float> xp(static_cast<size_t>(m * k));
+  if (w.k_perm.empty()) {
+    std::memcpy(xp.data(), x, xp.size() * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < m; ++i) {
+      const float* src = x + i * k;
+      float* dst = xp.data() + i * k;
+      for (int64_t j = 0; j < k; ++j) dst[j] = src[w.k_perm[static_cast<size_t>(j)]];
+    }
+  }
+  if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
+  if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
+  if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_gemm(w, xp.data(), m, y);
+  gemm_dispatch(w, xp.data(), m, y);
+}
+
+void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, float fine_ratio, int8_t* q,
+                               int8_t* r, float* d, uint8_t* fine) {
+  if (block < 1 || k % block != 0) {
+    throw UsageError(fmt::format("quantize_activations_int8: K = {} is not a multiple of the block size {}", k, block));
+  }
+  if (m < 0) throw UsageError(fmt::format("quantize_activations_int8: m = {} is negative", m));
+  if (!(fine_ratio >= 0.f)) throw UsageError(fmt::format("quantize_activations_int8: fine_ratio {} is not ≥ 0", fine_ratio));
+  std::vector<uint8_t> flags(static_cast<size_t>(m * (k / block)));
+  quantize_int8_blocks(x, m, k, block, /*octet_order=*/false, fine_ratio, q, r, d, nullptr, flags.data());
+  // The kernels keep a coarse block's d = a/127; here every block has the scale of 256·q + r (exact: a power of 2).
+  for (size_t g = 0; g < flags.size(); ++g) {
+    if (flags[g] == 0) d[g] /= 256.f;
+    if (fine != nullptr) fine[g] = flags[g];
+  }
+}
+
+namespace {
+std::atomic<bool> bf16_dot_allowed{true};
+}  // namespace
+
+void set_bf16_dot_allowed(bool allowed) { bf16_dot_allowed.store(allowed, std::memory_order_relaxed); }
+
+bool bf16_dot_usable() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+#else
+  constexpr bool cpu = false;
+#endif
+  return cpu && bf16_dot_allowed.load(std::memory_order_relaxed);
+}
+
+std::vector<int64_t> int8_gemm_targets() { return int8_targets(); }
+
+const char* int8_gemm_target_name() { return int8_target_name(); }
+
+}  // namespace fp4serve::kernels

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// Declarations shared by the GEMM translation units (not a public API): the scalar element decoder and
+// epilogue that both the reference and the SIMD kernels use, and the per-target entry point.
+#pragma once
+
+#include <hwy/cache_control.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::kernels {
+
+/// W[n, k] in PREPARED column order without the NVFP4 global scale (block scales, int4 offsets included).
+float decode_weight(const prepare::PreparedLinear& w, int64_t n, int64_t k);
+
+/// Software prefetch distance, in bytes ahead of the one weight stream they read, of the dense decode kernels
+/// (bf16 / FP8 / int8 rows: an lm_head). On an AMD EPYC with DRAM behind a 32 MiB L3, bench_gemm_fp4 bf16 M = 1,
+/// one thread, 1 KiB → 8 KiB: 4096² 1368–1473 → 1079–1144 µs, the default model's lm_head 49152×576 1876–2007 →
+/// 1801–1855 µs (2 and 4 KiB in between). (Where it began: the FP4 GEMVs, then one stream per tile, on an Intel
+/// VM: no prefetch → 1 KiB took NVFP4 4096² from 1410 to 903 µs; they now use ItemAheadPrefetch.)
+inline constexpr uintptr_t kPrefetchAhead = 8192;
+
+/// How far ahead, in bytes of codes, the fused FP4 GEMVs prefetch whole work items (ItemAheadPrefetch in
+/// fp4_scales-inl.h; their measurements are there).
+inline constexpr int64_t kItemAheadBytes = 8192;
+
+/// Prefetches the cache line kPrefetchAhead bytes after p (a hint: past the end of the weights it is harmless,
+/// and the address is formed as an integer so that no pointer leaves its array). Always inline: as a plain inline
+/// function GCC 12 left it out of line for the per-target kernels, found it free of side effects and deleted every
+/// call (no prefetcht0 in the object files until this attribute).
+HWY_INLINE void prefetch_ahead(const void* p) {
+  hwy::Prefetch(reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) + kPrefetchAhead));
+}
+
+/// acc (Σ x·w for output row n) → final value: NVFP4 global scale, then bias. Inline: the fused decode kernels
+/// call it once per output element (an out-of-line call was 2% of a decode step).
+inline float apply_epilogue(const prepare::PreparedLinear& w, int64_t n, float acc) {
+  if (!w.global_scale.empty()) {
+    const float g = w.global_scale[static_cast<size_t>(n)];
+    acc = w.convention == prepare::GlobalScaleConvention::Divisor ? acc / g : acc * g;
+  }
+  return w.bias.empty() ? acc : acc + w.bias[static_cast<size_t>(n)];
+}
+
+/// Scalar GEMM on x already in prepared column order (k_perm applied): the fallback target's kernel.
+void reference_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// The fused small-m NVFP4/MXFP4 GEMV (gemm_gemv.cpp) for the best supported target, x in prepared column
+/// order. Returns false (and writes nothing) when the layout or target has no fused path or m is outside
+/// [1, gemv_max_rows()].
+bool gemv_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// Whether the kernels may run AVX512-BF16 dot products now: the CPU has them (cpuid; x86 GCC builds only) and
+/// set_bf16_dot_allowed (backends/cpu/kernels/linear.h) has not switched them off. Read at every call.
+bool bf16_dot_usable();
+
+/// ActivationPrecision::Bf16 through the fused GEMV with AVX512-BF16 (x rounded to bf16; Fp4 layouts, m ≤
+/// gemv_max_rows()). Returns false (and writes nothing) where that path does not exist or is switched off.
+bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// ActivationPrecision::Bf16 for any m ≥ 1 (gemm_simd.cpp): that GEMV, else the bf16-pair panel GEMM, else x
+/// rounded to bf16 and the fp32 kernels.
+void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
+int64_t gemv_max_rows();
+
+/// ActivationPrecision::Int8 for Fp4 layouts (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot
+/// kernel of the best supported target (a scalar loop of the same math on targets without one).
+void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// Per row of x [m, k] and block of `block` columns (k a multiple of block), amax = max |x| of the block:
+/// a block is fine when (amax/127)² ≥ fine_ratio² · the mean of (amax/127)² over the row's blocks with a finite
+/// amax > 0, coarse otherwise. Coarse: d = amax/127, Q = round-to-nearest-even(x · 127/amax) ∈ [−127, 127];
+/// fine: d = amax/32512, Q = RNE(x · 32512/amax) ∈ [−32512, 32512], stored as hi = ⌊(Q + 128)/256⌋ ∈ [−127, 127]
+/// in q and lo = Q − 256·hi ∈ [−128, 127] in r (r = 0 in coarse blocks). Q = 0 in a block whose amax is 0, inf
+/// or NaN, with d = 0, inf, NaN. q, r [m, k] in column order, or per octet of columns as [c0 c2 c4 c6 c1 c3 c5 c7]
+/// with octet_order; d, off (12·Σ Q), fine (0 / 1) [m, k/block]; off and fine may be null.
+void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine);
+
+/// Rows of x the SIMD int8 kernel of the best supported target serves in one pass over the weights: 4 (AVX2),
+/// 8 (AVX-512), 0 where it has none (int8_gemm then runs a scalar loop): ActivationPrecision::Int8Decode's bound.
+int64_t int8_one_pass_rows();
+
+/// Highway targets compiled into gemm_int8.cpp (AVX3_DL included) and supported by this CPU, best first.
+std::vector<int64_t> int8_targets();
+const char* int8_target_name();
+
+/// The SIMD GEMM for the best supported target, x in prepared column order (defined in gemm_simd.cpp).
+void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+}  // namespace fp4serve::kernels

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// y = x·Wᵀ (+ bias) for every prepared weight layout (NVFP4, MXFP4, int4, FP8, dense) on the CPU.
+// The SIMD code is compiled for several targets (Highway: AVX-512 and AVX2 on x86, NEON, SVE and SVE_256 on
+// Arm, and a portable fallback that runs the scalar reference) and chosen at run time; threads come from
+// core::set_num_threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "prepare/prepared_linear.h"
+
+namespace fp4serve::kernels {
+
+/// What linear() does to its input x before the GEMM (not plan::ActivationQuant, the --activation-quant policy
+/// that decides, per layer, which of these a scheme gets).
+enum class ActivationEmulation : uint8_t {
+  None,          ///< activations stay fp32
+  EmulateNvfp4,  ///< W4A4 emulation: x is quantized to NVFP4 exactly as compressed-tensors does, then dequantized
+  EmulateMxfp4,  ///< W4A4 emulation: x is quantized to MXFP4 (E8M0 per 32, dynamic) as compressed-tensors does
+};
+
+/// y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]), fp32 accumulation.
+/// x: [m, K] fp32 row-major (K = w.in_features); y: [m, N] fp32 row-major (N = w.out_features); m ≥ 0.
+/// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
+/// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2, NEON, SVE) / 8 (AVX-512) run a fused
+/// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
+/// threads splitting N; bf16 Dense and per-row-scaled FP8 layers with m ≤ 4 run a GEMV that multiplies the
+/// loaded weights in registers (backends/cpu/kernels/gemm_gemv.cpp); other cases with m ≤ 6 (AVX2) / 12 (AVX-512) run
+/// the streaming decode path (weights
+/// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
+/// register-blocked fp32 micro-kernel over it.
+/// With w.activation_precision == Int8 (Fp4 (block-format) layers; other layouts ignore it) and aq == None, each row
+/// of x is quantized per weight group (16 / 32 columns) by quantize_activations_int8 with
+/// kInt8ActivationFineRatio and the products are integer dot products: y[m, n] = Σ_g d[m, g] · s[n, g] ·
+/// Σ_{k∈g} (256·q + r)[m, k] · e2m1[n, k], fp32 per group (the error against the fp32 path is bounded by
+/// Σ_k |W[n, k]| · the half step of x's block, see quantize_activations_int8); any m, in chunks of 4 (AVX2) /
+/// 8 (AVX-512) rows. Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
+/// weights (4 on AVX2, 8 on AVX-512: decode steps), the fp32 path above it and on targets without that kernel.
+/// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
+/// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
+/// on x_q·s_a/igs; igs = w.input_global_scale.
+/// EmulateMxfp4 (W4A4 MXFP4): per row and 32-column group, emulate_mxfp4_activations, then the GEMM on the
+/// fake-quantized x (the MXFP4 weights are exact in the reference's BF16 decompression, so no dense copy).
+/// Throws UsageError when x or y is null with m > 0, m < 0, EmulateNvfp4 is asked for a layer that is not
+/// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
+void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
+            ActivationEmulation aq = ActivationEmulation::None);
+
+/// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.
+/// NVFP4: q·(s / gs) with the division in fp32 (Divisor; compressed-tensors' op order) or q·(s·ws2)
+/// (Multiplier; ModelOpt's), so bf16(out) equals the producers' bf16 references bit for bit. MXFP4:
+/// q·2^(b−127). Int4: (q − z)·scale. FP8: e4m3·scale. Dense: the stored value. A test and benchmark helper.
+void dequantize(const prepare::PreparedLinear& w, float* out);
+
+/// The plain scalar reference for linear() (no SIMD, one thread, ActivationEmulation::None): the fallback
+/// target's implementation and a test oracle.
+void linear_reference(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// In place, rows of x [m, K]: the NVFP4 activation quantize–dequantize of ActivationEmulation::EmulateNvfp4.
+/// K must be a multiple of 16 and igs finite > 0 (throws UsageError).
+void emulate_nvfp4_activations(float* x, int64_t m, int64_t k, float input_global_scale);
+
+/// The activation quantization of ActivationPrecision::Int8, per row of x [m, k] and block of `block` columns
+/// (llama.cpp's Q8_0 rule on the weight's group, with a 16-bit grid on the blocks that dominate the row's
+/// rounding error): with a = max |x| of the block, a block is *fine* when (a/127)² ≥ fine_ratio² · mean of
+/// (a/127)² over the row's blocks with a finite a > 0. Every block gets d = a/32512 (= a/127 / 256) and
+/// x ≈ (256·q + r)·d: a coarse block has q = round-to-nearest-even(x · 127/a) ∈ [−127, 127] and r = 0, a fine
+/// one Q = RNE(x · 32512/a) ∈ [−32512, 32512] split as q = ⌊(Q + 128)/256⌋ ∈ [−127, 127], r = Q − 256·q
+/// ∈ [−128, 127]. Rounding error ≤ 128·d (coarse) resp. d/2 (fine) per element. A block whose a is 0 (inf,
+/// NaN) gets q = r = 0 and d = 0 (inf, NaN), so non-finite inputs reach the outputs. fine_ratio 0 makes every
+/// block fine, +inf none (plain Q8_0). q, r: [m, k] int8; d, fine (1 / 0; may be null): [m, k/block].
+/// Throws UsageError when block < 1, k is not a multiple of block, m < 0 or fine_ratio is NaN or negative.
+void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, float fine_ratio, int8_t* q,
+                               int8_t* r, float* d, uint8_t* fine = nullptr);
+
+/// The fine_ratio linear() uses for ActivationPrecision::Int8. Measured on the default model (mean KLD against
+/// the fp32 path over the README's 2048-token perplexity text, one thread): ratio inf (plain Q8_0) 1.49e-3,
+/// 3: 6.6e-4, 2: 5.1e-4, 1.5: 3.9e-4, 1: 2.7e-4; decode speed fell with lower ratios (more second dots), so 2.
+inline constexpr float kInt8ActivationFineRatio = 2.f;
+
+/// Highway targets the int8-activation kernels are compiled for (also AVX3_DL, i.e. AVX-512 VNNI) and this CPU
+/// supports, best first, and the one they dispatch to now.
+std::vector<int64_t> int8_gemm_targets();
+const char* int8_gemm_target_name();
+
+/// In place, rows of x [m, K]: the MXFP4 activation quantize–dequantize of compressed-tensors 0.19 for dynamic
+/// `group` activations with group_size 32 and uint8 (E8M0) scales (`calculate_qparams` → `generate_mx_scales`,
+/// `_quantize_dequantize`), per 32-column group:
+///   amax = max |x| (NaN propagates); p = bits(amax) + 2^21 masked to sign+exponent (`round_to_power_2`:
+///   rounds up from mantissa 1.75); e = clamp(127 + log2(p) − 2, 0, 255) (p = 0 → 0, p = inf → 255);
+///   s = 2^(e − 127) (e = 0: the fp32 subnormal 2^-127; e = 255: +inf); x ← E2M1(clamp(x / s, ±6)) · s,
+///   a NaN quotient staying NaN. So a group whose amax rounds to inf (an ±inf element, or amax ≥ 1.75·2^127)
+///   becomes all NaN, and a group holding a NaN gets e = 0 (what torch's NaN → uint8 cast gives on x86): its NaN
+///   stays NaN and every other element saturates to ±6·2^-127 — both as the reference computes them.
+/// K must be a multiple of 32 (throws UsageError).
+void emulate_mxfp4_activations(float* x, int64_t m, int64_t k);
+
+/// The E8M0 exponent byte compressed-tensors' MXFP4 activation observer derives from a group's amax (above;
+/// NaN → 0).
+uint8_t mxfp4_activation_exponent(float amax);
+
+/// The fused NVFP4/MXFP4 GEMV of the AVX-512 target (m ≤ 8, ActivationPrecision::Fp32) multiplies with
+/// AVX512-BF16 dot products (vdpbf16ps) on CPUs that have them, x carried as hi = bf16(x) plus lo = bf16(x − hi)
+/// (|x − hi − lo| ≤ 2^−17·|x|, so y gains at most 2^−17·Σ_k |x[k]·W[n, k]| over the fp32 path's error; vdpbf16ps
+/// reads subnormals as 0, so lo is lost for |x| below ≈ 2^−117). The same switch governs ActivationPrecision::Bf16's
+/// dot-product kernels. On by default; off, the same CPU runs the FMA kernels, which keep x exact (tests and
+/// bench_gemm_fp4 compare the two). A process-wide switch, read at every call.
+void set_bf16_dot_allowed(bool allowed);
+
+/// Whether linear() on the current target takes that path now: the AVX-512 target, a CPU with AVX512-BF16, the
+/// switch on (and a GCC build).
+bool bf16_dot_active();
+
+/// Highway targets (HWY_AVX3, HWY_AVX2, HWY_EMU128, ...) compiled into the GEMM and supported by this CPU,
+/// best first; tests iterate over them with hwy::SetSupportedTargetsForTest.
+std::vector<int64_t> gemm_targets();
+
+/// Name of the target linear() dispatches to now, e.g. "AVX3".
+const char* gemm_target_name();
+
+}  // namespace fp4serve::kernels

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backends/cuda/kernels/gpu_layout.h"
+
+#include <string>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::kernels::cuda {
+
+using prepare::PreparedLinear;
+using prepare::WeightLayout;
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
+  if (w.layout != WeightLayout::Fp4) {
+    throw UnsupportedError(std::string("CUDA FP4 GEMM: layout ") + prepare::layout_name(w.layout) +
+                           " is not an FP4 block format (NVFP4, MXFP4)");
+  }
+  if (!w.k_perm.empty()) throw UnsupportedError("CUDA FP4 GEMM: FP4 layers with a column permutation are not supported");
+  const int64_t group_size = quant::block_format_traits(w.block_format).group_size;
+  if (!gpu_layout_supports(group_size)) {
+    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " groups of " +
+                           std::to_string(group_size) + " columns do not fit the GPU layout (a multiple of " +
+                           std::to_string(kGpuLaneCols) + " dividing " + std::to_string(kGpuColChunk) + ")");
+  }
+  const int64_t n = w.out_features, k = w.in_features;
+  if (k % group_size != 0 || n <= 0 || w.group_size != group_size) {
+    throw UsageError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " layer [" + std::to_string(n) +
+                     ", " + std::to_string(k) + "] needs N > 0 and K a multiple of the group size " +
+                     std::to_string(group_size) + " (prepared with group_size " + std::to_string(w.group_size) + ")");
+  }
+  PackedFp4 p;
+  p.out_features = n;
+  p.in_features = k;
+  p.padded_rows = round_up(n, kGpuRowTile);
+  p.padded_cols = round_up(k, kGpuColChunk);
+  p.block_format = w.block_format;
+  p.group_size = group_size;
+  const int64_t tiles = p.row_tiles(), chunks = p.col_chunks(), slots = p.scale_slots();
+  const int64_t groups_per_chunk = kGpuColChunk / group_size;
+  p.codes.assign(static_cast<size_t>(tiles * chunks * 32 * 4), 0u);
+  p.scales.assign(static_cast<size_t>(tiles * chunks * slots * 2), uint8_t{0});
+  for (int64_t rt = 0; rt < tiles; ++rt) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t lane = 0; lane < 32; ++lane) {
+        const int64_t g = lane / 4, t = lane % 4;
+        for (int64_t j = 0; j < 4; ++j) {
+          uint32_t word = 0;
+          for (int64_t i = 0; i < 8; ++i) {
+            const int64_t row = kGpuRowTile * rt + g + 8 * (i & 1);
+            const int64_t col = kGpuColChunk * c + 16 * t + 4 * j + (i >> 2) + 2 * ((i >> 1) & 1);
+            if (row < n && col < k) word |= static_cast<uint32_t>(prepare::prepared_nibble(w, row, col)) << (4 * i);
+          }
+          p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)] = word;
+        }
+      }
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        const int64_t g = slot / groups_per_chunk;
+        const int64_t group = groups_per_chunk * c + slot % groups_per_chunk;
+        for (int64_t half = 0; half < 2; ++half) {
+          const int64_t row = kGpuRowTile * rt + g + 8 * half;
+          if (row < n && group < w.groups()) {
+            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepare::prepared_scale_byte(w, row, group);
+          }
+        }
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace fp4serve::kernels::cuda

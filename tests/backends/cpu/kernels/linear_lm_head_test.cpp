@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// The in-memory lm_head copies (--lm-head-dtype fp8 | int8: prepare_dense_as_fp8_rows / _int8_rows) against their
+// rules in float64, and linear() on them and on bf16 Dense weights (the fused GEMV for m ≤ 4, the panel path above)
+// on every compiled target against Σ x·ŵ in float64, ŵ the stored weight; bound as in linear_test.cpp:
+// |y − y64| ≤ (K + 4)·2^−24·Σ|x·ŵ|.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/kernels/linear.h"
+#include "prepare/checkpoint_tensors.h"
+#include "prepare/repack.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using prepare::PreparedLinear;
+using testing::Layer;
+
+constexpr int64_t kLmHeadMs[] = {1, 2, 3, 4, 5, 9};
+
+// ŵ[n, k] by the rule: s = float(amax_row)/qmax, ŵ = decode(encode(w/s))·s, computed here in float64 from the
+// stored row maximum (quant::float_to_e4m3 is checked against ml_dtypes' tables in the quant tests).
+std::vector<double> expected_copy(const Layer& l, bool int8) {
+  std::vector<double> out(l.w.size());
+  for (int64_t r = 0; r < l.n; ++r) {
+    double amax = 0;
+    for (int64_t c = 0; c < l.k; ++c) amax = std::max(amax, std::fabs(l.w[static_cast<size_t>(r * l.k + c)]));
+    const float s = amax > 0 ? static_cast<float>(amax) / (int8 ? 127.f : 448.f) : 1.f;
+    for (int64_t c = 0; c < l.k; ++c) {
+      const auto i = static_cast<size_t>(r * l.k + c);
+      const float scaled = static_cast<float>(l.w[i]) / s;
+      const double q = int8 ? std::nearbyint(static_cast<double>(scaled)) : quant::e4m3_to_float(quant::float_to_e4m3(scaled));
+      out[i] = q * s;
+    }
+  }
+  return out;
+}
+
+void check_linear(const PreparedLinear& w, const Layer& l, const std::vector<double>& what, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t m : kLmHeadMs) {
+    std::vector<float> x(static_cast<size_t>(m * l.k));
+    for (auto& v : x) v = dist(rng) + 1e-3f;
+    std::vector<float> y(static_cast<size_t>(m * l.n));
+    for (int64_t t : gemm_targets()) {
+      hwy::SetSupportedTargetsForTest(t);
+      SCOPED_TRACE(hwy::TargetName(t));
+      std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+      linear(w, x.data(), m, y.data());
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t n = 0; n < l.n; ++n) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < l.k; ++k) {
+            const double p = static_cast<double>(x[static_cast<size_t>(i * l.k + k)]) * what[static_cast<size_t>(n * l.k + k)];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          const double got = y[static_cast<size_t>(i * l.n + n)];
+          ASSERT_LE(std::fabs(got - ref), static_cast<double>(l.k + 4) * 0x1p-24 * mag + 1e-30)
+              << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
+        }
+      }
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+TEST(LmHeadCopies, Fp8AndInt8RowsFollowTheirRulesAndRunExactly) {
+  std::mt19937 rng(301);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{13, 29}, {37, 302}, {9, 576}}) {
+    for (core::DType d : {core::DType::BF16, core::DType::F32}) {
+      SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << core::dtype_name(d));
+      const Layer l = testing::make_dense(rng, n, k, d);
+      for (bool int8 : {false, true}) {
+        SCOPED_TRACE(int8 ? "int8" : "fp8");
+        const PreparedLinear w = int8 ? prepare::prepare_dense_as_int8_rows(l.weight.view(), "lm_head")
+                                      : prepare::prepare_dense_as_fp8_rows(l.weight.view(), "lm_head");
+        EXPECT_EQ(prepare::weight_bytes(w), static_cast<size_t>(w.padded_rows * (k + 4)));
+        const std::vector<double> want = expected_copy(l, int8);
+        std::vector<float> got(static_cast<size_t>(n * k));
+        dequantize(w, got.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], std::fabs(want[i]) * 1e-6) << "element " << i;
+        }
+        // The encoding error itself: half an int8 step (s/2), resp. 2^-4 relative plus half E4M3's subnormal step.
+        for (int64_t r = 0; r < n; ++r) {
+          double amax = 0;
+          for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(l.w[static_cast<size_t>(r * k + c)]));
+          const double step = amax / (int8 ? 127 : 448);
+          for (int64_t c = 0; c < k; ++c) {
+            const auto i = static_cast<size_t>(r * k + c);
+            // + the fp32 roundings of s and of w/s (≤ 127·2^−23 steps).
+            const double bound = (int8 ? step / 2 : std::fabs(l.w[i]) * 0x1p-4 + step * 0x1p-10) + 128 * 0x1p-23 * step;
+            ASSERT_LE(std::fabs(got[i] - l.w[i]), bound) << "row " << r << " col " << c;
+          }
+        }
+        check_linear(w, l, want, rng);
+      }
+    }
+  }
+}
+
+TEST(LmHeadCopies, Bf16DenseGemvMatchesFloat64) {
+  std::mt19937 rng(302);
+  // K = 302: a column pair left after the unrolled loop on AVX2; 301: odd K takes the panel path.
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{37, 302}, {11, 301}, {16, 576}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k);
+    const Layer l = testing::make_dense(rng, n, k, core::DType::BF16);
+    const PreparedLinear w = prepare::prepare_dense(l.weight.view(), "lm_head");
+    check_linear(w, l, l.w, rng);
+  }
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels
