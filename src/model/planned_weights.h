@@ -81,8 +81,10 @@ class PlannedWeights final : public WeightSource {
 
   core::TensorView tensor(const std::string& name) const override;
   bool has_tensor(const std::string& name) const override;
-  /// Throws UnsupportedError naming the module when its scheme has no CPU kernel (a native W4A4 or W8A8 scheme
-  /// planned for a GPU given with --device), FormatError when a module is not in the plan.
+  /// A native W4A4 scheme (planned where the device's catalogue has FP4 matrix units) gives the packed weights with
+  /// the activations' format attached (LinearPart::activation_quant), as the emulation does. Throws
+  /// UnsupportedError naming the module for a scheme no backend has a kernel for (native W8A8 FP8), FormatError
+  /// when a module is not in the plan.
   LinearGroup linear_group(const std::vector<std::string>& modules) const override;
   std::vector<checkpoint::ModuleInfo> modules(int64_t layer, checkpoint::ModuleRole role) const override;
   /// Slices the planned 3-D tensors (weight or blocks/scales, bias) of `module` at `expert`; dense weights stored

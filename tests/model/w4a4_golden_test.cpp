@@ -10,9 +10,13 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backends/cpu/cpu_linear.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "model/planned_weights.h"
+#include "plan/layer_plan.h"
 #include "prepare/repack.h"
 #include "test_support.h"
 
@@ -77,6 +81,45 @@ TEST_P(W4A4Golden, EmulatedActivationsAndOutputMatchCompressedTensors) {
     max_err = std::max(max_err, static_cast<double>(std::fabs(y[i] - y_ref[i])));
   }
   // The reference multiplies bf16-rounded weights in fp32; ours keeps fp32 weights: a few bf16 ulps apart.
+  EXPECT_LE(max_err, 1e-2 * max_ref) << "max |Δy| " << max_err << " of max |y| " << max_ref;
+}
+
+// A W4A4 plan for a device with FP4 matrix units (sm100: native W4A4_NVFP4) loads: the packed weights with the
+// checkpoint's input_global_scale and the activations quantized in the weights' format, which the CUDA backend runs
+// on cuBLASLt's block-scaled FP4 and the CPU kernels emulate. PlannedWeights refused every native scheme before the
+// kernel catalogues, so `explain --device sm100` promised a plan that no load accepted.
+TEST_P(W4A4Golden, NativeW4A4PlanLoadsAndComputesTheReference) {
+  const auto ckpt = checkpoint::Checkpoint::open(kRef / GetParam());
+  const auto sm100 = backends::catalogue_for(plan::resolve_device("sm100"));
+  const plan::LayerPlan p = plan::build_plan(ckpt, plan::PlanOptions{sm100.get()});
+  ASSERT_EQ(p.find(kModule)->scheme, plan::SchemeId::W4A4Nvfp4);
+  model::LoadProgress progress(1, 1, {});
+  const model::PlannedWeights weights(ckpt, p, progress);
+  const std::string attn = "model.layers.0.self_attn";
+  const model::LinearGroup qkv = weights.linear_group({attn + ".q_proj", attn + ".k_proj", attn + ".v_proj"});
+  ASSERT_FALSE(qkv.parts().empty());
+  const model::LinearPart& q = qkv.parts()[0];
+  EXPECT_EQ(q.activation_quant, model::ActivationEmulation::EmulateNvfp4);
+  EXPECT_EQ(q.weight.layout, prepare::WeightLayout::Fp4);
+  EXPECT_GT(q.weight.input_global_scale, 0.f);
+
+  const checkpoint::SafetensorsFile golden(kRef / GetParam() / "golden.safetensors");
+  const auto x_view = golden.view(*golden.find("w4a4.x"));
+  const int64_t m = x_view.shape[0];
+  const std::vector<float> x = floats(x_view);
+  const std::vector<float> y_ref = floats(golden.view(*golden.find("w4a4.y")));  // [m, N of q_proj]
+  const int64_t n_q = static_cast<int64_t>(y_ref.size()) / m;
+  std::vector<float> y(static_cast<size_t>(m * qkv.out_features()), std::nanf(""));
+  std::vector<float> scratch;
+  backends::cpu::linear_forward(qkv, x.data(), m, y.data(), scratch);
+  double max_ref = 0.0, max_err = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n_q; ++j) {
+      const double want = y_ref[static_cast<size_t>(i * n_q + j)];
+      max_ref = std::max(max_ref, std::fabs(want));
+      max_err = std::max(max_err, std::fabs(y[static_cast<size_t>(i * qkv.out_features() + j)] - want));
+    }
+  }
   EXPECT_LE(max_err, 1e-2 * max_ref) << "max |Δy| " << max_err << " of max |y| " << max_ref;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cuda/catalogue.h"
+#include "backends/cuda/kernels/limits.h"
 #include "backends/registry.h"
 #include "plan/device_caps.h"
 #include "plan/kernel_catalogue.h"
@@ -79,11 +80,11 @@ TEST(CudaCatalogue, ShapeAndLayoutLimitsAreRefusedWithTheLimit) {
   LinearQuery g_idx = query(SchemeId::W4A16Nvfp4);
   g_idx.activation_order = true;
   EXPECT_TRUE(contains(sm90->linear(g_idx).why_not, "column permutation"));
-  EXPECT_TRUE(sm90->attention({backends::cuda::kMaxAttentionHeadDim, 8, 2}).ok());
-  const KernelChoice wide = sm90->attention({backends::cuda::kMaxAttentionHeadDim * 2, 8, 2});
-  EXPECT_TRUE(contains(wide.why_not, std::to_string(backends::cuda::kMaxAttentionHeadDim))) << wide.why_not;
-  EXPECT_TRUE(sm90->online_transform({backends::cuda::kMaxTransformBlock}).ok());
-  EXPECT_FALSE(sm90->online_transform({backends::cuda::kMaxTransformBlock * 2}).ok());
+  EXPECT_TRUE(sm90->attention({kernels::cuda::kMaxAttentionHeadDim, 8, 2}).ok());
+  const KernelChoice wide = sm90->attention({kernels::cuda::kMaxAttentionHeadDim * 2, 8, 2});
+  EXPECT_TRUE(contains(wide.why_not, std::to_string(kernels::cuda::kMaxAttentionHeadDim))) << wide.why_not;
+  EXPECT_TRUE(sm90->online_transform({kernels::cuda::kMaxTransformBlock}).ok());
+  EXPECT_FALSE(sm90->online_transform({kernels::cuda::kMaxTransformBlock * 2}).ok());
   EXPECT_FALSE(sm90->linear(query(SchemeId::Unquantized, int64_t{1} << 32, 64)).ok());  // cuBLAS int dimensions
 }
 

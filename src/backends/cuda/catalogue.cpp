@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "backends/cuda/kernels/gpu_layout.h"
+#include "backends/cuda/kernels/limits.h"
 #include "quant/block_format.h"
 
 namespace fp4serve::backends::cuda {
@@ -56,7 +57,7 @@ KernelChoice CudaCatalogue::linear(const plan::LinearQuery& q) const {
   }
   // cuBLASLt's block-scaled FP4 (native_fp4.h) serves W4A4 where the device has FP4 matrix units for the format;
   // elsewhere W4A4 is emulated: activations fake-quantized on the GPU, then the weight-only MMA kernel.
-  const bool native_fp4 = t.block && device_.has_fp4_mma(*t.block);
+  const bool native_fp4 = t.block && kernels::cuda::native_fp4_runs_on(*t.block, device_.sm);
   switch (q.scheme) {
     case SchemeId::Unquantized:
       if (q.role == checkpoint::ModuleRole::Embedding) return runs("embedding gather");
@@ -76,15 +77,14 @@ KernelChoice CudaCatalogue::linear(const plan::LinearQuery& q) const {
       if (native_fp4) return runs(fmt::format("cublaslt block-scaled {} (native)", quant::block_format_name(*t.block)));
       const std::string_view name = quant::block_format_name(*t.block);
       // The FP4 units of sm120 take NVFP4 scales only; fp4serve's MXFP4-activation kernel is for the sm100 family.
-      if (device_.has_nvfp4_mma()) {
+      if (kernels::cuda::native_fp4_runs_on(quant::BlockFormat::Nvfp4, device_.sm)) {
         return KernelChoice::refused(fmt::format("{} has FP4 matrix units but fp4serve has no {}-activation kernel "
                                                  "for it ({} W4A4 runs on the sm100 family only)", device_.label(),
                                                  name, name));
       }
-      plan::DeviceCaps sm120 = device_;
-      sm120.sm = 120;
       return KernelChoice::refused(fmt::format("{} has no FP4 matrix units (needs {})", device_.label(),
-                                               sm120.has_fp4_mma(*t.block) ? "sm100 or sm120" : "the sm100 family"));
+                                               kernels::cuda::native_fp4_runs_on(*t.block, 120) ? "sm100 or sm120"
+                                                                                                : "the sm100 family"));
     }
     case SchemeId::W4A16Int4:
       return KernelChoice::refused("fp4serve has no CUDA int4 kernel yet (int4 layers run with --device cpu)");
@@ -101,18 +101,18 @@ KernelChoice CudaCatalogue::linear(const plan::LinearQuery& q) const {
 
 KernelChoice CudaCatalogue::attention(const plan::AttentionQuery& q) const {
   if (std::string why = unusable(); !why.empty()) return KernelChoice::refused(std::move(why));
-  if (q.head_dim > kMaxAttentionHeadDim) {
+  if (q.head_dim > kernels::cuda::kMaxAttentionHeadDim) {
     return KernelChoice::refused(fmt::format("the CUDA attention kernels take head_dim up to {}, the model has {}",
-                                             kMaxAttentionHeadDim, q.head_dim));
+                                             kernels::cuda::kMaxAttentionHeadDim, q.head_dim));
   }
   return runs("gqa attention, flash-decoding splits");
 }
 
 KernelChoice CudaCatalogue::online_transform(const plan::TransformQuery& q) const {
   if (std::string why = unusable(); !why.empty()) return KernelChoice::refused(std::move(why));
-  if (q.block > kMaxTransformBlock) {
+  if (q.block > kernels::cuda::kMaxTransformBlock) {
     return KernelChoice::refused(fmt::format("online transform of block {}: the GPU transform kernels take blocks up "
-                                             "to {}", q.block, kMaxTransformBlock));
+                                             "to {}", q.block, kernels::cuda::kMaxTransformBlock));
   }
   return runs(fmt::format("block rotation b{}", q.block));
 }

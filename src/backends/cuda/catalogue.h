@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's kernel catalogue (plan/kernel_catalogue.h), answered from the compute capability alone so
 // that `--device sm80 … sm120` dry runs ask exactly what a GPU of that capability would be asked. Plain C++: it
-// is built with or without nvcc. What it accepts is what backends/cuda uploads and runs: the CUDA backend's own
-// checks read the same limits (kMaxAttentionHeadDim, kMaxTransformBlock, gpu_layout_supports).
+// is built with or without nvcc. What it accepts is what backends/cuda uploads and runs: the kernels and the CUDA
+// backend's own checks read the same limits (kernels/limits.h: kMaxAttentionHeadDim, kMaxTransformBlock,
+// native_fp4_runs_on; kernels/gpu_layout.h: gpu_layout_supports).
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,6 @@
 #include "plan/kernel_catalogue.h"
 
 namespace fp4serve::backends::cuda {
-
-/// The attention kernels (ops_attention.cu, ops_attention_decode.cu) keep one head in registers / shared memory.
-inline constexpr int64_t kMaxAttentionHeadDim = 256;
-/// fwht_blocks / rotate_blocks keep one block-diagonal slice in shared memory.
-inline constexpr int64_t kMaxTransformBlock = 4096;
 
 class CudaCatalogue final : public plan::KernelCatalogue {
  public:

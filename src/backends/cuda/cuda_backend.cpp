@@ -29,7 +29,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-constexpr int64_t kMaxTransformBlock = 4096;  // kc::fwht_blocks / rotate_blocks keep one slice in shared memory
 
 std::string join(const std::vector<std::string>& names) {
   std::string out;
@@ -234,10 +233,10 @@ struct CudaBackend::Impl {
     if (!t) return nullptr;
     auto it = transforms.find(t.get());
     if (it != transforms.end()) return it->second.second.get();
-    if (t->block() > kMaxTransformBlock) {
+    if (t->block() > kc::kMaxTransformBlock) {
       throw UnsupportedError(fmt::format("{}: online transform of block {}: the GPU transform kernels take blocks up "
                                          "to {}; run this checkpoint with --device cpu",
-                                         where, t->block(), kMaxTransformBlock));
+                                         where, t->block(), kc::kMaxTransformBlock));
     }
     auto g = std::make_unique<GpuTransform>();
     // No structured GPU kernel yet: a KroneckerHadamard transform uploads its dense matrix.

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/kernels/gemm_fp4_launch.h"
 #include "backends/cuda/kernels/gpu_layout.h"
+#include "backends/cuda/kernels/limits.h"
 #include "backends/cuda/kernels/native_fp4.h"
 #include "backends/cuda/kernels/partition.h"
 #include "fp4serve/error.h"
@@ -241,7 +242,8 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dyn
         }
         d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
       }
-      if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format)) {
+      if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format) &&
+          native_fp4_runs_on(w.block_format, info->sm)) {
         const NativeFp4Weight native = pack_native_fp4(w);
         d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
         d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/kernels/limits.h"
+
 namespace fp4serve::kernels::cuda {
 
 /// Element type of an embedding table kept on the device.
@@ -74,9 +76,6 @@ struct AttentionShape {
   int64_t sliding_window = 0;     ///< 0 = full causal; else keys p with q_pos − W < p ≤ q_pos
   const float* sinks = nullptr;   ///< [num_heads] f32 on the device (GPT-OSS), or nullptr
 };
-
-/// The largest head_dim the attention kernel handles (each lane of a warp holds head_dim/32 accumulators).
-inline constexpr int64_t kMaxAttentionHeadDim = 256;
 
 /// Causal attention of one sequence over its fp32 KV cache, as kernels::attention (same arguments, same masks):
 /// out[i, h, :] = Σ_p softmax_p(scale · q[i, h]·k[p, kvh]) · v[p, kvh] over p ≤ start_pos + i (and within the
