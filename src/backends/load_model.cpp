@@ -97,7 +97,7 @@ KvCacheDtype resolve_kv_cache_dtype(const std::string& choice, const std::string
 LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
-  // before any weight is read. A GPU name (sm80 …) only plans; the CPU backend runs.
+  // before any weight is read. A dry-run name (sm80 …) only plans and is refused below.
   const PrepareOptions checked = prepare_options(options, "");  // a bad choice is refused before anything is read
   if (options.device == "cuda" && (checked.activation_precision != prepare::ActivationPrecision::Fp32 ||
                                    checked.lm_head_dtype != LmHeadDtype::Bf16)) {

@@ -22,8 +22,9 @@
 namespace fp4serve::model {
 
 struct LoadOptions {
-  /// cpu | cuda | sm80 … sm120. "cuda" plans for the GPU found and runs the model on it (backends::cuda::CudaBackend,
-  /// which needs a build with the CUDA backend); a GPU name plans only (dry run: the CPU backend runs).
+  /// cpu | cuda. "cuda" plans with the CUDA catalogue of the GPU found and runs the model on it
+  /// (backends::cuda::CudaBackend, which needs a build with the CUDA backend). A dry-run name (sm80 … sm120) is
+  /// refused with UsageError: it only plans (`fp4serve explain --device smNN`).
   std::string device = "cpu";
   int cuda_device = 0;  ///< the GPU ordinal for --device cuda (a tensor-parallel rank: its local rank)
   std::string activation_quant = "auto";  ///< auto | weight-only | emulate (SCHEMES.md rule 9)

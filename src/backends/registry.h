@@ -15,8 +15,8 @@
 
 namespace fp4serve::backends {
 
-/// The backend that runs `device` (LoadOptions::device): "cuda" → make_cuda_backend(cuda_ordinal); "cpu" and the
-/// GPU names of a dry-run plan (sm80 … sm120, planned only: the CPU runs) → make_cpu_backend(kv_cache_dtype).
+/// The backend that runs `device` (LoadOptions::device): "cuda" → make_cuda_backend(cuda_ordinal), anything else →
+/// make_cpu_backend(kv_cache_dtype) (load_model refuses the dry-run names sm80 … sm120 before it gets here).
 /// Throws what those throw.
 std::unique_ptr<model::Backend> make_backend(const std::string& device, int cuda_ordinal,
                                              model::KvCacheDtype kv_cache_dtype);
