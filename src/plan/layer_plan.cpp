@@ -164,8 +164,6 @@ class SharedTransforms {
   std::unordered_map<std::string, std::string> by_group_;
 };
 
-// Why an online transform of a module cannot run, or "" when every one can: `input` and `output` run around the
-// GEMM of a Linear (model/linear_group.h); `q_attn` / `k_cache` belong to attention modules, not Linears.
 // The layer's shape as the device catalogue is asked about it (the scheme is filled in per candidate).
 LinearQuery linear_query(const ModulePlan& mp) {
   LinearQuery q;
@@ -196,6 +194,8 @@ std::vector<int64_t> online_transform_blocks(const ModulePlan& mp) {
   return blocks;
 }
 
+// Why an online transform of a module cannot run, or "" when every one can: `input` and `output` run around the
+// GEMM of a Linear (model/linear_group.h); `q_attn` / `k_cache` belong to attention modules, not Linears.
 std::string unexecuted_transform(const ModulePlan& mp) {
   int inputs = 0, outputs = 0;
   for (const quant::TransformUse& t : mp.quant.transforms) {
