@@ -29,8 +29,9 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
     if (++missing <= 5) lines += fmt::format("\n  {}: {}", m.module.name, m.reason_text);
   }
   if (missing > 5) lines += fmt::format("\n  … and {} more", missing - 5);
-  throw UnsupportedError(fmt::format("{}: {} layer(s) have no execution scheme on {}:{}", dir.string(), missing,
-                                     p.device.label(), lines));
+  if (!p.attention.ok()) lines += fmt::format("\n  attention: {}", p.attention.why_not);
+  throw UnsupportedError(fmt::format("{}: {} layer(s) have no execution scheme on {}{}:{}", dir.string(), missing,
+                                     p.device.label(), p.attention.ok() ? "" : " and attention has no kernel", lines));
 }
 
 // The options as prepare takes them; activation_precision comes from resolve_activation_precision with the
@@ -94,8 +95,14 @@ KvCacheDtype resolve_kv_cache_dtype(const std::string& choice, const std::string
   return choice == "bf16" ? KvCacheDtype::Bf16 : KvCacheDtype::F16;
 }
 
-LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& requested) {
   const auto t0 = std::chrono::steady_clock::now();
+  // "auto" is the GPU when one is found, else the CPU, resolved once here: the plan's catalogue and the backend
+  // must be of the same device (a GPU plan loaded onto the CPU backend would refuse what the CPU runs).
+  LoadOptions options = requested;
+  if (options.device == "auto") {
+    options.device = plan::resolve_device("auto").kind == plan::DeviceKind::Cuda ? "cuda" : "cpu";
+  }
   // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
   // before any weight is read. A dry-run name (sm80 …) only plans and is refused below.
   const PrepareOptions checked = prepare_options(options, "");  // a bad choice is refused before anything is read

@@ -49,8 +49,7 @@ TEST(CpuCatalogue, RunsEveryWeightOnlyAndEmulatedSchemeAndRefusesMatrixUnitSchem
 TEST(CudaCatalogue, Sm90RunsFp4AndBf16AndRefusesInt4Fp8AndNativeW4A4) {
   const auto sm90 = backends::catalogue_for(resolve_device("sm90"));
   EXPECT_EQ(sm90->backend(), "cuda-sm90");
-  for (SchemeId s : {SchemeId::W4A16Nvfp4, SchemeId::W4A16Mxfp4, SchemeId::W4A4Nvfp4Emulated,
-                     SchemeId::W4A4Mxfp4Emulated, SchemeId::Unquantized}) {
+  for (SchemeId s : {SchemeId::W4A16Nvfp4, SchemeId::W4A16Mxfp4, SchemeId::W4A4Mxfp4Emulated, SchemeId::Unquantized}) {
     const KernelChoice k = sm90->linear(query(s));
     EXPECT_TRUE(k.ok()) << scheme_name(s) << ": " << k.why_not;
     EXPECT_FALSE(k.hardware_verified) << scheme_name(s);  // no CUDA kernel has run on a GPU yet
@@ -59,6 +58,8 @@ TEST(CudaCatalogue, Sm90RunsFp4AndBf16AndRefusesInt4Fp8AndNativeW4A4) {
   EXPECT_TRUE(contains(sm90->linear(query(SchemeId::W8A16Fp8)).why_not, "no CUDA FP8 kernel"));
   EXPECT_TRUE(contains(sm90->linear(query(SchemeId::W8A8Fp8)).why_not, "no CUDA FP8 kernel"));
   EXPECT_TRUE(contains(sm90->linear(query(SchemeId::W4A4Nvfp4)).why_not, "no FP4 matrix units"));
+  // The NVFP4 emulation loads as bf16 weights (the producer's decompression), which the GPU's W4A4 path cannot take.
+  EXPECT_TRUE(contains(sm90->linear(query(SchemeId::W4A4Nvfp4Emulated)).why_not, "no NVFP4 W4A4 emulation"));
 }
 
 TEST(CudaCatalogue, NativeW4A4FollowsTheMatrixUnitsOfEachFamily) {
@@ -66,8 +67,9 @@ TEST(CudaCatalogue, NativeW4A4FollowsTheMatrixUnitsOfEachFamily) {
   const auto sm120 = backends::catalogue_for(resolve_device("sm120"));
   EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Nvfp4)).kernel, "native"));
   EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Mxfp4)).kernel, "native"));
-  // An emulated W4A4 layer runs on the native units where they exist (linear_w4a4 picks cuBLASLt).
-  EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Nvfp4Emulated)).kernel, "native"));
+  // An emulated MXFP4 W4A4 layer (FP4 weights) runs on the native units where they exist (linear_w4a4 picks cuBLASLt).
+  EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Mxfp4Emulated)).kernel, "native"));
+  EXPECT_FALSE(sm100->linear(query(SchemeId::W4A4Nvfp4Emulated)).ok());
   EXPECT_TRUE(sm120->linear(query(SchemeId::W4A4Nvfp4)).ok());
   const KernelChoice mx = sm120->linear(query(SchemeId::W4A4Mxfp4));
   EXPECT_FALSE(mx.ok());

@@ -346,14 +346,22 @@ TEST(Rule9, WeightOnlyOverridesANativeW4A4Device) {
   EXPECT_TRUE(m->tensor(TensorRole::InputGlobalScale)->dropped);
 }
 
-TEST(Rule9, EmulateRunsTheReferenceAnywhereAndKeepsTheInputScale) {
-  for (const std::string dev : {"cpu", "sm90", "sm100"}) {
-    const LayerPlan p = plan_llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a()), all_but_head(Kind::CtNvfp4A4),
+TEST(Rule9, EmulateRunsTheReferenceOnTheCpuAndKeepsTheInputScale) {
+  const LayerPlan p = plan_llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a()), all_but_head(Kind::CtNvfp4A4),
+                                 "cpu", ActivationQuant::Emulate);
+  const ModulePlan* m = p.find("model.layers.0.mlp.down_proj");
+  EXPECT_EQ(m->scheme, SchemeId::W4A4Nvfp4Emulated);
+  EXPECT_EQ(m->reason, Reason::Emulated);
+  EXPECT_FALSE(m->tensor(TensorRole::InputGlobalScale)->dropped);
+  // On a GPU the NVFP4 emulation (bf16 weights as the producer decompresses them) has no kernel: refused, never
+  // substituted by another scheme, and the plan says why.
+  for (const std::string dev : {"sm90", "sm100"}) {
+    const LayerPlan g = plan_llama(ct_quant("nvfp4-pack-quantized", nvfp4_w(), nvfp4_a()), all_but_head(Kind::CtNvfp4A4),
                                    dev, ActivationQuant::Emulate);
-    const ModulePlan* m = p.find("model.layers.0.mlp.down_proj");
-    EXPECT_EQ(m->scheme, SchemeId::W4A4Nvfp4Emulated) << dev;
-    EXPECT_EQ(m->reason, Reason::Emulated);
-    EXPECT_FALSE(m->tensor(TensorRole::InputGlobalScale)->dropped);
+    const ModulePlan* gm = g.find("model.layers.0.mlp.down_proj");
+    EXPECT_FALSE(gm->scheme.has_value()) << dev;
+    EXPECT_EQ(gm->reason, Reason::NoKernel) << dev;
+    EXPECT_NE(gm->reason_text.find("no NVFP4 W4A4 emulation"), std::string::npos) << gm->reason_text;
   }
 }
 

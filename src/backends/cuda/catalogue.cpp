@@ -69,9 +69,12 @@ KernelChoice CudaCatalogue::linear(const plan::LinearQuery& q) const {
     case SchemeId::W4A16Nvfp4: return runs("nvfp4 mma.sync gemm (bf16 act)");
     case SchemeId::W4A16Mxfp4: return runs("mxfp4 mma.sync gemm (bf16 act)");
     case SchemeId::W4A4Nvfp4Emulated:
+      // The NVFP4 emulation is loaded as the producer's bf16 decompression (a dense weight, model/planned_weights.cpp)
+      // with fake-quantized activations; the GPU's W4A4 path takes FP4 weights only.
+      return KernelChoice::refused("the CUDA backend has no NVFP4 W4A4 emulation over bf16 weights yet "
+                                   "(--activation-quant emulate runs NVFP4 on --device cpu)");
     case SchemeId::W4A4Mxfp4Emulated:
-      return runs(native_fp4 ? fmt::format("cublaslt block-scaled {} (native)", quant::block_format_name(*t.block))
-                             : fmt::format("{} act fake-quant + mma.sync gemm", quant::block_format_name(*t.block)));
+      return runs(native_fp4 ? "cublaslt block-scaled MXFP4 (native)" : "MXFP4 act fake-quant + mma.sync gemm");
     case SchemeId::W4A4Nvfp4:
     case SchemeId::W4A4Mxfp4: {
       if (native_fp4) return runs(fmt::format("cublaslt block-scaled {} (native)", quant::block_format_name(*t.block)));
