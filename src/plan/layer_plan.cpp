@@ -178,18 +178,13 @@ LinearQuery linear_query(const ModulePlan& mp) {
   return q;
 }
 
-// The block b of each online transform of a module, from its TransformMatrix tensor `P.<group>_<location>.weight`
-// ([b, b]); offline ones (weight_input / weight_output) are folded into the weights and run nothing.
+// The block b of each online transform of a module: its TransformMatrix tensors are [b, b] (the contract lists a
+// matrix for online transforms only; offline ones are folded into the weights and run nothing). By role, not by
+// name: a tied matrix may be stored under another location of the same group (SharedTransforms).
 std::vector<int64_t> online_transform_blocks(const ModulePlan& mp) {
   std::vector<int64_t> blocks;
-  for (const quant::TransformUse& t : mp.quant.transforms) {
-    if (!t.online) continue;
-    const std::string suffix = fmt::format(".{}_{}.weight", t.group, t.location);
-    for (const TensorUse& u : mp.tensors) {
-      if (u.role == TensorRole::TransformMatrix && u.name.ends_with(suffix) && !u.shape.empty()) {
-        blocks.push_back(u.shape.front());
-      }
-    }
+  for (const TensorUse& u : mp.tensors) {
+    if (u.role == TensorRole::TransformMatrix && !u.shape.empty()) blocks.push_back(u.shape.front());
   }
   return blocks;
 }
