@@ -2,7 +2,7 @@
 # Thread-default measurement: the README quick-start command (64 tokens), the wait settings interleaved
 # round-robin in one run, optionally beside HOGS busy-loop processes (the "busy machine" case).
 # usage: [HOGS=N] scripts/bench-thread-default.sh FP4SERVE MODEL [ROUNDS]
-# Prints the markdown table of README "Threads"; per-run lines (with the summary line's choice) go to stderr.
+# Prints the markdown table of docs/performance.md "Threads"; per-run lines (with the summary line's choice) go to stderr.
 set -u
 NEW=$1; M=$2; R=${3:-3}; HOGS=${HOGS:-0}
 ARGS=(-p "The capital of France is" -n 64 --ignore-eos --temperature 0)

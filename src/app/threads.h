@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU thread default. OpenMP's default lets idle worker threads spin for up to ~300k iterations before they
 // sleep; on a machine whose cores are busy with other work a spinning thread holds a core its descheduled siblings
-// need, and every parallel region then costs a scheduler time slice (README "Threads": decode up to 20× slower
+// need, and every parallel region then costs a scheduler time slice (docs/performance.md "Threads": decode up to 20× slower
 // than --threads 1). Passive waiting has no such cliff, but on an idle machine it pays a futex wake-up per parallel
 // region (a decode step has ~200 of them), and two threads then decoded barely faster than one. So the default
 // depends on the machine at start: a short spin when nothing else is runnable, passive waiting otherwise.
@@ -14,7 +14,7 @@
 namespace fp4serve::app {
 
 /// Spin iterations of the short-spin default (GOMP_SPINCOUNT). Measured on a 2-core VM, `-t 2`, default model
-/// (scripts/bench-thread-default.sh, README "Threads"): idle, decode 86.5 tokens/s at 10000 vs 71.3 passive and
+/// (scripts/bench-thread-default.sh, docs/performance.md "Threads"): idle, decode 86.5 tokens/s at 10000 vs 71.3 passive and
 /// 76.8 at the runtime's 300000; beside four busy loops 21.1 at 10000, 23.5 passive and 1.9 at 300000, which is
 /// why a busy machine gets passive waiting.
 inline constexpr int kShortSpinCount = 10000;

@@ -3,7 +3,7 @@
 """The default model quantized as an llm-compressor user would with QuIP: QuIPModifier with every default
 (rotations ["v"], transform_type "random-hadamard", transform_block_size None = the full input width: 576 for
 q/k/v/o/gate/up, 1536 for down_proj; precision float64), then NVFP4A16 on every Linear but lm_head.
-For the prefill / perplexity speed figures of the online transforms (README "Online transforms: speed").
+For the prefill / perplexity speed figures of the online transforms (docs/performance.md "Online transforms: speed").
 
 Run: tools/reference/.venv/bin/python tools/reference/quip_default_model.py [SRC] [OUT]
      (defaults models/default-src → models/default-quip-nvfp4a16; CPU, about a minute)

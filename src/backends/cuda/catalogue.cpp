@@ -17,7 +17,7 @@ using plan::SchemeId;
 
 namespace {
 
-// No CUDA kernel has run on a GPU in the project's sessions yet (README "GPU (CUDA)"): every answer says so,
+// No CUDA kernel has run on a GPU in the project's sessions yet (docs/gpu.md): every answer says so,
 // until a device run of scripts/device-check.sh passes for the kernel on that class of GPU.
 constexpr bool kRunOnHardware = false;
 

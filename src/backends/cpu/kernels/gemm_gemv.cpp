@@ -15,7 +15,7 @@
 // - AVX2: 8 rows per vector; vpshufb maps each nibble to E2M1·2 as int8, a second vpshufb moves byte j of
 //   each lane to its top byte (int8 · 2^24), vcvtdq2ps makes it fp32 (the 2^25 is taken out per group). With
 //   one x row a call covers two tiles, so each broadcast x[k] feeds two FMAs. Both changes together:
-//   bench_gemm_fp4, one thread, M = 1, 1.2–1.3× on the model's 576/1536 shapes and 4096² (README "CPU decode").
+//   bench_gemm_fp4, one thread, M = 1, 1.2–1.3× on the model's 576/1536 shapes and 4096² (docs/performance.md "CPU decode").
 // - AVX-512 with AVX512-BF16 (Zen 4, Sapphire Rapids): vpermw looks up two columns of 16 rows as bf16 pairs and
 //   vdpbf16ps multiplies them with x carried as two bf16 (Bf16PairTiles below): 0.65× the instructions.
 // - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
