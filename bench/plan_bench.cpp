@@ -63,7 +63,7 @@ void BM_BuildPlanQwen3MoeScale(benchmark::State& state) {
       nvfp4(h, x + ".down_proj", kH, kMoeI);
     }
   }
-  const std::unique_ptr<KernelCatalogue> sm90 = backends::catalogue_for(resolve_device("sm90"));
+  const std::unique_ptr<KernelCatalogue> sm90 = backends::catalogue_for(dry_run_device(90));
   const PlanOptions options{sm90.get(), ActivationQuant::Auto};
   for (auto _ : state) {
     LayerPlan plan = build_plan(config, nullptr, h, options);

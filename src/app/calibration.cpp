@@ -91,7 +91,7 @@ constexpr int64_t kSampleTokens = 512;
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                                int64_t hadamard_block, const std::string& device,
+                                                int64_t hadamard_block, plan::DeviceChoice device,
                                                 const CalibrationProgress& progress) {
   return observe_inputs(source, modules, calibration_text, max_tokens, hadamard_block, false, device, progress)
       .input_amax;
@@ -99,7 +99,7 @@ std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& so
 
 CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std::vector<std::string>& modules,
                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                int64_t hadamard_block, bool hessians, const std::string& device,
+                                int64_t hadamard_block, bool hessians, plan::DeviceChoice device,
                                 const CalibrationProgress& progress) {
   std::ifstream in(calibration_text, std::ios::binary);
   if (!in) throw UsageError(fmt::format("--calibration {}: cannot open for reading", calibration_text.string()));

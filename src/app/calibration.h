@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "plan/device_caps.h"
 #include "quant/quantize_checkpoint.h"
 
 namespace fp4serve::app {
@@ -31,7 +32,8 @@ struct CalibrationStats {
 /// counts a calibration sequence.
 CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std::vector<std::string>& modules,
                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                int64_t hadamard_block, bool hessians, const std::string& device = "cpu",
+                                int64_t hadamard_block, bool hessians,
+                                plan::DeviceChoice device = plan::DeviceChoice::Cpu,
                                 const CalibrationProgress& progress = {});
 
 /// Runs the first `max_tokens` tokens of the text file `calibration_text` through the unquantized model in
@@ -42,14 +44,15 @@ CalibrationStats observe_inputs(const checkpoint::Checkpoint& source, const std:
 /// --hadamard b`) the observer sees each input after the online QuIP transform the written checkpoint will
 /// declare (x · H_b/√b per b-wide block, kernels::fwht_blocks), as llm-compressor's observer sees it behind the
 /// transform's pre-hook (compressed-tensors registers it with prepend=True). Throws UsageError when the text file is
-/// unreadable, empty or yields fewer than 2 tokens; what load_model throws for the source model on `device`
-/// (cpu or cuda); FormatError when a requested module is never run by the model. `progress` (optional) is called
-/// as each decoder layer of each sample finishes, with (done, total) layer passes, total = samples × layers; the
+/// unreadable, empty or yields fewer than 2 tokens; what load_model throws for the source model on `device`;
+/// FormatError when a requested module is never run by the model. `progress` (optional) is called as each
+/// decoder layer of each sample finishes, with (done, total) layer passes, total = samples × layers; the
 /// caller draws it.
 std::map<std::string, float> observe_input_amax(const checkpoint::Checkpoint& source,
                                                 const std::vector<std::string>& modules,
                                                 const std::filesystem::path& calibration_text, int64_t max_tokens,
-                                                int64_t hadamard_block = 0, const std::string& device = "cpu",
+                                                int64_t hadamard_block = 0,
+                                                plan::DeviceChoice device = plan::DeviceChoice::Cpu,
                                                 const CalibrationProgress& progress = {});
 
 }  // namespace fp4serve::app

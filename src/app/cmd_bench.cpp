@@ -10,6 +10,7 @@
 
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "backends/load_model.h"
 #include "runtime/model_bench.h"
@@ -21,19 +22,17 @@ namespace {
 struct ModelBenchOptions {
   std::vector<std::string> models;
   model::LoadOptions load;
-  int tensor_parallel_size = 1;
-  std::vector<std::string> activation_precisions{"auto"};  // every model runs with each (interleaved)
-  std::vector<std::string> lm_head_dtypes{"bf16"};
-  std::vector<std::string> kv_cache_dtypes{"auto"};
+  // Every model runs with each value (interleaved); std::nullopt = auto.
+  std::vector<std::optional<prepare::ActivationPrecision>> activation_precisions{std::nullopt};
+  std::vector<model::LmHeadDtype> lm_head_dtypes{model::LmHeadDtype::Bf16};
+  std::vector<std::optional<model::KvCacheDtype>> kv_cache_dtypes{std::nullopt};
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
 
 void run_bench_model(const ModelBenchOptions& opts) {
-  require_runnable_device(opts.load.device);
   ModelOptions first;
   first.load = opts.load;
-  first.tensor_parallel_size = opts.tensor_parallel_size;
   TensorParallelRun tp(first);
   // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs
   // them; every rank loads the same list (per_model), so the followers can build it without rank 0's names.
@@ -42,18 +41,18 @@ void run_bench_model(const ModelBenchOptions& opts) {
   std::vector<ModelOptions> per_model;
   for (const std::string& dir : opts.models) {
     const std::string path = resolve_model_path(dir).string();
-    for (const std::string& precision : opts.activation_precisions) {
-      for (const std::string& lm_head : opts.lm_head_dtypes) {
-        for (const std::string& kv : opts.kv_cache_dtypes) {
+    for (const std::optional<prepare::ActivationPrecision> precision : opts.activation_precisions) {
+      for (const model::LmHeadDtype lm_head : opts.lm_head_dtypes) {
+        for (const std::optional<model::KvCacheDtype> kv : opts.kv_cache_dtypes) {
           ModelOptions target = first;
           target.model = dir;
           target.load.activation_precision = precision;
           target.load.lm_head_dtype = lm_head;
           target.load.kv_cache_dtype = kv;
           std::string name = dir;
-          if (opts.activation_precisions.size() > 1) name += " a:" + precision;
-          if (opts.lm_head_dtypes.size() > 1) name += " lm_head:" + lm_head;
-          if (opts.kv_cache_dtypes.size() > 1) name += " kv:" + kv;
+          if (opts.activation_precisions.size() > 1) name += " a:" + activation_precision_text(precision);
+          if (opts.lm_head_dtypes.size() > 1) name += fmt::format(" lm_head:{}", model::lm_head_dtype_name(lm_head));
+          if (opts.kv_cache_dtypes.size() > 1) name += " kv:" + kv_cache_dtype_text(kv);
           names.push_back(name);
           targets.push_back({name, path, target.load});
           per_model.push_back(std::move(target));
@@ -79,7 +78,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
                         {"gen_tokens", opts.bench.gen_tokens},
                         {"repetitions", opts.bench.repetitions},
                         {"threads", opts.load.threads},
-                        {"tensor_parallel_size", opts.tensor_parallel_size},
+                        {"tensor_parallel_size", opts.load.parallel.tensor_parallel_size},
                         {"models", nlohmann::json::array()}};
   for (size_t i = 0; i < rows.size(); ++i) {
     nlohmann::json seconds = nlohmann::json::array();
@@ -101,25 +100,20 @@ void register_bench_model(CLI::App& bench) {
       "model", "Offline prefill/decode speed of one or more checkpoints, interleaved in one run (llama-bench style)");
   cmd->add_option("-m,--model", opts->models, "checkpoint folder (repeat to compare; ratios are vs the first)")
       ->required();
-  cmd->add_option("--device", opts->load.device, "cpu, or cuda (run on the GPU found)")->capture_default_str();
-  cmd->add_option("--activation-quant", opts->load.activation_quant, "auto, weight-only or emulate")
-      ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
-      ->capture_default_str();
-  cmd->add_option("--activation-precision", opts->activation_precisions,
-                  "auto, fp32, bf16, int8 and/or int8-decode (comma-separated: each model runs with each, interleaved)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"auto", "fp32", "bf16", "int8", "int8-decode"}))
-      ->capture_default_str();
-  cmd->add_option("--lm-head-dtype", opts->lm_head_dtypes, "bf16, fp8 and/or int8 (comma-separated, as above)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", opts->kv_cache_dtypes, "auto, fp32, bf16 and/or fp16 (comma-separated, as above)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
-      ->capture_default_str();
+  add_parsed_option(*cmd, "--device", opts->load.device, parse_run_device,
+                    "cpu, or cuda (run on the GPU found), or auto", "cpu");
+  add_parsed_option(*cmd, "--activation-quant", opts->load.activation_quant, parse_activation_quant,
+                    "auto, weight-only or emulate", "auto");
+  add_parsed_list_option(*cmd, "--activation-precision", opts->activation_precisions, parse_activation_precision,
+                         "auto, fp32, bf16, int8 and/or int8-decode (comma-separated: each model runs with each, "
+                         "interleaved)",
+                         "auto");
+  add_parsed_list_option(*cmd, "--lm-head-dtype", opts->lm_head_dtypes, parse_lm_head_dtype,
+                         "bf16, fp8 and/or int8 (comma-separated, as above)", "bf16");
+  add_parsed_list_option(*cmd, "--kv-cache-dtype", opts->kv_cache_dtypes, parse_kv_cache_dtype,
+                         "auto, fp32, bf16 and/or fp16 (comma-separated, as above)", "auto");
   add_threads_option(*cmd, opts->load.threads);
-  add_tensor_parallel_options(*cmd, opts->tensor_parallel_size, opts->load.expert_parallel);
+  add_tensor_parallel_options(*cmd, opts->load.parallel);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("-n,--gen-tokens", opts->bench.gen_tokens, "decode steps (≥ 2)")->capture_default_str()

@@ -7,6 +7,7 @@
 
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "plan/explain.h"
@@ -18,30 +19,30 @@ namespace {
 
 struct ExplainOptions {
   std::string model;
-  std::string device = "auto";
-  std::string activation_quant = "auto";
+  std::string device = "auto";  // parse_plan_device: detection runs when the command does, not while parsing
+  plan::ActivationQuant activation_quant = plan::ActivationQuant::Auto;
   bool json = false;
   bool verbose = false;
   bool check_scales = false;
-  int tensor_parallel_size = 1;
-  bool expert_parallel = false;
+  plan::ParallelConfig parallel;  // sizes only: explain shows every rank's split
 };
 
 // Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
 void run_explain(const ExplainOptions& opts) {
   // The catalogue the loader would use for this device: explain and loading give one answer.
-  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(plan::resolve_device(opts.device));
+  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(parse_plan_device(opts.device));
   plan::PlanOptions options;
   options.catalogue = catalogue.get();
-  options.activation_quant = plan::parse_activation_quant(opts.activation_quant);
+  options.activation_quant = opts.activation_quant;
   const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(opts.model, /*allow_file=*/true));
   const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
   if (opts.check_scales) plan::check_scale_values(layer_plan, ckpt);
   std::string tp_text;
-  if (opts.tensor_parallel_size > 1 || opts.expert_parallel) {
+  const plan::ParallelConfig& parallel = opts.parallel;
+  if (parallel.tensor_parallel_size > 1 || parallel.expert_parallel) {
     // Refuses (exit 2, naming the valid sizes) a size the model cannot split.
     const plan::TensorParallelPlan tp =
-        plan::plan_tensor_parallel(layer_plan, opts.tensor_parallel_size, opts.expert_parallel);
+        plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
     tp_text = plan::render_tensor_parallel_text(layer_plan, tp);
   }
   if (opts.json) {
@@ -64,16 +65,17 @@ void register_explain(CLI::App& root) {
   add_model_path_option(*cmd, opts->model, "checkpoint folder, .safetensors file, or ORG/NAME from the local Hugging Face cache");
   cmd->add_option("--device", opts->device, "auto | cpu | cuda | sm80 | sm86 | sm89 | sm90 | sm100 | sm120 (dry run)")
       ->capture_default_str();
-  cmd->add_option("--activation-quant", opts->activation_quant, "auto | weight-only | emulate")->capture_default_str();
+  add_parsed_option(*cmd, "--activation-quant", opts->activation_quant, parse_activation_quant,
+                    "auto | weight-only | emulate", "auto");
   cmd->add_flag("--json", opts->json, "print JSON (rows, notices, every module with its tensors) instead of a table");
   cmd->add_flag("-v,--verbose", opts->verbose,
                 "also list rejected candidates and mark kernels that have never run on this kind of device");
   cmd->add_flag("--check-scales", opts->check_scales,
                 "also read the scalar global/input scales (4 bytes each) and reject zero, NaN or Inf");
-  cmd->add_option("--tensor-parallel-size", opts->tensor_parallel_size,
+  cmd->add_option("--tensor-parallel-size", opts->parallel.tensor_parallel_size,
                   "also show how N ranks split every layer, and the valid sizes (no MPI needed)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--expert-parallel", opts->expert_parallel, "MoE layers: whole experts per rank instead of split experts");
+  cmd->add_flag("--expert-parallel", opts->parallel.expert_parallel, "MoE layers: whole experts per rank instead of split experts");
   cmd->callback([opts] { run_explain(*opts); });
 }
 

@@ -119,7 +119,8 @@ void run_generate(const GenerateOptions& opts) {
   const auto generated = static_cast<double>(result.tokens.size());
   const double prefill_tps = static_cast<double>(result.prompt_tokens) / std::max(result.prefill_seconds, 1e-9);
   const double decode_tps = generated > 1 ? (generated - 1) / std::max(result.decode_seconds, 1e-9) : 0.0;
-  const std::string device = opts.model.load.device == "cuda" ? std::string("GPU") : thread_summary();
+  const bool gpu = loaded.device == plan::DeviceKind::Cuda;
+  const std::string device = gpu ? std::string("GPU") : thread_summary();
   if (opts.json) {
     const nlohmann::json out = {{"model", opts.model.model},
                                 {"text", result.text},
@@ -130,9 +131,9 @@ void run_generate(const GenerateOptions& opts) {
                                 {"ttft_seconds", result.prefill_seconds},
                                 {"prefill_tokens_per_s", prefill_tps},
                                 {"decode_tokens_per_s", decode_tps},
-                                {"device", opts.model.load.device},
+                                {"device", gpu ? "cuda" : "cpu"},
                                 {"kv_cache_dtype", model::kv_cache_dtype_name(loaded.kv_element)},
-                                {"activation_precision", model::activation_precision_name(loaded.activation_precision)},
+                                {"activation_precision", prepare::activation_precision_name(loaded.activation_precision)},
                                 {"threads", core::num_threads()},
                                 {"threads_note", device}};
     fmt::print("{}\n", out.dump(2));
@@ -144,7 +145,7 @@ void run_generate(const GenerateOptions& opts) {
            "finish: {} | {} | KV cache {} | activations {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
            decode_tps, result.finish_reason, device, model::kv_cache_dtype_name(loaded.kv_element),
-           model::activation_precision_name(loaded.activation_precision));
+           prepare::activation_precision_name(loaded.activation_precision));
 }
 
 }  // namespace
@@ -153,7 +154,7 @@ void register_generate(CLI::App& root) {
   auto opts = std::make_shared<GenerateOptions>();
   CLI::App* cmd = root.add_subcommand("generate", "Generate text from a prompt (streams to stdout)");
   add_model_options(*cmd, opts->model);
-  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
+  add_tensor_parallel_options(*cmd, opts->model.load.parallel);
   auto* prompt = cmd->add_option("-p,--prompt", opts->prompt, "prompt text; - reads it from stdin");
   auto* file = cmd->add_option("-f,--file", opts->prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
   prompt->excludes(file);

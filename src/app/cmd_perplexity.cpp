@@ -52,12 +52,11 @@ void run_perplexity(const PerplexityCliOptions& opts) {
     // run-time approximations (bf16 or int8 activations, a cheaper lm_head copy, a 16-bit KV cache) stay off.
     ModelOptions base_opts = model_opts;
     base_opts.model = opts.kld_base;
-    base_opts.load.tensor_parallel_size = 1;
-    base_opts.load.rank = 0;
+    base_opts.load.parallel = plan::ParallelConfig{};
     base_opts.load.comm = nullptr;
-    base_opts.load.activation_precision = "fp32";
-    base_opts.load.lm_head_dtype = "bf16";
-    base_opts.load.kv_cache_dtype = "fp32";
+    base_opts.load.activation_precision = prepare::ActivationPrecision::Fp32;
+    base_opts.load.lm_head_dtype = model::LmHeadDtype::Bf16;
+    base_opts.load.kv_cache_dtype = model::KvCacheDtype::F32;
     base.emplace(load_model_for(base_opts));
   }
   const text::Tokenizer tokenizer = runtime::load_tokenizer(loaded.checkpoint);
@@ -99,7 +98,7 @@ void register_perplexity(CLI::App& root) {
   auto opts = std::make_shared<PerplexityCliOptions>();
   CLI::App* cmd = root.add_subcommand("perplexity", "Sliding-window perplexity of a text file (and KLD vs a base model)");
   add_model_options(*cmd, opts->model, /*context_option=*/false);
-  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
+  add_tensor_parallel_options(*cmd, opts->model.load.parallel);
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx,--ctx-size", opts->context, "window length in tokens (at most the model's context length)")->capture_default_str();
   cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();

@@ -15,6 +15,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "checkpoint/checkpoint.h"
 #include "fp4serve/error.h"
 #include "quant/quantize_checkpoint.h"
@@ -30,7 +31,7 @@ struct QuantizeCliOptions {
   std::string method = "rtn";
   int64_t group_size = 0;
   int64_t hadamard = 0;
-  std::string device = "cpu";  // where calibration runs the source model
+  plan::DeviceChoice device = plan::DeviceChoice::Cpu;  // where calibration runs the source model
   std::vector<std::string> ignore;
   std::string calibration;
   int64_t calibration_tokens = 512;
@@ -222,8 +223,8 @@ void register_quantize(CLI::App& root) {
                   "GPTQModifier defaults: block 128, dampening 0.01, activation order)")
       ->check(CLI::IsMember({"rtn", "gptq"}));
   cmd->add_option("--group-size", opts->group_size, "int4 group size for w4a16 (default 128)");
-  cmd->add_option("--device", opts->device, "where W4A4 calibration runs the source model: cpu or cuda")
-      ->capture_default_str();
+  add_parsed_option(*cmd, "--device", opts->device, parse_run_device,
+                    "where W4A4 calibration runs the source model: cpu, cuda or auto", "cpu");
   cmd->add_option("--hadamard", opts->hadamard,
                   "QuIP-style Hadamard block (16|32|64|128): rotate weights offline, declare the online input transform");
   cmd->add_option("--ignore", opts->ignore,

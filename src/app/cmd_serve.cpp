@@ -78,7 +78,7 @@ void run_serve(ServeOptions opts) {
   fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget, {}) | "
                      "activations {} | {} tokens per step | queue {} | {}\n",
              name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             model::kv_cache_dtype_name(loaded.kv_element), model::activation_precision_name(loaded.activation_precision),
+             model::kv_cache_dtype_name(loaded.kv_element), prepare::activation_precision_name(loaded.activation_precision),
              opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {
@@ -100,7 +100,7 @@ void register_serve(CLI::App& root) {
   auto opts = std::make_shared<ServeOptions>();
   CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   add_model_options(*cmd, opts->model);
-  add_tensor_parallel_options(*cmd, opts->model.tensor_parallel_size, opts->model.load.expert_parallel);
+  add_tensor_parallel_options(*cmd, opts->model.load.parallel);
   cmd->add_option("--host", opts->http.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", opts->http.port, "TCP port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", opts->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");

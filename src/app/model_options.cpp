@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "app/log.h"
+#include "app/option_values.h"
 #include "fp4serve/error.h"
 
 namespace fp4serve::app {
@@ -93,39 +94,39 @@ void add_threads_option(CLI::App& cmd, int& threads) {
       ->check(CLI::Range(0, 4096));
 }
 
-void add_tensor_parallel_options(CLI::App& cmd, int& tensor_parallel_size, bool& expert_parallel) {
-  cmd.add_option("--tensor-parallel-size", tensor_parallel_size,
+void add_tensor_parallel_options(CLI::App& cmd, plan::ParallelConfig& parallel) {
+  cmd.add_option("--tensor-parallel-size", parallel.tensor_parallel_size,
                  "ranks (-tp N): one process per device, launched by `mpirun -np N` or srun; rank 0 prints and serves")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cmd.add_flag("--expert-parallel", expert_parallel, "MoE layers: whole experts per rank instead of split experts");
+  cmd.add_flag("--expert-parallel", parallel.expert_parallel,
+               "MoE layers: whole experts per rank instead of split experts");
 }
 
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
   add_model_path_option(cmd, opts.model,
                         "checkpoint folder (config.json + safetensors), or ORG/NAME from the local Hugging Face cache");
-  cmd.add_option("--device", opts.load.device,
-                 "cpu, or cuda (run on the GPU found); smNN names are for `explain --device smNN`")
-      ->capture_default_str();
-  cmd.add_option("--activation-quant", opts.load.activation_quant,
-                 "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)")
-      ->check(CLI::IsMember({"auto", "weight-only", "emulate"}))
-      ->capture_default_str();
-  cmd.add_option("--activation-precision", opts.load.activation_precision,
-                 "auto (bf16 for a bfloat16 checkpoint on a CPU with AVX512-BF16, else fp32); fp32; bf16: "
-                 "NVFP4/MXFP4 linears round their input to bf16 (bf16 dot products where the CPU has them); int8: "
-                 "they quantize it to int8 per weight group and use integer dot products; int8-decode: int8 for "
-                 "decode steps, fp32 for prefill")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16", "int8", "int8-decode"}))
-      ->capture_default_str();
-  cmd.add_option("--lm-head-dtype", opts.load.lm_head_dtype,
-                 "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied embedding is served")
-      ->check(CLI::IsMember({"bf16", "fp8", "int8"}))
-      ->capture_default_str();
-  cmd.add_option("--kv-cache-dtype", opts.load.kv_cache_dtype, kKvCacheDtypeHelp)
-      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  add_threads_option(cmd, opts.load.threads);
+  model::LoadOptions& load = opts.load;
+  add_parsed_option(cmd, "--device", load.device, parse_run_device,
+                    "cpu, or cuda (run on the GPU found), or auto (the GPU when one is found); smNN names are for "
+                    "`explain --device smNN`",
+                    std::string(plan::device_choice_name(load.device)));
+  add_parsed_option(cmd, "--activation-quant", load.activation_quant, parse_activation_quant,
+                    "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)",
+                    std::string(plan::activation_quant_name(load.activation_quant)));
+  add_parsed_option(cmd, "--activation-precision", load.activation_precision, parse_activation_precision,
+                    "auto (bf16 for a bfloat16 checkpoint on a CPU with AVX512-BF16, else fp32); fp32; bf16: "
+                    "NVFP4/MXFP4 linears round their input to bf16 (bf16 dot products where the CPU has them); int8: "
+                    "they quantize it to int8 per weight group and use integer dot products; int8-decode: int8 for "
+                    "decode steps, fp32 for prefill",
+                    activation_precision_text(load.activation_precision));
+  add_parsed_option(cmd, "--lm-head-dtype", load.lm_head_dtype, parse_lm_head_dtype,
+                    "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied "
+                    "embedding is served",
+                    std::string(model::lm_head_dtype_name(load.lm_head_dtype)));
+  add_parsed_option(cmd, "--kv-cache-dtype", load.kv_cache_dtype, parse_kv_cache_dtype, kKvCacheDtypeHelp,
+                    kv_cache_dtype_text(load.kv_cache_dtype));
+  add_threads_option(cmd, load.threads);
   if (!context_option) return;
   cmd.add_option("-c,--ctx-size,--max-model-len", opts.max_model_len,
                  "context length: prompt + generated tokens (0 = the model's max_position_embeddings, also the maximum)")
@@ -222,14 +223,6 @@ int64_t effective_max_model_len(const ModelOptions& opts, const model::ModelConf
   return opts.max_model_len > 0 ? opts.max_model_len : limit.tokens;
 }
 
-void require_runnable_device(const std::string& device) {
-  if (device.size() > 2 && device.starts_with("sm") &&
-      std::all_of(device.begin() + 2, device.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    throw UsageError(fmt::format("--device {}: a dry-run device: use `explain --device {}` to see its plan; "
-                                 "to run the model use --device cpu or --device cuda", device, device));
-  }
-}
-
 namespace {
 
 // "loading [=====     ] 42%  120/210 tensors  30.1/71.6 MiB", redrawn in place; a newline after the last report.
@@ -248,7 +241,6 @@ void draw_load_bar(const model::LoadProgressReport& r) {
 }  // namespace
 
 model::LoadedModel load_model_for(const ModelOptions& opts) {
-  require_runnable_device(opts.load.device);
   const fs::path dir = resolve_model_path(opts.model);
   model::LoadOptions load = opts.load;
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.

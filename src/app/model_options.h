@@ -17,16 +17,16 @@ struct ModelOptions {
   std::string model;  ///< -m/--model or the positional MODEL: a folder, a .safetensors file or ORG/NAME
   model::LoadOptions load;
   int64_t max_model_len = 0;  ///< -c/--ctx-size/--max-model-len; 0 = the model's limit (context_limit)
-  int tensor_parallel_size = 1;  ///< --tensor-parallel-size/-tp: ranks (processes, one per device); app/tensor_parallel.h
 };
 
 /// Adds MODEL (positional) with -m/--model, --device, --activation-quant, --activation-precision, --lm-head-dtype,
-/// -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's -c is its window
-/// instead).
+/// --kv-cache-dtype, -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's
+/// -c is its window instead). The values are parsed into opts.load as CLI11 reads them (option_values.h).
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option = true);
 
-/// Adds --tensor-parallel-size N (-tp N, see remember_command_line) and --expert-parallel to `cmd`.
-void add_tensor_parallel_options(CLI::App& cmd, int& tensor_parallel_size, bool& expert_parallel);
+/// Adds --tensor-parallel-size N (-tp N, see remember_command_line) and --expert-parallel to `cmd` (the launcher
+/// fills the rank: TensorParallelRun).
+void add_tensor_parallel_options(CLI::App& cmd, plan::ParallelConfig& parallel);
 
 /// Adds the positional MODEL with -m/--model alone (inspect, explain, quantize).
 CLI::Option* add_model_path_option(CLI::App& cmd, std::string& model, const std::string& help);
@@ -57,11 +57,7 @@ ContextLimit context_limit(const model::ModelConfig& config);
 /// --max-model-len exceeds the limit (both numbers in the message) or is negative.
 int64_t effective_max_model_len(const ModelOptions& opts, const model::ModelConfig& config);
 
-/// Refuses a dry-run device (smNN) for commands that run the model: the CPU kernels would run, not that GPU.
-/// Throws UsageError pointing at `explain --device smNN`.
-void require_runnable_device(const std::string& device);
-
-/// Loads opts.model (resolve_model_path, require_runnable_device, model::load_model) and prints the plan's
+/// Loads opts.model (resolve_model_path, model::load_model) and prints the plan's
 /// warnings on stderr unless the log level hides warnings.
 model::LoadedModel load_model_for(const ModelOptions& opts);
 

@@ -60,31 +60,37 @@ std::vector<std::string> remember_command_line(int argc, const char* const* argv
 
 TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   const dist::LaunchInfo launch = dist::detect_launch();
+  plan::ParallelConfig& parallel = opts.load.parallel;
   const std::vector<std::string>& args = command_line();
   std::vector<const char*> rest;
   for (size_t i = 1; i < args.size(); ++i) rest.push_back(args[i].c_str());
-  const std::string hint = dist::mpirun_command(opts.tensor_parallel_size, args.empty() ? "fp4serve" : args[0],
+  const std::string hint = dist::mpirun_command(parallel.tensor_parallel_size, args.empty() ? "fp4serve" : args[0],
                                                 static_cast<int>(rest.size()), rest.data(), geteuid() == 0);
   try {
-    dist::check_tensor_parallel_size(opts.tensor_parallel_size, launch, hint);
+    dist::check_tensor_parallel_size(parallel.tensor_parallel_size, launch, hint);
   } catch (const UsageError&) {
     if (launch.launched && launch.rank != 0) throw CLI::RuntimeError(2);  // rank 0 prints the refusal once
     throw;
   }
-  if (opts.tensor_parallel_size == 1) {
+  if (parallel.tensor_parallel_size == 1) {
     comm_ = dist::make_single_communicator();
     return;
   }
   comm_ = dist::make_mpi_communicator();
-  if (comm_->size() != opts.tensor_parallel_size) {  // a PMIx launch that did not export its size
-    throw UsageError(fmt::format("--tensor-parallel-size {} does not match MPI's world size {}", opts.tensor_parallel_size,
-                                 comm_->size()));
+  if (comm_->size() != parallel.tensor_parallel_size) {  // a PMIx launch that did not export its size
+    throw UsageError(fmt::format("--tensor-parallel-size {} does not match MPI's world size {}",
+                                 parallel.tensor_parallel_size, comm_->size()));
   }
-  opts.load.tensor_parallel_size = comm_->size();
-  opts.load.rank = comm_->rank();
+  parallel.rank = comm_->rank();
   opts.load.comm = comm_.get();
   if (comm_->rank() != 0) set_log_level(LogLevel::Error);  // also no loading bar (load_model_for draws it at Info)
-  if (opts.load.device == "cuda") {
+  // Every rank runs on the same kind of device: auto is settled here, where the GPU ordinal is chosen.
+  if (opts.load.device == plan::DeviceChoice::Auto) {
+    opts.load.device = plan::resolve_device(plan::DeviceChoice::Auto).kind == plan::DeviceKind::Cuda
+                           ? plan::DeviceChoice::Cuda
+                           : plan::DeviceChoice::Cpu;
+  }
+  if (opts.load.device == plan::DeviceChoice::Cuda) {
     opts.load.cuda_device = launch.local_rank;
     // GPU ranks all-reduce device buffers with NCCL; MPI stays the channel of the step plans. make_nccl_communicator
     // agrees on a failed setup across ranks before it throws, so every rank takes the MPI fallback together.

@@ -30,10 +30,11 @@ struct RankModel {
 
 class TensorParallelRun {
  public:
-  /// Checks opts.tensor_parallel_size against the launch (dist::check_tensor_parallel_size: UsageError, exit 2,
-  /// with the mpirun command to run, or naming both sizes), starts MPI for N > 1 and fills opts.load: rank,
-  /// size, communicator, and for --device cuda the GPU = the local rank and NCCL for the decoder's all-reduces
-  /// (when libnccl or a GPU is missing on any rank, every rank warns and uses MPI over host copies instead).
+  /// Checks opts.load.parallel.tensor_parallel_size against the launch (dist::check_tensor_parallel_size:
+  /// UsageError, exit 2, with the mpirun command to run, or naming both sizes), starts MPI for N > 1 and fills
+  /// opts.load: the rank, the communicator, --device auto resolved, and for the GPU the ordinal = the local rank
+  /// and NCCL for the decoder's all-reduces (when libnccl or a GPU is missing on any rank, every rank warns and
+  /// uses MPI over host copies instead).
   /// Non-zero ranks log errors only.
   explicit TensorParallelRun(ModelOptions& opts);
   /// Rank 0: when load() never ran, tells the followers to return without loading.

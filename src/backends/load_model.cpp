@@ -34,106 +34,77 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
                                      p.device.label(), p.attention.ok() ? "" : " and attention has no kernel", lines));
 }
 
-// The options as prepare takes them; activation_precision comes from resolve_activation_precision with the
-// checkpoint's dtype (model_dtype "" before the checkpoint is read: a check of the choice alone).
-PrepareOptions prepare_options(const LoadOptions& options, const std::string& model_dtype) {
-  PrepareOptions out;
-  out.activation_precision = resolve_activation_precision(options.activation_precision, options.device, model_dtype);
-  if (options.lm_head_dtype == "fp8") {
-    out.lm_head_dtype = LmHeadDtype::Fp8;
-  } else if (options.lm_head_dtype == "int8") {
-    out.lm_head_dtype = LmHeadDtype::Int8;
-  } else if (options.lm_head_dtype != "bf16") {
-    throw UsageError(fmt::format("--lm-head-dtype: '{}' is not bf16, fp8 or int8", options.lm_head_dtype));
+// The GPU runs fp32 activations, the stored lm_head and an fp32 KV cache: other choices are CPU paths, refused
+// rather than ignored.
+void refuse_cpu_only_choices(const LoadOptions& options) {
+  const bool cpu_precision = options.activation_precision.value_or(prepare::ActivationPrecision::Fp32) !=
+                             prepare::ActivationPrecision::Fp32;
+  if (cpu_precision || options.lm_head_dtype != LmHeadDtype::Bf16) {
+    throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; "
+                                 "the GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
+                                 options.activation_precision
+                                     ? prepare::activation_precision_name(*options.activation_precision)
+                                     : "auto",
+                                 lm_head_dtype_name(options.lm_head_dtype)));
   }
-  return out;
+  (void)resolve_kv_cache_dtype(options.kv_cache_dtype, plan::DeviceKind::Cuda, "");
 }
 
 }  // namespace
 
-prepare::ActivationPrecision resolve_activation_precision(const std::string& choice, const std::string& device,
-                                                          const std::string& model_dtype) {
-  if (choice == "auto") {
-    const bool bf16_dots = device != "cuda" && kernels::bf16_dot_active();
-    return bf16_dots && model_dtype == "bfloat16" ? prepare::ActivationPrecision::Bf16
-                                                  : prepare::ActivationPrecision::Fp32;
-  }
-  if (choice == "fp32") return prepare::ActivationPrecision::Fp32;
-  if (choice == "bf16") return prepare::ActivationPrecision::Bf16;
-  if (choice == "int8") return prepare::ActivationPrecision::Int8;
-  if (choice == "int8-decode") return prepare::ActivationPrecision::Int8Decode;
-  throw UsageError(fmt::format("--activation-precision: '{}' is not auto, fp32, bf16, int8 or int8-decode", choice));
+prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
+                                                          plan::DeviceKind device, const std::string& model_dtype) {
+  if (choice) return *choice;
+  const bool bf16_dots = device == plan::DeviceKind::Cpu && kernels::bf16_dot_active();
+  return bf16_dots && model_dtype == "bfloat16" ? prepare::ActivationPrecision::Bf16
+                                                : prepare::ActivationPrecision::Fp32;
 }
 
-const char* activation_precision_name(prepare::ActivationPrecision precision) {
-  switch (precision) {
-    case prepare::ActivationPrecision::Fp32: return "fp32";
-    case prepare::ActivationPrecision::Bf16: return "bf16";
-    case prepare::ActivationPrecision::Int8: return "int8";
-    case prepare::ActivationPrecision::Int8Decode: return "int8-decode";
-  }
-  return "?";
-}
-
-KvCacheDtype resolve_kv_cache_dtype(const std::string& choice, const std::string& device,
+KvCacheDtype resolve_kv_cache_dtype(std::optional<KvCacheDtype> choice, plan::DeviceKind device,
                                     const std::string& model_dtype) {
-  const bool gpu = device == "cuda";
-  if (choice == "auto") {
+  const bool gpu = device == plan::DeviceKind::Cuda;
+  if (!choice) {
     if (gpu) return KvCacheDtype::F32;
     if (model_dtype == "bfloat16") return KvCacheDtype::Bf16;
     if (model_dtype == "float16") return KvCacheDtype::F16;
     return KvCacheDtype::F32;
   }
-  if (choice == "fp32") return KvCacheDtype::F32;
-  if (choice != "bf16" && choice != "fp16") {
-    throw UsageError(fmt::format("--kv-cache-dtype: '{}' is not auto, fp32, bf16 or fp16", choice));
-  }
-  if (gpu) {
+  if (gpu && *choice != KvCacheDtype::F32) {
     throw UsageError(fmt::format("--kv-cache-dtype {}: the GPU backend keeps an fp32 KV cache (use auto or fp32 with "
-                                 "--device cuda)", choice));
+                                 "--device cuda)", kv_cache_dtype_name(*choice)));
   }
-  return choice == "bf16" ? KvCacheDtype::Bf16 : KvCacheDtype::F16;
+  return *choice;
 }
 
-LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& requested) {
+LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  // "auto" is the GPU when one is found, else the CPU, resolved once here: the plan's catalogue and the backend
+  // Auto is resolved once here (the GPU when one is found, else the CPU): the plan's catalogue and the backend
   // must be of the same device (a GPU plan loaded onto the CPU backend would refuse what the CPU runs).
-  LoadOptions options = requested;
-  if (options.device == "auto") {
-    options.device = plan::resolve_device("auto").kind == plan::DeviceKind::Cuda ? "cuda" : "cpu";
-  }
-  // --device cuda runs on the GPU: the backend is made first, so that a build or machine without one is refused
-  // before any weight is read. A dry-run name (sm80 …) only plans and is refused below.
-  const PrepareOptions checked = prepare_options(options, "");  // a bad choice is refused before anything is read
-  if (options.device == "cuda" && (checked.activation_precision != prepare::ActivationPrecision::Fp32 ||
-                                   checked.lm_head_dtype != LmHeadDtype::Bf16)) {
-    throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; the "
-                                 "GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
-                                 options.activation_precision, options.lm_head_dtype));
-  }
-  (void)resolve_kv_cache_dtype(options.kv_cache_dtype, options.device, "");  // refuses a bad choice now
+  // CPU-only choices are refused for the GPU before anything is detected or read.
+  if (options.device == plan::DeviceChoice::Cuda) refuse_cpu_only_choices(options);
+  const plan::DeviceCaps device = plan::resolve_device(options.device);  // Cuda without a GPU: the no-GPU message
+  const bool gpu = device.kind == plan::DeviceKind::Cuda;
+  if (gpu) refuse_cpu_only_choices(options);  // auto found a GPU
   // The plan asks the kernel catalogue of the device that runs the model, the one `explain` asks: nothing is
   // planned that this backend cannot run, and nothing explain accepts is refused here.
-  const plan::DeviceCaps device = plan::resolve_device(options.device);  // the no-GPU message for "cuda" without a GPU
-  if (!device.detected) {
-    throw UsageError(fmt::format("--device {}: a dry-run device only plans (fp4serve explain --device {}); load on "
-                                 "cpu or cuda", options.device, options.device));
-  }
   const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(device);
   plan::PlanOptions plan_options;
   plan_options.catalogue = catalogue.get();
-  std::unique_ptr<Backend> backend =
-      options.device == "cuda" ? backends::make_cuda_backend(options.cuda_device) : nullptr;
+  plan_options.activation_quant = options.activation_quant;
+  // The GPU backend is made first, so that a build without one is refused before any weight is read.
+  std::unique_ptr<Backend> backend = gpu ? backends::make_cuda_backend(options.cuda_device) : nullptr;
   if (options.threads > 0) core::set_num_threads(options.threads);
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
-  loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, options.device, loaded.config.dtype);
-  const PrepareOptions prepare = prepare_options(options, loaded.config.dtype);
+  loaded.device = device.kind;
+  loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, device.kind, loaded.config.dtype);
+  PrepareOptions prepare;
+  prepare.activation_precision =
+      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype);
+  prepare.lm_head_dtype = options.lm_head_dtype;
   loaded.activation_precision = prepare.activation_precision;
-  if (backend == nullptr) backend = backends::make_backend(options.device, options.cuda_device, loaded.kv_element);
+  if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element);
 
-  plan_options.activation_quant = plan::parse_activation_quant(options.activation_quant);
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
   plan::check_scale_values(layer_plan, loaded.checkpoint);
@@ -155,17 +126,17 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& requ
     ++tensors;
     bytes += use.bytes;
   }
-  const int tp_size = options.tensor_parallel_size;
+  const plan::ParallelConfig& parallel = options.parallel;
   const int comm_size = options.comm != nullptr ? options.comm->size() : 1;
   const int comm_rank = options.comm != nullptr ? options.comm->rank() : 0;
-  if (tp_size != comm_size || options.rank != comm_rank) {
-    throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}", tp_size,
-                                 options.rank, comm_size, comm_rank));
+  if (parallel.tensor_parallel_size != comm_size || parallel.rank != comm_rank) {
+    throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}",
+                                 parallel.tensor_parallel_size, parallel.rank, comm_size, comm_rank));
   }
   // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).
-  const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, tp_size, options.expert_parallel);
+  const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
   LoadProgress progress(tensors, bytes, options.progress);
-  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, options.rank, prepare);
+  const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, parallel.rank, prepare);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend), options.comm);
   progress.finish();
   loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

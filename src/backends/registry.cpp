@@ -18,12 +18,6 @@ constexpr bool kCudaBuilt = false;
 #endif
 }  // namespace
 
-std::unique_ptr<model::Backend> make_backend(const std::string& device, int cuda_ordinal,
-                                             model::KvCacheDtype kv_cache_dtype) {
-  if (device == "cuda") return make_cuda_backend(cuda_ordinal);
-  return make_cpu_backend(kv_cache_dtype);
-}
-
 std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype) {
   return std::make_unique<cpu::CpuBackend>(kv_cache_dtype);
 }

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "model/backend.h"
 #include "model/kv_cache.h"
@@ -14,12 +13,6 @@
 #include "plan/kernel_catalogue.h"
 
 namespace fp4serve::backends {
-
-/// The backend that runs `device` (LoadOptions::device): "cuda" → make_cuda_backend(cuda_ordinal), anything else →
-/// make_cpu_backend(kv_cache_dtype) (load_model refuses the dry-run names sm80 … sm120 before it gets here).
-/// Throws what those throw.
-std::unique_ptr<model::Backend> make_backend(const std::string& device, int cuda_ordinal,
-                                             model::KvCacheDtype kv_cache_dtype);
 
 /// The CPU backend (backends/cpu/cpu_backend.h); its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype).
 std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::F32);

@@ -495,4 +495,13 @@ std::optional<AttentionHeads> PlannedWeights::attention_heads() const {
   return AttentionHeads{l.q_heads[r].begin, l.q_heads[r].size(), l.kv_heads[r].begin, l.kv_heads[r].size()};
 }
 
+std::string_view lm_head_dtype_name(LmHeadDtype dtype) {
+  switch (dtype) {
+    case LmHeadDtype::Bf16: return "bf16";
+    case LmHeadDtype::Fp8: return "fp8";
+    case LmHeadDtype::Int8: return "int8";
+  }
+  return "?";
+}
+
 }  // namespace fp4serve::model

@@ -64,6 +64,7 @@ enum class LmHeadDtype : uint8_t {
   Fp8,   ///< E4M3 per output row (scale amax/448): 1 byte per weight
   Int8,  ///< int8 per output row (scale amax/127): 1 byte per weight
 };
+std::string_view lm_head_dtype_name(LmHeadDtype dtype);  ///< "bf16", "fp8", "int8" (--lm-head-dtype)
 
 /// Choices of the run, not of the checkpoint, applied while preparing.
 struct PrepareOptions {

@@ -8,7 +8,6 @@
 #endif
 #include <fmt/format.h>
 
-#include <charconv>
 #include <vector>
 
 #include "fp4serve/error.h"
@@ -96,32 +95,37 @@ std::optional<DeviceCaps> detect_cuda() {
   return result;
 }
 
-DeviceCaps resolve_device(std::string_view text) {
-  if (text == "auto") {
-    if (auto gpu = detect_cuda()) return *gpu;
-    return detect_cpu();
+std::string_view device_choice_name(DeviceChoice choice) {
+  switch (choice) {
+    case DeviceChoice::Auto: return "auto";
+    case DeviceChoice::Cpu: return "cpu";
+    case DeviceChoice::Cuda: return "cuda";
   }
-  if (text == "cpu") return detect_cpu();
-  if (text == "cuda") {
-    if (auto gpu = detect_cuda()) return *gpu;
-    throw UsageError("--device cuda: no CUDA device was found (no libcuda.so.1 or no GPU); use --device smNN for a "
-                     "dry run, e.g. --device sm90");
+  return "?";
+}
+
+DeviceCaps resolve_device(DeviceChoice choice) {
+  switch (choice) {
+    case DeviceChoice::Auto:
+      if (auto gpu = detect_cuda()) return *gpu;
+      return detect_cpu();
+    case DeviceChoice::Cpu: return detect_cpu();
+    case DeviceChoice::Cuda:
+      if (auto gpu = detect_cuda()) return *gpu;
+      throw UsageError("--device cuda: no CUDA device was found (no libcuda.so.1 or no GPU); use --device smNN for a "
+                       "dry run, e.g. --device sm90");
   }
-  if (text.size() >= 4 && text.starts_with("sm")) {
-    int sm = 0;
-    const auto digits = text.substr(2);
-    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), sm);
-    if (ec == std::errc() && ptr == digits.data() + digits.size() && sm >= 10 && sm <= 199) {
-      DeviceCaps caps;
-      caps.kind = DeviceKind::Cuda;
-      caps.sm = sm;
-      caps.name = fmt::format("sm{} (dry run)", sm);
-      caps.cpu = detect_cpu().cpu;
-      return caps;
-    }
-  }
-  throw UsageError(fmt::format("--device '{}' is not one of auto, cpu, cuda, sm80, sm86, sm89, sm90, sm100, sm120 "
-                               "(any smNN is accepted)", text));
+  throw UsageError("resolve_device: not a DeviceChoice");
+}
+
+DeviceCaps dry_run_device(int sm) {
+  if (sm < 10 || sm > 199) throw UsageError(fmt::format("dry-run device sm{}: compute capability outside sm10 … sm199", sm));
+  DeviceCaps caps;
+  caps.kind = DeviceKind::Cuda;
+  caps.sm = sm;
+  caps.name = fmt::format("sm{} (dry run)", sm);
+  caps.cpu = detect_cpu().cpu;
+  return caps;
 }
 
 }  // namespace fp4serve::plan

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the execution device can do, detected at run time (CPU ISA via cpuid; NVIDIA GPU via the driver library
-// loaded with dlopen, so the build needs no CUDA) or named on the command line for dry runs (`--device`).
+// loaded with dlopen, so the build needs no CUDA) or a dry run for a compute capability (`explain --device smNN`).
 // Scheme selection (select.h) asks only the questions below; the device buckets follow docs/SCHEMES.md.
 #pragma once
 
@@ -8,8 +8,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include "quant/block_format.h"
 
 namespace fp4serve::plan {
 
@@ -39,19 +37,10 @@ struct DeviceCaps {
 
   /// "cpu", "sm80", "sm90", … for tables and messages.
   std::string label() const;
-  /// Block-scaled FP4 MMA with NVFP4 scales (sm100/101/103/110 and sm120/121).
+  /// Has block-scaled FP4 MMA units (sm100/101/103/110, sm120/121): a hardware fact, for the plan's reasons.
+  /// Which FP4 formats the project's kernels run on them is the CUDA catalogue's answer
+  /// (backends/cuda/kernels/limits.h native_fp4_runs_on), not this.
   bool has_nvfp4_mma() const { return kind == DeviceKind::Cuda && sm >= 100; }
-  /// Block-scaled FP4 MMA with MXFP4 (E8M0) scales that fp4serve uses: the sm100 family only; on sm120 the
-  /// table serves MXFP4 weight-only (SCHEMES.md decision table).
-  bool has_mxfp4_mma() const { return kind == DeviceKind::Cuda && sm >= 100 && sm < 120; }
-  /// FP4 MMA that fp4serve runs for block format `f` (the two above; a new format states its own).
-  bool has_fp4_mma(quant::BlockFormat f) const {
-    switch (f) {
-      case quant::BlockFormat::Nvfp4: return has_nvfp4_mma();
-      case quant::BlockFormat::Mxfp4: return has_mxfp4_mma();
-    }
-    return false;
-  }
   /// FP8 tensor-core MMA (sm89 and later).
   bool has_fp8_mma() const { return kind == DeviceKind::Cuda && sm >= 89; }
   /// Runs 16-bit weight-only kernels: any CPU, CUDA from sm80 (below: no 4-bit float support, SCHEMES.md).
@@ -66,10 +55,17 @@ DeviceCaps detect_cpu();
 /// (it is never dlclose-d after cuInit).
 std::optional<DeviceCaps> detect_cuda();
 
-/// Parses `--device`: "auto" (a GPU when one is present, else the CPU), "cpu", "cuda" (the detected GPU), or
-/// "smNN" / "smNNN" (a dry run for that compute capability, e.g. sm80, sm86, sm89, sm90, sm100, sm120; sm75 and
-/// below parse so that the plan can refuse them with a reason). Throws UsageError for any other text and for
-/// "cuda" when no GPU is found.
-DeviceCaps resolve_device(std::string_view text);
+/// The device a command runs on (`--device`, parsed by the app): a GPU when one is present, else the CPU (Auto);
+/// the CPU; the detected GPU.
+enum class DeviceChoice : uint8_t { Auto, Cpu, Cuda };
+std::string_view device_choice_name(DeviceChoice choice);  ///< "auto", "cpu", "cuda"
+
+/// The device `choice` names, detected. Throws UsageError for Cuda when no GPU is found.
+DeviceCaps resolve_device(DeviceChoice choice);
+
+/// A dry run for compute capability `sm` (major × 10 + minor: 80, 86, 89, 90, 100, 120; below 80 too, so that the
+/// plan can refuse it with a reason): a CUDA DeviceCaps with `detected` false and the host's CPU features.
+/// Throws UsageError outside 10 … 199.
+DeviceCaps dry_run_device(int sm);
 
 }  // namespace fp4serve::plan

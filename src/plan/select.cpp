@@ -16,13 +16,6 @@ std::string_view activation_quant_name(ActivationQuant a) {
   return "?";
 }
 
-ActivationQuant parse_activation_quant(std::string_view text) {
-  if (text == "auto") return ActivationQuant::Auto;
-  if (text == "weight-only") return ActivationQuant::WeightOnly;
-  if (text == "emulate") return ActivationQuant::Emulate;
-  throw UsageError(fmt::format("--activation-quant '{}' is not one of auto, weight-only, emulate", text));
-}
-
 std::string_view reason_code(Reason r) {
   switch (r) {
     case Reason::NativeW4A4: return "native-w4a4";

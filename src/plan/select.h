@@ -23,9 +23,7 @@ enum class ActivationQuant : uint8_t {
   Emulate,     ///< W4A4 layers run W4A4_NVFP4_EMULATED / W4A4_MXFP4_EMULATED (the numerical reference) on any
                ///< device; a layer whose activation format has no emulation (FP8 W8A8) gets no scheme
 };
-std::string_view activation_quant_name(ActivationQuant a);
-/// Parses "auto", "weight-only" or "emulate"; throws UsageError otherwise.
-ActivationQuant parse_activation_quant(std::string_view text);
+std::string_view activation_quant_name(ActivationQuant a);  ///< "auto", "weight-only", "emulate"
 
 /// Why a layer runs the scheme it runs. Stable codes for tests and JSON; the text is in Selection::reason_text.
 enum class Reason : uint8_t {

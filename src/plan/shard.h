@@ -51,6 +51,14 @@ struct LayerShard {
   std::vector<IndexRange> shared_columns;  ///< its split (always Intermediate)
 };
 
+/// How a run is split over processes: `--tensor-parallel-size`, `--expert-parallel` and this process's rank
+/// (from the launcher). Parsed once by the app; the loader checks it against the communicator and the model.
+struct ParallelConfig {
+  int tensor_parallel_size = 1;  ///< ranks, one process (and device) each
+  int rank = 0;                  ///< this process: 0 … tensor_parallel_size − 1
+  bool expert_parallel = false;  ///< MoE layers: whole experts per rank instead of split experts
+};
+
 struct TensorParallelPlan {
   int size = 1;
   bool expert_parallel = false;  ///< requested (MoE layers then split WholeExperts)

@@ -166,4 +166,14 @@ void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, in
 }
 
 }  // namespace detail
+std::string_view activation_precision_name(ActivationPrecision precision) {
+  switch (precision) {
+    case ActivationPrecision::Fp32: return "fp32";
+    case ActivationPrecision::Bf16: return "bf16";
+    case ActivationPrecision::Int8: return "int8";
+    case ActivationPrecision::Int8Decode: return "int8-decode";
+  }
+  return "?";
+}
+
 }  // namespace fp4serve::prepare

@@ -40,6 +40,8 @@ enum class ActivationPrecision : uint8_t {
   /// 2^−126) as 0. Elsewhere x is rounded and the fp32 kernels run.
   Bf16,
 };
+/// "fp32", "int8", "int8-decode", "bf16": the --activation-precision value of `precision`.
+std::string_view activation_precision_name(ActivationPrecision precision);
 
 /// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same
 /// column of the 8 rows is contiguous. The tile is a target-neutral layout unit, not a register shape: each

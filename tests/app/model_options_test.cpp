@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/suggest.h"
 #include "fp4serve/error.h"
 #include "model/model_config.h"
@@ -138,11 +140,88 @@ TEST(ContextLimit, RopeScalingFactorIsNamedNotApplied) {
   EXPECT_EQ(context_limit(config_with(131072, Kind::Llama3, 8, 8192)).source, "max_position_embeddings 131072");
 }
 
-TEST(RequireRunnableDevice, DryRunNamesAreRefused) {
-  EXPECT_NO_THROW(require_runnable_device("cpu"));
-  EXPECT_NO_THROW(require_runnable_device("cuda"));
-  EXPECT_THROW(require_runnable_device("sm90"), UsageError);
-  EXPECT_THROW(require_runnable_device("sm100"), UsageError);
+// Every option value is parsed here, once, into the type the library takes; bad text is a usage error that
+// names the flag and the accepted values.
+std::string usage_error(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(OptionValues, RunDevicesAndDryRunRefusal) {
+  EXPECT_EQ(parse_run_device("cpu"), plan::DeviceChoice::Cpu);
+  EXPECT_EQ(parse_run_device("cuda"), plan::DeviceChoice::Cuda);
+  EXPECT_EQ(parse_run_device("auto"), plan::DeviceChoice::Auto);
+  EXPECT_EQ(usage_error([] { parse_run_device("sm90"); }),
+            "--device sm90: a dry-run device: use `explain --device sm90` to see its plan; to run the model use "
+            "--device cpu or --device cuda");
+  EXPECT_EQ(usage_error([] { parse_run_device("gpu"); }), "--device 'gpu' is not one of auto, cpu, cuda");
+}
+
+TEST(OptionValues, PlanDevicesIncludeDryRuns) {
+  EXPECT_EQ(parse_plan_device("sm90").sm, 90);
+  EXPECT_FALSE(parse_plan_device("sm100").detected);
+  EXPECT_EQ(parse_plan_device("sm75").label(), "sm75");  // parses: the plan refuses it with a reason
+  EXPECT_EQ(parse_plan_device("cpu").kind, plan::DeviceKind::Cpu);
+  for (const char* bad : {"gpu", "sm", "sm9x", "sm9", "sm200", "SM90", ""}) {
+    EXPECT_NE(usage_error([bad] { parse_plan_device(bad); }).find("is not one of auto, cpu, cuda, sm80"),
+              std::string::npos)
+        << bad;
+  }
+}
+
+TEST(OptionValues, EnumsRoundTripAndRefuseOtherText) {
+  EXPECT_EQ(parse_activation_quant("weight-only"), plan::ActivationQuant::WeightOnly);
+  EXPECT_EQ(parse_activation_quant("emulate"), plan::ActivationQuant::Emulate);
+  EXPECT_EQ(usage_error([] { parse_activation_quant("fp8"); }),
+            "--activation-quant 'fp8' is not one of auto, weight-only, emulate");
+  EXPECT_EQ(parse_activation_precision("auto"), std::nullopt);
+  EXPECT_EQ(parse_activation_precision("int8-decode"), prepare::ActivationPrecision::Int8Decode);
+  EXPECT_EQ(parse_activation_precision("bf16"), prepare::ActivationPrecision::Bf16);
+  EXPECT_EQ(activation_precision_text(std::nullopt), "auto");
+  EXPECT_EQ(activation_precision_text(prepare::ActivationPrecision::Int8), "int8");
+  EXPECT_EQ(usage_error([] { parse_activation_precision("int4"); }),
+            "--activation-precision 'int4' is not one of auto, fp32, bf16, int8, int8-decode");
+  EXPECT_EQ(parse_lm_head_dtype("fp8"), model::LmHeadDtype::Fp8);
+  EXPECT_EQ(parse_lm_head_dtype("int8"), model::LmHeadDtype::Int8);
+  EXPECT_EQ(usage_error([] { parse_lm_head_dtype("fp4"); }), "--lm-head-dtype 'fp4' is not one of bf16, fp8, int8");
+  EXPECT_EQ(parse_kv_cache_dtype("auto"), std::nullopt);
+  EXPECT_EQ(parse_kv_cache_dtype("fp16"), model::KvCacheDtype::F16);
+  EXPECT_EQ(kv_cache_dtype_text(model::KvCacheDtype::Bf16), "bf16");
+  EXPECT_EQ(usage_error([] { parse_kv_cache_dtype("fp8"); }),
+            "--kv-cache-dtype 'fp8' is not one of auto, fp32, bf16, fp16");
+}
+
+// The flags land in LoadOptions as typed values when CLI11 parses the command line; a bad value stops the parse.
+TEST(OptionValues, ModelOptionsParseIntoLoadOptions) {
+  CLI::App app;
+  ModelOptions opts;
+  add_model_options(app, opts);
+  add_tensor_parallel_options(app, opts.load.parallel);
+  app.parse("-m some/model --activation-quant emulate --device auto --activation-precision int8 --lm-head-dtype int8 "
+            "--kv-cache-dtype fp16 --tensor-parallel-size 4 --expert-parallel",
+            false);
+  EXPECT_EQ(opts.load.device, plan::DeviceChoice::Auto);
+  EXPECT_EQ(opts.load.activation_quant, plan::ActivationQuant::Emulate);
+  EXPECT_EQ(opts.load.activation_precision, prepare::ActivationPrecision::Int8);
+  EXPECT_EQ(opts.load.lm_head_dtype, model::LmHeadDtype::Int8);
+  EXPECT_EQ(opts.load.kv_cache_dtype, model::KvCacheDtype::F16);
+  EXPECT_EQ(opts.load.parallel.tensor_parallel_size, 4);
+  EXPECT_TRUE(opts.load.parallel.expert_parallel);
+  ModelOptions defaults;
+  CLI::App plain;
+  add_model_options(plain, defaults);
+  plain.parse("-m x", false);
+  EXPECT_EQ(defaults.load.device, plan::DeviceChoice::Cpu);
+  EXPECT_EQ(defaults.load.activation_precision, std::nullopt);
+  EXPECT_EQ(defaults.load.kv_cache_dtype, std::nullopt);
+  CLI::App bad;
+  ModelOptions bad_opts;
+  add_model_options(bad, bad_opts);
+  EXPECT_THROW(bad.parse("-m x --device sm90", false), UsageError);
 }
 
 TEST(ClosestMatch, TyposTranspositionsAndPrefixes) {

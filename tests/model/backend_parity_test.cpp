@@ -86,7 +86,7 @@ TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
 TEST(BackendHost, DeviceCudaWithoutAGpuGivesTheNoGpuMessageForEveryArchitecture) {
   if (have_gpu()) GTEST_SKIP() << "a GPU is present: the no-GPU refusal cannot be observed here";
   LoadOptions options;
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   for (const char* fixture : {"llama-nvfp4a16", "qwen3moe-nvfp4", "gptoss-mxfp4-native", "llama-spinquant-r3-nvfp4a16"}) {
     SCOPED_TRACE(fixture);
     try {
@@ -149,9 +149,9 @@ TEST_P(BackendParity, CudaBackendMatchesTheCpuBackend) {
   const fs::path dir = kRef / GetParam();
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not in this checkout";
   LoadOptions options;
-  options.kv_cache_dtype = "fp32";  // the GPU's cache: the CPU oracle must not differ by a 16-bit cache's rounding
+  options.kv_cache_dtype = KvCacheDtype::F32;  // the GPU's cache: the CPU oracle must not differ by a 16-bit cache's rounding
   const LoadedModel cpu = load_model(dir, options);
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   const LoadedModel gpu = load_model(dir, options);
   ASSERT_EQ(gpu.decoder->backend().name().rfind("cuda", 0), 0u);
   const checkpoint::SafetensorsFile golden(dir / "golden.safetensors");
@@ -231,7 +231,7 @@ TEST_P(CudaGraphs, ReplayedDecodeStepsMatchEagerOnes) {
   const fs::path dir = kRef / GetParam();
   if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " is not in this checkout";
   LoadOptions options;
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   const LoadedModel graphed = load_model(dir, options);
   const LoadedModel eager = load_model(dir, options);
   cuda_of(graphed).set_graphs(true);
@@ -321,7 +321,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs,
 TEST(CudaGraphsMoe, MoeDecodeStepsRunEagerly) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   LoadOptions options;
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   const LoadedModel moe = load_model(kRef / "qwen3moe-nvfp4a16", options);
   KvCache cache = moe.decoder->make_cache(32, 1);
   const std::vector<int32_t> prompt = {5, 9, 2};
@@ -338,7 +338,7 @@ TEST(CudaGraphsMoe, MoeDecodeStepsRunEagerly) {
 TEST(BackendRefusals, Int4AndFp8LinearsNameTheOpAndTheModule) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   LoadOptions options;
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   for (const char* fixture : {"llama-w4a16", "llama-fp8-dynamic"}) {
     SCOPED_TRACE(fixture);
     try {

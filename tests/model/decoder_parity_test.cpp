@@ -99,10 +99,10 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
   const ParityCase& c = GetParam();
   const fs::path dir = kRef / c.fixture;
   LoadOptions options;
-  options.activation_quant = c.activation_quant;
+  options.activation_quant = c.activation_quant == "emulate" ? plan::ActivationQuant::Emulate : plan::ActivationQuant::Auto;
   // The emulation path is held to the fp32 reference within fp32 rounding, so it runs the fp32 cache; the
   // weight-only path runs the default (auto: these fixtures are bfloat16, so a bf16 cache).
-  if (c.activation_quant == "emulate") options.kv_cache_dtype = "fp32";
+  if (c.activation_quant == "emulate") options.kv_cache_dtype = KvCacheDtype::F32;
   const LoadedModel loaded = load_model(dir, options);
   const checkpoint::SafetensorsFile golden(kRef / c.golden_fixture / "golden.safetensors");
   if (c.golden_fixture != c.fixture) {  // the sibling must hold the very same quantized weights
@@ -197,7 +197,7 @@ TEST(DecoderParityKvCache, LayerZeroCachedKeysMatchTheReferenceCache) {
     if (golden.find("kcache.layer0.prompt0") == nullptr) continue;
     SCOPED_TRACE(e.path().filename().string());
     LoadOptions options;
-    options.kv_cache_dtype = "fp32";  // the rows are read back as floats
+    options.kv_cache_dtype = KvCacheDtype::F32;  // the rows are read back as floats
     const LoadedModel loaded = load_model(e.path(), options);
     const int64_t kv_heads = loaded.config.num_kv_heads, hd = loaded.config.head_dim;
     KvCache cache = loaded.decoder->make_cache(64, 2);

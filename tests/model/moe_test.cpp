@@ -438,7 +438,7 @@ TEST(MoeLoad, GateAndUpGlobalScalesStayPerShard) {
   copy.set_scalar(x + ".up_proj.weight_global_scale", up);
   ASSERT_NE(gate, up);
   const auto ckpt = checkpoint::Checkpoint::open(copy.dir());
-  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const auto catalogue = backends::catalogue_for(plan::resolve_device(plan::DeviceChoice::Cpu));
   const plan::LayerPlan p = plan::build_plan(ckpt, plan::PlanOptions{catalogue.get()});
   LoadProgress progress(1, 1, {});
   const PlannedWeights weights(ckpt, p, progress);

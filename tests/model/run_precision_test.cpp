@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "backends/cpu/cpu_kv_storage.h"
 #include "backends/cpu/kernels/linear.h"
@@ -36,11 +38,22 @@ std::vector<float> prompt_logits(const LoadedModel& loaded, const std::vector<in
   return loaded.decoder->forward(std::span(&chunk, 1), cache);
 }
 
+using prepare::ActivationPrecision;
+constexpr std::optional<ActivationPrecision> kAutoPrecision;  // --activation-precision auto
+constexpr std::optional<KvCacheDtype> kAutoKv;                 // --kv-cache-dtype auto
+
 struct PrecisionCase {
-  std::string fixture, activation_precision, lm_head_dtype;
+  std::string fixture;
+  std::optional<ActivationPrecision> activation_precision;
+  LmHeadDtype lm_head_dtype;
   double tolerance;  // max|Δ| vs the golden, relative to max|golden logit|
-  std::string kv_cache_dtype = "fp32";
+  std::optional<KvCacheDtype> kv_cache_dtype = KvCacheDtype::F32;
 };
+
+std::string choice_name(std::optional<ActivationPrecision> p) {
+  return p ? std::string(prepare::activation_precision_name(*p)) : "auto";
+}
+std::string choice_name(std::optional<KvCacheDtype> d) { return d ? std::string(kv_cache_dtype_name(*d)) : "auto"; }
 
 class RunPrecision : public ::testing::TestWithParam<PrecisionCase> {};
 
@@ -48,12 +61,12 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const PrecisionCase& c = GetParam();
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
-  if (c.activation_precision == "auto" && !kernels::bf16_dot_active()) {
+  if (!c.activation_precision && !kernels::bf16_dot_active()) {
     GTEST_SKIP() << "auto is fp32 on this CPU (no AVX512-BF16): nothing differs from the exact path";
   }
   LoadOptions exact_options;
-  exact_options.activation_precision = "fp32";
-  exact_options.kv_cache_dtype = "fp32";
+  exact_options.activation_precision = ActivationPrecision::Fp32;
+  exact_options.kv_cache_dtype = KvCacheDtype::F32;
   LoadOptions options = exact_options;
   options.activation_precision = c.activation_precision;
   options.lm_head_dtype = c.lm_head_dtype;
@@ -83,57 +96,72 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, RunPrecision,
-                         ::testing::Values(PrecisionCase{"llama-nvfp4a16", "int8", "bf16", 5e-3},
-                                           PrecisionCase{"llama-mxfp4a16", "int8", "bf16", 5e-3},
-                                           PrecisionCase{"qwen3-nvfp4a16", "int8", "bf16", 5e-3},
-                                           PrecisionCase{"llama-bf16", "fp32", "int8", 1.2e-2},
-                                           PrecisionCase{"llama-bf16", "fp32", "fp8", 4e-2},
-                                           PrecisionCase{"llama-nvfp4a16", "int8", "int8", 1.2e-2},
-                                           PrecisionCase{"llama-bf16", "fp32", "bf16", 3e-3, "bf16"},
-                                           PrecisionCase{"llama-nvfp4a16", "fp32", "bf16", 3e-3, "auto"},
-                                           PrecisionCase{"qwen3-nvfp4a16", "fp32", "bf16", 3e-3, "fp16"},
-                                           PrecisionCase{"mixtral-nvfp4a16", "fp32", "bf16", 3e-3, "bf16"},
-                                           PrecisionCase{"llama-nvfp4a16", "bf16", "bf16", 3e-3},
-                                           PrecisionCase{"llama-mxfp4a16", "bf16", "bf16", 3e-3},
-                                           PrecisionCase{"qwen3-nvfp4a16", "bf16", "bf16", 3e-3},
-                                           PrecisionCase{"mixtral-nvfp4a16", "bf16", "bf16", 3e-3},
-                                           PrecisionCase{"llama-nvfp4a16", "auto", "bf16", 3e-3}),
-                         [](const ::testing::TestParamInfo<PrecisionCase>& p) {
-                           std::string n = p.param.fixture + "_a_" + p.param.activation_precision + "_lm_head_" +
-                                           p.param.lm_head_dtype + "_kv_" + p.param.kv_cache_dtype;
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+constexpr auto kFp32 = ActivationPrecision::Fp32;
+constexpr auto kBf16 = ActivationPrecision::Bf16;
+constexpr auto kInt8 = ActivationPrecision::Int8;
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, RunPrecision,
+    ::testing::Values(PrecisionCase{"llama-nvfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"llama-mxfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"qwen3-nvfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"llama-bf16", kFp32, LmHeadDtype::Int8, 1.2e-2},
+                      PrecisionCase{"llama-bf16", kFp32, LmHeadDtype::Fp8, 4e-2},
+                      PrecisionCase{"llama-nvfp4a16", kInt8, LmHeadDtype::Int8, 1.2e-2},
+                      PrecisionCase{"llama-bf16", kFp32, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::Bf16},
+                      PrecisionCase{"llama-nvfp4a16", kFp32, LmHeadDtype::Bf16, 3e-3, kAutoKv},
+                      PrecisionCase{"qwen3-nvfp4a16", kFp32, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::F16},
+                      PrecisionCase{"mixtral-nvfp4a16", kFp32, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::Bf16},
+                      PrecisionCase{"llama-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
+                      PrecisionCase{"llama-mxfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
+                      PrecisionCase{"qwen3-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
+                      PrecisionCase{"mixtral-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
+                      PrecisionCase{"llama-nvfp4a16", kAutoPrecision, LmHeadDtype::Bf16, 3e-3}),
+    [](const ::testing::TestParamInfo<PrecisionCase>& p) {
+      std::string n = p.param.fixture + "_a_" + choice_name(p.param.activation_precision) + "_lm_head_" +
+                      std::string(lm_head_dtype_name(p.param.lm_head_dtype)) + "_kv_" +
+                      choice_name(p.param.kv_cache_dtype);
+      for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return n;
+    });
 
-TEST(RunPrecision, UnknownChoicesAreUsageErrors) {
+// The GPU runs fp32 activations, the stored lm_head and an fp32 KV cache: a CPU-only choice with --device cuda is
+// refused, naming the option, before any GPU is looked for or any weight read (so this runs without a GPU).
+TEST(RunPrecision, CpuOnlyChoicesOnTheGpuAreUsageErrors) {
+  const auto message_of = [](const LoadOptions& options) {
+    try {
+      (void)load_model(kRef / "llama-nvfp4a16", options);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no UsageError");
+  };
   LoadOptions options;
-  options.activation_precision = "int4";
-  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
-  options.activation_precision = "fp32";
-  options.lm_head_dtype = "fp4";
-  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
-  options.lm_head_dtype = "bf16";
-  options.kv_cache_dtype = "fp8";
-  EXPECT_THROW(load_model(kRef / "llama-nvfp4a16", options), UsageError);
+  options.device = plan::DeviceChoice::Cuda;
+  options.activation_precision = ActivationPrecision::Int8;
+  EXPECT_NE(message_of(options).find("--activation-precision int8 / --lm-head-dtype bf16 are CPU"), std::string::npos) << message_of(options);
+  options.activation_precision = kAutoPrecision;
+  options.lm_head_dtype = LmHeadDtype::Fp8;
+  EXPECT_NE(message_of(options).find("--lm-head-dtype fp8 are CPU decode paths"), std::string::npos) << message_of(options);
+  options.lm_head_dtype = LmHeadDtype::Bf16;
+  options.kv_cache_dtype = KvCacheDtype::Bf16;
+  EXPECT_NE(message_of(options).find("--kv-cache-dtype bf16: the GPU backend keeps an fp32"), std::string::npos) << message_of(options);
 }
 
 // auto follows the checkpoint's dtype on the CPU (as vLLM's auto), and is fp32 on the GPU, whose cache is fp32;
 // a 16-bit choice for the GPU is refused rather than ignored.
 TEST(RunPrecision, KvCacheDtypeChoices) {
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "bfloat16"), KvCacheDtype::Bf16);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float16"), KvCacheDtype::F16);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", "float32"), KvCacheDtype::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu", ""), KvCacheDtype::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "sm90", "bfloat16"), KvCacheDtype::Bf16);  // plans only: the CPU runs
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cuda", "bfloat16"), KvCacheDtype::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cpu", "bfloat16"), KvCacheDtype::F32);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp16", "cpu", "bfloat16"), KvCacheDtype::F16);
-  EXPECT_EQ(resolve_kv_cache_dtype("bf16", "cpu", "float32"), KvCacheDtype::Bf16);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp32", "cuda", ""), KvCacheDtype::F32);
-  EXPECT_THROW(resolve_kv_cache_dtype("bf16", "cuda", ""), UsageError);
-  EXPECT_THROW(resolve_kv_cache_dtype("fp16", "cuda", ""), UsageError);
-  EXPECT_THROW(resolve_kv_cache_dtype("f16", "cpu", ""), UsageError);
+  using plan::DeviceKind;
+  EXPECT_EQ(resolve_kv_cache_dtype(kAutoKv, DeviceKind::Cpu, "bfloat16"), KvCacheDtype::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype(kAutoKv, DeviceKind::Cpu, "float16"), KvCacheDtype::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype(kAutoKv, DeviceKind::Cpu, "float32"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype(kAutoKv, DeviceKind::Cpu, ""), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype(kAutoKv, DeviceKind::Cuda, "bfloat16"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype(KvCacheDtype::F32, DeviceKind::Cpu, "bfloat16"), KvCacheDtype::F32);
+  EXPECT_EQ(resolve_kv_cache_dtype(KvCacheDtype::F16, DeviceKind::Cpu, "bfloat16"), KvCacheDtype::F16);
+  EXPECT_EQ(resolve_kv_cache_dtype(KvCacheDtype::Bf16, DeviceKind::Cpu, "float32"), KvCacheDtype::Bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype(KvCacheDtype::F32, DeviceKind::Cuda, ""), KvCacheDtype::F32);
+  EXPECT_THROW(resolve_kv_cache_dtype(KvCacheDtype::Bf16, DeviceKind::Cuda, ""), UsageError);
+  EXPECT_THROW(resolve_kv_cache_dtype(KvCacheDtype::F16, DeviceKind::Cuda, ""), UsageError);
   // The loaded model says what its caches store, and they store it.
   LoadOptions options;
   const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", options);
@@ -149,30 +177,30 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
 }
 
 TEST(RunPrecision, ActivationPrecisionChoices) {
-  using prepare::ActivationPrecision;
   // auto: bf16 only for a bfloat16 checkpoint on a CPU whose kernels run bf16 dot products.
   const ActivationPrecision cpu_bf16 = kernels::bf16_dot_active() ? ActivationPrecision::Bf16 : ActivationPrecision::Fp32;
-  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "bfloat16"), cpu_bf16);
-  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "float16"), ActivationPrecision::Fp32);
-  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "float32"), ActivationPrecision::Fp32);
-  EXPECT_EQ(resolve_activation_precision("auto", "cpu", ""), ActivationPrecision::Fp32);
-  EXPECT_EQ(resolve_activation_precision("auto", "cuda", "bfloat16"), ActivationPrecision::Fp32);
-  EXPECT_EQ(resolve_activation_precision("fp32", "cpu", "bfloat16"), ActivationPrecision::Fp32);
-  EXPECT_EQ(resolve_activation_precision("bf16", "cpu", "float32"), ActivationPrecision::Bf16);
-  EXPECT_EQ(resolve_activation_precision("int8", "cpu", ""), ActivationPrecision::Int8);
-  EXPECT_EQ(resolve_activation_precision("int8-decode", "cpu", ""), ActivationPrecision::Int8Decode);
-  EXPECT_THROW(resolve_activation_precision("fp16", "cpu", ""), UsageError);
-  EXPECT_STREQ(activation_precision_name(ActivationPrecision::Bf16), "bf16");
-  EXPECT_STREQ(activation_precision_name(ActivationPrecision::Int8Decode), "int8-decode");
+  using plan::DeviceKind;
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16"), cpu_bf16);
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float32"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, ""), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cuda, "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kFp32, DeviceKind::Cpu, "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kBf16, DeviceKind::Cpu, "float32"), ActivationPrecision::Bf16);
+  EXPECT_EQ(resolve_activation_precision(kInt8, DeviceKind::Cpu, ""), ActivationPrecision::Int8);
+  EXPECT_EQ(resolve_activation_precision(ActivationPrecision::Int8Decode, DeviceKind::Cpu, ""),
+            ActivationPrecision::Int8Decode);
+  EXPECT_EQ(prepare::activation_precision_name(ActivationPrecision::Bf16), "bf16");
+  EXPECT_EQ(prepare::activation_precision_name(ActivationPrecision::Int8Decode), "int8-decode");
   // Without bf16 dot products auto falls back to fp32 on the same CPU.
   kernels::set_bf16_dot_allowed(false);
-  EXPECT_EQ(resolve_activation_precision("auto", "cpu", "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16"), ActivationPrecision::Fp32);
   kernels::set_bf16_dot_allowed(true);
   // The loaded model says what its linears take.
   const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", LoadOptions{});
   EXPECT_EQ(loaded.activation_precision, cpu_bf16);
   LoadOptions fp32;
-  fp32.activation_precision = "fp32";
+  fp32.activation_precision = kFp32;
   EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", fp32).activation_precision, ActivationPrecision::Fp32);
 }
 

@@ -72,10 +72,8 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   LoadOptions whole;
   whole.threads = 1;
   LoadOptions shard = whole;
-  shard.tensor_parallel_size = comm.size();
-  shard.rank = comm.rank();
+  shard.parallel = {comm.size(), comm.rank(), c.expert_parallel};
   shard.comm = &comm;
-  shard.expert_parallel = c.expert_parallel;
   std::unique_ptr<tp_testing::Checkpoint> written;
   fs::path dir = kRef / c.fixture;
   if (c.synthetic) {

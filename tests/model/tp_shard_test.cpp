@@ -74,7 +74,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
   const ShardCase& c = GetParam();
   const auto ck = write_llama(c.format, c.inter, c.tag, c.ranks);
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
-  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const auto catalogue = backends::catalogue_for(plan::resolve_device(plan::DeviceChoice::Cpu));
   const plan::LayerPlan lp = plan::build_plan(ckpt, {catalogue.get(), plan::ActivationQuant::Auto});
   ASSERT_TRUE(lp.complete());
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, c.ranks, false);
@@ -140,7 +140,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(RowParallel, AGlobalActivationOrderThatARankCannotHoldIsRefusedNamingTheGroup) {
   const auto ck = write_llama(Format::Int4ActorderGlobal, 128, "int4_gidx_global", 2);
   const auto ckpt = checkpoint::Checkpoint::open(ck->dir);
-  const auto catalogue = backends::catalogue_for(plan::resolve_device("cpu"));
+  const auto catalogue = backends::catalogue_for(plan::resolve_device(plan::DeviceChoice::Cpu));
   const plan::LayerPlan lp = plan::build_plan(ckpt, {catalogue.get(), plan::ActivationQuant::Auto});
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(lp, 2, false);
   LoadProgress progress(0, 0, {});

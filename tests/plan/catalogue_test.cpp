@@ -31,7 +31,7 @@ LinearQuery query(SchemeId scheme, int64_t n = 96, int64_t k = 352) {
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
 TEST(CpuCatalogue, RunsEveryWeightOnlyAndEmulatedSchemeAndRefusesMatrixUnitSchemes) {
-  const auto cpu = backends::catalogue_for(resolve_device("cpu"));
+  const auto cpu = backends::catalogue_for(resolve_device(DeviceChoice::Cpu));
   EXPECT_TRUE(cpu->backend().starts_with("cpu-"));
   for (SchemeId s : kAll) {
     const KernelChoice k = cpu->linear(query(s));
@@ -47,7 +47,7 @@ TEST(CpuCatalogue, RunsEveryWeightOnlyAndEmulatedSchemeAndRefusesMatrixUnitSchem
 }
 
 TEST(CudaCatalogue, Sm90RunsFp4AndBf16AndRefusesInt4Fp8AndNativeW4A4) {
-  const auto sm90 = backends::catalogue_for(resolve_device("sm90"));
+  const auto sm90 = backends::catalogue_for(dry_run_device(90));
   EXPECT_EQ(sm90->backend(), "cuda-sm90");
   for (SchemeId s : {SchemeId::W4A16Nvfp4, SchemeId::W4A16Mxfp4, SchemeId::W4A4Mxfp4Emulated, SchemeId::Unquantized}) {
     const KernelChoice k = sm90->linear(query(s));
@@ -63,8 +63,8 @@ TEST(CudaCatalogue, Sm90RunsFp4AndBf16AndRefusesInt4Fp8AndNativeW4A4) {
 }
 
 TEST(CudaCatalogue, NativeW4A4FollowsTheMatrixUnitsOfEachFamily) {
-  const auto sm100 = backends::catalogue_for(resolve_device("sm100"));
-  const auto sm120 = backends::catalogue_for(resolve_device("sm120"));
+  const auto sm100 = backends::catalogue_for(dry_run_device(100));
+  const auto sm120 = backends::catalogue_for(dry_run_device(120));
   EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Nvfp4)).kernel, "native"));
   EXPECT_TRUE(contains(sm100->linear(query(SchemeId::W4A4Mxfp4)).kernel, "native"));
   // An emulated MXFP4 W4A4 layer (FP4 weights) runs on the native units where they exist (linear_w4a4 picks cuBLASLt).
@@ -78,7 +78,7 @@ TEST(CudaCatalogue, NativeW4A4FollowsTheMatrixUnitsOfEachFamily) {
 }
 
 TEST(CudaCatalogue, ShapeAndLayoutLimitsAreRefusedWithTheLimit) {
-  const auto sm90 = backends::catalogue_for(resolve_device("sm90"));
+  const auto sm90 = backends::catalogue_for(dry_run_device(90));
   LinearQuery g_idx = query(SchemeId::W4A16Nvfp4);
   g_idx.activation_order = true;
   EXPECT_TRUE(contains(sm90->linear(g_idx).why_not, "column permutation"));
@@ -91,10 +91,10 @@ TEST(CudaCatalogue, ShapeAndLayoutLimitsAreRefusedWithTheLimit) {
 }
 
 TEST(CudaCatalogue, BelowSm80AndBuildsWithoutKernelsRunNothing) {
-  const auto sm75 = backends::catalogue_for(resolve_device("sm75"));
+  const auto sm75 = backends::catalogue_for(dry_run_device(75));
   EXPECT_TRUE(contains(sm75->linear(query(SchemeId::Unquantized)).why_not, "below sm80"));
   EXPECT_FALSE(sm75->attention({64, 8, 2}).ok());
-  DeviceCaps h200 = resolve_device("sm90");
+  DeviceCaps h200 = dry_run_device(90);
   h200.detected = true;  // a GPU found on this machine, asked of a build without the CUDA kernels
   const backends::cuda::CudaCatalogue without(h200, false);
   EXPECT_TRUE(contains(without.linear(query(SchemeId::W4A16Nvfp4)).why_not, "without CUDA kernels"));

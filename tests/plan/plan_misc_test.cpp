@@ -21,21 +21,19 @@ LayerPlan plan_for(const json& config, const TensorHeaders& h, const std::string
 
 json llama(const json& qc) { return model_config("LlamaForCausalLM", {{"quantization_config", qc}}); }
 
-TEST(Device, ParsesDryRunsAndRejectsNonsense) {
-  EXPECT_EQ(resolve_device("sm90").sm, 90);
-  EXPECT_EQ(resolve_device("sm120").kind, DeviceKind::Cuda);
-  EXPECT_FALSE(resolve_device("sm100").detected);
-  EXPECT_EQ(resolve_device("cpu").kind, DeviceKind::Cpu);
-  EXPECT_TRUE(resolve_device("cpu").detected);
-  EXPECT_THROW(resolve_device("gpu"), UsageError);
-  EXPECT_THROW(resolve_device("sm"), UsageError);
-  EXPECT_THROW(resolve_device("sm9x"), UsageError);
-  EXPECT_TRUE(resolve_device("sm89").has_fp8_mma());
-  EXPECT_FALSE(resolve_device("sm86").has_fp8_mma());
-  EXPECT_TRUE(resolve_device("sm120").has_nvfp4_mma());
-  EXPECT_FALSE(resolve_device("sm120").has_mxfp4_mma());
-  EXPECT_FALSE(resolve_device("sm90").has_nvfp4_mma());
-  EXPECT_THROW(parse_activation_quant("fp8"), UsageError);
+TEST(Device, DryRunsAreUndetectedCudaDevicesWithTheirCapability) {
+  EXPECT_EQ(dry_run_device(90).sm, 90);
+  EXPECT_EQ(dry_run_device(120).kind, DeviceKind::Cuda);
+  EXPECT_FALSE(dry_run_device(100).detected);
+  EXPECT_EQ(dry_run_device(86).label(), "sm86");
+  EXPECT_EQ(resolve_device(DeviceChoice::Cpu).kind, DeviceKind::Cpu);
+  EXPECT_TRUE(resolve_device(DeviceChoice::Cpu).detected);
+  EXPECT_THROW(dry_run_device(9), UsageError);
+  EXPECT_THROW(dry_run_device(200), UsageError);
+  EXPECT_TRUE(dry_run_device(89).has_fp8_mma());
+  EXPECT_FALSE(dry_run_device(86).has_fp8_mma());
+  EXPECT_TRUE(dry_run_device(120).has_nvfp4_mma());
+  EXPECT_FALSE(dry_run_device(90).has_nvfp4_mma());
 }
 
 TEST(Plan, BelowSm80HasNoSchemeForFp4AndSaysWhy) {

@@ -172,14 +172,17 @@ inline KindOf all_but_head(Kind kind) {
   return [kind](const std::string& m) { return m == "lm_head" ? Kind::Dense : kind; };
 }
 
-inline DeviceCaps device(const std::string& label) { return resolve_device(label); }
+/// "cpu" (the host), or "smNN" (a dry run for that compute capability), as `explain --device` names them.
+inline DeviceCaps device(const std::string& label) {
+  return label == "cpu" ? resolve_device(DeviceChoice::Cpu) : dry_run_device(std::stoi(label.substr(2)));
+}
 
 /// The kernel catalogue of `--device label` ("cpu", "sm90", …), as the app and the loader make it; one per label
 /// for the life of the test binary.
 inline const KernelCatalogue* catalogue(const std::string& label) {
   static std::map<std::string, std::unique_ptr<KernelCatalogue>> made;
   std::unique_ptr<KernelCatalogue>& c = made[label];
-  if (!c) c = backends::catalogue_for(resolve_device(label));
+  if (!c) c = backends::catalogue_for(device(label));
   return c.get();
 }
 

@@ -32,7 +32,7 @@ class Perplexity : public ::testing::Test {
     model::LoadOptions options;
     // fp32 activations whatever the CPU (auto is bf16 where AVX512-BF16 runs): the bounds below are the fp32
     // kernels' distance from transformers' fp32 logits.
-    options.activation_precision = "fp32";
+    options.activation_precision = prepare::ActivationPrecision::Fp32;
     base_ = std::make_unique<model::LoadedModel>(model::load_model(kData / "ref" / "llama-bf16", options));
     quant_ = std::make_unique<model::LoadedModel>(model::load_model(kData / "ref" / "llama-nvfp4a16", options));
   }

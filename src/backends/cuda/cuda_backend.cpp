@@ -18,7 +18,7 @@
 #include "backends/cuda/kernels/ops_moe.h"
 #include "backends/cuda/kernels/partition.h"
 #include "fp4serve/error.h"
-#include "model/step_arrays.h"
+#include "backends/cuda/step_arrays.h"
 #include "quant/dequant.h"
 
 namespace fp4serve::backends::cuda {

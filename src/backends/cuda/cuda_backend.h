@@ -98,7 +98,7 @@ class CudaBackend final : public Backend {
   void decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) override;
   /// A capturable decode step runs as a CUDA graph of its bucket (kernels::cuda::StepGraphs): the first step of a
   /// bucket runs `work` and captures it, later ones replay it after begin_step's one copy of the step arrays
-  /// (model/step_arrays.h). Graphs are dropped when the cache, the host thread or any buffer they read changes
+  /// (step_arrays.h). Graphs are dropped when the cache, the host thread or any buffer they read changes
   /// (a workspace or scratch that grows, e.g. for a longer prefill); they are captured again on the next step.
   /// Non-capturable steps, batches above 256 rows and buckets whose capture failed run `work` directly.
   void run_decode(const std::function<void()>& work) override;

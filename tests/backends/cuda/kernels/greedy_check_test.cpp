@@ -77,9 +77,9 @@ GreedySummary teacher_forced(const model::ForwardModel& cpu, const model::Forwar
 
 void check_model(const fs::path& dir, std::vector<int32_t> prompt, int steps) {
   model::LoadOptions options;
-  options.kv_cache_dtype = "fp32";  // the GPU's cache: the oracle must not differ by a 16-bit cache's rounding
+  options.kv_cache_dtype = model::KvCacheDtype::F32;  // the GPU's cache: the oracle must not differ by a 16-bit cache's rounding
   const model::LoadedModel cpu = model::load_model(dir, options);
-  options.device = "cuda";
+  options.device = plan::DeviceChoice::Cuda;
   const model::LoadedModel gpu = model::load_model(dir, options);
   const int64_t vocab = cpu.decoder->config().vocab_size;
   for (auto& id : prompt) id = static_cast<int32_t>(id % vocab);

@@ -3,7 +3,7 @@
 // host→device copy, and padded to a batch-size bucket so that a CUDA graph captured for that bucket (the CUDA
 // backend's StepGraphs) can be replayed for any batch up to it: the graph bakes the buffer's address and the
 // arrays' offsets, the copy before each replay refreshes the contents. Host-only (no CUDA), unit-tested in
-// tests/model/step_arrays_test.cpp.
+// tests/backends/cuda/step_arrays_test.cpp in every build.
 //
 // Padding rows run real work whose results are ignored: token 0 at position 0 of the KV cache's scratch slot
 // (a slot past the cache's max_slots that no sequence owns), so they write and read only that slot.
@@ -15,7 +15,7 @@
 
 #include "model/backend.h"
 
-namespace fp4serve::model {
+namespace fp4serve::backends::cuda {
 
 /// Byte offsets of the arrays for `rows` rows in the packed buffer; int64 arrays first, so every array is
 /// aligned to its element size when the buffer is 8-byte aligned.
@@ -35,14 +35,14 @@ StepArraysLayout step_arrays_layout(int64_t rows);
 /// Rows a step runs on: the smallest bucket ≥ the batch's rows for a decode step that may be captured
 /// (flat.decode && flat.capturable) when some bucket is large enough, else exactly the batch's rows.
 /// `buckets` ascending (the CUDA backend: default_graph_buckets, 1, 2, 4, … 256).
-int64_t padded_step_rows(const FlatBatch& flat, std::span<const int64_t> buckets);
+int64_t padded_step_rows(const model::FlatBatch& flat, std::span<const int64_t> buckets);
 
 /// Writes the arrays of `flat` padded to `rows` rows into `out` (at least step_arrays_layout(rows).bytes bytes):
 /// rows r < flat.ids.size() from the batch (seq_base = slot · num_layers · max_seq_len), rows past it as padding
 /// (id 0, position 0, seq_len 1, cache row = seq_base = scratch_slot · num_layers · max_seq_len). Throws
 /// UsageError when rows < the batch's rows, `out` is too small, or the sizes are not positive (or the cache is
 /// longer than int32 positions).
-void pack_step_arrays(const FlatBatch& flat, int64_t rows, int64_t num_layers, int64_t max_seq_len,
+void pack_step_arrays(const model::FlatBatch& flat, int64_t rows, int64_t num_layers, int64_t max_seq_len,
                       int scratch_slot, std::span<std::byte> out);
 
-}  // namespace fp4serve::model
+}  // namespace fp4serve::backends::cuda

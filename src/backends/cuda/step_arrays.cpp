@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "model/step_arrays.h"
+#include "backends/cuda/step_arrays.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "fp4serve/error.h"
 
-namespace fp4serve::model {
+namespace fp4serve::backends::cuda {
 namespace {
 
 template <class T>
@@ -32,7 +32,7 @@ StepArraysLayout step_arrays_layout(int64_t rows) {
   return l;
 }
 
-int64_t padded_step_rows(const FlatBatch& flat, std::span<const int64_t> buckets) {
+int64_t padded_step_rows(const model::FlatBatch& flat, std::span<const int64_t> buckets) {
   const auto n = static_cast<int64_t>(flat.ids.size());
   if (!flat.decode || !flat.capturable) return n;
   for (const int64_t b : buckets) {
@@ -41,7 +41,7 @@ int64_t padded_step_rows(const FlatBatch& flat, std::span<const int64_t> buckets
   return n;
 }
 
-void pack_step_arrays(const FlatBatch& flat, int64_t rows, int64_t num_layers, int64_t max_seq_len,
+void pack_step_arrays(const model::FlatBatch& flat, int64_t rows, int64_t num_layers, int64_t max_seq_len,
                       int scratch_slot, std::span<std::byte> out) {
   const auto n = static_cast<int64_t>(flat.ids.size());
   const StepArraysLayout l = step_arrays_layout(rows);
@@ -67,4 +67,4 @@ void pack_step_arrays(const FlatBatch& flat, int64_t rows, int64_t num_layers, i
   }
 }
 
-}  // namespace fp4serve::model
+}  // namespace fp4serve::backends::cuda

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host side of GPU decode steps (model/step_arrays.h): which steps are decode steps, the rows a step is
+// The host side of GPU decode steps (backends/cuda/step_arrays.h): which steps are decode steps, the rows a step is
 // padded to, and the packed per-row arrays a captured graph reads, unpacked here and checked field by field
 // against values computed in the test from the batch.
-#include "model/step_arrays.h"
+#include "backends/cuda/step_arrays.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,10 @@
 
 #include "fp4serve/error.h"
 
-namespace fp4serve::model {
+namespace fp4serve::backends::cuda {
+using model::FlatBatch;
+using model::flatten_batch;
+using model::SequenceChunk;
 namespace {
 
 template <class T>
@@ -119,4 +122,4 @@ TEST(StepArrays, PackRefusesTooFewRowsOrBytes) {
 }
 
 }  // namespace
-}  // namespace fp4serve::model
+}  // namespace fp4serve::backends::cuda

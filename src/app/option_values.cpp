@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "app/option_values.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "fp4serve/error.h"
+
+namespace fp4serve::app {
+namespace {
+
+// "smNN" / "smNNN" → NN(N); std::nullopt for anything else.
+std::optional<int> dry_run_capability(std::string_view text) {
+  if (text.size() < 4 || !text.starts_with("sm")) return std::nullopt;
+  const std::string_view digits = text.substr(2);
+  int sm = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), sm);
+  if (ec != std::errc() || end != digits.data() + digits.size() || sm < 10 || sm > 199) return std::nullopt;
+  return sm;
+}
+
+std::optional<plan::DeviceChoice> device_choice(std::string_view text) {
+  for (plan::DeviceChoice c : {plan::DeviceChoice::Auto, plan::DeviceChoice::Cpu, plan::DeviceChoice::Cuda}) {
+    if (text == plan::device_choice_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+plan::DeviceChoice parse_run_device(std::string_view text) {
+  if (const auto choice = device_choice(text)) return *choice;
+  if (dry_run_capability(text)) {
+    throw UsageError(fmt::format("--device {}: a dry-run device: use `explain --device {}` to see its plan; "
+                                 "to run the model use --device cpu or --device cuda", text, text));
+  }
+  throw UsageError(fmt::format("--device '{}' is not one of auto, cpu, cuda", text));
+}
+
+plan::DeviceCaps parse_plan_device(std::string_view text) {
+  if (const auto choice = device_choice(text)) return plan::resolve_device(*choice);
+  if (const auto sm = dry_run_capability(text)) return plan::dry_run_device(*sm);
+  throw UsageError(fmt::format("--device '{}' is not one of auto, cpu, cuda, sm80, sm86, sm89, sm90, sm100, sm120 "
+                               "(any smNN is accepted)", text));
+}
+
+plan::ActivationQuant parse_activation_quant(std::string_view text) {
+  for (plan::ActivationQuant a : {plan::ActivationQuant::Auto, plan::ActivationQuant::WeightOnly,
+                                  plan::ActivationQuant::Emulate}) {
+    if (text == plan::activation_quant_name(a)) return a;
+  }
+  throw UsageError(fmt::format("--activation-quant '{}' is not one of auto, weight-only, emulate", text));
+}
+
+std::optional<prepare::ActivationPrecision> parse_activation_precision(std::string_view text) {
+  using prepare::ActivationPrecision;
+  if (text == "auto") return std::nullopt;
+  for (ActivationPrecision p : {ActivationPrecision::Fp32, ActivationPrecision::Bf16, ActivationPrecision::Int8,
+                                ActivationPrecision::Int8Decode}) {
+    if (text == prepare::activation_precision_name(p)) return p;
+  }
+  throw UsageError(fmt::format("--activation-precision '{}' is not one of auto, fp32, bf16, int8, int8-decode", text));
+}
+
+std::string activation_precision_text(std::optional<prepare::ActivationPrecision> precision) {
+  return precision ? std::string(prepare::activation_precision_name(*precision)) : "auto";
+}
+
+model::LmHeadDtype parse_lm_head_dtype(std::string_view text) {
+  for (model::LmHeadDtype d : {model::LmHeadDtype::Bf16, model::LmHeadDtype::Fp8, model::LmHeadDtype::Int8}) {
+    if (text == model::lm_head_dtype_name(d)) return d;
+  }
+  throw UsageError(fmt::format("--lm-head-dtype '{}' is not one of bf16, fp8, int8", text));
+}
+
+std::optional<model::KvCacheDtype> parse_kv_cache_dtype(std::string_view text) {
+  if (text == "auto") return std::nullopt;
+  for (model::KvCacheDtype d : {model::KvCacheDtype::F32, model::KvCacheDtype::Bf16, model::KvCacheDtype::F16}) {
+    if (text == model::kv_cache_dtype_name(d)) return d;
+  }
+  throw UsageError(fmt::format("--kv-cache-dtype '{}' is not one of auto, fp32, bf16, fp16", text));
+}
+
+std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype) {
+  return dtype ? std::string(model::kv_cache_dtype_name(*dtype)) : "auto";
+}
+
+}  // namespace fp4serve::app
