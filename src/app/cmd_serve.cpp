@@ -11,6 +11,7 @@
 #include "app/chat_options.h"
 #include "app/commands.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "fp4serve/error.h"
@@ -32,11 +33,13 @@ struct ServeOptions {
   server::SchedulerConfig scheduler;
   int64_t kv_cache_mib = 4096;
   ChatTemplateOptions chat_template;
+  std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
 };
 
 void run_serve(ServeOptions opts) {
   // SIGINT/SIGTERM are blocked in every thread (the mask is inherited) and taken by sigwait below, so shutdown
-  // runs as ordinary code: stop the scheduler (in-flight requests end with an error event), then the listener.
+  // runs as ordinary code: drain the HTTP server (running requests may finish within --shutdown-timeout, the
+  // rest end with an error event or a 503), then stop the scheduler.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -61,7 +64,11 @@ void run_serve(ServeOptions opts) {
   }
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
-  const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos));
+  const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos),
+                                    opts.content_format);
+  if (const std::string format = codec.describe_content_format(); !format.empty()) {
+    fmt::print(stderr, "chat template content format: {}\n", format);
+  }
 
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
                                                 opts.scheduler.max_num_seqs, loaded.kv_element);
@@ -84,9 +91,10 @@ void run_serve(ServeOptions opts) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    fmt::print(stderr, "\n{}: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fmt::print(stderr, "\n{}: shutting down (running requests have {} s to finish)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", opts.http.shutdown_timeout_seconds);
+    http.stop();       // the scheduler keeps stepping while requests drain
     scheduler.stop();
-    http.stop();
   });
   http.serve();
   // serve() also returns if the listener fails; wake the waiter so it can finish.
@@ -116,6 +124,14 @@ void register_serve(CLI::App& root) {
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--max-body-bytes", opts->http.max_body_bytes, "larger request bodies get 400")->capture_default_str();
   add_chat_template_options(*cmd, opts->chat_template);  // kwargs: defaults that a request's chat_template_kwargs override
+  add_parsed_option(*cmd, "--chat-template-content-format", opts->content_format, parse_content_format,
+                    "how a message's list of content parts reaches the template: 'string' joins the text parts, "
+                    "'openai' passes the list; 'auto' detects what the template iterates (as vLLM)",
+                    "auto");
+  cmd->add_option("--shutdown-timeout", opts->http.shutdown_timeout_seconds,
+                  "seconds running requests may take to finish after SIGTERM/SIGINT; then they are aborted "
+                  "(streams: an error event + [DONE]; others: 503)")
+      ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   cmd->callback([opts] {
     // Every streaming or queued request holds a handler thread; keep a few spare for /health and /metrics.
     opts->http.threads = opts->scheduler.max_num_seqs + opts->scheduler.max_queue + 8;

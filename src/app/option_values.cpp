@@ -86,4 +86,12 @@ std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype) {
   return dtype ? std::string(model::kv_cache_dtype_name(*dtype)) : "auto";
 }
 
+std::optional<text::ContentFormat> parse_content_format(std::string_view text) {
+  if (text == "auto") return std::nullopt;
+  for (text::ContentFormat f : {text::ContentFormat::kString, text::ContentFormat::kOpenAI}) {
+    if (text == text::content_format_name(f)) return f;
+  }
+  throw UsageError(fmt::format("--chat-template-content-format '{}' is not one of auto, string, openai", text));
+}
+
 }  // namespace fp4serve::app

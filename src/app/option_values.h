@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The command line's option values as the library takes them: each `--flag` text is parsed here, once, into the
 // enum or struct of the module that uses it (plan::DeviceChoice, plan::ActivationQuant,
-// prepare::ActivationPrecision, model::LmHeadDtype, model::KvCacheDtype). Below app/ nothing parses an option
+// prepare::ActivationPrecision, model::LmHeadDtype, model::KvCacheDtype, text::ContentFormat). Below app/ nothing parses an option
 // string. Every parse_* throws UsageError naming the flag, the text and the accepted values.
 #pragma once
 
@@ -16,6 +16,7 @@
 #include "plan/device_caps.h"
 #include "plan/select.h"
 #include "prepare/prepared_linear.h"
+#include "text/chat_template.h"
 
 namespace fp4serve::app {
 
@@ -44,6 +45,9 @@ model::LmHeadDtype parse_lm_head_dtype(std::string_view text);
 /// | fp16.
 std::optional<model::KvCacheDtype> parse_kv_cache_dtype(std::string_view text);
 std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype);
+
+/// `serve --chat-template-content-format`: auto (std::nullopt: each template's syntax decides) | string | openai.
+std::optional<text::ContentFormat> parse_content_format(std::string_view text);
 
 /// Adds `--name` to `cmd` as a typed option: the text is parsed by `parse` when CLI11 reads it (a bad value stops
 /// the command line with parse's UsageError, before anything is loaded) and stored in `target`. `default_text` is

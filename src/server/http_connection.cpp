@@ -14,6 +14,9 @@ constexpr size_t kHeaderLimit = 16 * 1024;
 // the client receives the answer rather than a reset; then the connection closes.
 constexpr auto kLinger = std::chrono::seconds(2);
 constexpr size_t kLingerSlack = 64 * 1024;
+// A handler waits for its write at most this long beyond the write deadline; the deadline (or a close) ends the
+// write first whenever the I/O threads run, so this only bounds a wait that nothing else would end.
+constexpr auto kWriteWaitSlack = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -186,30 +189,37 @@ void Connection::drain(size_t budget) {
 }
 
 // Runs `start(done)` on the strand under the write deadline and waits for `done(ec)`. The deadline bounds the
-// wait: the stream cancels the operation when it passes, and close_socket() cancels it at shutdown.
+// wait: the stream cancels the operation when it passes, and close_socket() cancels it at shutdown. `keep` owns
+// what the write reads until it completes, so a handler that stops waiting (kWriteWaitSlack) leaves no
+// operation reading its stack.
 template <class Start>
-bool Connection::blocking(Start start) {
+bool Connection::blocking(std::shared_ptr<const void> keep, Start start) {
   {
     std::lock_guard lock(fd_mutex_);
     if (closed_) return false;
   }
   auto done = std::make_shared<std::promise<beast::error_code>>();
   auto result = done->get_future();
-  net::post(stream_.get_executor(), [self = shared_from_this(), done, start]() mutable {
+  net::post(stream_.get_executor(), [self = shared_from_this(), done, start, keep]() mutable {
     if (self->closed_) {
       done->set_value(net::error::operation_aborted);
       return;
     }
     self->stream_.expires_after(self->routes_.limits().io_timeout);
-    start([done](beast::error_code ec, size_t) { done->set_value(ec); });
+    start([done, keep](beast::error_code ec, size_t) { done->set_value(ec); });
   });
+  if (result.wait_for(routes_.limits().io_timeout + kWriteWaitSlack) != std::future_status::ready) {
+    close_from_outside();
+    return false;
+  }
   return !result.get();
 }
 
 bool Connection::write_response(StringResponse& response) {
   response.prepare_payload();
   routes_.responded(target_, response.result_int());
-  return blocking([this, &response](auto handler) { http::async_write(stream_, response, std::move(handler)); });
+  auto owned = std::make_shared<StringResponse>(std::move(response));
+  return blocking(owned, [this, owned](auto handler) { http::async_write(stream_, *owned, std::move(handler)); });
 }
 
 bool Connection::write_stream_header(http::response<http::empty_body>& header) {
@@ -220,26 +230,29 @@ bool Connection::write_stream_header(http::response<http::empty_body>& header) {
     header.keep_alive(false);  // HTTP/1.0: the body ends when the connection does
   }
   routes_.responded(target_, header.result_int());
-  return blocking([this, &header](auto handler) {
-    stream_serializer_.emplace(header);
+  auto owned = std::make_shared<http::response<http::empty_body>>(std::move(header));
+  return blocking(owned, [this, owned](auto handler) {
+    stream_header_ = owned;  // the serializer refers to it until finish()
+    stream_serializer_.emplace(*stream_header_);
     http::async_write_header(stream_, *stream_serializer_, std::move(handler));
   });
 }
 
 bool Connection::write_stream_data(const std::string& data) {
   if (data.empty()) return true;
-  return blocking([this, &data](auto handler) {
+  auto owned = std::make_shared<const std::string>(data);
+  return blocking(owned, [this, owned](auto handler) {
     if (stream_chunked_) {
-      net::async_write(stream_, http::make_chunk(net::buffer(data)), std::move(handler));
+      net::async_write(stream_, http::make_chunk(net::buffer(*owned)), std::move(handler));
     } else {
-      net::async_write(stream_, net::buffer(data), std::move(handler));
+      net::async_write(stream_, net::buffer(*owned), std::move(handler));
     }
   });
 }
 
 bool Connection::write_stream_end() {
   if (!stream_chunked_) return true;
-  return blocking([this](auto handler) { net::async_write(stream_, http::make_chunk_last(), std::move(handler)); });
+  return blocking(nullptr, [this](auto handler) { net::async_write(stream_, http::make_chunk_last(), std::move(handler)); });
 }
 
 bool Connection::client_gone() {
@@ -255,6 +268,7 @@ bool Connection::client_gone() {
 void Connection::finish(bool keep_alive) {
   net::post(stream_.get_executor(), [self = shared_from_this(), keep_alive] {
     self->stream_serializer_.reset();
+    self->stream_header_.reset();
     if (self->closed_) return;
     if (keep_alive) {
       self->read_header();

@@ -99,7 +99,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void drain(size_t budget);
   void close_socket();
   template <class Start>
-  bool blocking(Start start);
+  bool blocking(std::shared_ptr<const void> keep, Start start);
 
   Routes& routes_;
   beast::tcp_stream stream_;
@@ -110,6 +110,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string target_;                           // of the request being answered (metrics)
   std::array<char, 4096> drain_{};
   bool stream_chunked_ = false;
+  std::shared_ptr<http::response<http::empty_body>> stream_header_;  // of the stream being written (strand)
   std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
   std::mutex fd_mutex_;                          // closed_ vs. the handler's peek at the socket
   bool closed_ = false;

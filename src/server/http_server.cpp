@@ -4,10 +4,14 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <atomic>
+#include <cctype>
+#include <condition_variable>
 #include <csignal>
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -24,6 +28,10 @@ using nlohmann::json;
 constexpr auto kPoll = std::chrono::milliseconds(200);
 constexpr int kListenBacklog = 512;
 constexpr int kRetryAfterSeconds = 1;
+// After the grace period, how long aborted requests have to write their ending (an error event, a 503) before
+// their sockets are closed under them: enough for a client that reads, and a bound on one that does not.
+constexpr auto kAbortBound = std::chrono::seconds(1);
+constexpr const char* kShuttingDown = "the server is shutting down";
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -50,6 +58,24 @@ std::string make_id(Endpoint endpoint) {
 std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
 bool is_api(std::string_view target) { return path_of(target).rfind("/v1/", 0) == 0; }
+
+constexpr std::string_view kModelPrefix = "/v1/models/";
+
+// %XX escapes of a path segment (a model id may hold a '/' sent as %2F); anything malformed stays as it is.
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
 
 // The file-descriptor limit leaves room for the model's files and the listener.
 int connection_cap(int configured) {
@@ -78,10 +104,25 @@ struct HttpServer::Impl final : Routes {
 
   std::once_flag stopped;
   bool bound = false;
+  const int64_t model_created = static_cast<int64_t>(std::time(nullptr));  // the model object's creation time
+
+  // Shutdown: `draining` from stop() on (new requests get 503, answers close their connection); `aborting`
+  // once the grace period has passed (running requests end now with an error). `active` counts the requests
+  // on handler threads, which stop() waits for.
+  std::atomic<bool> draining{false};
+  std::atomic<bool> aborting{false};
+  std::mutex active_mutex;
+  std::condition_variable active_cv;
+  int active = 0;
+
   net::thread_pool handlers;
   // Last, so that it is destroyed first: pending handlers hold connections that call back into the members above.
   net::io_context io;
   tcp::acceptor acceptor{net::make_strand(io)};
+  // Keeps io.run() from returning when no socket operation is pending: a handler may still post a write, and a
+  // write posted to an I/O context that ran out of work would never complete (the SIGTERM hang of issue 43).
+  // Released by shutdown() only after every handler has returned.
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work{net::make_work_guard(io)};
 
   Impl(HttpConfig c, ServeLimits l, const TextCodec& tc, Scheduler& s, Metrics& m)
       : config(std::move(c)), serve_limits(std::move(l)), codec(tc), scheduler(s), metrics(m),
@@ -102,6 +143,14 @@ struct HttpServer::Impl final : Routes {
     if (--per_client[client] <= 0) per_client.erase(client);
   }
 
+  nlohmann::json model_json() const {
+    return {{"id", serve_limits.model_name}, {"object", "model"}, {"created", model_created}, {"owned_by", "fp4serve"},
+            {"max_model_len", serve_limits.context_length}, {"vocab_size", codec.vocab_size()}};
+  }
+  /// Runs `task` on a handler thread, counted in `active` until it returns.
+  template <class Task>
+  void run_handler(Task task);
+  void wait_idle(std::chrono::steady_clock::duration limit);
   void accept();
   void on_accept(beast::error_code ec, tcp::socket socket);
   void generate(const std::shared_ptr<Connection>& conn, Endpoint endpoint, const StringRequest& req);
@@ -135,7 +184,8 @@ std::optional<StringResponse> HttpServer::Impl::check_headers(const http::reques
     }
   }
   const bool known = (header.method() == http::verb::get &&
-                      (path == "/health" || path == "/metrics" || path == "/v1/models")) ||
+                      (path == "/health" || path == "/metrics" || path == "/v1/models" ||
+                       path.rfind(kModelPrefix, 0) == 0)) ||
                      (header.method() == http::verb::post &&
                       (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
                        path == "/detokenize"));
@@ -146,11 +196,34 @@ std::optional<StringResponse> HttpServer::Impl::check_headers(const http::reques
   return std::nullopt;
 }
 
+template <class Task>
+void HttpServer::Impl::run_handler(Task task) {
+  {
+    std::lock_guard lock(active_mutex);
+    ++active;
+  }
+  net::post(handlers, [this, task = std::move(task)]() mutable {
+    struct Done {
+      Impl& impl;
+      ~Done() {
+        {
+          std::lock_guard lock(impl.active_mutex);
+          --impl.active;
+        }
+        impl.active_cv.notify_all();
+      }
+    } done{*this};
+    task();
+  });
+}
+
 void HttpServer::Impl::dispatch(std::shared_ptr<Connection> conn, StringRequest req) {
   const std::string_view path = path_of(to_std(req.target()));
   const unsigned version = req.version();
   const bool keep_alive = req.keep_alive();
-  if (path == "/health") {
+  if (draining.load()) {  // arrived after stop() began (a keep-alive connection): not started
+    conn->respond(error_response(ApiError(503, kShuttingDown), version, false));
+  } else if (path == "/health") {
     conn->respond(json_response(200, json{{"status", "ok"}}, version, keep_alive));
   } else if (path == "/metrics") {
     StringResponse res{http::status::ok, version};
@@ -159,14 +232,19 @@ void HttpServer::Impl::dispatch(std::shared_ptr<Connection> conn, StringRequest 
     res.body() = metrics.render();
     conn->respond(std::move(res));
   } else if (path == "/v1/models") {
-    const json model = {{"id", serve_limits.model_name}, {"object", "model"},
-                        {"created", static_cast<int64_t>(std::time(nullptr))},
-                        {"owned_by", "fp4serve"}, {"max_model_len", serve_limits.context_length},
-                        {"vocab_size", codec.vocab_size()}};
-    conn->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}, version, keep_alive));
+    conn->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model_json()})}}, version, keep_alive));
+  } else if (path.rfind(kModelPrefix, 0) == 0) {  // the openai client's models.retrieve(id)
+    const std::string id = percent_decoded(path.substr(kModelPrefix.size()));
+    if (id == serve_limits.model_name) {
+      conn->respond(json_response(200, model_json(), version, keep_alive));
+    } else {
+      conn->respond(error_response(ApiError(404, fmt::format("The model `{}` does not exist; this server serves '{}'",
+                                                             id, serve_limits.model_name), "model", "model_not_found"),
+                                   version, keep_alive));
+    }
   } else if (path == "/tokenize" || path == "/detokenize") {
     // vLLM's prompt inspection endpoints; a chat template render is work for a handler thread.
-    net::post(handlers, [this, conn = std::move(conn), r = std::move(req)] {
+    run_handler([this, conn = std::move(conn), r = std::move(req)] {
       const std::string_view body(r.body());
       bool keep = r.keep_alive();
       try {
@@ -182,20 +260,20 @@ void HttpServer::Impl::dispatch(std::shared_ptr<Connection> conn, StringRequest 
         conn->write_response(res);
         keep = false;
       }
-      conn->finish(keep);
+      conn->finish(keep && !draining.load());
     });
   } else {
     // Parsing, tokenizing and waiting for tokens happen on a handler thread, never on an I/O thread.
     const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
-    net::post(handlers, [this, conn = std::move(conn), endpoint, r = std::move(req)] {
-      generate(conn, endpoint, r);
-    });
+    run_handler([this, conn = std::move(conn), endpoint, r = std::move(req)] { generate(conn, endpoint, r); });
   }
 }
 
 void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoint endpoint, const StringRequest& req) {
   bool keep_alive = req.keep_alive();
   try {
+    // A request that waited for a handler thread past the grace period is not started.
+    if (aborting.load()) throw ApiError(503, kShuttingDown);
     const ApiRequest api = parse_request(endpoint, std::string_view(req.body()));
     SequenceRequest seq = to_sequence_request(api, codec, serve_limits, conn->request_started());
     const auto prompt_tokens = static_cast<int64_t>(seq.prompt.size());
@@ -210,6 +288,7 @@ void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoin
       respond_whole(*conn, req, api, channel, prompt_tokens);
     }
   } catch (const ApiError& e) {
+    keep_alive = keep_alive && !draining.load();
     StringResponse res = error_response(e, req.version(), keep_alive);
     keep_alive = conn->write_response(res) && keep_alive;
   } catch (const std::exception& e) {
@@ -217,7 +296,7 @@ void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoin
     conn->write_response(res);
     keep_alive = false;
   }
-  conn->finish(keep_alive);
+  conn->finish(keep_alive && !draining.load());
 }
 
 void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
@@ -234,7 +313,8 @@ void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req,
       break;
     }
     if (update.finished) {
-      if (update.reason == FinishReason::kError) throw ApiError(500, update.error);
+      // Failed by a scheduler that stops: 503 (unavailable), like a request aborted below.
+      if (update.reason == FinishReason::kError) throw ApiError(draining.load() ? 503 : 500, update.error);
       reason = finish_reason_name(update.reason);
       text += out.finish();
       break;
@@ -243,13 +323,18 @@ void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req,
       channel->cancel();
       throw ApiError(499, "the client closed the connection");
     }
+    if (aborting.load()) {  // the grace period is over
+      channel->cancel();
+      throw ApiError(503, fmt::format("{}: the request was aborted after the {} s grace period", kShuttingDown,
+                                      config.shutdown_timeout_seconds));
+    }
   }
   const Usage usage{prompt_tokens, out.tokens()};
   json body = response_json(api.endpoint, make_id(api.endpoint), serve_limits.model_name,
                             static_cast<int64_t>(std::time(nullptr)), text, reason, usage,
                             api.return_token_ids ? &out.ids() : nullptr);
   if (api.logprobs) body["choices"][0]["logprobs"] = logprobs_json(api.endpoint, out.take_logprobs(), 0);
-  StringResponse res = json_response(200, body, req.version(), req.keep_alive());
+  StringResponse res = json_response(200, body, req.version(), req.keep_alive() && !draining.load());
   conn.write_response(res);
 }
 
@@ -294,7 +379,7 @@ void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req
     }
     std::string data;
     if (finished && update.reason == FinishReason::kError && !out.stopped()) {
-      data += sse_event(ApiError(500, update.error).body());
+      data += sse_event(ApiError(draining.load() ? 503 : 500, update.error).body());
     } else if (finished) {
       piece += out.finish();
       data += chunk(piece, reason);
@@ -303,6 +388,12 @@ void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req
       }
     } else if (!piece.empty() || out.has_pending()) {
       data += chunk(piece, std::nullopt);
+    }
+    if (!finished && aborting.load()) {  // the grace period is over: what was generated, then an error event
+      channel->cancel();
+      data += sse_event(ApiError(503, fmt::format("{}: the request was aborted after the {} s grace period",
+                                                  kShuttingDown, config.shutdown_timeout_seconds)).body());
+      finished = true;
     }
     if (finished) data += kSseDone;
     if (data.empty() ? conn.client_gone() : !conn.write_stream_data(data)) {
@@ -364,11 +455,24 @@ void HttpServer::Impl::on_accept(beast::error_code ec, tcp::socket socket) {
   accept();
 }
 
+void HttpServer::Impl::wait_idle(std::chrono::steady_clock::duration limit) {
+  std::unique_lock lock(active_mutex);
+  active_cv.wait_for(lock, limit, [this] { return active == 0; });
+}
+
+// Every wait here is bounded, and the I/O threads run until the handlers are gone, so whatever the clients do
+// (gone, not reading, half-closed) stop() returns within the grace period + kAbortBound + one poll.
 void HttpServer::Impl::shutdown() {
+  draining = true;
   net::post(acceptor.get_executor(), [this] {
     beast::error_code ignored;
     acceptor.close(ignored);
   });
+  const auto grace = std::chrono::duration<double>(std::max(config.shutdown_timeout_seconds, 0.0));
+  wait_idle(std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace));
+  aborting = true;  // each running request ends within one poll (kPoll) with an error event or a 503
+  wait_idle(kAbortBound);
+  // Whoever is still writing writes to a client that does not read: closing the sockets cancels those writes.
   std::vector<std::shared_ptr<Connection>> open;
   {
     std::lock_guard lock(conn_mutex);
@@ -380,6 +484,7 @@ void HttpServer::Impl::shutdown() {
   for (auto& c : open) c->close_from_outside();
   open.clear();
   handlers.join();  // each handler sees its client gone (or its request finished) within one poll
+  work.reset();
   io.stop();
 }
 

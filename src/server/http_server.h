@@ -12,8 +12,14 @@
 // with the connection); a client that closes its socket cancels its request, streamed or not; one client
 // address holds at most max_connections_per_client connections (more get 503).
 //
-// Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions. Only /v1/* requires the API key when one is set.
+// Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, GET /v1/models/{id} (404
+// model_not_found for another id), POST /v1/completions, POST /v1/chat/completions, POST /tokenize,
+// POST /detokenize. Only /v1/* requires the API key when one is set.
+//
+// Shutdown (stop(), on SIGTERM): the listener closes; requests already running may finish within
+// shutdown_timeout_seconds; then each is aborted with a proper ending (a stream: an error event and
+// `data: [DONE]`; otherwise a 503 JSON error), and after a further bound every socket is closed. The I/O threads
+// run until every handler has returned, so no handler waits on a write that cannot complete.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +44,8 @@ struct HttpConfig {
   int max_connections_per_client = 256;    ///< open connections per client address
   int max_connections = 4096;              ///< in all (also bounded by the process's file-descriptor limit)
   int io_threads = 2;                      ///< threads reading and writing sockets
+  /// stop(): how long running requests may take to finish before they are aborted (--shutdown-timeout).
+  double shutdown_timeout_seconds = 5.0;
 };
 
 class HttpServer {
@@ -55,8 +63,11 @@ class HttpServer {
   int bind();
   /// Accepts and serves connections until stop(); call bind() first.
   void serve();
-  /// Closes the listener and every connection (their requests are cancelled), waits for the handlers, and makes
-  /// serve() return; safe from any thread, idempotent.
+  /// Drains (see the top of this file): closes the listener, answers new requests 503, waits up to
+  /// shutdown_timeout_seconds for running ones, aborts the rest, closes every connection, waits for the handlers
+  /// and makes serve() return. Returns within the grace period + about 1.2 s whatever the clients do. Call it
+  /// before Scheduler::stop() so that running requests can finish. Safe from any thread but an I/O thread;
+  /// idempotent.
   void stop();
 
   struct Impl;

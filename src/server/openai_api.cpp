@@ -104,8 +104,10 @@ std::string message_content(const json& msg, const std::string& role) {
   for (const auto& part : *c) {
     if (!part.is_object()) bad("messages", "each content part must be an object");
     const json* type = field(part, "type");
-    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
-      bad("messages", "only content parts of type 'text' are supported");
+    if (type == nullptr || !type->is_string()) bad("messages", "each content part needs a string 'type'");
+    if (type->get<std::string>() != "text") {
+      bad("messages", fmt::format("content parts of type '{}' are not supported: the served model takes text only "
+                                  "(parts of type 'text')", type->get<std::string>()));
     }
     const json* t = field(part, "text");
     if (t == nullptr) bad("messages", "a text part needs 'text'");
@@ -148,17 +150,20 @@ void parse_stop(const json& body, ApiRequest& req) {
 }
 
 // Options with no implementation here are refused rather than silently ignored.
-void refuse_unsupported(const json& body, Endpoint endpoint) {
+void refuse_unsupported(const json& body) {
   if (const json* n = field(body, "n"); n != nullptr && get_int(*n, "n") != 1) bad("n", "only n = 1 is supported");
   if (const json* b = field(body, "best_of"); b != nullptr && get_int(*b, "best_of") != 1) {
     bad("best_of", "only best_of = 1 is supported");
   }
   if (const json* e = field(body, "echo"); e != nullptr && get_bool(*e, "echo")) bad("echo", "is not supported");
   if (const json* s = field(body, "suffix"); s != nullptr) bad("suffix", "is not supported");
-  // Chat requests hand `tools` to the template (the reply is plain text; no tool-call parsing).
+  // Without a tool-call parser a reply never carries tool_calls, so tools would at most change the prompt:
+  // refused (an empty list means none, as clients send it). /tokenize still renders them for inspection.
   for (const char* name : {"tools", "functions"}) {
-    if (endpoint == Endpoint::kChatCompletions && std::string_view(name) == "tools") continue;
-    if (const json* t = field(body, name); t != nullptr && !(t->is_array() && t->empty())) bad(name, "tool calling is not supported");
+    if (const json* t = field(body, name); t != nullptr && !(t->is_array() && t->empty())) {
+      bad(name, "is not supported: fp4serve does not parse tool calls yet, so the reply could never call a tool; "
+                "send the request without it");
+    }
   }
   if (const json* rf = field(body, "response_format")) {
     const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
@@ -319,7 +324,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
     req.chat = parse_chat_prompt(body);
   }
   refuse_unknown(doc, endpoint);
-  refuse_unsupported(doc, endpoint);
+  refuse_unsupported(doc);
   const char* max_name = "max_tokens";
   const json* mt = field(doc, "max_tokens");
   if (endpoint == Endpoint::kChatCompletions && mt == nullptr) {

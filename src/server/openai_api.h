@@ -72,9 +72,10 @@ struct ApiRequest {
 
 /// Parses and checks a request body. Throws ApiError(400) naming the field on invalid JSON, a non-object body,
 /// wrong types, out-of-range values (max_tokens ≤ 0, temperature ∉ [0, 2], top_p ∉ (0, 1], n ≠ 1, …), an empty
-/// prompt or message list, options fp4serve does not implement (n > 1, best_of, echo, suffix, functions, tools on
-/// completions, a tool_choice other than "auto" / "none", constrained decoding: response_format other than text,
-/// guided_*), and any field the API does not define: every field either takes effect or is refused.
+/// prompt or message list, content parts other than text (the message names the part's type), options fp4serve
+/// does not implement (n > 1, best_of, echo, suffix, non-empty tools or functions: no tool-call parsing yet, a
+/// tool_choice other than "auto" / "none", constrained decoding: response_format other than text, guided_*), and
+/// any field the API does not define: every field either takes effect or is refused.
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
 /// The template inputs of a chat body, keys in the order the client sent them (as transformers sees them):

@@ -26,11 +26,13 @@ TokenizerCodec::TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::Ch
       eos_(std::move(eos_token_ids)) {}
 
 TokenizerCodec::TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplates> chat_templates,
-                               nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids)
+                               nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids,
+                               std::optional<text::ContentFormat> content_format)
     : tokenizer_(std::move(tokenizer)),
       templates_(std::move(chat_templates)),
       variables_(std::move(variables)),
-      eos_(std::move(eos_token_ids)) {
+      eos_(std::move(eos_token_ids)),
+      content_format_(content_format) {
   for (const auto& [k, v] : variables_.items()) context_[k] = v;
 }
 
@@ -61,8 +63,21 @@ std::string TokenizerCodec::render_chat_prompt(const ChatPrompt& prompt) const {
   if (!prompt.tools.is_null()) vars["tools"] = prompt.tools;
   if (!prompt.documents.is_null()) vars["documents"] = prompt.documents;
   for (const auto& [k, v] : prompt.chat_template_kwargs.items()) vars[k] = v;
-  return templates_->select(!prompt.tools.is_null())
-      .render_messages(prompt.messages, prompt.add_generation_prompt, vars);
+  const text::ChatTemplate& chosen = templates_->select(!prompt.tools.is_null());
+  // A template that concatenates content fails on a list of parts (`str + list`): it gets them joined.
+  const text::ContentFormat format = content_format_.value_or(chosen.content_format());
+  return chosen.render_messages(text::apply_content_format(prompt.messages, format), prompt.add_generation_prompt, vars);
+}
+
+std::string TokenizerCodec::describe_content_format() const {
+  if (content_format_) return std::string(text::content_format_name(*content_format_)) + " (--chat-template-content-format)";
+  if (!templates_) return {};
+  try {
+    return std::string(text::content_format_name(templates_->select(false).content_format())) +
+           " (detected from the template)";
+  } catch (const Error&) {
+    return "detected per template";  // named templates without a default: each request's template decides
+  }
 }
 
 std::string TokenizerCodec::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {

@@ -20,8 +20,11 @@ class TokenizerCodec final : public TextCodec {
                  nlohmann::json template_context, std::vector<int32_t> eos_token_ids);
   /// A model folder's templates (text::ChatTemplates: "tool_use" for requests with tools). `variables`:
   /// template_context plus the server's --chat-template-kwargs, which a request's chat_template_kwargs override.
+  /// `content_format`: how list contents reach the template (--chat-template-content-format); nullopt ("auto"):
+  /// what each template's syntax asks for (text::ChatTemplate::content_format).
   TokenizerCodec(text::Tokenizer tokenizer, std::optional<text::ChatTemplates> chat_templates,
-                 nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids);
+                 nlohmann::ordered_json variables, std::vector<int32_t> eos_token_ids,
+                 std::optional<text::ContentFormat> content_format = std::nullopt);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
   std::string render_chat(const std::vector<ChatTurn>& messages) const override;
@@ -30,6 +33,9 @@ class TokenizerCodec final : public TextCodec {
   std::unique_ptr<Detokenizer> detokenizer() const override;
   int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
+  /// The content format plain chat requests are rendered with and where it comes from, for the startup log:
+  /// "string (detected from the template)", "openai (--chat-template-content-format)"; empty without templates.
+  std::string describe_content_format() const;
 
  private:
   text::Tokenizer tokenizer_;
@@ -38,6 +44,7 @@ class TokenizerCodec final : public TextCodec {
   nlohmann::json context_;
   nlohmann::ordered_json variables_;
   std::vector<int32_t> eos_;
+  std::optional<text::ContentFormat> content_format_;
 };
 
 }  // namespace fp4serve::server

@@ -12,6 +12,11 @@ namespace fp4serve::text {
 
 using nlohmann::json;
 
+ChatTemplate::ChatTemplate(std::shared_ptr<const std::string> source,
+                           std::shared_ptr<const std::vector<std::unique_ptr<jinja::Node>>> body, std::string name)
+    : source_(std::move(source)), body_(std::move(body)), name_(std::move(name)),
+      content_format_(detect_content_format(*body_)) {}
+
 ChatTemplate ChatTemplate::from_string(std::string source, std::string name) {
   if (unicode::find_invalid_utf8(source)) throw FormatError(name + ": the template is not valid UTF-8");
   auto body = std::make_shared<jinja::Body>();

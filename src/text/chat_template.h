@@ -33,6 +33,28 @@ struct ChatMessage {
   std::string content;  // UTF-8 text
 };
 
+/// How a template takes a message's `content` (vLLM's --chat-template-content-format): templates written for
+/// strings fail on OpenAI's list of parts (`str + list`), and templates that iterate the parts lose text when
+/// the parts are joined for them.
+enum class ContentFormat {
+  kString,  ///< a string: a list of text parts is joined with "\n" (as vLLM joins them) before rendering
+  kOpenAI,  ///< OpenAI's list of parts, which the template iterates: passed as the client sent it
+};
+
+/// "string" / "openai", as the flag spells them.
+const char* content_format_name(ContentFormat format);
+
+/// The content format of a template: kOpenAI when some `{% for %}` iterates the `content` of a message taken
+/// from `messages` (directly, or through names `{% set %}` from it, slices and filters included), else kString.
+/// The same walk as vLLM's _detect_content_format over the Jinja AST.
+ContentFormat detect_content_format(const std::vector<std::unique_ptr<jinja::Node>>& body);
+
+/// `messages` with every list `content` checked and put in `format`: parts must be objects of type "text" with a
+/// string "text" (anything else, e.g. "image_url" or "input_audio", throws UnsupportedError naming the part's
+/// type and the message: the models served take text only); kString joins them with "\n", kOpenAI keeps the
+/// list. String, null and absent contents stay as they are. Throws UsageError when `messages` is not a list.
+nlohmann::ordered_json apply_content_format(const nlohmann::ordered_json& messages, ContentFormat format);
+
 class ChatTemplate {
  public:
   /// The template of a parsed tokenizer_config.json: "chat_template" as a string, or as a list of
@@ -70,16 +92,18 @@ class ChatTemplate {
                               std::optional<int64_t> now_unix = std::nullopt) const;
 
   const std::string& source() const { return *source_; }
+  /// How this template takes message content, detected once when it is parsed (detect_content_format).
+  ContentFormat content_format() const { return content_format_; }
   /// Where the template came from ("tokenizer_config.json chat_template", a file path, ...).
   const std::string& name() const { return name_; }
 
  private:
   ChatTemplate(std::shared_ptr<const std::string> source, std::shared_ptr<const std::vector<std::unique_ptr<jinja::Node>>> body,
-               std::string name)
-      : source_(std::move(source)), body_(std::move(body)), name_(std::move(name)) {}
+               std::string name);
   std::shared_ptr<const std::string> source_;
   std::shared_ptr<const std::vector<std::unique_ptr<jinja::Node>>> body_;  // immutable; shared by copies
   std::string name_;
+  ContentFormat content_format_ = ContentFormat::kString;
 };
 
 /// The chat templates of a model folder, found in the order transformers loads them: `chat_template.jinja`

@@ -193,6 +193,11 @@ TEST(OptionValues, EnumsRoundTripAndRefuseOtherText) {
   EXPECT_EQ(kv_cache_dtype_text(model::KvCacheDtype::Bf16), "bf16");
   EXPECT_EQ(usage_error([] { parse_kv_cache_dtype("fp8"); }),
             "--kv-cache-dtype 'fp8' is not one of auto, fp32, bf16, fp16");
+  EXPECT_EQ(parse_content_format("auto"), std::nullopt);
+  EXPECT_EQ(parse_content_format("openai"), text::ContentFormat::kOpenAI);
+  EXPECT_EQ(parse_content_format("string"), text::ContentFormat::kString);
+  EXPECT_EQ(usage_error([] { parse_content_format("list"); }),
+            "--chat-template-content-format 'list' is not one of auto, string, openai");
 }
 
 // The flags land in LoadOptions as typed values when CLI11 parses the command line; a bad value stops the parse.

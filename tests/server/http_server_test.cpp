@@ -48,6 +48,38 @@ TEST(HttpServer, HealthModelsMetrics) {
   EXPECT_EQ(metric_line(metrics->body, "fp4serve_num_requests_running"), "0");
 }
 
+// Issue 43 item 4: the openai client's models.retrieve(id): the object /v1/models lists, or 404 model_not_found.
+TEST(HttpServer, RetrieveModelById) {
+  FakeModel model(2, 256);
+  ByteCodec codec;
+  RunningServer server(model, codec, {}, "org/model-x");  // Hugging Face ids hold a slash
+  auto cli = server.client();
+  auto list = cli->Get("/v1/models");
+  ASSERT_TRUE(list);
+  const json listed = json::parse(list->body)["data"][0];
+  for (const char* path : {"/v1/models/org/model-x", "/v1/models/org%2Fmodel-x"}) {
+    auto r = cli->Get(path);
+    ASSERT_TRUE(r) << path;
+    ASSERT_EQ(r->status, 200) << path << ": " << r->body;
+    const json m = json::parse(r->body);
+    EXPECT_EQ(m["id"], "org/model-x");
+    EXPECT_EQ(m["object"], "model");
+    EXPECT_EQ(m["owned_by"], listed["owned_by"]);
+    EXPECT_TRUE(m["created"].is_number_integer());
+    EXPECT_EQ(m["created"], listed["created"]);  // one model, one creation time
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  }
+  for (const char* path : {"/v1/models/other", "/v1/models/org", "/v1/models/"}) {
+    auto r = cli->Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 404) << path;
+    const json e = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(e["error"]["code"], "model_not_found") << path << ": " << r->body;
+    EXPECT_EQ(e["error"]["type"], "not_found_error") << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("does not exist"), std::string::npos) << r->body;
+  }
+}
+
 TEST(HttpServer, CompletionMatchesReferenceWithUsage) {
   FakeModel model(4, 256);
   ByteCodec codec;

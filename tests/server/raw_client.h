@@ -19,11 +19,14 @@ namespace fp4serve::server::testing {
 
 class RawConnection {
  public:
-  explicit RawConnection(int port) {
+  /// `receive_buffer` > 0: SO_RCVBUF before connecting, so that a client that does not read stalls the server's
+  /// writes early.
+  explicit RawConnection(int port, int receive_buffer = 0) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd_ < 0) throw std::runtime_error("socket() failed");
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // each send() is its own segment
+    if (receive_buffer > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -72,6 +75,28 @@ class RawConnection {
     }
     return out;
   }
+
+  /// Reads at most `chunk` bytes every `pause` until the server closes or `limit` passes: a slow reader.
+  std::string read_slowly(size_t chunk, std::chrono::milliseconds pause, std::chrono::milliseconds limit) {
+    std::string out;
+    std::string buf(chunk, '\0');
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buf.data(), chunk, 0);
+      if (n <= 0) {
+        closed_ = true;
+        break;
+      }
+      out.append(buf.data(), static_cast<size_t>(n));
+      ::usleep(static_cast<useconds_t>(std::chrono::microseconds(pause).count()));
+    }
+    return out;
+  }
+
+  /// Half-closes: the server sees the end of the request stream, the client still reads.
+  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
 
   bool closed() const { return closed_; }
   void close() {
