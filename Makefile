@@ -4,7 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run test test-release test-asan test-arm fuzz fixtures clean bench-peer
+.PHONY: deps build build-cli run check-demo test test-release test-asan test-arm fuzz fixtures clean bench-peer
 
 deps:
 	./scripts/install-deps.sh
@@ -18,14 +18,19 @@ build-cli: deps
 	cmake --preset release
 	cmake --build --preset release -j $(JOBS) --target fp4serve
 
-# Main job: fetch SmolLM2-135M-Instruct (PyPI), quantize it to NVFP4 with fp4serve, generate text from it.
-PROMPT ?= The capital of France is
+# Main job: fetch SmolLM2-135M-Instruct (PyPI), quantize it to NVFP4 with fp4serve, and ask it a question as the
+# instruct model it is (its chat template). `make check-demo` shows the answer holds under every
+# --activation-precision and --kv-cache-dtype.
+PROMPT ?= What is the capital of France?
 run: build-cli
 	./scripts/get-default-model.sh
-	$(FP4SERVE) generate -m models/default-nvfp4 -p "$(PROMPT)" -n 32
+	$(FP4SERVE) generate -m models/default-nvfp4 --chat -p "$(PROMPT)" -n 32
 
+# Each stage writes JUnit results; `make test` ends with one line from them (scripts/test-summary.sh).
+RELEASE_RESULTS := $(CURDIR)/build/release/ctest-results.xml
+ASAN_RESULTS := $(CURDIR)/build/asan/ctest-results.xml
 test-release: build
-	ctest --preset release -j $(JOBS)
+	ctest --preset release -j $(JOBS) --output-junit $(RELEASE_RESULTS)
 
 # ASan + UBSan over every GoogleTest suite, core to app (each gtest binary must be built: an unbuilt one is a
 # failing *_NOT_BUILT test), plus the mpirun tests but one (Open MPI's leaks suppressed in
@@ -40,7 +45,7 @@ ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test de
 test-asan: deps
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS) --target $(ASAN_TESTS)
-	ctest --preset asan -j $(JOBS) -E '^(cli\.|mpi\.tensor_parallel_cli$$)'
+	ctest --preset asan -j $(JOBS) -E '^(cli\.|mpi\.tensor_parallel_cli$$)' --output-junit $(ASAN_RESULTS)
 
 # Not part of `make test`: cross-builds the kernels, prepare, quant and model suites for aarch64 and runs them
 # under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; README "Arm CPUs").
@@ -59,6 +64,13 @@ fuzz: deps
 	  test $${PIPESTATUS[0]} -eq 0
 
 test: test-release test-asan fuzz
+	@./scripts/test-summary.sh release=$(RELEASE_RESULTS) asan+ubsan=$(ASAN_RESULTS) \
+	  --extra "libFuzzer: 60 s on the safetensors header parser, no crash"
+
+# The main job's answer under every run-time approximation (20 runs of the default model, about a minute).
+check-demo: build-cli
+	./scripts/get-default-model.sh
+	./scripts/check-demo.sh $(FP4SERVE) models/default-nvfp4 "$(PROMPT)" Paris
 
 # fp4serve vs llama.cpp (built from the llama-cpp-python sdist) on the default model; downloads and builds, so it
 # is not part of `make test`. Table in build/peer/results/table.md.
