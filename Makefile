@@ -48,7 +48,7 @@ test-asan: deps
 	ctest --preset asan -j $(JOBS) -E '^(cli\.|mpi\.tensor_parallel_cli$$)' --output-junit $(ASAN_RESULTS)
 
 # Not part of `make test`: cross-builds the kernels, prepare, quant and model suites for aarch64 and runs them
-# under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; README "Arm CPUs").
+# under qemu-user as NEON, 128-bit SVE and 256-bit SVE CPUs (scripts/test-arm.sh; docs/testing.md "Arm CPUs").
 test-arm:
 	./scripts/install-deps.sh --arm64
 	JOBS=$(JOBS) ./scripts/test-arm.sh

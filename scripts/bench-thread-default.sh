@@ -1,5 +1,5 @@
 #!/bin/bash
-# Thread-default measurement: the README quick-start command (64 tokens), the wait settings interleaved
+# Thread-default measurement: a 64-token generate of the default model, the wait settings interleaved
 # round-robin in one run, optionally beside HOGS busy-loop processes (the "busy machine" case).
 # usage: [HOGS=N] scripts/bench-thread-default.sh FP4SERVE MODEL [ROUNDS]
 # Prints the markdown table of docs/performance.md "Threads"; per-run lines (with the summary line's choice) go to stderr.

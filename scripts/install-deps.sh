@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages fp4serve builds against (cmake/Deps.cmake finds each one; README "Build options").
+# Installs the Debian packages fp4serve builds against (cmake/Deps.cmake finds each one; docs/testing.md "Build options").
 # tmux runs the chat REPL test (tests/app/chat_repl_tmux_test.sh); libedit-dev is the REPL's line editor; Open MPI
 # (libopenmpi-dev, openmpi-bin) is tensor parallelism's launcher and host transport (src/dist); python3-venv is
 # the virtual environment scripts/get-default-model.sh builds the default model in (`make run`); jq and bc are

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One line that says how a test run went, from the JUnit files ctest writes (`ctest --output-junit`):
 #   make test: release 975 passed, 0 failed, 68 skipped (67 need a CUDA GPU, none found; 1 other: NAME) | asan ...
-# Skips are counted apart: the CUDA suites skip on a machine without a GPU (every CI run), anything else that
-# skips is named. Usage: scripts/test-summary.sh LABEL=JUNIT.xml [LABEL=JUNIT.xml ...] [--extra TEXT]
+# Skips are counted apart: the CUDA tests skip on a machine without a GPU (every CI run; their output says so),
+# anything else that skips is named. Usage: scripts/test-summary.sh LABEL=JUNIT.xml [LABEL=JUNIT.xml ...] [--extra TEXT]
 # Exit status 1 when a file is missing or records a failure, else 0.
 set -euo pipefail
 
@@ -26,14 +26,18 @@ while [ $# -gt 0 ]; do
   # One <testcase ... status="run|fail|notrun"> per test; a skip carries <skipped .../> and its output.
   passed=$(grep -c '<testcase .*status="run"' "$file" || true)
   failed=$(grep -c '<testcase .*status="fail"' "$file" || true)
-  mapfile -t skipped < <(grep -o '<testcase name="[^"]*"[^>]*status="notrun"' "$file" | sed 's/<testcase name="\([^"]*\)".*/\1/')
+  # Each skipped test as "gpu NAME" or "other NAME": a GPU skip says so in its output ("no CUDA GPU", "no GPU").
+  mapfile -t skipped < <(awk '
+    /<testcase / && /status="notrun"/ { match($0, /name="[^"]*"/); name = substr($0, RSTART + 6, RLENGTH - 7); gpu = 0; open = 1 }
+    open && /no CUDA GPU|no GPU|CUDA device/ { gpu = 1 }
+    open && /<\/testcase>/ { print (gpu ? "gpu " : "other ") name; open = 0 }' "$file")
   gpu=0
   others=()
-  for name in "${skipped[@]}"; do
-    if [[ "$name" == Cuda* || "$name" == *[Cc]uda* ]]; then
+  for entry in "${skipped[@]}"; do
+    if [[ "$entry" == gpu\ * ]]; then
       gpu=$((gpu + 1))
     else
-      others+=("$name")
+      others+=("${entry#other }")
     fi
   done
   detail=""

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "app/log.h"
 #include "runtime/text_setup.h"
 
 namespace fp4serve::app {
@@ -20,7 +21,7 @@ void add_chat_template_options(CLI::App& cmd, ChatTemplateOptions& opts) {
 text::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
                                            const ChatTemplateOptions& opts) {
   text::ChatTemplates templates = text::ChatTemplates::load(model_dir, tokenizer_config, opts.chat_template);
-  fmt::print(stderr, "{}\n", templates.describe());
+  log_info("{}\n", templates.describe());  // -q: errors only
   return templates;
 }
 

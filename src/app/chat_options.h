@@ -20,7 +20,7 @@ struct ChatTemplateOptions {
 void add_chat_template_options(CLI::App& cmd, ChatTemplateOptions& opts);
 
 /// The model folder's templates with the override applied; prints the one-line "chat template: <source>" to
-/// stderr so the user sees which template renders the prompt.
+/// stderr (unless -q) so the user sees which template renders the prompt.
 text::ChatTemplates load_chat_templates(const std::filesystem::path& model_dir, const nlohmann::json& tokenizer_config,
                                            const ChatTemplateOptions& opts);
 

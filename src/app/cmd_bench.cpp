@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/log.h"
 #include "app/model_options.h"
 #include "app/option_values.h"
 #include "app/tensor_parallel.h"
@@ -33,6 +34,7 @@ struct ModelBenchOptions {
 void run_bench_model(const ModelBenchOptions& opts) {
   ModelOptions first;
   first.load = opts.load;
+  if (!opts.models.empty()) first.model = opts.models.front();  // -tp checked against it before any launch
   TensorParallelRun tp(first);
   // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs
   // them; every rank loads the same list (per_model), so the followers can build it without rank 0's names.
@@ -66,7 +68,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
     return runtime::BenchModel{std::move(loaded.loaded), std::move(loaded.tp)};
   };
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
-    fmt::print(stderr, "bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, names[m],
+    log_info("bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, names[m],
                s.prefill_seconds, s.decode_seconds);
   }, loader);
   const auto rows = runtime::summarize_model_bench(names, samples, opts.bench);

@@ -12,6 +12,7 @@
 #include "app/line_editor.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/threads.h"
 #include "runtime/generator.h"
 #include "runtime/text_setup.h"
@@ -59,7 +60,11 @@ void run_chat(const ChatOptions& opts) {
   LineEditor editor;
   while (true) {
     const LineEditor::Input in = editor.read("> ");
-    if (in.status == LineEditor::Status::End) break;
+    if (in.status == LineEditor::Status::End) {
+      // Ctrl-D (or the end of piped input) leaves the cursor after the prompt; the shell's prompt must not follow it.
+      std::fputc('\n', stderr);
+      break;
+    }
     if (in.status == LineEditor::Status::Interrupted) continue;
     const std::string& line = in.line;
     if (line.empty()) continue;
@@ -118,8 +123,9 @@ void register_chat(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("chat", "Interactive chat using the model's chat template");
   add_model_options(*cmd, opts->model);
   cmd->add_option("--system", opts->system, "system prompt");
-  cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens per reply")->capture_default_str();
-  cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json)");
+  add_number_option(*cmd, "-n,--max-tokens", opts->max_new_tokens, ranges::kMaxTokens, "tokens per reply");
+  add_number_option(*cmd, "--temperature", opts->temperature, ranges::kTemperature,
+                    "0 = greedy (default: generation_config.json)");
   cmd->add_option("--seed", opts->seed, "sampling seed");
   add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });

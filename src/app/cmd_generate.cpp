@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "core/threading.h"
@@ -160,14 +161,21 @@ void register_generate(CLI::App& root) {
   prompt->excludes(file);
   file->excludes(prompt);
   cmd->add_flag("--json", opts->json, "print one JSON object (text, token counts, finish reason, speed) instead of streaming");
-  cmd->add_option("-n,--max-tokens", opts->max_new_tokens, "tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", opts->temperature, "0 = greedy (default: generation_config.json, else greedy)");
-  cmd->add_option("--top-p", opts->top_p, "nucleus sampling mass");
-  cmd->add_option("--top-k", opts->top_k, "keep the k most likely tokens and any tied with the k-th, as transformers does (0 = off)");
-  cmd->add_option("--min-p", opts->min_p, "drop tokens below min_p times the top probability");
-  cmd->add_option("--repetition-penalty", opts->repetition_penalty, "transformers-style repetition penalty");
-  cmd->add_option("--presence-penalty", opts->presence_penalty, "OpenAI-style presence penalty");
-  cmd->add_option("--frequency-penalty", opts->frequency_penalty, "OpenAI-style frequency penalty");
+  // Checked as they are read, so that a bad value stops the command before the model loads (not after the prompt
+  // was echoed, and not as a KV-cache error for -n -3).
+  add_number_option(*cmd, "-n,--max-tokens", opts->max_new_tokens, ranges::kMaxTokens, "tokens to generate");
+  add_number_option(*cmd, "--temperature", opts->temperature, ranges::kTemperature,
+                    "0 = greedy (default: generation_config.json, else greedy)");
+  add_number_option(*cmd, "--top-p", opts->top_p, ranges::kTopP, "nucleus sampling mass");
+  add_number_option(*cmd, "--top-k", opts->top_k, ranges::kTopK,
+                    "keep the k most likely tokens and any tied with the k-th, as transformers does (0 = off)");
+  add_number_option(*cmd, "--min-p", opts->min_p, ranges::kMinP, "drop tokens below min_p times the top probability");
+  add_number_option(*cmd, "--repetition-penalty", opts->repetition_penalty, ranges::kRepetitionPenalty,
+                    "transformers-style repetition penalty");
+  add_number_option(*cmd, "--presence-penalty", opts->presence_penalty, ranges::kPresenceFrequencyPenalty,
+                    "OpenAI-style presence penalty");
+  add_number_option(*cmd, "--frequency-penalty", opts->frequency_penalty, ranges::kPresenceFrequencyPenalty,
+                    "OpenAI-style frequency penalty");
   cmd->add_option("--seed", opts->seed, "sampling seed");
   cmd->add_option("--stop", opts->stop, "stop string (repeatable)");
   cmd->add_flag("--chat", opts->chat, "wrap the prompt in the model's chat template as a user message");

@@ -9,6 +9,7 @@
 #include "app/commands.h"
 #include "app/log.h"
 #include "app/model_options.h"
+#include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "fp4serve/error.h"
 #include "runtime/perplexity.h"
@@ -100,14 +101,23 @@ void register_perplexity(CLI::App& root) {
   add_model_options(*cmd, opts->model, /*context_option=*/false);
   add_tensor_parallel_options(*cmd, opts->model.load.parallel);
   cmd->add_option("-f,--file", opts->file, "text file to score")->required()->check(CLI::ExistingFile);
-  cmd->add_option("-c,--ctx,--ctx-size", opts->context, "window length in tokens (at most the model's context length)")->capture_default_str();
-  cmd->add_option("--stride", opts->stride, "window step in tokens")->capture_default_str();
+  add_number_option(*cmd, "-c,--ctx,--ctx-size", opts->context, NumberRange{1},
+                    "window length in tokens (at most the model's context length)");
+  add_number_option(*cmd, "--stride", opts->stride, NumberRange{1}, "window step in tokens (at most the window)");
   cmd->add_option("--kld-base", opts->kld_base,
                   "base model folder: report mean KL divergence and top-1 agreement (the base runs with fp32 "
                   "activations and the stored lm_head)");
-  cmd->add_option("--max-tokens", opts->max_tokens, "score only the first N tokens of the file (0 = all)");
+  add_number_option(*cmd, "--max-tokens", opts->max_tokens, NumberRange{0, std::numeric_limits<double>::infinity(), false, false, "0 = all"},
+                    "score only the first N tokens of the file (0 = all)");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
-  cmd->callback([opts] { run_perplexity(*opts); });
+  cmd->callback([opts] {
+    // Before the model loads (the window is also checked against the model's context length, which needs its config).
+    if (opts->stride > opts->context) {
+      throw UsageError(fmt::format("--stride {} is above the window -c/--ctx {}: expected a stride in [1, {}]",
+                                   opts->stride, opts->context, opts->context));
+    }
+    run_perplexity(*opts);
+  });
 }
 
 }  // namespace fp4serve::app

@@ -2,20 +2,28 @@
 // `fp4serve serve`: loads a checkpoint and serves the OpenAI-compatible API with continuous batching until
 // SIGINT/SIGTERM. Wiring only; the parts live in src/server.
 #include <fmt/format.h>
+#include <netdb.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "app/chat_options.h"
 #include "app/commands.h"
+#include "app/log.h"
 #include "app/model_options.h"
 #include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "app/threads.h"
 #include "fp4serve/error.h"
 #include "backends/load_model.h"
+#include "runtime/sampler.h"
 #include "runtime/text_setup.h"
 #include "server/decoder_step_model.h"
 #include "server/http_server.h"
@@ -34,7 +42,92 @@ struct ServeOptions {
   int64_t kv_cache_mib = 4096;
   ChatTemplateOptions chat_template;
   std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
+  std::string generation_config = "auto";              ///< --generation-config: auto | vllm | FOLDER
 };
+
+// --generation-config FOLDER: FOLDER/generation_config.json, read before the model loads so that a wrong path
+// costs nothing.
+nlohmann::json read_generation_config(const std::string& folder) {
+  const std::filesystem::path file = std::filesystem::path(folder) / "generation_config.json";
+  std::ifstream in(file);
+  if (!in) {
+    throw UsageError(fmt::format("--generation-config {}: no {} (give auto, vllm, or a folder holding a "
+                                 "generation_config.json)", folder, file.string()));
+  }
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(fmt::format("--generation-config {}: {} is not valid JSON: {}", folder, file.string(), e.what()));
+  }
+}
+
+// The sampling defaults of the served model, as vLLM derives them (runtime::serving_defaults), and a line saying
+// what they are and where they come from.
+runtime::ServingDefaults serving_defaults_for(const std::string& choice, const nlohmann::json& from_folder,
+                                              const checkpoint::Checkpoint& checkpoint, std::string& described) {
+  const bool neutral = choice == "vllm";
+  const nlohmann::json& config = choice == "auto" ? checkpoint.generation_config() : from_folder;
+  const std::string source = neutral ? "vLLM's neutral defaults (--generation-config vllm)"
+                             : choice == "auto" ? "the model's generation_config.json"
+                                                : "--generation-config " + choice;
+  runtime::ServingDefaults defaults;
+  try {
+    defaults = runtime::serving_defaults(neutral ? nlohmann::json() : config);
+  } catch (const UsageError& e) {
+    throw FormatError(fmt::format("{}: {}", source, e.what()));
+  }
+  std::string origin;
+  if (neutral) {
+    origin = source;
+  } else if (defaults.taken.empty()) {
+    origin = source + " sets none of them: OpenAI's values";
+  } else {
+    origin = fmt::format("{} from {}, OpenAI's values otherwise", fmt::join(defaults.taken, ", "), source);
+  }
+  described = fmt::format("sampling defaults for requests that omit them: temperature {}, top_p {}, top_k {}, "
+                          "min_p {}, repetition_penalty {}{} ({})",
+                          defaults.sampling.temperature, defaults.sampling.top_p, defaults.sampling.top_k,
+                          defaults.sampling.min_p, defaults.sampling.repetition_penalty,
+                          defaults.max_tokens ? fmt::format(", max_tokens {}", *defaults.max_tokens) : "", origin);
+  return defaults;
+}
+
+// --host/--port tried before the model loads (which can take minutes): a busy port or an unknown host is refused
+// at once. The probe socket is closed again; HttpServer::bind takes the port after loading, and still reports a
+// port taken in between.
+void check_listen_address(const std::string& host, int port) {
+  if (port == 0) return;  // any free port: nothing can be busy
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || found == nullptr) {
+    throw UsageError(fmt::format("--host {}: the address does not resolve ({})", host, ::gai_strerror(rc)));
+  }
+  const int fd = ::socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  int error = 0;
+  if (fd >= 0) {
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as the server binds: TIME_WAIT is no conflict
+    if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0) error = errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (error == EADDRINUSE) {
+    throw UsageError(fmt::format("--port {}: {}:{} is already in use (another server listens there); choose another "
+                                 "--port, or --port 0 for any free port", port, host, port));
+  }
+  if (error == EACCES) {
+    throw UsageError(fmt::format("--port {}: binding {}:{} is not permitted (ports below 1024 need privileges); "
+                                 "choose a --port of 1024 or more", port, host, port));
+  }
+  if (error == EADDRNOTAVAIL) {
+    throw UsageError(fmt::format("--host {}: not an address of this machine (use 127.0.0.1, 0.0.0.0 or one of its "
+                                 "interfaces' addresses)", host));
+  }
+}
 
 void run_serve(ServeOptions opts) {
   // SIGINT/SIGTERM are blocked in every thread (the mask is inherited) and taken by sigwait below, so shutdown
@@ -48,8 +141,12 @@ void run_serve(ServeOptions opts) {
 
   // Followers keep the signals blocked too: mpirun forwards them to every rank, and a follower ends when rank 0's
   // shutdown (below, in the destructors) tells it to, not in the middle of a step.
+  const nlohmann::json generation_config_folder =
+      opts.generation_config == "auto" || opts.generation_config == "vllm" ? nlohmann::json()
+                                                                           : read_generation_config(opts.generation_config);
   TensorParallelRun tp(opts.model);
   if (!tp.leader()) return tp.follow(std::span(&opts.model, 1));
+  check_listen_address(opts.http.host, opts.http.port);
   const RankModel run = tp.load(opts.model);
   const model::LoadedModel& loaded = run.loaded;
   // A --max-model-len above the model's limit is refused here, at startup, not as a 500 per request.
@@ -60,14 +157,14 @@ void run_serve(ServeOptions opts) {
     chat_templates = load_chat_templates(loaded.checkpoint.root(), loaded.checkpoint.tokenizer_config(), opts.chat_template);
   } catch (const Error& e) {
     if (!opts.chat_template.chat_template.empty()) throw;  // an explicit --chat-template must work
-    fmt::print(stderr, "warning: no usable chat template ({}); /v1/chat/completions will answer 400\n", e.what());
+    log_warning("no usable chat template ({}); /v1/chat/completions will answer 400", e.what());
   }
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
   const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos),
                                     opts.content_format);
   if (const std::string format = codec.describe_content_format(); !format.empty()) {
-    fmt::print(stderr, "chat template content format: {}\n", format);
+    log_info("chat template content format: {}\n", format);
   }
 
   const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
@@ -76,23 +173,27 @@ void run_serve(ServeOptions opts) {
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
   const std::string name = opts.served_model_name.empty() ? opts.model.model : opts.served_model_name;
-  server::HttpServer http(opts.http,
-                          server::ServeLimits{name, context_length,
-                                              runtime::sampling_defaults(loaded.checkpoint.generation_config())},
+  std::string defaults_line;
+  const runtime::ServingDefaults defaults =
+      serving_defaults_for(opts.generation_config, generation_config_folder, loaded.checkpoint, defaults_line);
+  log_info("{}\n", defaults_line);
+  server::HttpServer http(opts.http, server::ServeLimits{name, context_length, defaults.sampling, defaults.max_tokens},
                           codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
-  fmt::print(stderr, "serving '{}' on http://{}:{} | context {} | {} KV-cache slots ({} MiB budget, {}) | "
-                     "activations {} | {} tokens per step | queue {} | {}\n",
-             name, opts.http.host, port, context_length, slots, opts.kv_cache_mib,
-             model::kv_cache_dtype_name(loaded.kv_element), prepare::activation_precision_name(loaded.activation_precision),
-             opts.scheduler.max_num_batched_tokens, opts.scheduler.max_queue, thread_summary());
+  // The address is printed even with -q: with --port 0 it is the only way to learn the port.
+  fmt::print(stderr, "serving '{}' on http://{}:{}\n", name, opts.http.host, port);
+  log_info("context {} | {} KV-cache slots ({} MiB budget, {}) | activations {} | {} tokens per step | queue {} | "
+           "{}\n",
+           context_length, slots, opts.kv_cache_mib, model::kv_cache_dtype_name(loaded.kv_element),
+           prepare::activation_precision_name(loaded.activation_precision), opts.scheduler.max_num_batched_tokens,
+           opts.scheduler.max_queue, thread_summary());
 
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    fmt::print(stderr, "\n{}: shutting down (running requests have {} s to finish)\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM", opts.http.shutdown_timeout_seconds);
+    log_info("\n{}: shutting down (running requests have {} s to finish)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+             opts.http.shutdown_timeout_seconds);
     http.stop();       // the scheduler keeps stepping while requests drain
     scheduler.stop();
   });
@@ -110,7 +211,8 @@ void register_serve(CLI::App& root) {
   add_model_options(*cmd, opts->model);
   add_tensor_parallel_options(*cmd, opts->model.load.parallel);
   cmd->add_option("--host", opts->http.host, "address to listen on")->capture_default_str();
-  cmd->add_option("--port", opts->http.port, "TCP port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  add_number_option(*cmd, "--port", opts->http.port, NumberRange{0, 65535, false, false, "0 = any free port"},
+                    "TCP port (0 = any free port)");
   cmd->add_option("--api-key", opts->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--served-model-name", opts->served_model_name, "model id in the API (default: the -m path)");
   cmd->add_option("--max-num-seqs", opts->scheduler.max_num_seqs, "sequences in the running batch")
@@ -128,6 +230,11 @@ void register_serve(CLI::App& root) {
                     "how a message's list of content parts reaches the template: 'string' joins the text parts, "
                     "'openai' passes the list; 'auto' detects what the template iterates (as vLLM)",
                     "auto");
+  cmd->add_option("--generation-config", opts->generation_config,
+                  "where the defaults of omitted sampling fields come from, as vLLM's flag: auto (the model's "
+                  "generation_config.json), vllm (neutral: temperature 1, no top-k/top-p), or a folder holding a "
+                  "generation_config.json")
+      ->capture_default_str();
   cmd->add_option("--shutdown-timeout", opts->http.shutdown_timeout_seconds,
                   "seconds running requests may take to finish after SIGTERM/SIGINT; then they are aborted "
                   "(streams: an error event + [DONE]; others: 503)")

@@ -13,6 +13,7 @@
 
 #include "app/log.h"
 #include "app/option_values.h"
+#include "app/suggest.h"
 #include "fp4serve/error.h"
 
 namespace fp4serve::app {
@@ -79,6 +80,22 @@ fs::path cached_snapshot(const fs::path& repo_dir, std::string& detail) {
   if (snapshots.size() == 1) return snapshots.front();
   detail = snapshots.empty() ? "no snapshot" : fmt::format("{} snapshots and no refs/main", snapshots.size());
   return {};
+}
+
+// The existing entry next to `path` whose name is closest to its last part (closest_match), as the user would
+// type it (parent/name); empty when the parent folder does not exist or nothing is close.
+std::string close_local_path(const fs::path& written) {
+  const fs::path path = written.has_filename() ? written : written.parent_path();  // models/name/ → models/name
+  const fs::path parent = path.parent_path();
+  const std::string name = path.filename().string();
+  if (name.empty()) return {};
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(parent.empty() ? fs::path(".") : parent, ec)) {
+    names.push_back(e.path().filename().string());
+  }
+  const auto match = closest_match(name, names);
+  return match ? (parent / *match).string() : std::string();
 }
 
 }  // namespace
@@ -172,13 +189,22 @@ fs::path resolve_model_path(const std::string& arg, bool allow_file) {
     }
     return path;
   }
-  if (!looks_like_repo_id(arg)) throw UsageError(fmt::format("{}: no such file or folder", arg));
+  const std::string near = close_local_path(path);
+  if (!looks_like_repo_id(arg)) {
+    throw UsageError(fmt::format("{}: no such file or folder{}", arg, near.empty() ? "" : fmt::format("; did you mean {}?", near)));
+  }
   const fs::path cache = hub_cache();
   std::string repo_folder = "models--" + arg;
   repo_folder.replace(repo_folder.find('/'), 1, "--");
   const fs::path repo_dir = cache / repo_folder;
   std::string detail;
   const fs::path snapshot = cached_snapshot(repo_dir, detail);
+  // A typo of a local folder (models/default-nvfp) also looks like ORG/NAME: the folder that exists is the better
+  // answer than a download command for a repository that is probably not on the Hub.
+  if (snapshot.empty() && !near.empty()) {
+    throw UsageError(fmt::format("{}: no such file or folder; did you mean {}? (nor is it in the local Hugging Face "
+                                 "cache: looked in {})", arg, near, repo_dir.string()));
+  }
   if (snapshot.empty()) {
     throw UsageError(fmt::format("{}: no such folder, and not in the local Hugging Face cache (looked in {}{}; the "
                                  "cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). "

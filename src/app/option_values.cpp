@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 
 #include "fp4serve/error.h"
 
@@ -84,6 +85,36 @@ std::optional<model::KvCacheDtype> parse_kv_cache_dtype(std::string_view text) {
 
 std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype) {
   return dtype ? std::string(model::kv_cache_dtype_name(*dtype)) : "auto";
+}
+
+std::string range_text(const NumberRange& r) {
+  if (std::isinf(r.max)) return fmt::format("{} {}", r.min_open ? ">" : "≥", r.min);
+  return fmt::format("in {}{}, {}{}", r.min_open ? "(" : "[", r.min, r.max, r.max_open ? ")" : "]");
+}
+
+double parse_number(std::string_view flag, std::string_view text, const NumberRange& range, bool whole) {
+  const std::string_view kind = whole ? "a whole number" : "a number";
+  const std::string note = range.note != nullptr ? fmt::format(" ({})", range.note) : "";
+  // from_chars takes no leading '+'; 1e3 is a whole number written as a float, refused for counts.
+  const std::string_view digits = text.starts_with('+') ? text.substr(1) : text;
+  double value = 0;
+  bool ok = false;
+  if (whole) {
+    long long v = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    ok = ec == std::errc() && end == digits.data() + digits.size() && !digits.empty();
+    value = static_cast<double>(v);
+  } else {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    ok = ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && std::isfinite(value);
+  }
+  if (!ok) throw UsageError(fmt::format("{} '{}': expected {} {}{}", flag, text, kind, range_text(range), note));
+  const bool above_min = range.min_open ? value > range.min : value >= range.min;
+  const bool below_max = range.max_open ? value < range.max : value <= range.max;
+  if (!above_min || !below_max) {
+    throw UsageError(fmt::format("{} {} is out of range: expected {} {}{}", flag, text, kind, range_text(range), note));
+  }
+  return value;
 }
 
 std::optional<text::ContentFormat> parse_content_format(std::string_view text) {

@@ -6,11 +6,17 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "fp4serve/error.h"
 #include "model/kv_cache.h"
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
@@ -48,6 +54,62 @@ std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype);
 
 /// `serve --chat-template-content-format`: auto (std::nullopt: each template's syntax decides) | string | openai.
 std::optional<text::ContentFormat> parse_content_format(std::string_view text);
+
+/// The values a numeric option accepts: min … max, an end excluded where *_open; max = infinity: no upper bound.
+struct NumberRange {
+  double min = 0;
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;
+  bool max_open = false;
+  const char* note = nullptr;  ///< what special values mean, e.g. "0 = greedy", for the refusal
+};
+/// "in (0, 1]", "≥ 1", "> 0", "in [-2, 2]".
+std::string range_text(const NumberRange& range);
+/// `text` as the value of `flag` (e.g. "-n/--max-tokens"): a finite number within `range`, a whole one when
+/// `whole`. Throws UsageError naming the flag, the text and the range.
+double parse_number(std::string_view flag, std::string_view text, const NumberRange& range, bool whole);
+
+/// Ranges shared by the commands that sample (generate, chat), as vLLM's SamplingParams checks them.
+namespace ranges {
+inline constexpr NumberRange kMaxTokens{1, std::numeric_limits<double>::infinity(), false, false, nullptr};
+inline constexpr NumberRange kTemperature{0, std::numeric_limits<double>::infinity(), false, false, "0 = greedy"};
+inline constexpr NumberRange kTopP{0, 1, true, false, "1 = off"};
+inline constexpr NumberRange kTopK{-1, std::numeric_limits<double>::infinity(), false, false, "-1 or 0 = off"};
+inline constexpr NumberRange kMinP{0, 1, false, false, "0 = off"};
+inline constexpr NumberRange kRepetitionPenalty{0, std::numeric_limits<double>::infinity(), true, false, "1 = off"};
+inline constexpr NumberRange kPresenceFrequencyPenalty{-2, 2, false, false, "0 = off"};
+}  // namespace ranges
+
+namespace detail {
+template <typename T> struct OptionalValue { using type = T; };
+template <typename T> struct OptionalValue<std::optional<T>> { using type = T; };
+}  // namespace detail
+
+/// Adds a numeric option (`names` as CLI11 takes them, e.g. "-n,--max-tokens") whose value is checked against
+/// `range` as CLI11 reads it: a bad value stops the command line before anything is loaded, with a message that
+/// names the flag, the value and the range (CLI11's own "Could not convert" names none of the accepted values).
+/// `target` is a number or a std::optional of one (unset: the command's default applies).
+template <typename T>
+CLI::Option* add_number_option(CLI::App& cmd, const std::string& names, T& target, const NumberRange& range,
+                               const std::string& help) {
+  using V = typename detail::OptionalValue<T>::type;
+  std::string flag = names;
+  std::replace(flag.begin(), flag.end(), ',', '/');
+  CLI::Option* opt = cmd.add_option_function<std::string>(
+      names,
+      [&target, flag, range](const std::string& text) {
+        const double value = parse_number(flag, text, range, std::is_integral_v<V>);
+        // A whole number must also fit its type (the range's "no upper bound" means none short of that).
+        if (value > static_cast<double>(std::numeric_limits<V>::max())) {
+          throw UsageError(fmt::format("{} {} is too large: at most {}", flag, text, std::numeric_limits<V>::max()));
+        }
+        target = static_cast<V>(value);
+      },
+      help);
+  opt->type_name(std::is_integral_v<V> ? "INT" : "FLOAT");
+  if constexpr (std::is_same_v<T, V>) opt->default_str(fmt::format("{}", target));
+  return opt;
+}
 
 /// Adds `--name` to `cmd` as a typed option: the text is parsed by `parse` when CLI11 reads it (a bad value stops
 /// the command line with parse's UsageError, before anything is loaded) and stored in `target`. `default_text` is

@@ -10,7 +10,11 @@
 #include <cstring>
 
 #include "app/log.h"
+#include "backends/registry.h"
+#include "checkpoint/checkpoint.h"
 #include "fp4serve/error.h"
+#include "plan/layer_plan.h"
+#include "plan/shard.h"
 
 namespace fp4serve::app {
 namespace {
@@ -40,6 +44,30 @@ runtime::FatalHandler print_and_abort(int rank) {
   };
 }
 
+// A size the model cannot split into is refused from the headers, before mpirun is suggested or any rank loads:
+// the mpirun command printed for a size that fails after loading would only lead to that failure.
+void check_model_splits(const std::string& model, const model::LoadOptions& load) {
+  const plan::ParallelConfig& parallel = load.parallel;
+  if (parallel.tensor_parallel_size <= 1 || model.empty()) return;
+  const auto ckpt = checkpoint::Checkpoint::open(resolve_model_path(model));
+  // The device's own catalogue, so that this answer is the one loading gives (cuda without a GPU plans as the CPU
+  // here; loading then reports the missing GPU).
+  const plan::DeviceCaps device =
+      plan::resolve_device(load.device == plan::DeviceChoice::Cuda ? plan::DeviceChoice::Auto : load.device);
+  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(device);
+  plan::PlanOptions options;
+  options.catalogue = catalogue.get();
+  options.activation_quant = load.activation_quant;
+  const plan::LayerPlan layer_plan = plan::build_plan(ckpt, options);
+  try {
+    (void)plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
+  } catch (const UsageError& e) {
+    // plan's message names the layer, the numbers that do not divide and plan::valid_tensor_parallel_sizes.
+    throw UsageError(fmt::format("-tp/--tensor-parallel-size {}: {}; nothing was launched", parallel.tensor_parallel_size,
+                                 e.what()));
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> remember_command_line(int argc, const char* const* argv) {
@@ -67,6 +95,7 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   const std::string hint = dist::mpirun_command(parallel.tensor_parallel_size, args.empty() ? "fp4serve" : args[0],
                                                 static_cast<int>(rest.size()), rest.data(), geteuid() == 0);
   try {
+    check_model_splits(opts.model, opts.load);
     dist::check_tensor_parallel_size(parallel.tensor_parallel_size, launch, hint);
   } catch (const UsageError&) {
     if (launch.launched && launch.rank != 0) throw CLI::RuntimeError(2);  // rank 0 prints the refusal once

@@ -30,7 +30,8 @@ struct RankModel {
 
 class TensorParallelRun {
  public:
-  /// Checks opts.load.parallel.tensor_parallel_size against the launch (dist::check_tensor_parallel_size:
+  /// Checks opts.load.parallel.tensor_parallel_size against opts.model's layers (from the headers: a size they
+  /// cannot split into is refused naming the valid sizes, before anything is launched), then against the launch (dist::check_tensor_parallel_size:
   /// UsageError, exit 2, with the mpirun command to run, or naming both sizes), starts MPI for N > 1 and fills
   /// opts.load: the rank, the communicator, --device auto resolved, and for the GPU the ordinal = the local rank
   /// and NCCL for the decoder's all-reduces (when libnccl or a GPU is missing on any rank, every rank warns and

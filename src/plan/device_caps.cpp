@@ -112,8 +112,10 @@ DeviceCaps resolve_device(DeviceChoice choice) {
     case DeviceChoice::Cpu: return detect_cpu();
     case DeviceChoice::Cuda:
       if (auto gpu = detect_cuda()) return *gpu;
-      throw UsageError("--device cuda: no CUDA device was found (no libcuda.so.1 or no GPU); use --device smNN for a "
-                       "dry run, e.g. --device sm90");
+      // The advice holds for every command that names a device: `generate` takes cpu and auto, not a dry run.
+      throw UsageError("--device cuda: no CUDA device was found (no libcuda.so.1 or no GPU); run on the CPU with "
+                       "--device cpu (or --device auto: the GPU when one is found), or see a GPU's plan without one "
+                       "with `fp4serve explain MODEL --device sm90`");
   }
   throw UsageError("resolve_device: not a DeviceChoice");
 }

@@ -41,6 +41,34 @@ SamplingParams sampling_defaults(const nlohmann::json& g) {
   return p;
 }
 
+ServingDefaults serving_defaults(const nlohmann::json& g) {
+  ServingDefaults out;
+  if (!g.is_object()) return out;
+  // transformers' GenerationConfig defaults: to_diff_dict leaves out a field equal to them, so vLLM never sees it.
+  const auto take_number = [&](const char* key, float transformers_default, float& field) {
+    const auto it = g.find(key);
+    if (it == g.end() || !it->is_number()) return;
+    const float v = it->get<float>();
+    if (v == transformers_default) return;
+    field = v;
+    out.taken.push_back(fmt::format("{}={}", key, v));
+  };
+  take_number("temperature", 1.0f, out.sampling.temperature);
+  if (const auto it = g.find("top_k"); it != g.end() && it->is_number_integer() && it->get<int>() != 50) {
+    out.sampling.top_k = it->get<int>();
+    out.taken.push_back(fmt::format("top_k={}", out.sampling.top_k));
+  }
+  take_number("top_p", 1.0f, out.sampling.top_p);
+  take_number("min_p", std::numeric_limits<float>::quiet_NaN(), out.sampling.min_p);  // unset by default: any value
+  take_number("repetition_penalty", 1.0f, out.sampling.repetition_penalty);
+  if (const auto it = g.find("max_new_tokens"); it != g.end() && it->is_number_integer() && it->get<int64_t>() > 0) {
+    out.max_tokens = it->get<int64_t>();
+    out.taken.push_back(fmt::format("max_new_tokens={}", *out.max_tokens));
+  }
+  out.sampling.validate();  // a config with temperature -1 or top_p 0 is refused at start-up, not per request
+  return out;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   params_.validate();
   seed_ = params_.seed ? *params_.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -39,6 +40,20 @@ struct SamplingParams {
 /// repetition_penalty); `do_sample: false` (or absent with no temperature) means greedy, as transformers does.
 /// The caller overrides whatever the user set explicitly.
 SamplingParams sampling_defaults(const nlohmann::json& generation_config);
+
+/// What an OpenAI-compatible server applies to the fields a request omits, derived from a generation_config.json
+/// as vLLM derives it (ModelConfig.get_diff_sampling_param with --generation-config auto or a folder):
+/// temperature, top_k, top_p, min_p and repetition_penalty are taken where the file sets them to a value other
+/// than transformers' GenerationConfig default (1.0, 50, 1.0, unset, 1.0: `to_diff_dict` drops the others);
+/// `do_sample` is ignored; max_new_tokens becomes the default max_tokens. Every field not taken keeps the neutral
+/// value OpenAI and vLLM use (temperature 1.0: a request without one samples). A null or non-object config (vLLM's
+/// --generation-config vllm) gives the neutral defaults alone.
+struct ServingDefaults {
+  SamplingParams sampling;
+  std::optional<int64_t> max_tokens;  ///< max_new_tokens; none: up to the context
+  std::vector<std::string> taken;     ///< the fields taken from the config, in the order above ("temperature=0.6")
+};
+ServingDefaults serving_defaults(const nlohmann::json& generation_config);
 
 class Sampler {
  public:

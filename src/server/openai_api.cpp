@@ -402,7 +402,10 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
                                     "tokens in the messages, Please reduce the length of the messages.",
                                     limits.context_length, prompt_len), prompt_param);
   }
-  seq.max_new_tokens = request.max_tokens.value_or(limits.context_length - prompt_len);
+  // Without max_tokens: the rest of the context, or less when the model's generation config sets max_new_tokens
+  // (vLLM's default_max_tokens).
+  seq.max_new_tokens = request.max_tokens.value_or(
+      std::min(limits.default_max_tokens.value_or(limits.context_length), limits.context_length - prompt_len));
   if (seq.max_new_tokens > limits.context_length - prompt_len) {
     // Both counts are ≥ 0, so their unsigned sum cannot wrap (max_tokens may be INT64_MAX).
     const uint64_t requested = static_cast<uint64_t>(prompt_len) + static_cast<uint64_t>(seq.max_new_tokens);

@@ -87,7 +87,9 @@ ChatPrompt parse_chat_prompt(std::string_view body);
 struct ServeLimits {
   std::string model_name;            ///< the only name /v1/models lists and requests may ask for
   int64_t context_length = 0;        ///< --max-model-len: prompt + max_tokens must fit
-  runtime::SamplingParams defaults;  ///< generation_config.json defaults the request overrides
+  runtime::SamplingParams defaults;  ///< the sampling a request's fields override (runtime::serving_defaults)
+  std::optional<int64_t> default_max_tokens;  ///< max_tokens when a request has none (generation config), capped by
+                                              ///< the context left; none: the context left
 };
 
 /// Tokenizes `request` (chat: template rendered, then encoded without adding special tokens again) and builds

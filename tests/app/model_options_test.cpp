@@ -239,5 +239,73 @@ TEST(ClosestMatch, TyposTranspositionsAndPrefixes) {
   EXPECT_EQ(closest_match("--max-token", {"--max-tokens", "--temperature"}), "--max-tokens");
 }
 
+// Issue 42: the dashes are not part of the distance ("--temp" was 2 edits from "--help", within the bound of 6
+// characters); a unique prefix then answers.
+TEST(ClosestMatch, DashesDoNotCount) {
+  EXPECT_EQ(closest_match("--temp", {"--help", "--temperature", "--top-p"}), "--temperature");
+  EXPECT_EQ(closest_match("--hepl", {"--help", "--temperature"}), "--help");
+  EXPECT_EQ(closest_match("--xyz", {"--help", "--top-k"}), std::nullopt);
+}
+
+TEST(ForeignFlagHint, NamesTheEngineAndWhatFp4serveDoesInstead) {
+  EXPECT_EQ(foreign_flag_hint("--temp"), "--temp is a llama.cpp flag; fp4serve's is --temperature (e.g. "
+                                         "--temperature 0.7; 0 = greedy)");
+  for (const char* flag : {"-ngl", "--n-gpu-layers"}) {
+    const auto hint = foreign_flag_hint(flag);
+    ASSERT_TRUE(hint) << flag;
+    EXPECT_NE(hint->find("llama.cpp flag; fp4serve runs the whole model on one device"), std::string::npos) << *hint;
+  }
+  EXPECT_NE(foreign_flag_hint("--dtype").value_or("").find("--activation-precision"), std::string::npos);
+  EXPECT_NE(foreign_flag_hint("--gpu-memory-utilization").value_or("").find("--kv-cache-mib"), std::string::npos);
+  EXPECT_NE(foreign_flag_hint("--tp").value_or("").find("-tp N or --tensor-parallel-size N"), std::string::npos);
+  EXPECT_NE(foreign_flag_hint("--trust-remote-code").value_or("").find("runs no code from the checkpoint"),
+            std::string::npos);
+  EXPECT_EQ(foreign_flag_hint("--temperature"), std::nullopt);  // fp4serve's own spelling
+  EXPECT_EQ(foreign_flag_hint("--tem"), std::nullopt);
+}
+
+TEST(NumberOption, RangesAreCheckedWhileParsing) {
+  CLI::App app;
+  int64_t max_tokens = 64;
+  std::optional<float> top_p;
+  std::optional<int> top_k;
+  add_number_option(app, "-n,--max-tokens", max_tokens, ranges::kMaxTokens, "");
+  add_number_option(app, "--top-p", top_p, ranges::kTopP, "");
+  add_number_option(app, "--top-k", top_k, ranges::kTopK, "");
+  app.parse("-n 7 --top-p 0.5 --top-k -1", false);
+  EXPECT_EQ(max_tokens, 7);
+  EXPECT_EQ(top_p, 0.5f);
+  EXPECT_EQ(top_k, -1);
+  EXPECT_EQ(usage_error([&] { app.parse("-n 0", false); }),
+            "-n/--max-tokens 0 is out of range: expected a whole number ≥ 1");
+  EXPECT_EQ(usage_error([&] { app.parse("-n -3", false); }),
+            "-n/--max-tokens -3 is out of range: expected a whole number ≥ 1");
+  EXPECT_EQ(usage_error([&] { app.parse("-n 1.5", false); }), "-n/--max-tokens '1.5': expected a whole number ≥ 1");
+  EXPECT_EQ(usage_error([&] { app.parse("--top-p 2", false); }),
+            "--top-p 2 is out of range: expected a number in (0, 1] (1 = off)");
+  EXPECT_EQ(usage_error([&] { app.parse("--top-p 0", false); }),
+            "--top-p 0 is out of range: expected a number in (0, 1] (1 = off)");
+  EXPECT_EQ(usage_error([&] { app.parse("--top-p nan", false); }), "--top-p 'nan': expected a number in (0, 1] (1 = off)");
+  EXPECT_EQ(usage_error([&] { app.parse("--top-k 99999999999", false); }), "--top-k 99999999999 is too large: at most 2147483647");
+}
+
+TEST(ResolveModelPath, TypoOfALocalFolderSuggestsIt) {
+  TempDir t;
+  fs::create_directories(t.path() / "models" / "default-nvfp4");
+  const std::string typo = (t.path() / "models" / "default-nvfp").string();
+  EXPECT_EQ(error_of(typo), fmt::format("{}: no such file or folder; did you mean {}?", typo,
+                                        (t.path() / "models" / "default-nvfp4").string()));
+  // Relative, as typed: it also looks like ORG/NAME, and the folder beats a download command.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(t.path());
+  ::setenv("HF_HUB_CACHE", (t.path() / "hub").c_str(), 1);
+  const std::string message = error_of("models/default-nvfp");
+  ::unsetenv("HF_HUB_CACHE");
+  fs::current_path(cwd);
+  EXPECT_TRUE(message.starts_with("models/default-nvfp: no such file or folder; did you mean models/default-nvfp4?"))
+      << message;
+  EXPECT_EQ(message.find("huggingface-cli download"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace fp4serve::app

@@ -80,7 +80,7 @@ serve_once() {  # $1 = log file; the rest = the command
   pid=$!
   port=""
   for _ in $(seq 1 300); do  # 60 s: mpirun and the load share 2 cores with other tests
-    port=$(sed -n 's|.*on http://127.0.0.1:\([0-9]*\) .*|\1|p' "$log" | head -n 1)
+    port=$(sed -n 's|.*on http://127.0.0.1:\([0-9][0-9]*\).*|\1|p' "$log" | head -n 1)
     [ -n "$port" ] && break
     sleep 0.2
   done

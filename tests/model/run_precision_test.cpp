@@ -2,7 +2,7 @@
 // The run-time approximations of LoadOptions (activation_precision = int8 | bf16 | auto, lm_head_dtype = fp8 | int8,
 // kv_cache_dtype = bf16 | fp16 | auto) on the reference fixtures: logits of both prompts against transformers'
 // fp32 golden within a bound that covers the approximation, and different from the exact path's logits (the
-// option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (README); int8 activations add an
+// option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (docs/quality.md); int8 activations add an
 // error per linear of ≤ Σ|w|·d/2 (backends/cpu/kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row
 // lm_head copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
 // measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)

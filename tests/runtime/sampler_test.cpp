@@ -332,5 +332,33 @@ TEST(Sampler, GenerationConfigDefaults) {
   EXPECT_FLOAT_EQ(p.min_p, 0.05f);
 }
 
+// The server's defaults follow vLLM (ModelConfig.get_diff_sampling_param): the sampling fields a generation config
+// sets to a non-default value, whatever do_sample says; OpenAI's neutral values (temperature 1) for the rest.
+TEST(Sampler, ServingDefaultsFollowVllm) {
+  const ServingDefaults none = serving_defaults(json());  // --generation-config vllm, or no file
+  EXPECT_EQ(none.sampling.temperature, 1.0f);
+  EXPECT_EQ(none.sampling.top_k, 0);
+  EXPECT_EQ(none.max_tokens, std::nullopt);
+  EXPECT_TRUE(none.taken.empty());
+  // SmolLM2's file sets no sampling field: a request without temperature samples at 1.0, as under vLLM.
+  EXPECT_EQ(serving_defaults(json::parse(R"({"bos_token_id": 1, "eos_token_id": 2})")).sampling.temperature, 1.0f);
+  // do_sample: false does not make it greedy (transformers' rule, sampling_defaults, is not vLLM's).
+  const ServingDefaults qwen3 = serving_defaults(json::parse(
+      R"({"do_sample": false, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0, "max_new_tokens": 512})"));
+  EXPECT_FLOAT_EQ(qwen3.sampling.temperature, 0.6f);
+  EXPECT_EQ(qwen3.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(qwen3.sampling.top_p, 0.95f);
+  EXPECT_EQ(qwen3.max_tokens, 512);
+  EXPECT_EQ(qwen3.taken, (std::vector<std::string>{"temperature=0.6", "top_k=20", "top_p=0.95", "min_p=0",
+                                                   "max_new_tokens=512"}));
+  // Values equal to transformers' GenerationConfig defaults never reach vLLM (to_diff_dict drops them): top_k 50
+  // is not applied, temperature 1.0 and repetition_penalty 1.0 change nothing.
+  const ServingDefaults plain = serving_defaults(json::parse(R"({"top_k": 50, "temperature": 1.0, "repetition_penalty": 1.1})"));
+  EXPECT_EQ(plain.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(plain.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(plain.taken, (std::vector<std::string>{"repetition_penalty=1.1"}));
+  EXPECT_THROW(serving_defaults(json::parse(R"({"temperature": -1})")), UsageError);
+}
+
 }  // namespace
 }  // namespace fp4serve::runtime

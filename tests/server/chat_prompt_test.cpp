@@ -79,7 +79,7 @@ std::string body_of(const ojson& c, bool with_kwargs) {
 TEST(ChatPrompt, KwargsReachTheTemplateAsTransformersRendersThem) {
   const Fixture fx;
   const TokenizerCodec codec = fx.codec();
-  const ServeLimits limits{"test-model", 4096, {}};
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
   // (Tools reach the template through /tokenize below; chat completions refuse them until tool calls are parsed.)
   for (const char* name : {"reasoning+kwargs0", "system_multi_turn+kwargs1", "system_multi_turn"}) {
     const ojson& c = golden_case(name, true);
@@ -170,7 +170,7 @@ ApiError chat_error(const std::string& body) {
 // (Granite 4.0) gets the list, as vLLM's detected content format does.
 TEST(ChatPrompt, TextPartsWorkWithStringAndListTemplates) {
   const Fixture fx;
-  const ServeLimits limits{"test-model", 4096, {}};
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
   auto prompt_of = [&](const TokenizerCodec& codec, const ojson& messages) {
     const ApiRequest req = parse_request(Endpoint::kChatCompletions, ojson{{"messages", messages}}.dump());
     return to_sequence_request(req, codec, limits, Clock::now()).prompt;
@@ -213,7 +213,7 @@ TEST(ChatPrompt, TextPartsWorkWithStringAndListTemplates) {
 // transformers).
 TEST(ChatPrompt, ContentFormatFlagOverridesTheDetection) {
   const Fixture fx;
-  const ServeLimits limits{"test-model", 4096, {}};
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
   const auto path = std::filesystem::temp_directory_path() / ("fp4serve_parts_" + std::to_string(::getpid()) + ".jinja");
   {
     std::ofstream out(path);

@@ -177,7 +177,7 @@ TEST(Hardening, SecondServerOnBusyPortFails) {
   Scheduler scheduler(model2, SchedulerConfig{}, metrics);
   ServerSetup setup;
   setup.http.port = first.port();
-  HttpServer second(setup.http, ServeLimits{"m", 128, {}}, codec, scheduler, metrics);
+  HttpServer second(setup.http, ServeLimits{"m", 128, {}, std::nullopt}, codec, scheduler, metrics);
   try {
     second.bind();
     ADD_FAILURE() << "a second server bound port " << first.port();

@@ -31,7 +31,7 @@ class RunningServer {
       : scheduler_(model, setup.scheduler, metrics_) {
     runtime::SamplingParams defaults;
     defaults.temperature = 0.0f;
-    http_ = std::make_unique<HttpServer>(setup.http, ServeLimits{name, setup.context_length, defaults}, codec,
+    http_ = std::make_unique<HttpServer>(setup.http, ServeLimits{name, setup.context_length, defaults, std::nullopt}, codec,
                                          scheduler_, metrics_);
     port_ = http_->bind();
     scheduler_.start();

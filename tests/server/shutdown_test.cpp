@@ -70,7 +70,7 @@ double drain_round(int round) {
   Scheduler scheduler(model, setup.scheduler, metrics);
   runtime::SamplingParams defaults;
   defaults.temperature = 0.0f;
-  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults}, codec, scheduler, metrics);
+  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt}, codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
   std::thread serving([&] { http.serve(); });

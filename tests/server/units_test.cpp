@@ -78,7 +78,7 @@ TEST(OpenAiApi, MapsToSequenceRequestWithinContext) {
   runtime::SamplingParams defaults;
   defaults.temperature = 0.7f;
   defaults.top_k = 20;
-  const ServeLimits limits{"m", 16, defaults};
+  const ServeLimits limits{"m", 16, defaults, std::nullopt};
   const auto now = Clock::now();
   auto seq = to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "temperature": 0})"),
                                  codec, limits, now);
@@ -93,6 +93,23 @@ TEST(OpenAiApi, MapsToSequenceRequestWithinContext) {
                                 codec, limits, now).max_new_tokens, 12);
   EXPECT_THROW(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "a", "model": "z"})"),
                                    codec, limits, now), ApiError);
+}
+
+// A generation config's max_new_tokens is the default max_tokens (vLLM's default_max_tokens), capped by the context
+// left; a request's max_tokens overrides it either way.
+TEST(OpenAiApi, DefaultMaxTokensFromTheGenerationConfig) {
+  testing::ByteCodec codec;
+  ServeLimits limits{"m", 16, {}, 5};
+  const auto now = Clock::now();
+  EXPECT_EQ(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd"})"), codec, limits, now)
+                .max_new_tokens,
+            5);
+  EXPECT_EQ(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcdefghijklm"})"), codec, limits,
+                                now).max_new_tokens,
+            3);  // 16 − 13 left
+  EXPECT_EQ(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "max_tokens": 9})"), codec,
+                                limits, now).max_new_tokens,
+            9);
 }
 
 TEST(OpenAiApi, ResponseShapes) {

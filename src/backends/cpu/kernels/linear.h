@@ -75,7 +75,7 @@ void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t blo
                                int8_t* r, float* d, uint8_t* fine = nullptr);
 
 /// The fine_ratio linear() uses for ActivationPrecision::Int8. Measured on the default model (mean KLD against
-/// the fp32 path over the README's 2048-token perplexity text, one thread): ratio inf (plain Q8_0) 1.49e-3,
+/// the fp32 path over docs/quality.md's 2048-token perplexity text, one thread): ratio inf (plain Q8_0) 1.49e-3,
 /// 3: 6.6e-4, 2: 5.1e-4, 1.5: 3.9e-4, 1: 2.7e-4; decode speed fell with lower ratios (more second dots), so 2.
 inline constexpr float kInt8ActivationFineRatio = 2.f;
 
