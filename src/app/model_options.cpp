@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "app/log.h"
 #include "app/option_values.h"
@@ -268,6 +271,20 @@ void draw_load_bar(const model::LoadProgressReport& r) {
 
 model::LoadedModel load_model_for(const ModelOptions& opts) {
   const fs::path dir = resolve_model_path(opts.model);
+  // --max-model-len against the model's limit, from config.json alone: refused before any weight is read. A
+  // config.json that cannot be read here is left to load_model, which names what is wrong with it.
+  if (opts.max_model_len > 0) {
+    std::ifstream in(dir / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (config.is_object()) {
+      std::optional<model::ModelConfig> parsed;
+      try {
+        parsed = model::parse_model_config(config);
+      } catch (const Error&) {
+      }
+      if (parsed) (void)effective_max_model_len(opts, *parsed);
+    }
+  }
   model::LoadOptions load = opts.load;
   // A bar redrawn with carriage returns only helps a person watching a terminal; logs get none.
   if (!load.progress && log_enabled(LogLevel::Info) && ::isatty(STDERR_FILENO) == 1) load.progress = draw_load_bar;
