@@ -95,12 +95,13 @@ void run_generate(const GenerateOptions& opts) {
   // failure at the end of the RoPE table).
   const int64_t context = effective_max_model_len(opts.model, loaded.config);
   const auto prompt_tokens = static_cast<int64_t>(request.prompt.size());
-  if (prompt_tokens + opts.max_new_tokens > context) {
+  if (opts.max_new_tokens > context - prompt_tokens) {  // not prompt + n: n may be near INT64_MAX
     const ContextLimit limit = context_limit(loaded.config);
     throw UsageError(fmt::format(
         "the prompt ({} tokens) plus --max-tokens {} is {} tokens, above the context length of {} tokens ({}); "
         "shorten the prompt or lower -n",
-        prompt_tokens, opts.max_new_tokens, prompt_tokens + opts.max_new_tokens, context,
+        prompt_tokens, opts.max_new_tokens,
+        static_cast<uint64_t>(prompt_tokens) + static_cast<uint64_t>(opts.max_new_tokens), context,
         opts.model.max_model_len > 0 ? fmt::format("--max-model-len; the model allows {}", limit.tokens) : limit.source));
   }
   // The cache holds what this request can use, not the whole context: one sequence, allocated up front.

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,7 +69,8 @@ runtime::ServingDefaults serving_defaults_for(const std::string& choice, const n
   const bool neutral = choice == "vllm";
   const nlohmann::json& config = choice == "auto" ? checkpoint.generation_config() : from_folder;
   const std::string source = neutral ? "vLLM's neutral defaults (--generation-config vllm)"
-                             : choice == "auto" ? "the model's generation_config.json"
+                             : choice == "auto" ? (config.is_object() ? "the model's generation_config.json"
+                                                                      : "the model (no generation_config.json)")
                                                 : "--generation-config " + choice;
   runtime::ServingDefaults defaults;
   try {
@@ -80,7 +82,7 @@ runtime::ServingDefaults serving_defaults_for(const std::string& choice, const n
   if (neutral) {
     origin = source;
   } else if (defaults.taken.empty()) {
-    origin = source + " sets none of them: OpenAI's values";
+    origin = config.is_object() ? source + " sets none of them: OpenAI's values" : source + ": OpenAI's values";
   } else {
     origin = fmt::format("{} from {}, OpenAI's values otherwise", fmt::join(defaults.taken, ", "), source);
   }
@@ -192,8 +194,15 @@ void run_serve(ServeOptions opts) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    log_info("\n{}: shutting down (running requests have {} s to finish)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-             opts.http.shutdown_timeout_seconds);
+    log_info("\n{}: shutting down (running requests have {} s to finish; a second signal exits at once)\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", opts.http.shutdown_timeout_seconds);
+    // A second SIGINT/SIGTERM during the drain ends the process now, as uvicorn's second Ctrl-C does.
+    std::thread([signals] {  // a copy: run_serve may return first
+      int again = 0;
+      sigwait(&signals, &again);
+      std::fprintf(stderr, "second %s: exiting without waiting for the drain\n", again == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(128 + again);
+    }).detach();
     http.stop();       // the scheduler keeps stepping while requests drain
     scheduler.stop();
   });
@@ -235,10 +244,10 @@ void register_serve(CLI::App& root) {
                   "generation_config.json), vllm (neutral: temperature 1, no top-k/top-p), or a folder holding a "
                   "generation_config.json")
       ->capture_default_str();
-  cmd->add_option("--shutdown-timeout", opts->http.shutdown_timeout_seconds,
-                  "seconds running requests may take to finish after SIGTERM/SIGINT; then they are aborted "
-                  "(streams: an error event + [DONE]; others: 503)")
-      ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  add_number_option(*cmd, "--shutdown-timeout", opts->http.shutdown_timeout_seconds,
+                    NumberRange{0, 3600, false, false, "0 = abort at once"},
+                    "seconds running requests may take to finish after SIGTERM/SIGINT; then they are aborted "
+                    "(streams: an error event + [DONE]; others: 503)");
   cmd->callback([opts] {
     // Every streaming or queued request holds a handler thread; keep a few spare for /health and /metrics.
     opts->http.threads = opts->scheduler.max_num_seqs + opts->scheduler.max_queue + 8;

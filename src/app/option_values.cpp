@@ -117,6 +117,13 @@ double parse_number(std::string_view flag, std::string_view text, const NumberRa
   return value;
 }
 
+long long parse_whole(std::string_view text) {
+  const std::string_view digits = text.starts_with('+') ? text.substr(1) : text;
+  long long v = 0;
+  (void)std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  return v;
+}
+
 std::optional<text::ContentFormat> parse_content_format(std::string_view text) {
   if (text == "auto") return std::nullopt;
   for (text::ContentFormat f : {text::ContentFormat::kString, text::ContentFormat::kOpenAI}) {

@@ -68,6 +68,8 @@ std::string range_text(const NumberRange& range);
 /// `text` as the value of `flag` (e.g. "-n/--max-tokens"): a finite number within `range`, a whole one when
 /// `whole`. Throws UsageError naming the flag, the text and the range.
 double parse_number(std::string_view flag, std::string_view text, const NumberRange& range, bool whole);
+/// The exact value of a whole number parse_number accepted (its double may have rounded).
+long long parse_whole(std::string_view text);
 
 /// Ranges shared by the commands that sample (generate, chat), as vLLM's SamplingParams checks them.
 namespace ranges {
@@ -99,11 +101,18 @@ CLI::Option* add_number_option(CLI::App& cmd, const std::string& names, T& targe
       names,
       [&target, flag, range](const std::string& text) {
         const double value = parse_number(flag, text, range, std::is_integral_v<V>);
-        // A whole number must also fit its type (the range's "no upper bound" means none short of that).
-        if (value > static_cast<double>(std::numeric_limits<V>::max())) {
-          throw UsageError(fmt::format("{} {} is too large: at most {}", flag, text, std::numeric_limits<V>::max()));
+        if constexpr (std::is_integral_v<V>) {
+          // Compared as integers: a double holds 2^63 − 1 as 2^63, which would pass a check in doubles and
+          // overflow the cast. The range's "no upper bound" means none short of the type's.
+          const long long exact = parse_whole(text);
+          if (exact > 0 &&
+              static_cast<unsigned long long>(exact) > static_cast<unsigned long long>(std::numeric_limits<V>::max())) {
+            throw UsageError(fmt::format("{} {} is too large: at most {}", flag, text, std::numeric_limits<V>::max()));
+          }
+          target = static_cast<V>(exact);
+        } else {
+          target = static_cast<V>(value);
         }
-        target = static_cast<V>(value);
       },
       help);
   opt->type_name(std::is_integral_v<V> ? "INT" : "FLOAT");

@@ -97,7 +97,7 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   try {
     check_model_splits(opts.model, opts.load);
     dist::check_tensor_parallel_size(parallel.tensor_parallel_size, launch, hint);
-  } catch (const UsageError&) {
+  } catch (const Error&) {  // a refused size, or a model that cannot be read (FormatError, IoError, ...)
     if (launch.launched && launch.rank != 0) throw CLI::RuntimeError(2);  // rank 0 prints the refusal once
     throw;
   }
@@ -113,11 +113,12 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
   parallel.rank = comm_->rank();
   opts.load.comm = comm_.get();
   if (comm_->rank() != 0) set_log_level(LogLevel::Error);  // also no loading bar (load_model_for draws it at Info)
-  // Every rank runs on the same kind of device: auto is settled here, where the GPU ordinal is chosen.
+  // Every rank runs on the same kind of device: auto is settled here, where the GPU ordinal is chosen, by rank 0's
+  // answer (a rank of a mixed allocation that lacks the GPU then fails to load, and rank 0 reports it).
   if (opts.load.device == plan::DeviceChoice::Auto) {
-    opts.load.device = plan::resolve_device(plan::DeviceChoice::Auto).kind == plan::DeviceKind::Cuda
-                           ? plan::DeviceChoice::Cuda
-                           : plan::DeviceChoice::Cpu;
+    int32_t gpu = plan::resolve_device(plan::DeviceChoice::Auto).kind == plan::DeviceKind::Cuda ? 1 : 0;
+    comm_->broadcast(&gpu, sizeof(gpu), 0);
+    opts.load.device = gpu != 0 ? plan::DeviceChoice::Cuda : plan::DeviceChoice::Cpu;
   }
   if (opts.load.device == plan::DeviceChoice::Cuda) {
     opts.load.cuda_device = launch.local_rank;

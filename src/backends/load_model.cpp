@@ -40,8 +40,10 @@ void refuse_cpu_only_choices(const LoadOptions& options) {
   const bool cpu_precision = options.activation_precision.value_or(prepare::ActivationPrecision::Fp32) !=
                              prepare::ActivationPrecision::Fp32;
   if (cpu_precision || options.lm_head_dtype != LmHeadDtype::Bf16) {
-    throw UsageError(fmt::format("--device cuda: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; "
+    throw UsageError(fmt::format("{}: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; "
                                  "the GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
+                                 options.device == plan::DeviceChoice::Auto ? "--device auto found a GPU"
+                                                                            : "--device cuda",
                                  options.activation_precision
                                      ? prepare::activation_precision_name(*options.activation_precision)
                                      : "auto",

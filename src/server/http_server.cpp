@@ -348,7 +348,7 @@ void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req
   header.set(http::field::content_type, "text/event-stream");
   header.set(http::field::cache_control, "no-cache");
   header.set(http::field::server, "fp4serve");
-  header.keep_alive(req.keep_alive());
+  header.keep_alive(req.keep_alive() && !draining.load());  // a drain closes the connection after it
   if (!conn.write_stream_header(header)) {
     channel->cancel();
     return;

@@ -49,10 +49,12 @@ const char* content_format_name(ContentFormat format);
 /// The same walk as vLLM's _detect_content_format over the Jinja AST.
 ContentFormat detect_content_format(const std::vector<std::unique_ptr<jinja::Node>>& body);
 
-/// `messages` with every list `content` checked and put in `format`: parts must be objects of type "text" with a
-/// string "text" (anything else, e.g. "image_url" or "input_audio", throws UnsupportedError naming the part's
-/// type and the message: the models served take text only); kString joins them with "\n", kOpenAI keeps the
-/// list. String, null and absent contents stay as they are. Throws UsageError when `messages` is not a list.
+/// `messages` with every `content` in `format`, as vLLM shapes it (_parse_chat_message_content): a string is one
+/// text part, null none, a list is checked (parts must be objects of type "text" with a string "text"; anything
+/// else, e.g. "image_url" or "input_audio", throws UnsupportedError naming the part's type and the message: the
+/// models served take text only). kString gives the texts joined with "\n" ("" for none), kOpenAI the parts
+/// rebuilt as {type: "text", text} (other keys dropped). Absent contents stay absent. Throws UsageError when
+/// `messages` is not a list.
 nlohmann::ordered_json apply_content_format(const nlohmann::ordered_json& messages, ContentFormat format);
 
 class ChatTemplate {

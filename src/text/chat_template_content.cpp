@@ -114,28 +114,46 @@ nlohmann::ordered_json apply_content_format(const nlohmann::ordered_json& messag
     auto& m = out[i];
     if (!m.is_object()) continue;  // render_messages names it
     const auto content = m.find("content");
-    if (content == m.end() || !content->is_array()) continue;
-    std::string joined;
-    for (const auto& part : *content) {
-      const auto type = part.is_object() ? part.find("type") : part.end();
-      if (!part.is_object() || type == part.end() || !type->is_string()) {
-        throw UnsupportedError("message " + std::to_string(i) + ": each content part must be an object with a string "
-                               "'type', found " + part.dump());
+    if (content == m.end()) continue;
+    // vLLM's _parse_chat_message_content: null is no parts, a string is one text part; the template then gets
+    // the parts rebuilt as {type, text} (openai) or their texts joined with "\n" (string).
+    std::vector<std::string> texts;
+    if (content->is_string()) {
+      texts.push_back(content->get<std::string>());
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string()) {
+          throw UnsupportedError("message " + std::to_string(i) + ": each content part must be an object with a "
+                                 "string 'type', found " + part.dump());
+        }
+        if (type->get<std::string>() != "text") {
+          throw UnsupportedError("message " + std::to_string(i) + ": content parts of type '" +
+                                 type->get<std::string>() +
+                                 "' are not supported: the served model takes text only (parts of type 'text')");
+        }
+        const auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          throw UnsupportedError("message " + std::to_string(i) + ": a 'text' content part needs a string 'text'");
+        }
+        texts.push_back(text->get<std::string>());
       }
-      if (type->get<std::string>() != "text") {
-        throw UnsupportedError("message " + std::to_string(i) + ": content parts of type '" + type->get<std::string>() +
-                               "' are not supported: the served model takes text only (parts of type 'text')");
-      }
-      const auto text = part.find("text");
-      if (text == part.end() || !text->is_string()) {
-        throw UnsupportedError("message " + std::to_string(i) + ": a 'text' content part needs a string 'text'");
-      }
-      if (&part != &content->front()) joined += '\n';
-      joined += text->get<std::string>();
+    } else if (!content->is_null()) {
+      continue;  // another type: render_messages names it
     }
     switch (format) {
-      case ContentFormat::kString: *content = joined; break;
-      case ContentFormat::kOpenAI: break;  // the template iterates the parts itself
+      case ContentFormat::kString: {
+        std::string joined;
+        for (size_t t = 0; t < texts.size(); ++t) joined += (t == 0 ? "" : "\n") + texts[t];
+        *content = joined;
+        break;
+      }
+      case ContentFormat::kOpenAI: {
+        nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+        for (const std::string& t : texts) parts.push_back({{"type", "text"}, {"text", t}});
+        *content = parts;
+        break;
+      }
     }
   }
   return out;

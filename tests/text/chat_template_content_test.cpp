@@ -22,7 +22,9 @@ constexpr const char* kStringTemplate =
     "{% if add_generation_prompt %}<assistant>{% endif %}";
 // Iterates content as OpenAI's list of parts (Llama 3.2 Vision, Gemma 3, Granite 4 style), through a derived list.
 constexpr const char* kListTemplate =
-    "{% set loop_messages = messages[1:] %}{{ messages[0]['content'] }}|"
+    // Under the openai format every content is a list (vLLM wraps strings too), so the system text is a part.
+    "{% set loop_messages = messages[1:] %}{% set system = messages[0]['content'] %}"
+    "{{ system if system is string else system[0]['text'] }}|"
     "{% for message in loop_messages %}<{{ message.role }}>"
     "{% if message.content is string %}{{ message.content }}"
     "{% else %}{% for part in message.content | selectattr('type', 'equalto', 'text') %}[{{ part.text }}]{% endfor %}"
@@ -99,10 +101,20 @@ TEST(ChatTemplateContent, NonTextPartsAreRefusedNamingTheirType) {
                                     ContentFormat::kString), UnsupportedError);
   EXPECT_THROW(apply_content_format(ojson::parse(R"([{"role": "user", "content": ["hi"]}])"), ContentFormat::kOpenAI),
                UnsupportedError);
-  // Strings and null contents pass unchanged.
-  const ojson plain = ojson::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null}])");
-  EXPECT_EQ(apply_content_format(plain, ContentFormat::kOpenAI), plain);
-  EXPECT_EQ(apply_content_format(plain, ContentFormat::kString), plain);
+}
+
+// As vLLM shapes content (_parse_chat_message_content): a string is one text part and null is none; "openai"
+// templates get {type, text} parts rebuilt (extra keys dropped), "string" templates the texts joined with "\n".
+TEST(ChatTemplateContent, StringsAndNullTakeTheTemplatesShape) {
+  const ojson m = ojson::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
+    {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}, {"type": "text", "text": "b"}]},
+    {"role": "tool"}])");
+  EXPECT_EQ(apply_content_format(m, ContentFormat::kOpenAI), ojson::parse(R"([
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": []},
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "tool"}])"));
+  EXPECT_EQ(apply_content_format(m, ContentFormat::kString), ojson::parse(R"([
+    {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "a\nb"},
+    {"role": "tool"}])"));
 }
 
 }  // namespace
