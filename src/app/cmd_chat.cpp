@@ -126,7 +126,7 @@ void register_chat(CLI::App& root) {
   add_number_option(*cmd, "-n,--max-tokens", opts->max_new_tokens, ranges::kMaxTokens, "tokens per reply");
   add_number_option(*cmd, "--temperature", opts->temperature, ranges::kTemperature,
                     "0 = greedy (default: generation_config.json)");
-  cmd->add_option("--seed", opts->seed, "sampling seed");
+  cmd->add_option("--seed", opts->seed, "sampling seed")->check(kSeedCheck);
   add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });
 }

@@ -177,7 +177,7 @@ void register_generate(CLI::App& root) {
                     "OpenAI-style presence penalty");
   add_number_option(*cmd, "--frequency-penalty", opts->frequency_penalty, ranges::kPresenceFrequencyPenalty,
                     "OpenAI-style frequency penalty");
-  cmd->add_option("--seed", opts->seed, "sampling seed");
+  cmd->add_option("--seed", opts->seed, "sampling seed")->check(kSeedCheck);
   cmd->add_option("--stop", opts->stop, "stop string (repeatable)");
   cmd->add_flag("--chat", opts->chat, "wrap the prompt in the model's chat template as a user message");
   add_chat_template_options(*cmd, opts->chat_template);

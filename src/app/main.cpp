@@ -128,8 +128,12 @@ std::string parse_error_text(CLI::App& root, const std::vector<std::string>& arg
   if (app != &root) {
     for (const std::string& extra : root.remaining()) extras.push_back(extra);
   }
+  // Words after "--" are values, never options: one that is left over is an unexpected argument.
+  const auto dashes = std::find(args.begin(), args.end(), "--");
+  const std::vector<std::string> literal(dashes == args.end() ? args.end() : dashes + 1, args.end());
   for (const std::string& extra : extras) {
     if (!extra.starts_with("-") || is_number(extra)) continue;
+    if (std::find(literal.begin(), literal.end(), extra) != literal.end()) continue;
     const std::string name = extra.substr(0, extra.find('='));
     if (auto hint = fp4serve::app::foreign_flag_hint(name)) return *hint;
     std::vector<std::string> long_names;  // a one-letter name is one edit from every other one

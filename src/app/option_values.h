@@ -120,6 +120,14 @@ CLI::Option* add_number_option(CLI::App& cmd, const std::string& names, T& targe
   return opt;
 }
 
+/// --seed: a whole number in [0, 2^64); CLI11 alone would take -1 and wrap it to 2^64 − 1.
+inline const CLI::Validator kSeedCheck(
+    [](const std::string& text) {
+      return text.starts_with('-') ? std::string("'") + text + "' is negative: a seed is a whole number ≥ 0"
+                                   : std::string();
+    },
+    "UINT");
+
 /// Adds `--name` to `cmd` as a typed option: the text is parsed by `parse` when CLI11 reads it (a bad value stops
 /// the command line with parse's UsageError, before anything is loaded) and stored in `target`. `default_text` is
 /// what --help shows as the default.

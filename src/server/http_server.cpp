@@ -46,7 +46,8 @@ StringResponse json_response(int status, const json& body, unsigned version, boo
 
 StringResponse error_response(const ApiError& e, unsigned version, bool keep_alive) {
   StringResponse res = json_response(e.status(), e.body(), version, keep_alive);
-  if (e.status() == 429) res.set(http::field::retry_after, std::to_string(kRetryAfterSeconds));
+  // 429 (queue full) and 503 (draining, connection caps): a client may retry, here or at a restarted server.
+  if (e.status() == 429 || e.status() == 503) res.set(http::field::retry_after, std::to_string(kRetryAfterSeconds));
   return res;
 }
 

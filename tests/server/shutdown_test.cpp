@@ -185,6 +185,50 @@ double drain_round(int round) {
   return std::chrono::duration<double>(took).count();
 }
 
+// A request that arrives on an open keep-alive connection while the server drains is not started: 503 with
+// Retry-After and Connection: close, while the running request still ends properly.
+TEST(Shutdown, NewRequestOnAKeepAliveConnectionDuringTheDrainGets503) {
+  FakeModel model(16, 4096);
+  model.before_forward = [] { std::this_thread::sleep_for(2ms); };
+  ByteCodec codec;
+  ServerSetup setup;
+  setup.context_length = 4096;
+  setup.http.shutdown_timeout_seconds = 1.5;  // the running stream keeps the drain open while the request is sent
+  Metrics metrics;
+  Scheduler scheduler(model, setup.scheduler, metrics);
+  runtime::SamplingParams defaults;
+  defaults.temperature = 0.0f;
+  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt}, codec, scheduler,
+                  metrics);
+  const int port = http.bind();
+  scheduler.start();
+  std::thread serving([&] { http.serve(); });
+
+  RawConnection keep(port);  // one answered request, the connection left open
+  ASSERT_TRUE(keep.send("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  const std::string health = keep.read_while([](const std::string& got) { return got.find("\"ok\"") == std::string::npos; }, 5s);
+  ASSERT_NE(health.find("200 OK"), std::string::npos) << health;
+  RawConnection running(port);
+  ASSERT_TRUE(running.send(raw_request(completion(4000, true))));
+  ASSERT_FALSE(running.read_while([](const std::string& got) { return got.find("data: ") == std::string::npos; }, 5s).empty());
+
+  auto stopped = std::async(std::launch::async, [&] {
+    http.stop();
+    scheduler.stop();
+  });
+  std::this_thread::sleep_for(200ms);  // stop() has begun: the listener is closed, the stream is still running
+  ASSERT_TRUE(keep.send("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  const std::string refused = keep.read_until_close(5000ms);
+  EXPECT_NE(refused.find("HTTP/1.1 503"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Connection: close"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("shutting down"), std::string::npos) << refused;
+  const std::string rest = running.read_until_close(15000ms);
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos) << rest.substr(rest.size() > 2000 ? rest.size() - 2000 : 0);
+  ASSERT_EQ(stopped.wait_for(15s), std::future_status::ready);
+  serving.join();
+}
+
 TEST(Shutdown, DrainsTwentyTimesWithinTheBound) {
   // Under 1 s a round (the grace period, 0.6 s, is waited for the aborted requests): 20 rounds, about 17 s. (The
   // never-reading client's stream fits in loopback's socket buffers, which took over 1 MB here, so its writes do
