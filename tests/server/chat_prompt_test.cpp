@@ -18,6 +18,7 @@
 #include "server/server_harness.h"
 #include "server/tokenizer_codec.h"
 #include "text/chat_template.h"
+#include "text/tokenizer_fixtures.h"
 #include "checkpoint/checkpoint.h"
 
 namespace fp4serve::server {
@@ -29,13 +30,7 @@ using namespace testing;
 
 const std::string kData = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/";
 
-ojson read_ordered(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open fixture " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ojson::parse(buffer.str());
-}
+using text::test_support::read_ordered;
 
 // transformers' render of the Qwen3 template (or `tmpl`) for `conversation` (kwargs as in the golden case).
 const ojson& golden_case(const std::string& conversation, bool add_generation_prompt,

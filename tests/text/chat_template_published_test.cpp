@@ -13,6 +13,7 @@
 
 #include "fp4serve/error.h"
 #include "text/chat_template.h"
+#include "text/tokenizer_fixtures.h"
 
 namespace fp4serve::text {
 namespace {
@@ -21,13 +22,7 @@ using ojson = nlohmann::ordered_json;
 
 const std::string kPublishedDir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/published/";
 
-ojson read_ordered(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open fixture " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ojson::parse(buffer.str());
-}
+using test_support::read_ordered;
 
 // The variables transformers' apply_chat_template passes: special tokens, tools, documents, then the kwargs.
 ojson variables_of(const ojson& c) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tokenizer fixtures the text suites share (tests/data/tokenizers, made by tools/): their folder and the
-// JSON reader, one definition each (also what a unity build of text_test needs).
+// JSON readers, one definition each (also what a unity build of text_test needs).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -33,6 +33,16 @@ inline nlohmann::json read_json(const std::string& path) {
   }
   if (!parsed.is_object()) throw std::runtime_error(path + ": expected a JSON object, found " + parsed.type_name());
   return parsed;
+}
+
+// A golden file read with its keys in file order (the published-template goldens: messages as transformers saw
+// them). Throws naming the file when it cannot be opened or parsed.
+inline nlohmann::ordered_json read_ordered(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open fixture " + path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return nlohmann::ordered_json::parse(buffer.str());
 }
 
 }  // namespace fp4serve::text::test_support
