@@ -10,7 +10,7 @@
 //   vs_cublas     cuBLAS bf16 time / this kernel's time at the same shape and M (cuBLAS runs first).
 // Weight bytes are constant patterns (valid E4M3 / E8M0 scales): the kernels' speed does not depend on values.
 // Before timing, each FP4 kernel path (M = 1, 16: decode; 64: tiled split over K; 256: tiled) is verified once
-// at 4096×4096 on random checkpoint tensors (tests/prepare/checkpoint_tensors.h, uploaded through the real
+// at 4096×4096 on random checkpoint tensors (tests/quant/checkpoint_tensors.h, uploaded through the real
 // upload_linear) against a float64 reference on the host, with the bound of tests/backends/cuda/kernels/
 // linear_cuda_test.cpp; a failure makes the exit status 1. After the runs a table gives, per shape and M, the
 // time of each kind, its copy_ratio and vs_cublas (all measured in this process).
@@ -30,8 +30,8 @@
 #include "backends/cuda/kernels/device.h"
 #include "backends/cuda/kernels/gpu_layout.h"
 #include "backends/cuda/kernels/linear_cuda.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "quant/linear_weights.h"
 #include "quant/block_format.h"
 #include "quant/formats.h"
 
@@ -42,7 +42,7 @@ using kernels::cuda::bf16;
 using kernels::cuda::DeviceBuffer;
 using kernels::cuda::DeviceLinear;
 using kernels::cuda::Stream;
-using prepare::WeightLayout;
+using quant::WeightEncoding;
 
 enum class Kind { Cublas, Nvfp4, Mxfp4 };
 constexpr const char* kKindNames[] = {"cublas_bf16", "nvfp4", "mxfp4"};
@@ -62,10 +62,9 @@ double verify(Kind kind, int64_t n, int64_t k, int64_t m, Stream& stream) {
   std::mt19937 rng(static_cast<unsigned>(7 * n + 3 * m + static_cast<int>(kind)));
   const fp4serve::testing::Layer l =
       kind == Kind::Nvfp4 ? fp4serve::testing::make_nvfp4(rng, n, k, true) : fp4serve::testing::make_mxfp4(rng, n, k);
-  const prepare::PreparedLinear p =
-      kind == Kind::Nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
-                                                   prepare::GlobalScaleConvention::Divisor, "bench")
-                          : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "bench");
+  const quant::LinearWeights p = quant::fp4_view_weights(
+      kind == Kind::Nvfp4 ? quant::BlockFormat::Nvfp4 : quant::BlockFormat::Mxfp4, l.weight.view(), l.scale.view(),
+      l.global_scale, quant::GlobalScaleConvention::Divisor, "bench");
   const DeviceLinear w = kernels::cuda::upload_linear(p, stream);
   std::vector<float> x(static_cast<size_t>(m * k));
   std::vector<bf16> xb(x.size());
@@ -129,7 +128,7 @@ DeviceLinear make_layer(Kind kind, int64_t n, int64_t k) {
   w.out_features = n;
   w.in_features = k;
   if (kind == Kind::Cublas) {
-    w.layout = WeightLayout::Dense;
+    w.layout = WeightEncoding::Dense;
     w.padded_rows = n;
     w.padded_cols = k;
     w.dense = DeviceBuffer<bf16>(static_cast<size_t>(n * k));
@@ -138,7 +137,7 @@ DeviceLinear make_layer(Kind kind, int64_t n, int64_t k) {
   }
   using kernels::cuda::kGpuColChunk;
   using kernels::cuda::kGpuRowTile;
-  w.layout = WeightLayout::Fp4;
+  w.layout = WeightEncoding::Fp4;
   w.block_format = kind == Kind::Nvfp4 ? quant::BlockFormat::Nvfp4 : quant::BlockFormat::Mxfp4;
   const quant::BlockFormatTraits& row = quant::block_format_traits(w.block_format);
   w.group_size = row.group_size;

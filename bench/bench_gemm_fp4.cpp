@@ -26,7 +26,7 @@
 #include "bench_target.h"
 #include "core/tensor_view.h"
 #include "core/threading.h"
-#include "prepare/repack.h"
+#include "backends/cpu/prepare/repack.h"
 #include "roofline.h"
 
 namespace fp4serve::bench {

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <memory>
 
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 #include "roofline.h"
 
 HWY_BEFORE_NAMESPACE();

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Fails when a file under src/ includes a header of a module it must not depend on (docs/ARCHITECTURE.md):
-# data flows core → checkpoint → quant → plan → prepare → model → backends → runtime → server → app; dist and
-# text sit beside the flow (core only); each device's wing (backends/cpu, backends/cuda) sees the model and its
-# own kernels, never the other wing. The build enforces the same through per-module include roots
-# (cmake/Warnings.cmake, fp4serve_add_module); this check names every offending line at once.
+# data flows core → checkpoint → quant → plan → model → backends → runtime → server → app; dist and text sit beside
+# the flow (core only); each device's wing (backends/cpu, backends/cuda) sees the model and its own kernels and
+# weight layout (backends/cpu/prepare), never the other wing. The build enforces the same through per-module
+# include roots (cmake/Warnings.cmake, fp4serve_add_module); this check names every offending line at once.
 # Usage: scripts/check-layering.sh [SRC_DIR]   (ctest: layering.no_upward_include)
 set -euo pipefail
 
 SRC="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/src}"
 
 # Module (a folder under src/, most specific first) → the modules its files may include.
-ABOVE_MODEL="core dist checkpoint quant plan prepare"
+ABOVE_MODEL="core dist checkpoint quant plan"
 declare -A ALLOWED=(
   [core]="core"
   [dist]="core dist"
@@ -18,10 +18,10 @@ declare -A ALLOWED=(
   [checkpoint]="core checkpoint"
   [quant]="core checkpoint quant"
   [plan]="core checkpoint quant plan"
-  [prepare]="core checkpoint quant prepare"
+  [backends/cpu/prepare]="core checkpoint quant backends/cpu/prepare"
   [model]="$ABOVE_MODEL model"
-  [backends/cpu/kernels]="core quant prepare backends/cpu/kernels"
-  [backends/cuda/kernels]="core quant prepare backends/cuda/kernels"
+  [backends/cpu/kernels]="core quant backends/cpu/prepare backends/cpu/kernels"
+  [backends/cuda/kernels]="core quant backends/cuda/kernels"
   [backends/cpu]="$ABOVE_MODEL model backends/cpu"
   [backends/cuda]="$ABOVE_MODEL model backends/cuda"
   [backends]="$ABOVE_MODEL model backends"
@@ -30,9 +30,9 @@ declare -A ALLOWED=(
   [app]="$ABOVE_MODEL model backends text runtime server app"
 )
 # Most specific first, so that backends/cpu/kernels is matched before backends/cpu and backends.
-ORDER=(backends/cpu/kernels backends/cuda/kernels backends/cpu backends/cuda backends core dist text checkpoint
-       quant plan prepare model runtime server app)
-MODULES="core dist text checkpoint quant plan prepare model backends runtime server app"
+ORDER=(backends/cpu/prepare backends/cpu/kernels backends/cuda/kernels backends/cpu backends/cuda backends core dist
+       text checkpoint quant plan model runtime server app)
+MODULES="core dist text checkpoint quant plan model backends runtime server app"
 
 module_of() {  # src-relative path → its module
   local rel="$1" m

@@ -80,7 +80,7 @@ void BM_RandomHadamardRotation(benchmark::State& state) {
   const int64_t n = state.range(0), rows = state.range(2);
   const int64_t p = n == 576 ? 4 : 8, k = n / p;
   std::mt19937 rng(3);
-  prepare::KroneckerHadamardFactors f;
+  quant::KroneckerHadamardFactors f;
   f.p = p;
   f.k = k;
   for (int64_t i = 0; i < k * k; ++i) f.a.push_back((rng() & 1) ? 1.0 : -1.0);
@@ -97,12 +97,13 @@ void BM_RandomHadamardRotation(benchmark::State& state) {
           static_cast<float>(f.left[i] * f.a[static_cast<size_t>((i / p) * k + j / p)] * h * scale);
     }
   }
-  const prepare::PreparedKroneckerHadamard t = prepare::prepare_kronecker_hadamard(f, {}, false, scale);
+  const quant::KroneckerHadamardSteps t = quant::kronecker_hadamard_steps(f, {}, false, scale);
+  const KroneckerHadamardKernel kernel = prepare_kronecker_hadamard(t);
   std::vector<float> x = random_vec(static_cast<size_t>(rows * n), 1);
   const bool structured = state.range(1) != 0;
   for (auto _ : state) {
     if (structured) {
-      kronecker_hadamard_blocks(t, x.data(), rows, n);
+      kronecker_hadamard_blocks(kernel, x.data(), rows, n);
     } else {
       rotate_blocks(x.data(), rows, n, dense.data(), n);
     }

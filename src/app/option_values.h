@@ -21,7 +21,7 @@
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
 #include "plan/select.h"
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 #include "text/chat_template.h"
 
 namespace fp4serve::app {

@@ -101,11 +101,10 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   loaded.device = device.kind;
   loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, device.kind, loaded.config.dtype);
   PrepareOptions prepare;
-  prepare.activation_precision =
-      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype);
   prepare.lm_head_dtype = options.lm_head_dtype;
-  loaded.activation_precision = prepare.activation_precision;
-  if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element);
+  loaded.activation_precision =
+      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype);
+  if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision);
 
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/prepare/prepared_linear.h"
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
 #include "model/decoder.h"

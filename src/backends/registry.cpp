@@ -18,8 +18,9 @@ constexpr bool kCudaBuilt = false;
 #endif
 }  // namespace
 
-std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype) {
-  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype);
+std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype,
+                                                 prepare::ActivationPrecision activation_precision) {
+  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype, activation_precision);
 }
 
 #if FP4SERVE_HAVE_CUDA

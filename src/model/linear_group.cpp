@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "fp4serve/error.h"
-#include "prepare/repack.h"
 
 namespace fp4serve::model {
 
@@ -18,18 +17,14 @@ LinearGroup::LinearGroup(std::vector<LinearPart> parts, std::vector<std::string>
                                    in_features_));
     }
     for (const OutputTransform& t : p.output_transforms) {
-      if (!t.transform || t.offset < 0 || t.width < 1 || t.offset + t.width > p.weight.out_features ||
+      if (!t.transform || t.offset < 0 || t.width < 1 || t.offset + t.width > p.weight.out_features() ||
           t.width % t.transform->block() != 0) {
         throw UsageError(fmt::format("LinearGroup: output transform on columns [{}, {}) of a part with {} outputs",
-                                     t.offset, t.offset + t.width, p.weight.out_features));
+                                     t.offset, t.offset + t.width, p.weight.out_features()));
       }
     }
-    out_features_ += p.weight.out_features;
+    out_features_ += p.weight.out_features();
   }
-}
-
-void LinearGroup::move_weights_into(prepare::HugePageArena& arena) {
-  for (LinearPart& part : parts_) prepare::move_weights_into(part.weight, arena);
 }
 
 LinearPart fuse_parts(std::vector<LinearPart> parts) {
@@ -37,7 +32,7 @@ LinearPart fuse_parts(std::vector<LinearPart> parts) {
   LinearPart fused;
   fused.activation_quant = parts.front().activation_quant;
   fused.input_transform = parts.front().input_transform;
-  std::vector<prepare::PreparedLinear> weights;
+  std::vector<quant::LinearWeights> weights;
   int64_t offset = 0;
   for (LinearPart& p : parts) {
     if (p.input_transform != fused.input_transform || p.activation_quant != fused.activation_quant) {
@@ -47,10 +42,10 @@ LinearPart fuse_parts(std::vector<LinearPart> parts) {
       t.offset += offset;
       fused.output_transforms.push_back(std::move(t));
     }
-    offset += p.weight.out_features;
+    offset += p.weight.out_features();
     weights.push_back(std::move(p.weight));
   }
-  fused.weight = prepare::concat_rows(std::move(weights));
+  fused.weight = quant::stack_rows(std::move(weights));
   return fused;
 }
 

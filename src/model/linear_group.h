@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Linear modules whose outputs are concatenated along N, e.g. q|k|v or gate|up. The plan decides whether the
-// shards run fused (one prepared weight) or unfused (one per shard, SCHEMES.md rule 4); the model only sees
-// the concatenated output either way. A group is data: each backend runs it (Backend::upload_linear, linear):
+// shards run fused (one weight of stacked row blocks) or unfused (one per shard, SCHEMES.md rule 4); the model only
+// sees the concatenated output either way. A group is data in checkpoint order (quant/linear_weights.h): each
+// backend repacks it into its own layout and runs it (Backend::upload_linear, linear):
 // y[m, N] = concat over parts of U_part(T_part(x[m, K]) · W_partᵀ (+ bias_part)), T_part the part's online input
 // transform and U_part its output transforms per slice (identity where absent).
 #pragma once
@@ -12,7 +13,7 @@
 #include <vector>
 
 #include "model/online_transform.h"
-#include "prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
 
 namespace fp4serve::model {
 
@@ -34,19 +35,19 @@ struct OutputTransform {
 };
 
 struct LinearPart {
-  prepare::PreparedLinear weight;
+  quant::LinearWeights weight;  ///< checkpoint order; the backend repacks it at upload
   ActivationEmulation activation_quant = ActivationEmulation::None;
   /// Online `input` transform applied to x before this part's GEMM (null: none). Parts of a fused group share
   /// one object; identical matrices are shared across layers (TransformCache).
   std::shared_ptr<const OnlineTransform> input_transform;
   /// Online `output` transforms applied to y = x·Wᵀ + bias, the bias included (compressed-tensors forward hook on
-  /// the Linear); slices are disjoint and lie within [0, weight.out_features).
+  /// the Linear); slices are disjoint and lie within [0, weight.out_features()).
   std::vector<OutputTransform> output_transforms;
 };
 
 /// One part running the GEMM of `parts` (same input transform, activation quantization and layout) over their
-/// concatenated rows (prepare::concat_rows); each part's output transforms move to its slice of the fused output.
-/// Throws what concat_rows throws, and UsageError when the parts have different input transforms or activation
+/// stacked row blocks (quant::stack_rows); each part's output transforms move to its slice of the fused output.
+/// Throws what stack_rows throws, and UsageError when the parts have different input transforms or activation
 /// quantization.
 LinearPart fuse_parts(std::vector<LinearPart> parts);
 
@@ -72,8 +73,8 @@ class LinearGroup {
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   const std::vector<LinearPart>& parts() const { return parts_; }
-  /// Moves every part's weight buffers (codes, scales, offsets) into `arena` (copies, the originals freed).
-  void move_weights_into(prepare::HugePageArena& arena);
+  /// The parts, for a backend's upload to move the weights out of (the group is consumed by the upload).
+  std::vector<LinearPart>& parts() { return parts_; }
   bool empty() const { return parts_.empty(); }
 
 

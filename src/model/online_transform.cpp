@@ -29,11 +29,11 @@ OnlineTransform::OnlineTransform(TransformKernel kernel, int64_t block, std::vec
   }
 }
 
-OnlineTransform::OnlineTransform(prepare::PreparedKroneckerHadamard structured, std::vector<float> matrix)
+OnlineTransform::OnlineTransform(quant::KroneckerHadamardSteps structured, std::vector<float> matrix)
     : kernel_(TransformKernel::KroneckerHadamard),
       block_(structured.n),
       matrix_(std::move(matrix)),
-      structured_(std::make_shared<const prepare::PreparedKroneckerHadamard>(std::move(structured))) {
+      structured_(std::make_shared<const quant::KroneckerHadamardSteps>(std::move(structured))) {
   if (block_ < 2 || matrix_.size() != static_cast<size_t>(block_ * block_)) {
     throw UsageError(fmt::format("OnlineTransform: kronecker-hadamard block {} with a {}-element matrix", block_,
                                  matrix_.size()));
@@ -227,10 +227,10 @@ std::shared_ptr<const OnlineTransform> TransformCache::build_or_share(const Tran
     for (size_t i = 0; i < m.size(); ++i) f[i] = static_cast<float>(m[i]);
     // The structure is read off the stored values before the permutation, which the kernel applies as gathers.
     const auto factors =
-        prepare::factor_kronecker_hadamard(stored.w, b, prepare::transform_storage_rel_tol(source.matrix.dtype));
+        quant::factor_kronecker_hadamard(stored.w, b, quant::transform_storage_rel_tol(source.matrix.dtype));
     if (factors) {
       t = std::make_shared<const OnlineTransform>(
-          prepare::prepare_kronecker_hadamard(*factors, stored.perm, source.inverse, stored.scale), std::move(f));
+          quant::kronecker_hadamard_steps(*factors, stored.perm, source.inverse, stored.scale), std::move(f));
     } else {
       t = std::make_shared<const OnlineTransform>(TransformKernel::Dense, b, std::move(f));
     }

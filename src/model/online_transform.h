@@ -6,7 +6,7 @@
 // `inverse`, divided by √b for the Hadamard types
 // (compressed-tensors `HadamardTransform.forward`, `apply_transform_weight` / `_multihead_matmul`). A Sylvester
 // Hadamard runs as the fast Walsh–Hadamard kernel; a stored matrix that verifies as signs · (A ⊗ H_p) · signs
-// (every random-hadamard compressed-tensors builds, permuted or not; prepare/hadamard_factor.h) as sign flips, the
+// (every random-hadamard compressed-tensors builds, permuted or not; quant/hadamard_factor.h) as sign flips, the
 // FWHT on p-blocks and a small k×k GEMM; anything else as a dense block-diagonal rotation. An OnlineTransform is
 // data (kernel, block, matrices); each backend applies it (Backend::upload_transform, transform, and the linear
 // groups' input / output transforms).
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/tensor_view.h"
-#include "prepare/hadamard_factor.h"
+#include "quant/hadamard_factor.h"
 
 namespace fp4serve::model {
 
@@ -41,21 +41,21 @@ class OnlineTransform {
   OnlineTransform(TransformKernel kernel, int64_t block, std::vector<float> matrix);
   /// KroneckerHadamard: `structured` computes x·M̂; `matrix` (b×b, as above) is kept for backends without the
   /// structured kernel (the CUDA backend runs it dense).
-  OnlineTransform(prepare::PreparedKroneckerHadamard structured, std::vector<float> matrix);
+  OnlineTransform(quant::KroneckerHadamardSteps structured, std::vector<float> matrix);
 
   TransformKernel kernel() const { return kernel_; }
   int64_t block() const { return block_; }
   /// Dense and KroneckerHadamard: the b×b matrix applied; Fwht: empty.
   const std::vector<float>& matrix() const { return matrix_; }
   /// KroneckerHadamard: the factors' kernel layout (k = its order of A, p of the Sylvester factor); else null.
-  const prepare::PreparedKroneckerHadamard* structured() const { return structured_.get(); }
+  const quant::KroneckerHadamardSteps* structured() const { return structured_.get(); }
 
 
  private:
   TransformKernel kernel_;
   int64_t block_;
   std::vector<float> matrix_;
-  std::shared_ptr<const prepare::PreparedKroneckerHadamard> structured_;
+  std::shared_ptr<const quant::KroneckerHadamardSteps> structured_;
 };
 
 /// What a checkpoint says about one online transform of a module.
@@ -80,7 +80,7 @@ bool is_normalized_sylvester(const std::vector<double>& m, int64_t b);
 
 /// Builds transforms and shares identical ones: two sources with the same effective matrix (by content hash, then
 /// exact comparison) get the same object, so q/k/v and every layer of a QuIP checkpoint hold one matrix. Kernel:
-/// Fwht when M̂ is exactly H_b/√b, else KroneckerHadamard when prepare::factor_kronecker_hadamard verifies on the
+/// Fwht when M̂ is exactly H_b/√b, else KroneckerHadamard when quant::factor_kronecker_hadamard verifies on the
 /// stored values (never on the config's type alone), else Dense.
 class TransformCache {
  public:

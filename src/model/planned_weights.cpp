@@ -7,8 +7,7 @@
 #include <cstring>
 
 #include "fp4serve/error.h"
-#include "prepare/repack.h"
-#include "prepare/slice.h"
+#include "quant/slice.h"
 #include "quant/dequant.h"
 #include "quant/formats.h"
 
@@ -33,6 +32,15 @@ ActivationEmulation emulation_of(quant::BlockFormat f) {
     case quant::BlockFormat::Mxfp4: return ActivationEmulation::EmulateMxfp4;
   }
   return ActivationEmulation::None;
+}
+
+quant::DenseRequant requant_of(LmHeadDtype dtype) {
+  switch (dtype) {
+    case LmHeadDtype::Bf16: return quant::DenseRequant::None;
+    case LmHeadDtype::Fp8: return quant::DenseRequant::Fp8Rows;
+    case LmHeadDtype::Int8: return quant::DenseRequant::Int8Rows;
+  }
+  return quant::DenseRequant::None;
 }
 
 }  // namespace
@@ -131,11 +139,13 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
   const bool row_split = shard.rows.size() != m.module.out_features;
   const bool col_split = shard.columns.size() != m.module.in_features;
   const int64_t k_local = shard.columns.size();
-  // Element columns [c0, c1) of K → stored columns of a tensor with `per` elements per stored column.
-  std::vector<prepare::OwnedTensor> owned;  // keeps the shard slices alive until the part is prepared
-  const auto keep = [&](prepare::OwnedTensor t) {
-    owned.push_back(std::move(t));
-    return owned.back().view;
+  LinearPart part;
+  // The shard slices live as long as the weights (the backend's upload repacks from them).
+  const auto keep = [&](quant::OwnedTensor t) {
+    auto held = std::make_shared<const quant::OwnedTensor>(std::move(t));
+    const core::TensorView v = held->view;
+    part.weight.owned.push_back(std::move(held));
+    return v;
   };
   const auto slice = [&](core::TensorView t, TensorRole role) -> core::TensorView {
     if (!row_split && !col_split) return t;
@@ -147,10 +157,10 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     switch (role) {
       case TensorRole::Weight:
       case TensorRole::WeightPacked: {
-        if (row_split) t = keep(prepare::slice_rows(t, shard.rows.begin, shard.rows.end, what));
+        if (row_split) t = keep(quant::slice_rows(t, shard.rows.begin, shard.rows.end, what));
         if (col_split) {
           const int64_t per = t.dtype == core::DType::I32 ? 8 : (t.dtype == core::DType::U8 ? 2 : 1);
-          t = keep(prepare::slice_columns(t, shard.columns.begin / per, shard.columns.end / per, what));
+          t = keep(quant::slice_columns(t, shard.columns.begin / per, shard.columns.end / per, what));
         }
         return t;
       }
@@ -167,11 +177,11 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
         }
         if (row_split) {
           t = role == TensorRole::WeightZeroPoint
-                  ? keep(prepare::slice_packed_int4_rows(t, shard.rows.begin, shard.rows.end, what))
-                  : keep(prepare::slice_rows(t, shard.rows.begin / bh, (shard.rows.end + bh - 1) / bh, what));
+                  ? keep(quant::slice_packed_int4_rows(t, shard.rows.begin, shard.rows.end, what))
+                  : keep(quant::slice_rows(t, shard.rows.begin / bh, (shard.rows.end + bh - 1) / bh, what));
         }
         if (col_split && t.shape.size() == 2 && t.shape[1] > 1) {
-          t = keep(prepare::slice_columns(t, shard.columns.begin / bw, (shard.columns.end + bw - 1) / bw, what));
+          t = keep(quant::slice_columns(t, shard.columns.begin / bw, (shard.columns.end + bw - 1) / bw, what));
         }
         return t;
       }
@@ -179,7 +189,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
         if (!col_split) return t;
         // Activation order under a K split: every column of this rank must belong to a group that lies wholly in
         // its columns, so that the rank holds all scales its columns read (renumbered from its first group).
-        prepare::OwnedTensor g = prepare::slice_rows(t, shard.columns.begin, shard.columns.end, what);
+        quant::OwnedTensor g = quant::slice_rows(t, shard.columns.begin, shard.columns.end, what);
         const int64_t g0 = shard.columns.begin / std::max<int64_t>(group, 1);
         const int64_t g1 = (shard.columns.end + std::max<int64_t>(group, 1) - 1) / std::max<int64_t>(group, 1);
         auto* v = reinterpret_cast<int32_t*>(g.bytes.data());
@@ -198,7 +208,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
         return keep(std::move(g));
       }
       case TensorRole::Bias:
-        return row_split ? keep(prepare::slice_rows(t, shard.rows.begin, shard.rows.end, what)) : t;
+        return row_split ? keep(quant::slice_rows(t, shard.rows.begin, shard.rows.end, what)) : t;
       case TensorRole::WeightGlobalScale:
       case TensorRole::WeightShape:
       case TensorRole::InputGlobalScale:
@@ -217,7 +227,10 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     return slice(ckpt_.tensor(use->name), role);
   };
   auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
-  LinearPart part;
+  quant::LinearWeights& w = part.weight;
+  w.in_features = k_local;
+  quant::WeightRows rows;
+  rows.name = name;
   const plan::SchemeTraits& scheme = plan::scheme_traits(*m.scheme);
   // Native W4A4 is planned only where the device's catalogue has FP4 matrix units (the CUDA backend's cuBLASLt
   // block-scaled path, which quantizes the activations on the device): the packed weights with the activation
@@ -241,18 +254,24 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
         // compressed-tensors does, fp32 math. Costs 16 bits per weight.
         const quant::DequantizedWeight dq = quant::dequantize_block(format, view(packed_role), view(TensorRole::WeightScale),
                                                                     global_scale, convention, name);
-        std::vector<uint16_t> bf16(dq.values.size());
-        for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = quant::float_to_bf16(dq.values[i]);
-        const core::TensorView dense{core::DType::BF16, {dq.rows, dq.cols},
-                                     std::as_bytes(std::span<const uint16_t>(bf16))};
-        part.weight = prepare::prepare_dense(dense, name);
-        prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
+        std::vector<std::byte> bf16(dq.values.size() * sizeof(uint16_t));
+        for (size_t i = 0; i < dq.values.size(); ++i) {
+          const uint16_t b = quant::float_to_bf16(dq.values[i]);
+          std::memcpy(bf16.data() + i * sizeof b, &b, sizeof b);
+        }
+        w.encoding = quant::WeightEncoding::Dense;
+        rows.weight = w.keep(std::move(bf16), core::DType::BF16, {dq.rows, dq.cols});
+        quant::set_input_global_scale(w, scalar(TensorRole::InputGlobalScale), convention);
       } else {
         // Without a global scale the weights are exact in the reference's BF16 decompression (2-bit mantissa ×
         // power of two), so the emulation keeps the packed layout and only fake-quantizes the activations.
-        part.weight = prepare::prepare_fp4(format, view(packed_role), view(TensorRole::WeightScale), global_scale,
-                                           convention, name);
-        if (native && global) prepare::set_input_global_scale(part.weight, scalar(TensorRole::InputGlobalScale), convention);
+        w.encoding = quant::WeightEncoding::Fp4;
+        w.block_format = format;
+        w.convention = convention;
+        rows.weight = view(packed_role);
+        rows.weight_scale = view(TensorRole::WeightScale);
+        rows.global_scale = global_scale;
+        if (native && global) quant::set_input_global_scale(w, scalar(TensorRole::InputGlobalScale), convention);
       }
       if (emulated || native) part.activation_quant = emulation_of(format);
       break;
@@ -262,38 +281,38 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       const plan::TensorUse* gidx = m.tensor(TensorRole::WeightGIdx);
       const core::TensorView zp_view = zp ? slice(ckpt_.tensor(zp->name), TensorRole::WeightZeroPoint) : core::TensorView{};
       const core::TensorView gidx_view = gidx ? slice(ckpt_.tensor(gidx->name), TensorRole::WeightGIdx) : core::TensorView{};
-      const int64_t group = m.quant.weights && m.quant.weights->group_size ? *m.quant.weights->group_size : -1;
-      part.weight = prepare::prepare_int4(view(TensorRole::WeightPacked), view(TensorRole::WeightScale),
-                                          zp ? &zp_view : nullptr, gidx ? &gidx_view : nullptr,
-                                          k_local, group, name);
+      w.encoding = quant::WeightEncoding::Int4;
+      w.group_size = m.quant.weights && m.quant.weights->group_size ? *m.quant.weights->group_size : -1;
+      rows.weight = view(TensorRole::WeightPacked);
+      rows.weight_scale = view(TensorRole::WeightScale);
+      rows.zero_point = zp_view;
+      rows.has_zero_point = zp != nullptr;
+      rows.g_idx = gidx_view;
+      rows.has_g_idx = gidx != nullptr;
       break;
     }
     case plan::WeightKind::Fp8: {
-      std::array<int64_t, 2> block{0, 0};
-      if (m.quant.weights && m.quant.weights->block) block = *m.quant.weights->block;
-      part.weight = prepare::prepare_fp8(view(TensorRole::Weight), view(TensorRole::WeightScale), block, name);
+      w.encoding = quant::WeightEncoding::Fp8;
+      if (m.quant.weights && m.quant.weights->block) w.fp8_block = *m.quant.weights->block;
+      rows.weight = view(TensorRole::Weight);
+      rows.weight_scale = view(TensorRole::WeightScale);
       break;
     }
     case plan::WeightKind::Unquantized: {
-      const core::TensorView dense = slice(ckpt_.tensor(m.module.dense_weight), TensorRole::Weight);
-      const bool lm_head = m.module.role == checkpoint::ModuleRole::LmHead;
-      if (lm_head && options_.lm_head_dtype == LmHeadDtype::Fp8) {
-        part.weight = prepare::prepare_dense_as_fp8_rows(dense, name);
-      } else if (lm_head && options_.lm_head_dtype == LmHeadDtype::Int8) {
-        part.weight = prepare::prepare_dense_as_int8_rows(dense, name);
-      } else {
-        part.weight = prepare::prepare_dense(dense, name);
-      }
+      w.encoding = quant::WeightEncoding::Dense;
+      rows.weight = slice(ckpt_.tensor(m.module.dense_weight), TensorRole::Weight);
+      if (m.module.role == checkpoint::ModuleRole::LmHead) w.requant = requant_of(options_.lm_head_dtype);
       break;
     }
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
-    prepare::attach_bias(part.weight, slice(ckpt_.tensor(bias->name), TensorRole::Bias), name);
+    rows.bias = slice(ckpt_.tensor(bias->name), TensorRole::Bias);
+    rows.has_bias = true;
   }
-  if (part.activation_quant == ActivationEmulation::None) part.weight.activation_precision = options_.activation_precision;
+  w.rows.push_back(std::move(rows));
   part.input_transform = online_transform(m, "input", k_local);
   if (auto output = online_transform(m, "output", shard.rows.size())) {
-    part.output_transforms.push_back({0, part.weight.out_features, std::move(output)});
+    part.output_transforms.push_back({0, part.weight.out_features(), std::move(output)});
   }
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m.tensors) {
@@ -330,55 +349,67 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
   }
   const bool gate_up = m->module.role == checkpoint::ModuleRole::ExpertsGateUp;
   const bool split = layer_shard != nullptr && layer_shard->ffn == plan::FfnSplit::Intermediate;
-  std::vector<prepare::OwnedTensor> owned;
+  LinearPart part;
+  quant::LinearWeights& w = part.weight;
+  // The expert's slices (and this rank's cut of them) live as long as the weights.
+  const auto hold = [&](std::vector<std::byte> bytes, const core::TensorView& like, std::vector<int64_t> shape) {
+    return w.keep(std::move(bytes), like.dtype, std::move(shape));
+  };
   const auto cut = [&](core::TensorView v, int64_t per) -> core::TensorView {
     if (!split) return v;
     if (gate_up) {  // rows: [h·I + i0, h·I + i1) of each half h
       const int64_t inter = layer_shard->intermediate;
       const int64_t halves = v.shape[0] / inter;
-      prepare::OwnedTensor out;
+      std::vector<std::byte> out;
       for (int64_t h = 0; h < halves; ++h) {
-        prepare::OwnedTensor part = prepare::slice_rows(v, h * inter + shard.rows.begin, h * inter + shard.rows.end, name);
-        out.bytes.insert(out.bytes.end(), part.bytes.begin(), part.bytes.end());
+        quant::OwnedTensor part_rows = quant::slice_rows(v, h * inter + shard.rows.begin, h * inter + shard.rows.end, name);
+        out.insert(out.end(), part_rows.bytes.begin(), part_rows.bytes.end());
       }
       std::vector<int64_t> shape = v.shape;
       shape[0] = halves * shard.rows.size();
-      out.view = core::TensorView{v.dtype, shape, std::span<const std::byte>(out.bytes)};
-      owned.push_back(std::move(out));
-      return owned.back().view;
+      return hold(std::move(out), v, std::move(shape));
     }
     if (v.shape.size() == 1) return v;  // down's bias: kept whole, added by rank 0 only
-    owned.push_back(prepare::slice_columns(v, shard.columns.begin / per, shard.columns.end / per, name));
-    return owned.back().view;
+    quant::OwnedTensor c = quant::slice_columns(v, shard.columns.begin / per, shard.columns.end / per, name);
+    return hold(std::move(c.bytes), c.view, c.view.shape);
   };
   auto slice = [&](TensorRole role, bool transpose) {
     const plan::TensorUse* use = m->tensor(role);
     if (use == nullptr) throw FormatError(fmt::format("{}: the plan lists no {} tensor", name, plan::tensor_role_name(role)));
-    return slice_expert(ckpt_.tensor(use->name), expert, deinterleave, transpose, name);
+    ExpertSlice e = slice_expert(ckpt_.tensor(use->name), expert, deinterleave, transpose, name);
+    return hold(std::move(e.bytes), e.view, e.view.shape);
   };
-  LinearPart part;
+  quant::WeightRows rows;
+  rows.name = name;
   const plan::SchemeTraits& scheme = plan::scheme_traits(*m->scheme);
   if (m->quant.format == quant::StorageFormat::GptOssMxfp4Blocks && scheme.weights == plan::WeightKind::Block &&
       scheme.activations == plan::ActivationMode::None) {
     // GPT-OSS blocks [E, N, K/g, g/2]: one expert's [N, K/g, g/2] bytes are the CT-style packed [N, K/2].
     const quant::BlockFormatTraits& f = quant::block_format_traits(*scheme.block);
-    ExpertSlice blocks = slice(TensorRole::WeightPacked, false);
-    blocks.view.shape = {blocks.view.shape[0], m->module.in_features / 2};
-    const ExpertSlice scales = slice(TensorRole::WeightScale, false);
-    part.weight = prepare::prepare_fp4(f.format, cut(blocks.view, 2), cut(scales.view, f.group_size), 0.f,
-                                       quant::GlobalScaleConvention::Divisor, name);
+    core::TensorView blocks = slice(TensorRole::WeightPacked, false);
+    blocks.shape = {blocks.shape[0], m->module.in_features / 2};
+    const core::TensorView scales = slice(TensorRole::WeightScale, false);
+    w.encoding = quant::WeightEncoding::Fp4;
+    w.block_format = f.format;
+    rows.weight = cut(blocks, 2);
+    rows.weight_scale = cut(scales, f.group_size);
+    w.in_features = rows.weight.shape.size() == 2 ? rows.weight.shape[1] * 2 : 0;
   } else if (scheme.weights == plan::WeightKind::Unquantized) {
-    const ExpertSlice w = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
-                                       m->module.dense_weight_in_out, name);
-    part.weight = prepare::prepare_dense(cut(w.view, 1), name);
+    ExpertSlice e = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
+                                 m->module.dense_weight_in_out, name);
+    const core::TensorView whole = hold(std::move(e.bytes), e.view, e.view.shape);
+    w.encoding = quant::WeightEncoding::Dense;
+    rows.weight = cut(whole, 1);
+    w.in_features = rows.weight.shape.size() == 2 ? rows.weight.shape[1] : 0;
   } else {
     throw UnsupportedError(fmt::format("{}: scheme {} has no fused 3-D expert slicing (only GPT-OSS MXFP4 blocks and "
                                        "unquantized 3-D experts)", name, scheme.name));
   }
   if (m->tensor(TensorRole::Bias) != nullptr && (shard.bias || !split || gate_up)) {
-    const ExpertSlice bias = slice(TensorRole::Bias, false);
-    prepare::attach_bias(part.weight, cut(bias.view, 1), name);
+    rows.bias = cut(slice(TensorRole::Bias, false), 1);
+    rows.has_bias = true;
   }
+  w.rows.push_back(std::move(rows));
   uint64_t tensors = 0, bytes = 0;
   for (const plan::TensorUse& use : m->tensors) {
     if (use.dropped || use.shared) continue;
@@ -465,13 +496,15 @@ LinearGroup PlannedWeights::linear_group(const std::vector<std::string>& modules
     parts.push_back(prepare_module(*m));
   }
   for (const LinearPart& p : parts) {
-    fuse = fuse && p.activation_quant == parts.front().activation_quant && p.weight.layout == parts.front().weight.layout &&
+    fuse = fuse && p.activation_quant == parts.front().activation_quant &&
+           p.weight.encoding == parts.front().weight.encoding &&
+           p.weight.block_format == parts.front().weight.block_format &&
            p.weight.input_global_scale == parts.front().weight.input_global_scale &&
            p.input_transform == parts.front().input_transform;
   }
   if (fuse) {
-    // One GEMM for the whole group; each shard keeps its own global scale inside the prepared weight and its
-    // output transform on its own slice.
+    // One GEMM for the whole group; each shard keeps its own global scale in its row block and its output
+    // transform on its own slice.
     std::vector<LinearPart> fused;
     fused.push_back(fuse_parts(std::move(parts)));
     return LinearGroup(std::move(fused), modules);

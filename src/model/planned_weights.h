@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The WeightSource that follows a LayerPlan: each module is prepared with the repack of its chosen scheme, the
-// checkpoint's global-scale convention (CT divisor, ModelOpt multiplier) and its bias; modules that the plan
-// runs fused are concatenated into one prepared weight (each shard keeps its own global scale). A downgraded
-// W4A4 checkpoint's input scales were validated by the plan and are not read here.
+// The WeightSource that follows a LayerPlan: each module's tensors in checkpoint order (quant/linear_weights.h)
+// with the encoding of its chosen scheme, the checkpoint's global-scale convention (CT divisor, ModelOpt
+// multiplier) and its bias, sliced for this rank's tensor-parallel shard; modules that the plan runs fused are
+// stacked into one weight (each shard keeps its own global scale). The backend repacks them at upload. A
+// downgraded W4A4 checkpoint's input scales were validated by the plan and are not read here.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,6 @@
 #include "model/weight_source.h"
 #include "plan/layer_plan.h"
 #include "plan/shard.h"
-#include "prepare/prepared_linear.h"
 
 namespace fp4serve::model {
 
@@ -66,17 +66,15 @@ enum class LmHeadDtype : uint8_t {
 };
 std::string_view lm_head_dtype_name(LmHeadDtype dtype);  ///< "bf16", "fp8", "int8" (--lm-head-dtype)
 
-/// Choices of the run, not of the checkpoint, applied while preparing.
+/// Choices of the run, not of the checkpoint, that change the weights handed to the backend.
 struct PrepareOptions {
-  /// Set on every Fp4 (block-format) linear (prepare::PreparedLinear::activation_precision).
-  prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
-  LmHeadDtype lm_head_dtype = LmHeadDtype::Bf16;
+  LmHeadDtype lm_head_dtype = LmHeadDtype::Bf16;  ///< an unquantized lm_head's DenseRequant
 };
 
 class PlannedWeights final : public WeightSource {
  public:
-  /// With `tp` (null or size 1: the whole model), every module is prepared as rank `rank`'s shard of it
-  /// (plan::module_shard), sliced in element space before repack. Throws UsageError when rank is outside the plan.
+  /// With `tp` (null or size 1: the whole model), every module is rank `rank`'s shard of it
+  /// (plan::module_shard), sliced in element space (the backend repacks the slices). Throws UsageError when rank is outside the plan.
   PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::LayerPlan& plan, LoadProgress& progress,
                  const plan::TensorParallelPlan* tp = nullptr, int rank = 0, PrepareOptions options = {});
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Structured (signs · (A ⊗ H_p) · signs) online transforms: the factorization of stored matrices
-// (prepare/hadamard_factor.h) and the kernel that applies them (kernels::kronecker_hadamard_blocks through
+// (quant/hadamard_factor.h) and the kernel that applies them (kernels::kronecker_hadamard_blocks through
 // model::TransformCache), each against float64 math written here: y = x · M̂ block-diagonally, M̂[i][j] =
 // W[perm[i]][perm[j]] (ᵀ when inverse) / √n. Matrices: synthetic ones with the shapes compressed-tensors builds
 // (n = 576 = 144·4, 1536 = 192·8, 64 = Sylvester) and, from tests/data/transforms (tools/reference/fx_hadamard.py),
@@ -16,7 +16,7 @@
 #include "backends/cpu/cpu_linear.h"
 #include "checkpoint/safetensors.h"
 #include "model/online_transform.h"
-#include "prepare/hadamard_factor.h"
+#include "quant/hadamard_factor.h"
 #include "quant/formats.h"
 #include "test_support.h"
 
@@ -70,12 +70,12 @@ std::vector<int64_t> random_perm(int64_t n, uint32_t seed) {
 
 // Checks the CPU's apply_transform(t) against y = x · M̂ in float64 (M̂ from the stored values w, perm, inverse,
 // scale) with an error bound of fp32 rounding on the sum of |terms|.
-void expect_matches_float64(const OnlineTransform& t, const std::vector<double>& w, const std::vector<int64_t>& perm,
+void expect_matches_float64(const std::shared_ptr<const OnlineTransform>& t, const std::vector<double>& w, const std::vector<int64_t>& perm,
                             int64_t n, bool inverse, double scale, int64_t rows, int64_t dim, uint32_t seed,
                             int64_t row_step = 1) {
   const std::vector<float> x = random_x(rows * dim, seed);
   std::vector<float> y = x;
-  backends::cpu::apply_transform(t, y.data(), rows, dim);
+  backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), y.data(), rows, dim);
   auto pi = [&](int64_t i) { return perm.empty() ? i : perm[static_cast<size_t>(i)]; };
   double worst = 0.0;
   std::vector<int64_t> checked;  // every row_step-th row and the last
@@ -113,7 +113,7 @@ TEST(KroneckerFactor, CompressedTensorsShapesFactorWithTheirSylvesterOrder) {
     const int64_t n = s.k * s.p;
     SCOPED_TRACE(::testing::Message() << "k " << s.k << " p " << s.p);
     const std::vector<double> w = kron_matrix(s.k, s.p, true, static_cast<uint32_t>(n + s.k));
-    const auto f = prepare::factor_kronecker_hadamard(w, n, prepare::transform_storage_rel_tol(core::DType::BF16));
+    const auto f = quant::factor_kronecker_hadamard(w, n, quant::transform_storage_rel_tol(core::DType::BF16));
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(f->p, s.p);
     EXPECT_EQ(f->k, s.k);
@@ -146,20 +146,20 @@ TEST(KroneckerFactor, NonHadamardMatricesAreNotFactored) {
     for (int64_t c = 0; c < n; ++c) norm += row[c] * row[c];
     for (int64_t c = 0; c < n; ++c) row[c] /= std::sqrt(norm);
   }
-  EXPECT_FALSE(prepare::factor_kronecker_hadamard(q, n, prepare::transform_storage_rel_tol(core::DType::F64)));
+  EXPECT_FALSE(quant::factor_kronecker_hadamard(q, n, quant::transform_storage_rel_tol(core::DType::F64)));
   // A structured matrix with one element off by more than BF16 rounding (2^-7 relative): refused; within half an
   // ulp of BF16 it is the same BF16 value and accepted.
   std::vector<double> w = kron_matrix(12, 16, true, 3);
-  const double tol = prepare::transform_storage_rel_tol(core::DType::BF16);
+  const double tol = quant::transform_storage_rel_tol(core::DType::BF16);
   w[static_cast<size_t>(77 * 192 + 130)] *= 1.0 + 4 * tol;
-  EXPECT_FALSE(prepare::factor_kronecker_hadamard(w, 192, tol));
+  EXPECT_FALSE(quant::factor_kronecker_hadamard(w, 192, tol));
   w[static_cast<size_t>(77 * 192 + 130)] /= 1.0 + 4 * tol;
   w[static_cast<size_t>(77 * 192 + 130)] *= 1.0 + tol / 2;
-  EXPECT_TRUE(prepare::factor_kronecker_hadamard(w, 192, tol));
+  EXPECT_TRUE(quant::factor_kronecker_hadamard(w, 192, tol));
   // One sign flipped: no p verifies.
   std::vector<double> flipped = kron_matrix(1, 64, true, 4);
   flipped[static_cast<size_t>(5 * 64 + 9)] = -flipped[static_cast<size_t>(5 * 64 + 9)];
-  EXPECT_FALSE(prepare::factor_kronecker_hadamard(flipped, 64, tol));
+  EXPECT_FALSE(quant::factor_kronecker_hadamard(flipped, 64, tol));
 }
 
 TEST(KroneckerTransform, MatchesFloat64WithSignsPermutationAndInverse) {
@@ -183,7 +183,7 @@ TEST(KroneckerTransform, MatchesFloat64WithSignsPermutationAndInverse) {
           EXPECT_EQ(t->structured()->k, s.k);
           EXPECT_EQ(t->structured()->p, s.p);
           const int64_t rows = n <= 64 ? 5 : 3, dim = n <= 64 ? 3 * n : n;  // odd rows; several blocks per row
-          expect_matches_float64(*t, bf16_values(stored), perm, n, inverse, 1.0 / std::sqrt(double(n)), rows, dim,
+          expect_matches_float64(t, bf16_values(stored), perm, n, inverse, 1.0 / std::sqrt(double(n)), rows, dim,
                                  static_cast<uint32_t>(n + 11 * inverse + 5 * permuted));
         }
       }
@@ -203,12 +203,12 @@ TEST(KroneckerTransform, ManyRowsCrossTheKernelsChunksAndStridedSlicesKeepTheirN
   const auto t = cache.get(src);
   ASSERT_EQ(t->kernel(), TransformKernel::KroneckerHadamard);
   // Rows 0, 7, …, 42 and 44: both chunk boundaries (21, 42) and the partial last chunk, at a fifth of the cost.
-  expect_matches_float64(*t, w, perm, n, false, 1.0 / std::sqrt(double(n)), 45, n, 31, 7);
+  expect_matches_float64(t, w, perm, n, false, 1.0 / std::sqrt(double(n)), 45, n, 31, 7);
   // A 1536-wide slice of 1600-float rows: the 64 columns after it are untouched.
   const int64_t rows = 3, stride = n + 64;
   std::vector<float> x = random_x(rows * stride, 41);
   const std::vector<float> before = x;
-  backends::cpu::apply_transform_strided(*t, x.data(), rows, n, stride);
+  backends::cpu::apply_transform_strided(backends::cpu::make_cpu_transform(t), x.data(), rows, n, stride);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = n; c < stride; ++c) ASSERT_EQ(x[static_cast<size_t>(r * stride + c)], before[static_cast<size_t>(r * stride + c)]);
   }
@@ -216,7 +216,7 @@ TEST(KroneckerTransform, ManyRowsCrossTheKernelsChunksAndStridedSlicesKeepTheirN
   for (int64_t r = 0; r < rows; ++r) {
     std::copy_n(before.begin() + r * stride, n, slice.begin() + r * n);
   }
-  backends::cpu::apply_transform(*t, slice.data(), rows, n);
+  backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), slice.data(), rows, n);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < n; ++c) ASSERT_EQ(x[static_cast<size_t>(r * stride + c)], slice[static_cast<size_t>(r * n + c)]);
   }
@@ -278,7 +278,7 @@ TEST(KroneckerTransform, CompressedTensorsOwnHadamardMatricesAreRecognizedAndExa
                   : w.dtype == core::DType::F32 ? w.load<float>(i)
                                                 : w.load<double>(i);
     }
-    expect_matches_float64(*t, values, perm, n, c.inverse, 1.0 / std::sqrt(double(n)), 3, n, 7);
+    expect_matches_float64(t, values, perm, n, c.inverse, 1.0 / std::sqrt(double(n)), 3, n, 7);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -20,7 +21,8 @@
 #include "model/planned_weights.h"
 #include "model/router.h"
 #include "plan/layer_plan.h"
-#include "prepare/repack.h"
+#include "backends/cpu/prepare/repack.h"
+#include "quant/linear_weights.h"
 #include "test_support.h"
 
 namespace fp4serve::model {
@@ -159,10 +161,16 @@ Backend* block_backend() {
   return cpu.get();
 }
 
+// A dense layer that owns copies of w [n, k] and bias [n] (the block uploads it later, after the caller's vectors).
 LinearGroup dense_group(const std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>* bias = nullptr) {
   std::vector<LinearPart> parts(1);
-  parts[0].weight = prepare::prepare_dense(f32_view(w, {n, k}), "test");
-  if (bias != nullptr) prepare::attach_bias(parts[0].weight, f32_view(*bias, {n}), "test");
+  parts[0].weight = quant::dense_weights(w, n, k, "test");
+  if (bias != nullptr) {
+    std::vector<std::byte> bytes(bias->size() * sizeof(float));
+    std::memcpy(bytes.data(), bias->data(), bytes.size());
+    parts[0].weight.rows[0].bias = parts[0].weight.keep(std::move(bytes), core::DType::F32, {n});
+    parts[0].weight.rows[0].has_bias = true;
+  }
   return LinearGroup(std::move(parts), {"test"});
 }
 
@@ -189,11 +197,17 @@ TEST_P(MoeBlockTest, MatchesFloat64Reference) {
   const core::TensorView w13_view = f32_view(w13_all, {e, rows, h});
   const core::TensorView b13_view = f32_view(b13_all, {e, rows});
   for (int64_t i = 0; i < e; ++i) {
-    const ExpertSlice w = slice_expert(w13_view, i, c.interleaved_source, false, "w13");
-    const ExpertSlice b = slice_expert(b13_view, i, c.interleaved_source, false, "b13");
+    ExpertSlice w = slice_expert(w13_view, i, c.interleaved_source, false, "w13");
+    ExpertSlice b = slice_expert(b13_view, i, c.interleaved_source, false, "b13");
     std::vector<LinearPart> parts(1);
-    parts[0].weight = prepare::prepare_dense(w.view, "w13");
-    prepare::attach_bias(parts[0].weight, b.view, "w13");
+    quant::LinearWeights& lw = parts[0].weight;  // owns the slices: the block uploads them after this loop
+    lw.in_features = h;
+    quant::WeightRows r;
+    r.name = "w13";
+    r.weight = lw.keep(std::move(w.bytes), w.view.dtype, w.view.shape);
+    r.bias = lw.keep(std::move(b.bytes), b.view.dtype, b.view.shape);
+    r.has_bias = true;
+    lw.rows.push_back(std::move(r));
     std::vector<float> down(down_all.begin() + i * h * inter, down_all.begin() + (i + 1) * h * inter);
     experts.push_back({LinearGroup(std::move(parts), {"w13"}), dense_group(down, h, inter)});
   }
@@ -444,7 +458,14 @@ TEST(MoeLoad, GateAndUpGlobalScalesStayPerShard) {
   const PlannedWeights weights(ckpt, p, progress);
   const LinearGroup w13 = weights.linear_group({x + ".gate_proj", x + ".up_proj"});
   ASSERT_EQ(w13.parts().size(), 1u) << "the plan runs w13 fused";
-  const auto& gs = w13.parts()[0].weight.global_scale;
+  // Checkpoint order: one row block per shard, each with its own global scale …
+  const quant::LinearWeights& lw = w13.parts()[0].weight;
+  ASSERT_EQ(lw.rows.size(), 2u);
+  EXPECT_EQ(lw.rows[0].out_features(), 64);
+  EXPECT_EQ(lw.rows[0].global_scale, gate);
+  EXPECT_EQ(lw.rows[1].global_scale, up);
+  // … and the CPU layout keeps each row's.
+  const std::vector<float> gs = prepare::prepare_linear(lw).global_scale;
   for (int r = 0; r < 64; ++r) EXPECT_EQ(gs[r], gate) << x << " row " << r;
   for (int r = 64; r < 128; ++r) EXPECT_EQ(gs[r], up) << x << " row " << r;
   EXPECT_EQ(load_error(copy.dir()), "");

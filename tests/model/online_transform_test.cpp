@@ -61,7 +61,7 @@ TEST(OnlineTransform, SylvesterHadamardRunsAsFwhtAndMatchesTheDenseDefinition) {
     std::vector<int64_t> id(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i) id[static_cast<size_t>(i)] = i;
     const std::vector<double> want = reference(x, rows, dim, h, id, b, false, 1.0 / std::sqrt(static_cast<double>(b)));
-    backends::cpu::apply_transform(*t, x.data(), rows, dim);
+    backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), x.data(), rows, dim);
     expect_close(x, want, 1e-5);
   }
 }
@@ -90,7 +90,7 @@ TEST(OnlineTransform, PermutedInverseRandomHadamardRunsStructured) {
   EXPECT_EQ(t->kernel(), TransformKernel::KroneckerHadamard);  // signs · H_32: k = 1, p = 32
   std::vector<float> x = random_x(rows * dim, 3);
   const std::vector<double> want = reference(x, rows, dim, w, perm, b, true, 1.0 / std::sqrt(static_cast<double>(b)));
-  backends::cpu::apply_transform(*t, x.data(), rows, dim);
+  backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), x.data(), rows, dim);
   expect_close(x, want, 1e-5);
 }
 
@@ -105,7 +105,7 @@ TEST(OnlineTransform, RandomMatrixIsAppliedUnscaled) {
   EXPECT_EQ(t->kernel(), TransformKernel::Dense);
   std::vector<float> x = random_x(rows * dim, 9);
   const std::vector<double> want = reference(x, rows, dim, w, id, b, false, 1.0);
-  backends::cpu::apply_transform(*t, x.data(), rows, dim);
+  backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), x.data(), rows, dim);
   expect_close(x, want, 1e-4);
 }
 
@@ -161,7 +161,7 @@ TEST(OnlineTransform, RepeatedSourcesAreSharedOnlyWhenEverythingMatches) {
                         Case{scaled, &w, &id, false, 1.0 / std::sqrt(static_cast<double>(b))}}) {
     std::vector<float> x = random_x(rows * dim, 23);
     const std::vector<double> want = reference(x, rows, dim, *c.w, *c.p, b, c.inverse, c.scale);
-    backends::cpu::apply_transform(*c.t, x.data(), rows, dim);
+    backends::cpu::apply_transform(backends::cpu::make_cpu_transform(c.t), x.data(), rows, dim);
     expect_close(x, want, 1e-4);
   }
 }
@@ -191,7 +191,7 @@ TEST(OnlineTransform, MalformedMatricesAndPermsAreRejected) {
   EXPECT_THROW(cache.get({"a", "hadamard", false, view_of(nan, core::DType::F64, {4, 4}), std::nullopt}), FormatError);
   const auto t = cache.get({"a", "random-matrix", false, view_of(sq, core::DType::F64, {4, 4}), std::nullopt});
   std::vector<float> x(6, 1.0f);
-  EXPECT_THROW(backends::cpu::apply_transform(*t, x.data(), 1, 6), UsageError);  // 4 does not divide 6
+  EXPECT_THROW(backends::cpu::apply_transform(backends::cpu::make_cpu_transform(t), x.data(), 1, 6), UsageError);  // 4 does not divide 6
 }
 
 }  // namespace

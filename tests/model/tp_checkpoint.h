@@ -12,7 +12,7 @@
 #include <random>
 
 #include "../plan/synthetic.h"
-#include "../prepare/checkpoint_tensors.h"
+#include "../quant/checkpoint_tensors.h"
 #include "checkpoint/safetensors_writer.h"
 
 namespace fp4serve::model::tp_testing {

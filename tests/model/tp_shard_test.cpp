@@ -2,7 +2,7 @@
 // Tensor-parallel shards as the loader prepares them (model::PlannedWeights with a plan::TensorParallelPlan), in
 // one process: a one-layer Llama checkpoint of seeded random weights in each format is written to a temporary
 // folder, every rank's shard of down_proj / o_proj (row-parallel) runs on its slice of the input, and the sum of
-// the partial outputs is compared with x·Wᵀ in float64 from the weights' own dequantization (tests/prepare's
+// the partial outputs is compared with x·Wᵀ in float64 from the weights' own dequantization (tests/backends/cpu/prepare's
 // checkpoint_tensors.h, written from the format description). Column-parallel gate|up shards are compared row
 // by row, so a global scale merged across shards (a max) would show.
 #include <gtest/gtest.h>
@@ -87,7 +87,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
     int64_t covered = 0;
     for (int r = 0; r < c.ranks; ++r) {
       const PlannedWeights w(ckpt, lp, progress, &tp, r);
-      const LinearGroup g = w.linear_group({name});
+      LinearGroup g = w.linear_group({name});
       const plan::ModuleShard s = plan::module_shard(tp, *lp.find(name), r);
       ASSERT_EQ(g.in_features(), s.columns.size()) << name << " rank " << r;
       ASSERT_EQ(g.out_features(), l.n);
@@ -98,7 +98,7 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
         }
       }
       std::vector<float> y(static_cast<size_t>(m * l.n)), scratch;
-      backends::cpu::linear_forward(g, xs.data(), m, y.data(), scratch);
+      backends::cpu::linear_forward(backends::cpu::prepare_linear_group(std::move(g)), xs.data(), m, y.data(), scratch);
       for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
       covered += s.columns.size();
     }
@@ -111,14 +111,15 @@ TEST_P(RowParallel, ShardSumEqualsTheFullGemmAndColumnShardsKeepTheirScales) {
   const std::vector<float> x = random_input(m, kHidden, 11);
   for (int r = 0; r < c.ranks; ++r) {
     const PlannedWeights w(ckpt, lp, progress, &tp, r);
-    const LinearGroup g = w.linear_group({"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"});
+    LinearGroup g = w.linear_group({"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"});
+    const int64_t g_out = g.out_features();
     const plan::IndexRange rows = tp.layers[0].ffn_columns[static_cast<size_t>(r)];
-    ASSERT_EQ(g.out_features(), 2 * rows.size());
-    std::vector<float> y(static_cast<size_t>(m * g.out_features())), scratch;
-    backends::cpu::linear_forward(g, x.data(), m, y.data(), scratch);
+    ASSERT_EQ(g_out, 2 * rows.size());
+    std::vector<float> y(static_cast<size_t>(m * g_out)), scratch;
+    backends::cpu::linear_forward(backends::cpu::prepare_linear_group(std::move(g)), x.data(), m, y.data(), scratch);
     std::vector<float> yg, yu;
     for (int64_t i = 0; i < m; ++i) {
-      const auto* row = y.data() + i * g.out_features();
+      const auto* row = y.data() + i * g_out;
       yg.insert(yg.end(), row, row + rows.size());
       yu.insert(yu.end(), row + rows.size(), row + 2 * rows.size());
     }

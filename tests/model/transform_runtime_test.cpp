@@ -19,7 +19,7 @@
 #include "model/decoder.h"
 #include "model/linear_group.h"
 #include "model/online_transform.h"
-#include "prepare/repack.h"
+#include "quant/linear_weights.h"
 #include "test_support.h"
 
 namespace fp4serve::model {
@@ -150,8 +150,8 @@ TEST(OutputTransform, FusedAndUnfusedShardsTransformOnlyTheirOwnSliceBiasInclude
     std::vector<LinearPart> out;
     for (size_t s = 0; s < n.size(); ++s) {
       LinearPart p;
-      p.weight = prepare::prepare_dense(f32_view(w[s], {n[s], kK}), "shard");
-      prepare::attach_bias(p.weight, f32_view(bias[s], {n[s]}), "shard");
+      const core::TensorView b = f32_view(bias[s], {n[s]});
+      p.weight = quant::dense_view_weights(f32_view(w[s], {n[s], kK}), "shard", &b);
       if (s == 0) p.output_transforms.push_back({0, n[s], tq.transform});
       if (s == 1) p.output_transforms.push_back({0, n[s], tk.transform});
       out.push_back(std::move(p));
@@ -162,9 +162,9 @@ TEST(OutputTransform, FusedAndUnfusedShardsTransformOnlyTheirOwnSliceBiasInclude
   one.push_back(fuse_parts(parts()));
   ASSERT_EQ(one.front().output_transforms.size(), 2u);
   EXPECT_EQ(one.front().output_transforms[1].offset, n[0]);  // k's transform moved to k's slice
-  const LinearGroup fused(std::move(one));
-  const LinearGroup unfused(parts());
-  for (const LinearGroup* g : {&fused, &unfused}) {
+  const backends::cpu::CpuLinearGroup fused = backends::cpu::prepare_linear_group(LinearGroup(std::move(one)));
+  const backends::cpu::CpuLinearGroup unfused = backends::cpu::prepare_linear_group(LinearGroup(parts()));
+  for (const backends::cpu::CpuLinearGroup* g : {&fused, &unfused}) {
     SCOPED_TRACE(g == &fused ? "fused" : "unfused");
     std::vector<float> y(static_cast<size_t>(kM * total), 0.0f), scratch;
     backends::cpu::linear_forward(*g, x.data(), kM, y.data(), scratch);
@@ -184,7 +184,7 @@ TEST(OutputTransform, SlicesOutsideThePartOrNotAMultipleOfTheBlockAreRejected) {
   const std::vector<float> w = to_float(random_values(16 * 8, 3));
   auto part = [&](int64_t offset, int64_t width) {
     LinearPart p;
-    p.weight = prepare::prepare_dense(f32_view(w, {16, 8}), "p");
+    p.weight = quant::dense_view_weights(f32_view(w, {16, 8}), "p");
     p.output_transforms.push_back({offset, width, t.transform});
     std::vector<LinearPart> v;
     v.push_back(std::move(p));
@@ -194,7 +194,7 @@ TEST(OutputTransform, SlicesOutsideThePartOrNotAMultipleOfTheBlockAreRejected) {
   EXPECT_THROW(LinearGroup(part(16, 8)), UsageError);
   EXPECT_THROW(LinearGroup(part(0, 12)), UsageError);
   std::vector<float> x(20);
-  EXPECT_THROW(backends::cpu::apply_transform_strided(*t.transform, x.data(), 2, 12, 10), UsageError);
+  EXPECT_THROW(backends::cpu::apply_transform_strided(backends::cpu::make_cpu_transform(t.transform), x.data(), 2, 12, 10), UsageError);
 }
 
 // --- decoder ------------------------------------------------------------------------------------------------------
@@ -258,10 +258,10 @@ class MemoryWeights final : public WeightSource {
     std::vector<LinearPart> parts;
     for (const std::string& m : modules) {
       LinearPart p;
-      p.weight = prepare::prepare_dense(tensor(m + ".weight"), m);
-      if (has_tensor(m + ".bias")) prepare::attach_bias(p.weight, tensor(m + ".bias"), m);
+      const core::TensorView bias = has_tensor(m + ".bias") ? tensor(m + ".bias") : core::TensorView{};
+      p.weight = quant::dense_view_weights(tensor(m + ".weight"), m, has_tensor(m + ".bias") ? &bias : nullptr);
       if (const auto it = output_transforms.find(m); it != output_transforms.end()) {
-        p.output_transforms.push_back({0, p.weight.out_features, it->second});
+        p.output_transforms.push_back({0, p.weight.out_features(), it->second});
       }
       parts.push_back(std::move(p));
     }

@@ -17,7 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "model/planned_weights.h"
 #include "plan/layer_plan.h"
-#include "prepare/repack.h"
+#include "backends/cpu/prepare/repack.h"
 #include "test_support.h"
 
 namespace fp4serve {
@@ -96,11 +96,11 @@ TEST_P(W4A4Golden, NativeW4A4PlanLoadsAndComputesTheReference) {
   model::LoadProgress progress(1, 1, {});
   const model::PlannedWeights weights(ckpt, p, progress);
   const std::string attn = "model.layers.0.self_attn";
-  const model::LinearGroup qkv = weights.linear_group({attn + ".q_proj", attn + ".k_proj", attn + ".v_proj"});
+  model::LinearGroup qkv = weights.linear_group({attn + ".q_proj", attn + ".k_proj", attn + ".v_proj"});
   ASSERT_FALSE(qkv.parts().empty());
   const model::LinearPart& q = qkv.parts()[0];
   EXPECT_EQ(q.activation_quant, model::ActivationEmulation::EmulateNvfp4);
-  EXPECT_EQ(q.weight.layout, prepare::WeightLayout::Fp4);
+  EXPECT_EQ(q.weight.encoding, quant::WeightEncoding::Fp4);
   EXPECT_GT(q.weight.input_global_scale, 0.f);
 
   const checkpoint::SafetensorsFile golden(kRef / GetParam() / "golden.safetensors");
@@ -109,15 +109,16 @@ TEST_P(W4A4Golden, NativeW4A4PlanLoadsAndComputesTheReference) {
   const std::vector<float> x = floats(x_view);
   const std::vector<float> y_ref = floats(golden.view(*golden.find("w4a4.y")));  // [m, N of q_proj]
   const int64_t n_q = static_cast<int64_t>(y_ref.size()) / m;
-  std::vector<float> y(static_cast<size_t>(m * qkv.out_features()), std::nanf(""));
+  const int64_t qkv_out = qkv.out_features();
+  std::vector<float> y(static_cast<size_t>(m * qkv_out), std::nanf(""));
   std::vector<float> scratch;
-  backends::cpu::linear_forward(qkv, x.data(), m, y.data(), scratch);
+  backends::cpu::linear_forward(backends::cpu::prepare_linear_group(std::move(qkv)), x.data(), m, y.data(), scratch);
   double max_ref = 0.0, max_err = 0.0;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n_q; ++j) {
       const double want = y_ref[static_cast<size_t>(i * n_q + j)];
       max_ref = std::max(max_ref, std::fabs(want));
-      max_err = std::max(max_err, std::fabs(y[static_cast<size_t>(i * qkv.out_features() + j)] - want));
+      max_err = std::max(max_err, std::fabs(y[static_cast<size_t>(i * qkv_out + j)] - want));
     }
   }
   EXPECT_LE(max_err, 1e-2 * max_ref) << "max |Δy| " << max_err << " of max |y| " << max_ref;

@@ -19,7 +19,7 @@ namespace fp4serve::backends::cpu {
 namespace {
 
 struct CpuLinear final : BackendLinear {
-  LinearGroup group;
+  CpuLinearGroup group;
 };
 struct CpuVector final : BackendVector {
   std::vector<float> values;
@@ -27,8 +27,8 @@ struct CpuVector final : BackendVector {
 struct CpuEmbedding final : BackendEmbedding {
   core::TensorView table;
 };
-struct CpuTransform final : BackendTransform {
-  std::shared_ptr<const OnlineTransform> transform;
+struct CpuTransformHandle final : BackendTransform {
+  std::shared_ptr<const CpuTransform> transform;
 };
 struct CpuRope final : BackendRope {
   explicit CpuRope(RopeCache c)
@@ -53,8 +53,8 @@ std::unique_ptr<BackendLinear> CpuBackend::upload_linear(LinearGroup group) {
   w->modules = group.modules();
   w->in_features = group.in_features();
   w->out_features = group.out_features();
-  w->group = std::move(group);
-  w->group.move_weights_into(weights_arena_);  // huge pages for the bytes every decode step streams
+  // The CPU's repack of the checkpoint-order weights; the bytes every decode step streams go on huge pages.
+  w->group = prepare_linear_group(std::move(group), transforms_, activation_precision_, &weights_arena_);
   return w;
 }
 
@@ -79,9 +79,9 @@ std::unique_ptr<BackendEmbedding> CpuBackend::upload_embedding(const core::Tenso
 std::unique_ptr<BackendTransform> CpuBackend::upload_transform(std::shared_ptr<const OnlineTransform> transform,
                                                                const std::string& where) {
   if (!transform) throw UsageError(fmt::format("{}: null online transform", where));
-  auto t = std::make_unique<CpuTransform>();
+  auto t = std::make_unique<CpuTransformHandle>();
   t->block = transform->block();
-  t->transform = std::move(transform);
+  t->transform = transforms_.get(transform);
   return t;
 }
 
@@ -160,7 +160,7 @@ void CpuBackend::rope(const BackendRope& rope, float* x, int64_t heads, int64_t 
 }
 
 void CpuBackend::transform(const BackendTransform& t, float* x, int64_t rows, int64_t dim) {
-  apply_transform(*as<CpuTransform>(t, "a transform").transform, x, rows, dim);
+  apply_transform(*as<CpuTransformHandle>(t, "a transform").transform, x, rows, dim);
 }
 
 void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {

@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kv_storage.h"
+#include "backends/cpu/cpu_linear.h"
 #include "backends/cpu/kernels/attention.h"
 #include "model/backend.h"
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 namespace fp4serve::backends::cpu {
 
@@ -33,8 +34,11 @@ using model::RouterSettings;
 
 class CpuBackend final : public Backend {
  public:
-  /// Its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype; kv_element_of).
-  explicit CpuBackend(model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::F32) : kv_dtype_(kv_cache_dtype) {}
+  /// Its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype; kv_element_of); its FP4 layers without an
+  /// activation emulation multiply with `activation_precision` (--activation-precision).
+  explicit CpuBackend(model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::F32,
+                      prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32)
+      : kv_dtype_(kv_cache_dtype), activation_precision_(activation_precision) {}
   bool host_memory() const override { return true; }
   std::string name() const override { return "cpu"; }
 
@@ -83,7 +87,9 @@ class CpuBackend final : public Backend {
   KvCache* cache_ = nullptr;
   CpuKvStorage* kv_ = nullptr;  // cache_'s storage during a step
   model::KvCacheDtype kv_dtype_;
+  prepare::ActivationPrecision activation_precision_;
   prepare::HugePageArena weights_arena_;  // every uploaded linear's weights
+  CpuTransforms transforms_;              // the CPU form of each online transform, made once
 };
 
 /// The router math the CPU backend routes with (kernels::softmax_rows, kernels::top_k); the registry gives the CUDA

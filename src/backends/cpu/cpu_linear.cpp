@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels/hadamard.h"
+#include "backends/cpu/prepare/repack.h"
 #include "fp4serve/error.h"
 
 namespace fp4serve::backends::cpu {
@@ -24,7 +25,25 @@ kernels::ActivationEmulation activation_emulation_of(model::ActivationEmulation 
   return kernels::ActivationEmulation::None;
 }
 
-void apply_transform(const OnlineTransform& t, float* x, int64_t rows, int64_t dim) {
+CpuTransform make_cpu_transform(std::shared_ptr<const OnlineTransform> transform) {
+  if (!transform) throw UsageError("make_cpu_transform: null online transform");
+  CpuTransform t;
+  if (transform->kernel() == TransformKernel::KroneckerHadamard) {
+    t.kronecker = kernels::prepare_kronecker_hadamard(*transform->structured());
+  }
+  t.transform = std::move(transform);
+  return t;
+}
+
+std::shared_ptr<const CpuTransform> CpuTransforms::get(const std::shared_ptr<const OnlineTransform>& transform) {
+  if (!transform) return nullptr;
+  auto& made = made_[transform.get()];
+  if (!made) made = std::make_shared<const CpuTransform>(make_cpu_transform(transform));
+  return made;
+}
+
+void apply_transform(const CpuTransform& ct, float* x, int64_t rows, int64_t dim) {
+  const OnlineTransform& t = *ct.transform;
   const int64_t block = t.block();
   if (dim % block != 0) {
     throw UsageError(fmt::format("online transform: block {} does not divide the input width {}", block, dim));
@@ -33,13 +52,13 @@ void apply_transform(const OnlineTransform& t, float* x, int64_t rows, int64_t d
     case TransformKernel::Fwht: kernels::fwht_blocks(x, rows, dim, block); return;
     case TransformKernel::Dense: kernels::rotate_blocks(x, rows, dim, t.matrix().data(), block); return;
     case TransformKernel::KroneckerHadamard:
-      kernels::kronecker_hadamard_blocks(*t.structured(), x, rows, dim);
+      kernels::kronecker_hadamard_blocks(ct.kronecker, x, rows, dim);
       return;
   }
 }
 
-void apply_transform_strided(const OnlineTransform& t, float* x, int64_t rows, int64_t width, int64_t stride) {
-  const int64_t block = t.block();
+void apply_transform_strided(const CpuTransform& t, float* x, int64_t rows, int64_t width, int64_t stride) {
+  const int64_t block = t.transform->block();
   if (width > stride || width % block != 0) {
     throw UsageError(fmt::format("online transform: block {} on a {}-wide slice of {}-float rows", block, width, stride));
   }
@@ -55,22 +74,48 @@ void apply_transform_strided(const OnlineTransform& t, float* x, int64_t rows, i
 namespace {
 
 // y[m, stride]: each output transform of `p` on its columns (the part's columns start at y).
-void apply_output_transforms(const LinearPart& p, float* y, int64_t m, int64_t stride) {
-  for (const OutputTransform& t : p.output_transforms) {
+void apply_output_transforms(const CpuLinearPart& p, float* y, int64_t m, int64_t stride) {
+  for (const CpuLinearPart::Output& t : p.output_transforms) {
     apply_transform_strided(*t.transform, y + t.offset, m, t.width, stride);
   }
 }
 
 }  // namespace
 
-void linear_forward(const model::LinearGroup& group, const float* x, int64_t m, float* y, std::vector<float>& scratch) {
-  const std::vector<LinearPart>& parts = group.parts();
-  const int64_t in_features = group.in_features();
-  const int64_t out_features = group.out_features();
+CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& transforms,
+                                    prepare::ActivationPrecision precision, prepare::HugePageArena* arena) {
+  CpuLinearGroup out;
+  out.in_features = group.in_features();
+  out.out_features = group.out_features();
+  for (LinearPart& p : group.parts()) {
+    CpuLinearPart part;
+    part.weight = prepare::prepare_linear(p.weight);
+    p.weight = quant::LinearWeights();  // the checkpoint-order slices are not needed any more
+    if (p.activation_quant == model::ActivationEmulation::None) part.weight.activation_precision = precision;
+    part.activation = activation_emulation_of(p.activation_quant);
+    part.input_transform = transforms.get(p.input_transform);
+    for (const OutputTransform& t : p.output_transforms) {
+      part.output_transforms.push_back({t.offset, t.width, transforms.get(t.transform)});
+    }
+    if (arena != nullptr) prepare::move_weights_into(part.weight, *arena);
+    out.parts.push_back(std::move(part));
+  }
+  return out;
+}
+
+CpuLinearGroup prepare_linear_group(model::LinearGroup group, prepare::ActivationPrecision precision) {
+  CpuTransforms transforms;
+  return prepare_linear_group(std::move(group), transforms, precision, nullptr);
+}
+
+void linear_forward(const CpuLinearGroup& group, const float* x, int64_t m, float* y, std::vector<float>& scratch) {
+  const std::vector<CpuLinearPart>& parts = group.parts;
+  const int64_t in_features = group.in_features;
+  const int64_t out_features = group.out_features;
   // The transformed input, recomputed only when the next part has a different transform (q|k|v share one).
   thread_local std::vector<float> transformed;
-  const OnlineTransform* current = nullptr;
-  auto input_for = [&](const LinearPart& p) -> const float* {
+  const CpuTransform* current = nullptr;
+  auto input_for = [&](const CpuLinearPart& p) -> const float* {
     if (!p.input_transform) return x;
     if (p.input_transform.get() != current) {
       transformed.assign(x, x + m * in_features);
@@ -80,7 +125,7 @@ void linear_forward(const model::LinearGroup& group, const float* x, int64_t m, 
     return transformed.data();
   };
   if (parts.size() == 1) {
-    kernels::linear(parts[0].weight, input_for(parts[0]), m, y, activation_emulation_of(parts[0].activation_quant));
+    kernels::linear(parts[0].weight, input_for(parts[0]), m, y, parts[0].activation);
     apply_output_transforms(parts[0], y, m, out_features);
     return;
   }
@@ -88,7 +133,7 @@ void linear_forward(const model::LinearGroup& group, const float* x, int64_t m, 
   for (const auto& p : parts) {
     const int64_t n = p.weight.out_features;
     scratch.resize(static_cast<size_t>(m * n));
-    kernels::linear(p.weight, input_for(p), m, scratch.data(), activation_emulation_of(p.activation_quant));
+    kernels::linear(p.weight, input_for(p), m, scratch.data(), p.activation);
     apply_output_transforms(p, scratch.data(), m, n);
     for (int64_t r = 0; r < m; ++r) {
       std::memcpy(y + r * out_features + offset, scratch.data() + r * n, static_cast<size_t>(n) * sizeof(float));

@@ -299,7 +299,7 @@ std::unique_ptr<BackendLinear> CudaBackend::upload_linear(LinearGroup group) {
       throw UnsupportedError(fmt::format("{}: op linear is not on the GPU: {}; run this checkpoint with --device cpu",
                                          where, e.what()));
     }
-    g.out = part.weight.out_features;
+    g.out = part.weight.out_features();
     g.emulate_w4a4 = mxfp4_w4a4 || part.activation_quant == model::ActivationEmulation::EmulateNvfp4;
     g.input = im.transform_of(part.input_transform, where);
     for (const OutputTransform& t : part.output_transforms) {

@@ -16,7 +16,7 @@
 #include <algorithm>
 
 #include "backends/cpu/kernels/gemm_shared.h"
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp4serve::kernels {

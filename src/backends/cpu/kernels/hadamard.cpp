@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/kernels/simd.h"
+#include "backends/cpu/prepare/repack.h"
 #include "fp4serve/error.h"
 
 namespace fp4serve::kernels {
@@ -41,12 +44,29 @@ void rotate_blocks(float* x, int64_t rows, int64_t dim, const float* matrix, int
   }
 }
 
-void kronecker_hadamard_blocks(const prepare::PreparedKroneckerHadamard& t, float* x, int64_t rows, int64_t dim) {
+KroneckerHadamardKernel prepare_kronecker_hadamard(const quant::KroneckerHadamardSteps& steps) {
+  KroneckerHadamardKernel kernel;
+  kernel.steps = &steps;
+  const size_t want = steps.k > 1 ? static_cast<size_t>(steps.k * steps.k) : 0;
+  if (steps.mix.size() != want) {
+    throw UsageError(fmt::format("prepare_kronecker_hadamard: a mixing matrix of {} values for k = {}",
+                                 steps.mix.size(), steps.k));
+  }
+  if (steps.k > 1) {
+    const core::TensorView view{core::DType::F32, {steps.k, steps.k}, std::as_bytes(std::span<const float>(steps.mix))};
+    kernel.mix = std::make_shared<const prepare::PreparedLinear>(prepare::prepare_dense(view, "kronecker-hadamard factor"));
+  }
+  return kernel;
+}
+
+void kronecker_hadamard_blocks(const KroneckerHadamardKernel& kernel, float* x, int64_t rows, int64_t dim) {
+  if (kernel.steps == nullptr) throw UsageError("kronecker_hadamard_blocks: no steps");
+  const quant::KroneckerHadamardSteps& t = *kernel.steps;
   const int64_t n = t.n, p = t.p, k = t.k;
   if (n < 2 || p < 2 || k < 1 || n != p * k || rows < 0 || dim % n != 0 ||
-      t.in_index.size() != static_cast<size_t>(n) || (k > 1) != (t.mix != nullptr)) {
+      t.in_index.size() != static_cast<size_t>(n) || (k > 1) != (kernel.mix != nullptr)) {
     throw UsageError(fmt::format("kronecker_hadamard_blocks: n {} = k {} · p {} (mix {}) on rows {} of width {}", n, k,
-                                 p, t.mix != nullptr, rows, dim));
+                                 p, kernel.mix != nullptr, rows, dim));
   }
   if (rows == 0) return;
   if (x == nullptr) throw UsageError("kronecker_hadamard_blocks: null pointer");
@@ -80,7 +100,7 @@ void kronecker_hadamard_blocks(const prepare::PreparedKroneckerHadamard& t, floa
           for (int64_t h = 0; h < p; ++h) dst[h * k + a] = src[a * p + h];
         }
       }
-      linear(*t.mix, ft.data(), c * p, z.data());
+      linear(*kernel.mix, ft.data(), c * p, z.data());
       out = z.data();
     }
 #pragma omp parallel for schedule(static) if (par)

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 namespace fp4serve::kernels {
 

@@ -7,33 +7,46 @@
 
 namespace fp4serve::kernels::cuda {
 
-using prepare::PreparedLinear;
-using prepare::WeightLayout;
-
 namespace {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
-PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
-  if (w.layout != WeightLayout::Fp4) {
-    throw UnsupportedError(std::string("CUDA FP4 GEMM: layout ") + prepare::layout_name(w.layout) +
-                           " is not an FP4 block format (NVFP4, MXFP4)");
+Fp4Rows::Fp4Rows(const quant::LinearWeights& w) {
+  if (w.encoding != quant::WeightEncoding::Fp4) {
+    throw UnsupportedError(std::string("CUDA FP4 GEMM: a ") + quant::weight_encoding_name(w.encoding) +
+                           " layer is not an FP4 block format (NVFP4, MXFP4)");
   }
-  if (!w.k_perm.empty()) throw UnsupportedError("CUDA FP4 GEMM: FP4 layers with a column permutation are not supported");
+  const quant::BlockFormatTraits& f = quant::block_format_traits(w.block_format);
+  in_features_ = w.in_features;
+  groups_ = w.in_features / f.group_size;
+  for (const quant::WeightRows& r : w.rows) {
+    const int64_t k = quant::check_fp4_rows(w.block_format, r.weight, r.weight_scale, r.global_scale, w.convention, r.name);
+    if (k != w.in_features) {
+      quant::fail_tensor(r.name, "packed FP4 weight",
+                         "has K = " + std::to_string(k) + ", the layer " + std::to_string(w.in_features));
+    }
+    const auto* codes = reinterpret_cast<const uint8_t*>(r.weight.bytes.data());
+    const auto* scales = reinterpret_cast<const uint8_t*>(r.weight_scale.bytes.data());
+    for (int64_t row = 0; row < r.out_features(); ++row) {
+      codes_.push_back(codes + row * (k / 2));
+      scales_.push_back(scales + row * groups_);
+      global_.push_back(f.global_scale ? r.global_scale : 0.f);
+    }
+  }
+  if (codes_.empty()) throw UsageError("CUDA FP4 GEMM: a layer with no rows");
+}
+
+PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w) {
+  const Fp4Rows rows(w);
   const int64_t group_size = quant::block_format_traits(w.block_format).group_size;
   if (!gpu_layout_supports(group_size)) {
-    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " groups of " +
+    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(quant::block_format_name(w.block_format)) + " groups of " +
                            std::to_string(group_size) + " columns do not fit the GPU layout (a multiple of " +
                            std::to_string(kGpuLaneCols) + " dividing " + std::to_string(kGpuColChunk) + ")");
   }
-  const int64_t n = w.out_features, k = w.in_features;
-  if (k % group_size != 0 || n <= 0 || w.group_size != group_size) {
-    throw UsageError("CUDA FP4 GEMM: " + std::string(prepare::format_label(w)) + " layer [" + std::to_string(n) +
-                     ", " + std::to_string(k) + "] needs N > 0 and K a multiple of the group size " +
-                     std::to_string(group_size) + " (prepared with group_size " + std::to_string(w.group_size) + ")");
-  }
+  const int64_t n = rows.out_features(), k = rows.in_features();
   PackedFp4 p;
   p.out_features = n;
   p.in_features = k;
@@ -54,7 +67,7 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
           for (int64_t i = 0; i < 8; ++i) {
             const int64_t row = kGpuRowTile * rt + g + 8 * (i & 1);
             const int64_t col = kGpuColChunk * c + 16 * t + 4 * j + (i >> 2) + 2 * ((i >> 1) & 1);
-            if (row < n && col < k) word |= static_cast<uint32_t>(prepare::prepared_nibble(w, row, col)) << (4 * i);
+            if (row < n && col < k) word |= static_cast<uint32_t>(rows.nibble(row, col)) << (4 * i);
           }
           p.codes[static_cast<size_t>(((rt * chunks + c) * 32 + lane) * 4 + j)] = word;
         }
@@ -64,8 +77,8 @@ PackedFp4 pack_fp4_for_gpu(const PreparedLinear& w) {
         const int64_t group = groups_per_chunk * c + slot % groups_per_chunk;
         for (int64_t half = 0; half < 2; ++half) {
           const int64_t row = kGpuRowTile * rt + g + 8 * half;
-          if (row < n && group < w.groups()) {
-            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = prepare::prepared_scale_byte(w, row, group);
+          if (row < n && group < rows.groups()) {
+            p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)] = rows.scale_byte(row, group);
           }
         }
       }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The GPU weight layout of NVFP4 / MXFP4 Linear layers and its host-side repack from the CPU layout
-// (prepare/prepared_linear.h). Pure host code (g++), so the layout is unit-tested without a GPU; upload_linear
-// (linear_cuda.h) copies the result to the device once at load.
+// The GPU weight layout of NVFP4 / MXFP4 Linear layers and its host-side repack from the checkpoint's layout
+// (quant/linear_weights.h: weight_packed [N, K/2], block scales [N, K/g]). Pure host code (g++), so the layout is
+// unit-tested without a GPU; upload_linear (linear_cuda.h) copies the result to the device once at load.
 //
 // The FP4 kernel (gemm_fp4.cu) multiplies 16×16 weight tiles by activation tiles with the tensor-core
 // instruction mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Weights are the A operand: output features are the
@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
 #include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
@@ -61,10 +61,37 @@ struct PackedFp4 {
   int64_t scale_slots() const { return gpu_scale_slots(group_size); }
 };
 
-/// Repacks the codes and block-scale bytes of an Fp4 PreparedLinear (NVFP4, MXFP4; bytes unchanged, positions
-/// moved). Global scale, bias and convention are not part of it (upload_linear copies them as they are).
-/// Throws UnsupportedError for other layouts, for a column permutation (k_perm) and for a block format whose group
-/// size the layout cannot hold (gpu_layout_supports), UsageError when K is not a multiple of the group size.
-PackedFp4 pack_fp4_for_gpu(const prepare::PreparedLinear& w);
+/// An FP4 layer's row blocks (quant::LinearWeights, checkpoint order), validated and indexed by output row, for the
+/// host-side repacks (this layout, the native cuBLASLt operands, the global scales and biases).
+class Fp4Rows {
+ public:
+  /// Throws UnsupportedError unless `w` is an FP4 (block-format) layer, FormatError for a malformed row block
+  /// (quant::check_fp4_rows) or one whose K differs from w.in_features.
+  explicit Fp4Rows(const quant::LinearWeights& w);
+  int64_t out_features() const { return static_cast<int64_t>(codes_.size()); }
+  int64_t in_features() const { return in_features_; }
+  int64_t groups() const { return groups_; }
+  /// The E2M1 code of (row, column), as stored.
+  uint8_t nibble(int64_t row, int64_t col) const {
+    const uint8_t b = codes_[static_cast<size_t>(row)][col / 2];
+    return col % 2 == 0 ? static_cast<uint8_t>(b & 0x0F) : static_cast<uint8_t>(b >> 4);
+  }
+  /// The block-scale byte of (row, scale group), as stored.
+  uint8_t scale_byte(int64_t row, int64_t group) const { return scales_[static_cast<size_t>(row)][group]; }
+  /// The row's stored global scale (0 for formats without one).
+  float global_scale(int64_t row) const { return global_[static_cast<size_t>(row)]; }
+
+ private:
+  int64_t in_features_ = 0, groups_ = 0;
+  std::vector<const uint8_t*> codes_;   // per row: K/2 bytes
+  std::vector<const uint8_t*> scales_;  // per row: K/g bytes
+  std::vector<float> global_;
+};
+
+/// Repacks the codes and block-scale bytes of an FP4 layer (NVFP4, MXFP4) from checkpoint order (bytes unchanged,
+/// positions moved). Global scale, bias and convention are not part of it (upload_linear copies them as stored).
+/// Throws what Fp4Rows throws, and UnsupportedError for a block format whose group size the layout cannot hold
+/// (gpu_layout_supports).
+PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w);
 
 }  // namespace fp4serve::kernels::cuda

@@ -17,13 +17,12 @@
 #include "backends/cuda/kernels/partition.h"
 #include "fp4serve/error.h"
 #include "quant/block_format.h"
+#include "quant/dequant.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
 
-using prepare::kTileRows;
-using prepare::PreparedLinear;
-using prepare::WeightLayout;
+using quant::WeightEncoding;
 
 namespace {
 
@@ -77,11 +76,12 @@ SplitWorkspace& split_workspace(int multiprocessors) {
   return ws;
 }
 
-// "NVFP4", "MXFP4" for Fp4 layers, else the layout's name (prepare::format_label of the uploaded layer).
-std::string label_of(const DeviceLinear& w) {
-  return w.layout == WeightLayout::Fp4 ? std::string(quant::block_format_name(w.block_format))
-                                       : std::string(prepare::layout_name(w.layout));
+// "NVFP4", "MXFP4" for FP4 layers, else the encoding's name.
+std::string label_of(WeightEncoding encoding, quant::BlockFormat format) {
+  return encoding == WeightEncoding::Fp4 ? std::string(quant::block_format_name(format))
+                                         : std::string(quant::weight_encoding_name(encoding));
 }
+std::string label_of(const DeviceLinear& w) { return label_of(w.layout, w.block_format); }
 
 std::string shape_of(const DeviceLinear& w) {
   return "[" + std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "] " + label_of(w) + " layer";
@@ -90,7 +90,7 @@ std::string shape_of(const DeviceLinear& w) {
 // A W4A4 layer: its format's activations keep a stored global scale (NVFP4) and the checkpoint gave one, or they
 // have per-call scales only (MXFP4) and the layer was uploaded for W4A4.
 bool is_w4a4(const DeviceLinear& w) {
-  if (w.layout != WeightLayout::Fp4) return false;
+  if (w.layout != WeightEncoding::Fp4) return false;
   return w4a4_input_global_scale(w.block_format) ? w.input_global_scale > 0.f : w.dynamic_w4a4;
 }
 
@@ -126,25 +126,51 @@ void check_call(const DeviceLinear& w, const void* x, int64_t m, const void* y, 
   if (w.out_features <= 0) throw UsageError(std::string(what) + ": the layer was not uploaded");
 }
 
-std::vector<float> padded_global_scale(const PreparedLinear& w, int64_t rows) {
+// The per-row global scales of an FP4 layer, as stored, padded with 1 to `rows`.
+std::vector<float> padded_global_scale(const Fp4Rows& w, int64_t rows) {
   std::vector<float> g(static_cast<size_t>(rows), 1.f);
-  for (int64_t n = 0; n < w.out_features; ++n) g[static_cast<size_t>(n)] = w.global_scale[static_cast<size_t>(n)];
+  for (int64_t n = 0; n < w.out_features(); ++n) g[static_cast<size_t>(n)] = w.global_scale(n);
   return g;
 }
 
-// CPU Dense layout [T][K][8] (bf16 bits or fp32) → [N, K] bf16 row-major.
-std::vector<bf16> dense_rows(const PreparedLinear& w) {
-  const int64_t n_total = w.out_features, k_total = w.in_features;
-  std::vector<bf16> out(static_cast<size_t>(n_total * k_total));
-  for (int64_t n = 0; n < n_total; ++n) {
-    for (int64_t k = 0; k < k_total; ++k) {
-      const size_t at = static_cast<size_t>(((n / kTileRows) * k_total + k) * kTileRows + n % kTileRows);
-      const uint16_t bits = w.dense_storage == prepare::DenseStorage::Bf16 ? w.codes.as<uint16_t>()[at]
-                                                                           : quant::float_to_bf16(w.codes.as<float>()[at]);
-      __nv_bfloat16_raw raw;
-      raw.x = bits;
-      out[static_cast<size_t>(n * k_total + k)] = raw;
+// A dense layer's row blocks ([N, K] BF16 / F16 / F32) → [N, K] bf16 row-major (RNE from F16 / F32).
+std::vector<bf16> dense_rows(const quant::LinearWeights& w) {
+  std::vector<bf16> out;
+  out.reserve(static_cast<size_t>(w.out_features() * w.in_features));
+  for (const quant::WeightRows& r : w.rows) {
+    const int64_t k = quant::check_dense_rows(r.weight, r.name);
+    if (k != w.in_features) {
+      quant::fail_tensor(r.name, "weight", "has K = " + std::to_string(k) + ", the layer " + std::to_string(w.in_features));
     }
+    const int64_t count = r.weight.numel();
+    for (int64_t i = 0; i < count; ++i) {
+      __nv_bfloat16_raw raw;
+      raw.x = r.weight.dtype == core::DType::BF16
+                  ? r.weight.load<uint16_t>(static_cast<size_t>(i))
+                  : quant::float_to_bf16(quant::load_float(r.weight, static_cast<size_t>(i), r.name));
+      out.push_back(raw);
+    }
+  }
+  return out;
+}
+
+// The layer's biases in output order, fp32 (rows without one: 0); empty when no row block has one.
+std::vector<float> bias_rows(const quant::LinearWeights& w) {
+  bool any = false;
+  for (const quant::WeightRows& r : w.rows) any = any || r.has_bias;
+  if (!any) return {};
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(w.out_features()));
+  for (const quant::WeightRows& r : w.rows) {
+    const int64_t n = r.out_features();
+    if (!r.has_bias) {
+      out.insert(out.end(), static_cast<size_t>(n), 0.f);
+      continue;
+    }
+    const core::DType dtypes[] = {core::DType::BF16, core::DType::F16, core::DType::F32};
+    quant::check_tensor_dtype(r.bias, dtypes, r.name, "bias");
+    quant::check_tensor_shape(r.bias, {n}, r.name, "bias");
+    for (int64_t i = 0; i < n; ++i) out.push_back(quant::load_float(r.bias, static_cast<size_t>(i), r.name));
   }
   return out;
 }
@@ -153,13 +179,13 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
          Stream& stream) {
   if (m == 0) return;
   switch (w.layout) {
-    case WeightLayout::Fp4: {
+    case WeightEncoding::Fp4: {
       Fp4GemmArgs a;
       a.codes = w.codes.data();
       a.scales = w.scales.data();
       a.format = w.block_format;
       a.global_scale = w.global_scale.empty() ? nullptr : w.global_scale.data();
-      a.divisor = w.convention == prepare::GlobalScaleConvention::Divisor;
+      a.divisor = w.convention == quant::GlobalScaleConvention::Divisor;
       a.activation_divisor = activation_divisor;
       a.bias = w.bias.empty() ? nullptr : w.bias.data();
       a.x = x;
@@ -179,7 +205,7 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
       launch_fp4_gemm(a, sms, stream.get());
       return;
     }
-    case WeightLayout::Dense: {
+    case WeightEncoding::Dense: {
       // Row-major y[m, N] = x[m, K]·W[N, K]ᵀ is column-major yᵀ (N×m) = W (K×N, transposed) · xᵀ (K×m).
       const bool has_bias = !w.bias.empty();
       if (has_bias) launch_broadcast_bias(w.bias.data(), m, w.out_features, y_f32, y_bf16, stream.get());
@@ -194,9 +220,8 @@ void run(const DeviceLinear& w, const bf16* x, int64_t m, float* y_f32, bf16* y_
                                          static_cast<int>(w.out_features), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return;
     }
-    case WeightLayout::Int4:
-    case WeightLayout::Fp8:
-    case WeightLayout::Int8:
+    case WeightEncoding::Int4:
+    case WeightEncoding::Fp8:
       break;
   }
   throw UnsupportedError("CUDA linear: no kernel for the " + shape_of(w));
@@ -208,21 +233,27 @@ int64_t DeviceLinear::weight_bytes() const {
   return static_cast<int64_t>(codes.bytes() + scales.bytes() + global_scale.bytes() + dense.bytes());
 }
 
-DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dynamic_w4a4) {
-  if (dynamic_w4a4 && (w.layout != WeightLayout::Fp4 || w4a4_input_global_scale(w.block_format))) {
+DeviceLinear upload_linear(const quant::LinearWeights& w, Stream& /*stream*/, bool dynamic_w4a4) {
+  if (dynamic_w4a4 && (w.encoding != WeightEncoding::Fp4 || w4a4_input_global_scale(w.block_format))) {
     throw UsageError("upload_linear: W4A4 with per-call activation scales only (MXFP4) asked for a " +
-                     std::string(prepare::format_label(w)) + " layer");
+                     label_of(w.encoding, w.block_format) + " layer");
   }
   DeviceLinear d;
-  d.layout = w.layout;
+  d.layout = w.encoding;
   d.block_format = w.block_format;
-  d.out_features = w.out_features;
+  d.out_features = w.out_features();
   d.in_features = w.in_features;
   d.convention = w.convention;
   d.input_global_scale = w.input_global_scale;
   d.dynamic_w4a4 = dynamic_w4a4;
-  switch (w.layout) {
-    case WeightLayout::Fp4: {
+  std::string shape = "[";
+  shape += std::to_string(d.out_features);
+  shape += ", ";
+  shape += std::to_string(d.in_features);
+  shape += "]";
+  switch (w.encoding) {
+    case WeightEncoding::Fp4: {
+      const Fp4Rows rows(w);
       const PackedFp4 p = pack_fp4_for_gpu(w);
       d.padded_rows = p.padded_rows;
       d.padded_cols = p.padded_cols;
@@ -234,13 +265,7 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dyn
       const auto info = cuda_device(device);
       const bool has_native = info && native_fp4_available(*info);
       if (quant::block_format_traits(w.block_format).global_scale) {
-        if (static_cast<int64_t>(w.global_scale.size()) < w.out_features) {
-          throw UsageError("upload_linear: " + std::string(prepare::format_label(w)) + " layer [" +
-                           std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "] has " +
-                           std::to_string(w.global_scale.size()) + " global scales, expected " +
-                           std::to_string(w.out_features));
-        }
-        d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(w, p.padded_rows));
+        d.global_scale = DeviceBuffer<float>::from_host(padded_global_scale(rows, p.padded_rows));
       }
       if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format) &&
           native_fp4_runs_on(w.block_format, info->sm)) {
@@ -250,22 +275,24 @@ DeviceLinear upload_linear(const PreparedLinear& w, Stream& /*stream*/, bool dyn
       }
       break;
     }
-    case WeightLayout::Dense:
-      if (w.out_features > INT32_MAX || w.in_features > INT32_MAX) {
+    case WeightEncoding::Dense:
+      if (w.requant != quant::DenseRequant::None) {
+        throw UnsupportedError("upload_linear: the CUDA backend has no kernel for a dense layer re-encoded per row "
+                               "(--lm-head-dtype fp8 / int8) yet (layer " + shape + ")");
+      }
+      if (d.out_features > INT32_MAX || d.in_features > INT32_MAX) {
         throw UnsupportedError("upload_linear: Dense layer too large for cuBLAS int dimensions");
       }
-      d.padded_rows = w.out_features;
-      d.padded_cols = w.in_features;
+      d.padded_rows = d.out_features;
+      d.padded_cols = d.in_features;
       d.dense = DeviceBuffer<bf16>::from_host(dense_rows(w));
       break;
-    case WeightLayout::Int4:
-    case WeightLayout::Fp8:
-    case WeightLayout::Int8:
+    case WeightEncoding::Int4:
+    case WeightEncoding::Fp8:
       throw UnsupportedError(std::string("upload_linear: the CUDA backend has no kernel for ") +
-                             prepare::layout_name(w.layout) + " layers yet (layer [" +
-                             std::to_string(w.out_features) + ", " + std::to_string(w.in_features) + "])");
+                             quant::weight_encoding_name(w.encoding) + " layers yet (layer " + shape + ")");
   }
-  if (!w.bias.empty()) d.bias = DeviceBuffer<float>::from_host(w.bias);
+  if (std::vector<float> bias = bias_rows(w); !bias.empty()) d.bias = DeviceBuffer<float>::from_host(bias);
   return d;
 }
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // y = x·Wᵀ (+ bias) on the GPU for FP4 block formats (NVFP4, MXFP4; weight-only: FP4 weights decoded in
 // registers, bf16 activations, tensor-core bf16 MMA with fp32 accumulation) and Dense bf16 (cuBLAS) layers, plus
-// the W4A4 emulation. Host-facing: compiles with plain g++. The CPU kernels (backends/cpu/kernels/linear.h) are the
-// oracle: tests/backends/cuda/kernels/linear_cuda_test.cpp compares the two.
+// the W4A4 emulation. Host-facing: compiles with plain g++. Uploads repack from the checkpoint order the model hands
+// over (quant/linear_weights.h). The CPU kernels (backends/cpu/kernels/linear.h) are the oracle:
+// tests/backends/cuda/kernels/linear_cuda_test.cpp compares the two on the same checkpoint tensors.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,7 +11,7 @@
 #include <cstdint>
 
 #include "backends/cuda/kernels/device.h"
-#include "prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
 
 namespace fp4serve::kernels::cuda {
 
@@ -20,18 +21,18 @@ using bf16 = __nv_bfloat16;
 /// - Fp4 (`block_format` NVFP4, MXFP4): `codes` and `scales` in the GPU layout of gpu_layout.h; a format with a
 ///   global scale (NVFP4) adds `global_scale` [padded_rows] fp32 as stored in the checkpoint (padding 1) and its
 ///   `convention`.
-/// - Dense: `dense` = [N, K] bf16 row-major (F32-stored CPU weights are rounded to bf16 with RNE at upload:
+/// - Dense: `dense` = [N, K] bf16 row-major (F16 / F32 checkpoint weights are rounded to bf16 with RNE at upload:
 ///   the GPU runs them as bf16, so results differ from the CPU's fp32 weights by that rounding).
 /// `bias` = [N] fp32 or empty.
 struct DeviceLinear {
-  prepare::WeightLayout layout = prepare::WeightLayout::Dense;
+  quant::WeightEncoding layout = quant::WeightEncoding::Dense;  ///< Fp4 or Dense
   quant::BlockFormat block_format = quant::BlockFormat::Nvfp4;  ///< Fp4 layout only: the format of codes and scales
   int64_t out_features = 0;  ///< N
   int64_t in_features = 0;   ///< K
   int64_t padded_rows = 0;   ///< Np (FP4), N (Dense)
   int64_t padded_cols = 0;   ///< Kp (FP4), K (Dense)
   int64_t group_size = 0;    ///< the block format's group size (Fp4), 0 (Dense)
-  prepare::GlobalScaleConvention convention = prepare::GlobalScaleConvention::Divisor;
+  quant::GlobalScaleConvention convention = quant::GlobalScaleConvention::Divisor;
   float input_global_scale = 0.f;  ///< W4A4 checkpoints (divisor convention); 0 = absent
   /// A layer of a format whose W4A4 activations have per-call scales only (MXFP4, w4a4_input_global_scale false)
   /// uploaded for W4A4: its activations are quantized in its format (linear_w4a4).
@@ -50,14 +51,15 @@ struct DeviceLinear {
   int64_t weight_bytes() const;
 };
 
-/// Repacks `w` into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
+/// Repacks `w` (checkpoint order) into the GPU layout and copies it to the device (synchronous; `stream` is reserved for an
 /// asynchronous upload). W4A4 layers — NVFP4 with an input_global_scale, MXFP4 uploaded with `dynamic_w4a4` —
 /// also get the native cuBLASLt operands when the current device has FP4 tensor cores (native_fp4_available) and
 /// cuBLASLt scales the format (native_fp4_supports).
-/// Throws UnsupportedError for Int4 and Fp8 layers (no CUDA kernel yet) and FP4 layers with a column permutation,
-/// UsageError for a malformed layer or `dynamic_w4a4` on a layer whose format is not dynamic W4A4 (only MXFP4),
-/// DeviceError when a CUDA call fails.
-DeviceLinear upload_linear(const prepare::PreparedLinear& w, Stream& stream, bool dynamic_w4a4 = false);
+/// Throws UnsupportedError for Int4 and Fp8 layers and dense layers re-encoded per row (--lm-head-dtype fp8 /
+/// int8): no CUDA kernel yet; FormatError for malformed tensors (quant::check_fp4_rows, check_dense_rows);
+/// UsageError for `dynamic_w4a4` on a layer whose format is not dynamic W4A4 (only MXFP4); DeviceError when a
+/// CUDA call fails.
+DeviceLinear upload_linear(const quant::LinearWeights& w, Stream& stream, bool dynamic_w4a4 = false);
 
 /// y[i, n] = Σ_k x[i, k]·W[n, k] (+ bias[n]) for i < m, queued on `stream` (asynchronous).
 /// x: [m, K] bf16 row-major, device memory, 16-byte aligned. y: [m, N] row-major device memory, fp32 or bf16

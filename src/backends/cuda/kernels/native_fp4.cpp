@@ -15,8 +15,6 @@
 
 namespace fp4serve::kernels::cuda {
 
-using prepare::PreparedLinear;
-using prepare::WeightLayout;
 
 namespace {
 
@@ -74,24 +72,20 @@ void ensure(DeviceBuffer<T>& buffer, size_t count) {
 
 }  // namespace
 
-NativeFp4Weight pack_native_fp4(const PreparedLinear& w) {
-  if (w.layout != WeightLayout::Fp4 || !w.k_perm.empty()) {
-    throw UsageError(std::string("pack_native_fp4: needs an FP4 (NVFP4, MXFP4) layer without column permutation, got ") +
-                     std::string(prepare::format_label(w)) + (w.k_perm.empty() ? "" : " with a column permutation"));
-  }
+NativeFp4Weight pack_native_fp4(const quant::LinearWeights& w) {
+  const Fp4Rows rows(w);
   lt_scale_mode(w.block_format);  // a format cuBLASLt cannot scale fails at upload, not at the first call
-  const int64_t n = w.out_features, k = w.in_features,
-                groups = k / quant::block_format_traits(w.block_format).group_size;
+  const int64_t n = rows.out_features(), k = rows.in_features(), groups = rows.groups();
   NativeFp4Weight out;
   out.codes.assign(static_cast<size_t>(n * k / 2), uint8_t{0});
   out.scales.assign(static_cast<size_t>(block_scale_bytes(n, groups)), uint8_t{0});
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t col = 0; col < k; col += 2) {
       out.codes[static_cast<size_t>((row * k + col) / 2)] =
-          static_cast<uint8_t>(prepare::prepared_nibble(w, row, col) | (prepare::prepared_nibble(w, row, col + 1) << 4));
+          static_cast<uint8_t>(rows.nibble(row, col) | (rows.nibble(row, col + 1) << 4));
     }
     for (int64_t g = 0; g < groups; ++g) {
-      out.scales[static_cast<size_t>(block_scale_offset(row, g, groups))] = prepare::prepared_scale_byte(w, row, g);
+      out.scales[static_cast<size_t>(block_scale_offset(row, g, groups))] = rows.scale_byte(row, g);
     }
   }
   return out;
@@ -105,7 +99,7 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
   if (w.native_codes.empty()) return linear_w4a4_emulated(w, x, m, y, scratch.activations, stream);
   if (m < 0 || (m > 0 && (x == nullptr || y == nullptr))) throw UsageError("linear_w4a4: bad m, x or y");
   if (m == 0) return;
-  if (w.layout != WeightLayout::Fp4) throw UsageError("linear_w4a4: the layer is not an FP4 layer");
+  if (w.layout != quant::WeightEncoding::Fp4) throw UsageError("linear_w4a4: the layer is not an FP4 layer");
   const bool igs = w4a4_input_global_scale(w.block_format);
   if (igs && !(w.input_global_scale > 0.f)) throw UsageError("linear_w4a4: the layer has no input_global_scale");
   const int64_t n = w.out_features, k = w.in_features, group = quant::block_format_traits(w.block_format).group_size;
@@ -152,7 +146,7 @@ void linear_w4a4(const DeviceLinear& w, const bf16* x, int64_t m, float* y, W4A4
                                        scratch.workspace.data(), workspace, stream.get()));
   launch_w4a4_epilogue(scratch.product.data(), m, n, igs ? w.input_global_scale : 1.f,
                        w.global_scale.empty() ? nullptr : w.global_scale.data(),
-                       w.convention == prepare::GlobalScaleConvention::Divisor,
+                       w.convention == quant::GlobalScaleConvention::Divisor,
                        w.bias.empty() ? nullptr : w.bias.data(), y, stream.get());
 }
 

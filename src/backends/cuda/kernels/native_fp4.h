@@ -20,7 +20,7 @@
 
 #include "backends/cuda/kernels/device.h"
 #include "backends/cuda/kernels/fp4_math.h"  // FP4SERVE_HD
-#include "prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
 #include "quant/block_format.h"
 
 namespace fp4serve::kernels::cuda {
@@ -37,13 +37,13 @@ inline int64_t block_scale_bytes(int64_t rows, int64_t cols) { return (rows + 12
 
 /// The FP4 weight of `w` in cuBLASLt's operand layout, on the host: codes [N, K/2] (checkpoint packing) and the
 /// block scales tiled (block_scale_offset; padding 0): E4M3 [N, K/16] for NVFP4, E8M0 [N, K/32] for MXFP4.
-/// Throws UsageError unless w is an Fp4 layer without a column permutation, UnsupportedError when its format has
-/// no cuBLASLt scale mode (native_fp4_supports).
+/// Throws what Fp4Rows (gpu_layout.h) throws, UnsupportedError when its format has no cuBLASLt scale mode
+/// (native_fp4_supports).
 struct NativeFp4Weight {
   std::vector<uint8_t> codes;
   std::vector<uint8_t> scales;
 };
-NativeFp4Weight pack_native_fp4(const prepare::PreparedLinear& w);
+NativeFp4Weight pack_native_fp4(const quant::LinearWeights& w);
 
 /// True when cuBLASLt has a block-scale mode for `format` (one E4M3 per 16 or one E8M0 per 32: NVFP4, MXFP4);
 /// layers of other formats run the W4A4 emulation.

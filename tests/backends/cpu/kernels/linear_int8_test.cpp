@@ -17,8 +17,8 @@
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
 #include "fp4serve/error.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "backends/cpu/prepare/repack.h"
 
 namespace fp4serve::kernels {
 namespace {

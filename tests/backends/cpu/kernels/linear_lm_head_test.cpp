@@ -10,8 +10,8 @@
 #include <limits>
 
 #include "backends/cpu/kernels/linear.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "backends/cpu/prepare/repack.h"
 
 namespace fp4serve::kernels {
 namespace {

@@ -20,8 +20,8 @@
 #include "backends/cpu/kernels/linear.h"
 #include "core/threading.h"
 #include "fp4serve/error.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "backends/cpu/prepare/repack.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels {

@@ -98,7 +98,7 @@ TEST(Hadamard, KroneckerHadamardBlocksMatchFloat64EveryTarget) {
   for (const Shape s : {Shape{1, 32}, Shape{3, 16}, Shape{12, 4}, Shape{5, 2}}) {
     for (const bool inverse : {false, true}) {
       const int64_t n = s.k * s.p, rows = 3, dim = 3 * n;
-      prepare::KroneckerHadamardFactors f;
+      quant::KroneckerHadamardFactors f;
       f.p = s.p;
       f.k = s.k;
       const std::vector<float> a = random_nonzero(s.k * s.k, uint32_t(n + 1));
@@ -111,7 +111,7 @@ TEST(Hadamard, KroneckerHadamardBlocksMatchFloat64EveryTarget) {
       std::vector<int64_t> perm(n);  // i ↦ 7i + 3 mod n: a permutation, every n here being coprime to 7
       for (int64_t i = 0; i < n; ++i) perm[i] = (i * 7 + 3) % n;
       const double scale = 1.0 / std::sqrt(double(n));
-      const prepare::PreparedKroneckerHadamard t = prepare::prepare_kronecker_hadamard(f, perm, inverse, scale);
+      const quant::KroneckerHadamardSteps t = quant::kronecker_hadamard_steps(f, perm, inverse, scale);
       auto w = [&](int64_t i, int64_t j) {
         const double h = (std::popcount(uint64_t((i % s.p) & (j % s.p))) & 1) ? -1.0 : 1.0;
         return f.left[i] * f.right[j] * f.a[(i / s.p) * s.k + j / s.p] * h;
@@ -119,7 +119,7 @@ TEST(Hadamard, KroneckerHadamardBlocksMatchFloat64EveryTarget) {
       const std::vector<float> x = random_nonzero(rows * dim, uint32_t(n + 4));
       for_each_simd_target([&] {
         std::vector<float> y = x;
-        kronecker_hadamard_blocks(t, y.data(), rows, dim);
+        kronecker_hadamard_blocks(prepare_kronecker_hadamard(t), y.data(), rows, dim);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t base = 0; base < dim; base += n) {
             for (int64_t j = 0; j < n; ++j) {
@@ -140,18 +140,19 @@ TEST(Hadamard, KroneckerHadamardBlocksMatchFloat64EveryTarget) {
 }
 
 TEST(Hadamard, KroneckerHadamardBlocksRejectBadShapes) {
-  prepare::KroneckerHadamardFactors f;
+  quant::KroneckerHadamardFactors f;
   f.p = 4;
   f.k = 2;
   f.a = {1, 1, 1, -1};
   f.left.assign(8, 1);
   f.right.assign(8, 1);
-  const prepare::PreparedKroneckerHadamard t = prepare::prepare_kronecker_hadamard(f, {}, false, 1.0);
+  const quant::KroneckerHadamardSteps t = quant::kronecker_hadamard_steps(f, {}, false, 1.0);
   std::vector<float> x(24, 1.0f);
-  EXPECT_THROW(kronecker_hadamard_blocks(t, x.data(), 1, 12), UsageError);  // 8 does not divide 12
-  EXPECT_THROW(kronecker_hadamard_blocks(t, nullptr, 1, 8), UsageError);
+  const KroneckerHadamardKernel kernel = prepare_kronecker_hadamard(t);
+  EXPECT_THROW(kronecker_hadamard_blocks(kernel, x.data(), 1, 12), UsageError);  // 8 does not divide 12
+  EXPECT_THROW(kronecker_hadamard_blocks(kernel, nullptr, 1, 8), UsageError);
   const std::vector<int64_t> short_perm{0, 1, 2};
-  EXPECT_THROW(prepare::prepare_kronecker_hadamard(f, short_perm, false, 1.0), UsageError);
+  EXPECT_THROW(quant::kronecker_hadamard_steps(f, short_perm, false, 1.0), UsageError);
 }
 
 TEST(Hadamard, RejectsBadBlocks) {

@@ -3,8 +3,9 @@
 // host-only checks of the GPU weight layout, which run everywhere.
 //
 // Harness: scheme (NVFP4 divisor, NVFP4 multiplier, MXFP4, W4A4 emulation, Dense bf16) × N ∈ {72, 200} ×
-// K ∈ {64, 576, 4096} × M ∈ {1, 3, 16, 17, 64, 200}, seeded random checkpoint tensors (tests/prepare/
-// checkpoint_tensors.h) repacked by src/prepare, random bias. The GPU takes bf16 activations; the CPU is given the
+// K ∈ {64, 576, 4096} × M ∈ {1, 3, 16, 17, 64, 200}, seeded random checkpoint tensors (tests/quant/
+// checkpoint_tensors.h), uploaded from checkpoint order (quant/linear_weights.h) and, for the CPU, repacked by
+// backends/cpu/prepare; random bias. The GPU takes bf16 activations; the CPU is given the
 // same bf16-rounded values as fp32, so the activation rounding cancels and both sides multiply exactly the same
 // numbers: every weight is exact in bf16 and fp32 (E2M1·E4M3, E2M1·2^e, bf16), every product x·w is exact in
 // fp32. What remains is the order and precision of the fp32 accumulation (the tensor cores add in their own
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -33,14 +35,14 @@
 #include "backends/cuda/kernels/linear_cuda.h"
 #include "backends/cuda/kernels/native_fp4.h"
 #include "fp4serve/error.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "backends/cpu/prepare/repack.h"
 #include "quant/formats.h"
 
 namespace fp4serve::kernels::cuda {
 namespace {
 
-using prepare::GlobalScaleConvention;
+using quant::GlobalScaleConvention;
 using prepare::PreparedLinear;
 using testing::Layer;
 
@@ -59,41 +61,66 @@ const char* scheme_name(Scheme s) {
 
 struct TestLayer {
   Layer checkpoint;
-  PreparedLinear prepared;
+  quant::LinearWeights weights;  // checkpoint order: what the GPU upload reads
+  PreparedLinear prepared;       // the same weights in the CPU oracle's layout
 };
 
 TestLayer make_layer(Scheme s, std::mt19937& rng, int64_t n, int64_t k, bool with_bias) {
   TestLayer t;
+  quant::WeightRows rows;
+  rows.name = "test";
+  t.weights.encoding = quant::WeightEncoding::Fp4;
   switch (s) {
     case Scheme::Nvfp4Divisor:
     case Scheme::W4A4:
       t.checkpoint = testing::make_nvfp4(rng, n, k, true);
-      t.prepared = prepare::prepare_nvfp4(t.checkpoint.weight.view(), t.checkpoint.scale.view(),
-                                          t.checkpoint.global_scale, GlobalScaleConvention::Divisor, "test");
-      if (s == Scheme::W4A4) prepare::set_input_global_scale(t.prepared, 448.f * 6.f / 3.7f, GlobalScaleConvention::Divisor);
+      t.weights.convention = GlobalScaleConvention::Divisor;
+      if (s == Scheme::W4A4) quant::set_input_global_scale(t.weights, 448.f * 6.f / 3.7f, GlobalScaleConvention::Divisor);
       break;
     case Scheme::Nvfp4Multiplier:
       t.checkpoint = testing::make_nvfp4(rng, n, k, false);
-      t.prepared = prepare::prepare_nvfp4(t.checkpoint.weight.view(), t.checkpoint.scale.view(),
-                                          t.checkpoint.global_scale, GlobalScaleConvention::Multiplier, "test");
+      t.weights.convention = GlobalScaleConvention::Multiplier;
       break;
     case Scheme::Mxfp4:
       t.checkpoint = testing::make_mxfp4(rng, n, k);
-      t.prepared = prepare::prepare_mxfp4(t.checkpoint.weight.view(), t.checkpoint.scale.view(), "test");
+      t.weights.block_format = quant::BlockFormat::Mxfp4;
       break;
     case Scheme::DenseBf16:
       t.checkpoint = testing::make_dense(rng, n, k, core::DType::BF16);
-      t.prepared = prepare::prepare_dense(t.checkpoint.weight.view(), "test");
+      t.weights.encoding = quant::WeightEncoding::Dense;
       break;
   }
+  rows.weight = t.checkpoint.weight.view();
+  if (s != Scheme::DenseBf16) rows.weight_scale = t.checkpoint.scale.view();
+  if (s != Scheme::DenseBf16 && s != Scheme::Mxfp4) rows.global_scale = t.checkpoint.global_scale;
+  t.weights.in_features = k;
   if (with_bias) {
-    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    std::vector<std::byte> bytes(static_cast<size_t>(n) * sizeof(uint16_t));
     std::normal_distribution<float> dist(0.f, 0.5f);
-    for (auto& b : bits) b = testing::bf16_rne(dist(rng));
-    const auto bias = testing::OwnedTensor::from(core::DType::BF16, {n}, bits);
-    prepare::attach_bias(t.prepared, bias.view(), "test.bias");
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = testing::bf16_rne(dist(rng));
+      std::memcpy(bytes.data() + i * sizeof b, &b, sizeof b);
+    }
+    rows.bias = t.weights.keep(std::move(bytes), core::DType::BF16, {n});
+    rows.has_bias = true;
   }
+  t.weights.rows.push_back(std::move(rows));
+  t.prepared = prepare::prepare_linear(t.weights);
   return t;
+}
+
+// An int4 layer [8, 64] in checkpoint order (no CUDA kernel takes it).
+quant::LinearWeights int4_weights(const Layer& l) {
+  quant::LinearWeights w;
+  w.encoding = quant::WeightEncoding::Int4;
+  w.in_features = 64;
+  w.group_size = 32;
+  quant::WeightRows rows;
+  rows.name = "t";
+  rows.weight = l.weight.view();
+  rows.weight_scale = l.scale.view();
+  w.rows.push_back(std::move(rows));
+  return w;
 }
 
 // ---- Host-only: the GPU layout (gpu_layout.h) read back with the documented index formulas ----------------
@@ -102,7 +129,7 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
   SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "MXFP4") << " N " << n << " K " << k);
   std::mt19937 rng(static_cast<unsigned>(n * 1000 + k));
   const TestLayer t = make_layer(nvfp4 ? Scheme::Nvfp4Divisor : Scheme::Mxfp4, rng, n, k, false);
-  const PackedFp4 p = pack_fp4_for_gpu(t.prepared);
+  const PackedFp4 p = pack_fp4_for_gpu(t.weights);
   const int64_t group = nvfp4 ? 16 : 32;
   ASSERT_EQ(p.block_format, t.prepared.block_format);
   ASSERT_EQ(p.group_size, group);
@@ -159,26 +186,32 @@ TEST(CudaGpuLayout, CodesAndScalesLandWhereTheLayoutSays) {
   check_layout(false, 33, 96);
 }
 
-// The repack reads the group size from the block format's row; a layer prepared with another one is refused
-// instead of being read with the wrong scale index.
-TEST(CudaGpuLayout, RefusesAGroupSizeThatDisagreesWithTheFormat) {
+// A block scale tensor whose shape does not match the format's group (here [N, K/32] for NVFP4) is refused with
+// the tensor named, instead of being read with the wrong scale index.
+TEST(CudaGpuLayout, RefusesScalesOfAnotherGroupSize) {
   std::mt19937 rng(11);
   TestLayer t = make_layer(Scheme::Nvfp4Divisor, rng, 16, 64, false);
-  t.prepared.group_size = 32;
-  EXPECT_THROW(pack_fp4_for_gpu(t.prepared), UsageError);
+  t.weights.rows[0].weight_scale.shape = {16, 2};
+  t.weights.rows[0].weight_scale.bytes = t.weights.rows[0].weight_scale.bytes.first(32);
+  try {
+    pack_fp4_for_gpu(t.weights);
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("block scale"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaGpuLayout, RefusesLayoutsWithoutAnFp4Kernel) {
   std::mt19937 rng(5);
   const TestLayer dense = make_layer(Scheme::DenseBf16, rng, 8, 32, false);
-  EXPECT_THROW(pack_fp4_for_gpu(dense.prepared), UnsupportedError);
+  EXPECT_THROW(pack_fp4_for_gpu(dense.weights), UnsupportedError);
   const Layer l = testing::make_int4(rng, 8, 64, 32, false, false);
-  const PreparedLinear int4 = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, 64, 32, "t");
+  const quant::LinearWeights int4 = int4_weights(l);
   try {
     pack_fp4_for_gpu(int4);
     FAIL() << "expected UnsupportedError";
   } catch (const UnsupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("Int4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("INT4"), std::string::npos) << e.what();
   }
 }
 
@@ -205,7 +238,7 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
 
   std::mt19937 rng(21);
   const TestLayer t = make_layer(Scheme::Nvfp4Divisor, rng, 72, 576, false);
-  const NativeFp4Weight native = pack_native_fp4(t.prepared);
+  const NativeFp4Weight native = pack_native_fp4(t.weights);
   const auto* ck_codes = reinterpret_cast<const uint8_t*>(t.checkpoint.weight.data.data());
   const auto* ck_scales = reinterpret_cast<const uint8_t*>(t.checkpoint.scale.data.data());
   ASSERT_EQ(native.codes.size(), t.checkpoint.weight.data.size());
@@ -217,7 +250,7 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
   }
   // MXFP4 (cuBLASLt VEC32_UE8M0): the same layout with one E8M0 exponent per 32, as stored.
   const TestLayer mx = make_layer(Scheme::Mxfp4, rng, 40, 352, false);
-  const NativeFp4Weight mx_native = pack_native_fp4(mx.prepared);
+  const NativeFp4Weight mx_native = pack_native_fp4(mx.weights);
   const auto* mx_codes = reinterpret_cast<const uint8_t*>(mx.checkpoint.weight.data.data());
   const auto* mx_scales = reinterpret_cast<const uint8_t*>(mx.checkpoint.scale.data.data());
   ASSERT_EQ(mx_native.codes.size(), mx.checkpoint.weight.data.size());
@@ -229,7 +262,7 @@ TEST(CudaNativeFp4Layout, ScaleTilingIsABijectionAndPackingKeepsCheckpointBytes)
     }
   }
   const TestLayer dense = make_layer(Scheme::DenseBf16, rng, 8, 32, false);
-  EXPECT_THROW(pack_native_fp4(dense.prepared), UsageError);
+  EXPECT_THROW(pack_native_fp4(dense.weights), UnsupportedError);
 }
 
 // ---- GPU: consistency with the CPU ------------------------------------------------------------------------
@@ -267,7 +300,7 @@ void compare(Scheme s, const TestLayer& t, int64_t m, std::mt19937& rng, Stream&
   std::vector<float> wd(static_cast<size_t>(n * k));
   kernels::dequantize(w, wd.data());
 
-  const DeviceLinear dw = upload_linear(w, stream);
+  const DeviceLinear dw = upload_linear(t.weights, stream);
   auto dx = DeviceBuffer<bf16>::from_host(to_bf16(x));
   DeviceBuffer<float> dy_f(static_cast<size_t>(m * n));
   DeviceBuffer<bf16> dy_b(static_cast<size_t>(m * n));
@@ -386,7 +419,7 @@ TEST(CudaLinear, BadArgumentsAreUsageErrors) {
   std::mt19937 rng(11);
   Stream stream;
   const TestLayer t = make_layer(Scheme::Nvfp4Divisor, rng, 16, 64, false);
-  const DeviceLinear dw = upload_linear(t.prepared, stream);
+  const DeviceLinear dw = upload_linear(t.weights, stream);
   DeviceBuffer<bf16> x(64 * 2 + 8);
   DeviceBuffer<float> y(32);
   EXPECT_THROW(linear(dw, x.data(), -1, y.data(), stream), UsageError);
@@ -397,7 +430,7 @@ TEST(CudaLinear, BadArgumentsAreUsageErrors) {
   EXPECT_THROW(linear_w4a4_emulated(dw, x.data(), 1, y.data(), scratch, stream), UsageError);  // no igs
   EXPECT_THROW(quantize_activations_nvfp4(x.data(), 1, 24, 1.f, x.data(), stream), UsageError);
   const Layer l = testing::make_int4(rng, 8, 64, 32, false, false);
-  const PreparedLinear int4 = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, 64, 32, "t");
+  const quant::LinearWeights int4 = int4_weights(l);
   EXPECT_THROW(upload_linear(int4, stream), UnsupportedError);
 }
 
@@ -408,7 +441,7 @@ TEST(CudaLinear, W4A4DispatchMatchesCpu) {
   std::mt19937 rng(13);
   Stream stream;
   const TestLayer t = make_layer(Scheme::W4A4, rng, 200, 576, true);
-  const DeviceLinear dw = upload_linear(t.prepared, stream);
+  const DeviceLinear dw = upload_linear(t.weights, stream);
   EXPECT_EQ(!dw.native_codes.empty(), native_fp4_available(*device));
   for (const int64_t m : {1, 17, 200}) {
     std::vector<float> x(static_cast<size_t>(m * 576));

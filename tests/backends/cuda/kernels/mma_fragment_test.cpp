@@ -17,8 +17,8 @@
 
 #include "backends/cuda/kernels/fp4_math.h"
 #include "backends/cuda/kernels/gpu_layout.h"
-#include "prepare/checkpoint_tensors.h"
-#include "prepare/repack.h"
+#include "quant/checkpoint_tensors.h"
+#include "quant/linear_weights.h"
 #include "quant/block_format.h"
 #include "quant/formats.h"
 
@@ -103,10 +103,9 @@ void check(bool nvfp4, int64_t n, int64_t k, int64_t m) {
   SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "MXFP4") << " N " << n << " K " << k << " M " << m);
   std::mt19937 rng(static_cast<unsigned>(n + 7 * k + 31 * m));
   const testing::Layer l = nvfp4 ? testing::make_nvfp4(rng, n, k, true) : testing::make_mxfp4(rng, n, k);
-  const prepare::PreparedLinear w =
-      nvfp4 ? prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
-                                     prepare::GlobalScaleConvention::Divisor, "t")
-            : prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+  const quant::LinearWeights w =
+      quant::fp4_view_weights(nvfp4 ? quant::BlockFormat::Nvfp4 : quant::BlockFormat::Mxfp4, l.weight.view(),
+                              l.scale.view(), l.global_scale, quant::GlobalScaleConvention::Divisor, "t");
   std::vector<float> x(static_cast<size_t>(m * k));
   std::normal_distribution<float> dist(0.f, 1.f);
   for (auto& v : x) v = quant::bf16_to_float(quant::float_to_bf16(dist(rng)));

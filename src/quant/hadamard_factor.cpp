@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "prepare/hadamard_factor.h"
+#include "quant/hadamard_factor.h"
 
 #include <bit>
 #include <cmath>
@@ -9,9 +9,8 @@
 
 #include "core/tensor_view.h"
 #include "fp4serve/error.h"
-#include "prepare/repack.h"
 
-namespace fp4serve::prepare {
+namespace fp4serve::quant {
 namespace {
 
 inline double sylvester(int64_t h, int64_t g) {
@@ -89,18 +88,18 @@ double transform_storage_rel_tol(core::DType dtype) {
       fmt::format("transform_storage_rel_tol: {} is not a transform matrix dtype", core::dtype_name(dtype)));
 }
 
-PreparedKroneckerHadamard prepare_kronecker_hadamard(const KroneckerHadamardFactors& f, std::span<const int64_t> perm,
+KroneckerHadamardSteps kronecker_hadamard_steps(const KroneckerHadamardFactors& f, std::span<const int64_t> perm,
                                                      bool inverse, double scale) {
   const int64_t n = f.k * f.p;
   if (!perm.empty() && perm.size() != static_cast<size_t>(n)) {
-    throw UsageError(fmt::format("prepare_kronecker_hadamard: a perm of {} entries for n = {}", perm.size(), n));
+    throw UsageError(fmt::format("kronecker_hadamard_steps: a perm of {} entries for n = {}", perm.size(), n));
   }
   auto pi = [&](int64_t i) { return perm.empty() ? i : perm[static_cast<size_t>(i)]; };
   // out_j = scale · Σ_i x_i · W[π(i)][π(j)] = scale · (y·W)[π(j)] with y[π(i)] = x_i; inverse: (y·Wᵀ)[π(j)],
   // Wᵀ = diag(right)·(Aᵀ ⊗ H_p)·diag(left), so the sign sides swap and A is transposed.
   const std::vector<int8_t>& first = inverse ? f.right : f.left;
   const std::vector<int8_t>& last = inverse ? f.left : f.right;
-  PreparedKroneckerHadamard t;
+  KroneckerHadamardSteps t;
   t.n = n;
   t.p = f.p;
   t.k = f.k;
@@ -128,13 +127,9 @@ PreparedKroneckerHadamard prepare_kronecker_hadamard(const KroneckerHadamardFact
         lin[static_cast<size_t>(r * f.k + c)] = static_cast<float>(v);
       }
     }
-    core::TensorView view;
-    view.dtype = core::DType::F32;
-    view.shape = {f.k, f.k};
-    view.bytes = std::as_bytes(std::span<const float>(lin));
-    t.mix = std::make_shared<const PreparedLinear>(prepare_dense(view, "kronecker-hadamard factor"));
+    t.mix = std::move(lin);
   }
   return t;
 }
 
-}  // namespace fp4serve::prepare
+}  // namespace fp4serve::quant

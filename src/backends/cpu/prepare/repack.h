@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Checkpoint tensors (docs/FORMATS.md layouts) → PreparedLinear (kernel layout), once at load.
+// Checkpoint tensors (docs/FORMATS.md layouts) → PreparedLinear (the CPU kernels' layout), once at load: the CPU
+// backend's repack of the checkpoint-order weights the model hands it (quant/linear_weights.h, prepare_linear).
 // Every function validates dtypes and shapes first and throws FormatError naming `name` (the module path,
 // e.g. "model.layers.0.self_attn.q_proj") with the expected and the found value; nothing is read out of bounds.
 #pragma once
@@ -10,9 +11,14 @@
 #include <vector>
 
 #include "core/tensor_view.h"
-#include "prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 namespace fp4serve::prepare {
+
+/// The CPU layout of a layer in checkpoint order: each row block prepared by the function of its encoding below
+/// (with its bias and the layer's input_global_scale), then concatenated (concat_rows). Throws what those throw.
+PreparedLinear prepare_linear(const quant::LinearWeights& w);
 
 /// A block format (quant/block_format.h): compressed-tensors `<format>-pack-quantized`, ModelOpt NVFP4 /
 /// W4A16_NVFP4, GPT-OSS blocks reshaped to 2-D (FORMATS.md §2.1, §2.2, §3.2, §5).

@@ -4,33 +4,11 @@
 #include <cstring>
 #include <span>
 
-#include "prepare/repack.h"
-#include "prepare/repack_util.h"
+#include "backends/cpu/prepare/repack.h"
+#include "backends/cpu/prepare/repack_util.h"
 
 namespace fp4serve::prepare {
 namespace {
-
-using detail::fail;
-
-// Shared shape logic: returns K after checking weight_packed [N, K/2] U8 and weight_scale [N, K/group].
-int64_t check_fp4_shapes(const core::TensorView& packed, const core::TensorView& scale, int64_t group,
-                         std::span<const core::DType> scale_dtypes, std::string_view name) {
-  detail::check_dtype(packed, {core::DType::U8}, name, "packed FP4 weight");
-  if (packed.shape.size() != 2 || packed.shape[0] == 0 || packed.shape[1] == 0) {
-    fail(name, "packed FP4 weight",
-         fmt::format("has shape {}, expected [N, K/2] with N, K > 0", core::shape_to_string(packed.shape)));
-  }
-  const int64_t n = packed.shape[0];
-  const int64_t k = packed.shape[1] * 2;
-  if (k % group != 0) {
-    fail(name, "packed FP4 weight",
-         fmt::format("has K = {} (shape {}), which is not a multiple of the scale group size {}", k,
-                     core::shape_to_string(packed.shape), group));
-  }
-  detail::check_dtype(scale, scale_dtypes, name, "block scale");
-  detail::check_shape(scale, {n, k / group}, name, "block scale");
-  return k;
-}
 
 // Interleaves the codes of [N, K/2] bytes into tile pairs [T/2][K/8][2][32] (prepared_linear.h).
 void interleave_fp4(const core::TensorView& packed, PreparedLinear& w) {
@@ -71,22 +49,7 @@ PreparedLinear prepare_fp4(quant::BlockFormat format, const core::TensorView& we
                            std::string_view name) {
   const quant::BlockFormatTraits& f = quant::block_format_traits(format);
   const int64_t g = f.group_size;
-  const int64_t k = check_fp4_shapes(weight_packed, weight_scale, g, f.scale_dtypes, name);
-  if (f.global_scale && (!std::isfinite(global_scale) || global_scale <= 0.f)) {
-    const char* role = convention == GlobalScaleConvention::Divisor ? "weight_global_scale" : "weight_scale_2";
-    fail(name, role, fmt::format("is {}, expected a finite value > 0", global_scale));
-  }
-  // E4M3 has NaN codes (0x7F/0xFF), which no reference produces; E8M0's 255 decodes to +inf as in the references.
-  const auto* scale_bytes = reinterpret_cast<const uint8_t*>(weight_scale.bytes.data());
-  if (f.scale == quant::ElementFormat::E4M3) {
-    for (size_t i = 0; i < weight_scale.bytes.size(); ++i) {
-      if ((scale_bytes[i] & 0x7F) == 0x7F) {
-        fail(name, "block scale",
-             fmt::format("[{}, {}] is NaN (E4M3 byte 0x{:02X})", static_cast<int64_t>(i) / (k / g),
-                         static_cast<int64_t>(i) % (k / g), scale_bytes[i]));
-      }
-    }
-  }
+  const int64_t k = quant::check_fp4_rows(format, weight_packed, weight_scale, global_scale, convention, name);
   PreparedLinear w;
   detail::init_tiles(w, WeightLayout::Fp4, weight_packed.shape[0], k, g, static_cast<size_t>(k / 2) * kTileRows,
                      static_cast<size_t>(k / g) * kTileRows, 0);

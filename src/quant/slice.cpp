@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "prepare/slice.h"
+#include "quant/slice.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "core/dtype.h"
 #include "fp4serve/error.h"
 
-namespace fp4serve::prepare {
+namespace fp4serve::quant {
 namespace {
 
 size_t element_bytes(const core::TensorView& t, std::string_view name) {
@@ -77,4 +77,4 @@ OwnedTensor slice_packed_int4_rows(const core::TensorView& t, int64_t begin, int
   return own(core::DType::I32, {words, cols}, std::move(bytes));
 }
 
-}  // namespace fp4serve::prepare
+}  // namespace fp4serve::quant

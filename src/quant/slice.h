@@ -12,7 +12,7 @@
 
 #include "core/tensor_view.h"
 
-namespace fp4serve::prepare {
+namespace fp4serve::quant {
 
 /// Owned bytes and a view over them (moving keeps the view valid, copying does not).
 struct OwnedTensor {
@@ -38,4 +38,4 @@ OwnedTensor slice_columns(const core::TensorView& t, int64_t begin, int64_t end,
 /// `name` for a dtype other than I32, a shape other than 2-D, or a range outside 0 … 8·rows.
 OwnedTensor slice_packed_int4_rows(const core::TensorView& t, int64_t begin, int64_t end, std::string_view name);
 
-}  // namespace fp4serve::prepare
+}  // namespace fp4serve::quant

@@ -13,24 +13,23 @@
 
 #include "core/tensor_view.h"
 #include "fp4serve/error.h"
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
+#include "quant/linear_weights.h"
 
 namespace fp4serve::prepare::detail {
 
-/// Throws FormatError "<name>: <role> <message>".
-[[noreturn]] void fail(std::string_view name, std::string_view role, const std::string& message);
-
-/// dtype ∈ allowed, byte count = ceil(numel · bits / 8); throws FormatError naming `name` and `role`.
-void check_dtype(const core::TensorView& t, std::span<const core::DType> allowed, std::string_view name,
-                 std::string_view role);
+// The tensor checks every device's repack shares (quant/linear_weights.h), under their short names here.
+[[noreturn]] inline void fail(std::string_view name, std::string_view role, const std::string& message) {
+  quant::fail_tensor(name, role, message);
+}
 inline void check_dtype(const core::TensorView& t, std::initializer_list<core::DType> allowed, std::string_view name,
                         std::string_view role) {
-  check_dtype(t, std::span<const core::DType>(allowed.begin(), allowed.size()), name, role);
+  quant::check_tensor_dtype(t, std::span<const core::DType>(allowed.begin(), allowed.size()), name, role);
 }
-
-/// Exact shape match; throws FormatError with expected and found shapes.
-void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
-                 std::string_view role);
+inline void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
+                        std::string_view role) {
+  quant::check_tensor_shape(t, expected, name, role);
+}
 
 /// padded rows and zeroed buffers for a layout with `code_bytes` and `scale_bytes` per tile.
 void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, int64_t group_size,

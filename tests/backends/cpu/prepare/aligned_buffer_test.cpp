@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 namespace fp4serve::prepare {
 namespace {

@@ -9,15 +9,13 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "core/dtype.h"
-#include "prepare/prepared_linear.h"
 
-namespace fp4serve::prepare {
+namespace fp4serve::quant {
 
 /// W[i][j] = left[i] · right[j] · A[i / p][j / p] · H_p[i % p][j % p], H_p[h][h'] = (−1)^popcount(h & h')
 /// (Sylvester), left/right ±1, normalized so that left[a·p] = right[a·p] = +1.
@@ -40,25 +38,26 @@ std::optional<KroneckerHadamardFactors> factor_kronecker_hadamard(std::span<cons
 /// Throws UsageError for any other dtype.
 double transform_storage_rel_tol(core::DType dtype);
 
-/// The kernel layout of value ← value · M̂ for M̂[i][j] = scale · W[π(i)][π(j)] (W the factored matrix, π the
+/// The steps of value ← value · M̂ for M̂[i][j] = scale · W[π(i)][π(j)] (W the factored matrix, π the
 /// stored permutation, identity when empty), transposed when `inverse` (model/online_transform.h), on one
-/// n-vector x (kernels::kronecker_hadamard_blocks):
+/// n-vector x (each backend runs them; the CPU: kernels::kronecker_hadamard_blocks):
 ///   f[q] = x[in_index[q]] · in_sign[q]                        (q = a·p + h; the permutation and one sign side)
 ///   f ← per p-block FWHT (unnormalized Sylvester)
 ///   z[h][a'] = Σ_a f[a·p + h] · B[a][a']                       (B = A, or Aᵀ when inverse; `mix`, k > 1 only)
 ///   x[j] = z_flat[out_index[j]] · out_scale[j]                 (z_flat = f when k = 1; the other signs, scale)
-struct PreparedKroneckerHadamard {
+struct KroneckerHadamardSteps {
   int64_t n = 0, p = 0, k = 0;
   std::vector<int32_t> in_index;   ///< [n]
   std::vector<float> in_sign;      ///< [n] ±1
   std::vector<int32_t> out_index;  ///< [n] into z [p, k] (k > 1) or f [n] (k = 1)
   std::vector<float> out_scale;    ///< [n] ±scale (×A[0][0] when k = 1)
-  /// k > 1: Dense F32 [k, k] with W_lin[a'][a] = B[a][a'], so kernels::linear(mix, f_t, p, z) is z = f_t · B.
-  std::shared_ptr<const PreparedLinear> mix;
+  /// k > 1: [k, k] row-major fp32 with mix[a'·k + a] = B[a][a'] (the weight W_lin of a Linear layer, so that
+  /// z = f_t · W_linᵀ = f_t · B); empty when k = 1.
+  std::vector<float> mix;
 };
 
 /// Throws UsageError when `perm` is neither empty nor of length n (the caller validates it is a permutation).
-PreparedKroneckerHadamard prepare_kronecker_hadamard(const KroneckerHadamardFactors& f, std::span<const int64_t> perm,
+KroneckerHadamardSteps kronecker_hadamard_steps(const KroneckerHadamardFactors& f, std::span<const int64_t> perm,
                                                      bool inverse, double scale);
 
-}  // namespace fp4serve::prepare
+}  // namespace fp4serve::quant

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "prepare/prepared_linear.h"
+#include "backends/cpu/prepare/prepared_linear.h"
 
 #include <sys/mman.h>
 
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <new>
 
-#include "prepare/repack_util.h"
+#include "backends/cpu/prepare/repack_util.h"
 #include "quant/formats.h"
 
 namespace fp4serve::prepare {
@@ -117,39 +117,6 @@ std::string_view format_label(const PreparedLinear& w) {
 }
 
 namespace detail {
-
-void fail(std::string_view name, std::string_view role, const std::string& message) {
-  throw FormatError(fmt::format("{}: {} {}", name, role, message));
-}
-
-void check_dtype(const core::TensorView& t, std::span<const core::DType> allowed, std::string_view name,
-                 std::string_view role) {
-  bool ok = false;
-  std::string expected;
-  for (core::DType d : allowed) {
-    ok = ok || d == t.dtype;
-    if (!expected.empty()) expected += " or ";
-    expected += core::dtype_name(d);
-  }
-  if (!ok) fail(name, role, fmt::format("has dtype {}, expected {}", core::dtype_name(t.dtype), expected));
-  for (int64_t d : t.shape) {
-    if (d < 0) fail(name, role, fmt::format("has a negative dimension in shape {}", core::shape_to_string(t.shape)));
-  }
-  const auto bits = static_cast<uint64_t>(core::dtype_bits(t.dtype));
-  const uint64_t need = (static_cast<uint64_t>(t.numel()) * bits + 7) / 8;
-  if (t.bytes.size() != need) {
-    fail(name, role, fmt::format("holds {} bytes, expected {} for shape {}", t.bytes.size(), need,
-                                 core::shape_to_string(t.shape)));
-  }
-}
-
-void check_shape(const core::TensorView& t, const std::vector<int64_t>& expected, std::string_view name,
-                 std::string_view role) {
-  if (t.shape != expected) {
-    fail(name, role, fmt::format("has shape {}, expected {}", core::shape_to_string(t.shape),
-                                 core::shape_to_string(expected)));
-  }
-}
 
 void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, int64_t group_size,
                 size_t code_bytes_per_tile, size_t scale_bytes_per_tile, size_t offset_bytes_per_tile) {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "prepare/repack.h"
-#include "prepare/repack_util.h"
+#include "backends/cpu/prepare/repack.h"
+#include "backends/cpu/prepare/repack_util.h"
 #include "quant/dequant.h"
 
 namespace fp4serve::prepare {

@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "prepare/repack.h"
-#include "prepare/repack_util.h"
+#include "backends/cpu/prepare/repack.h"
+#include "backends/cpu/prepare/repack_util.h"
 #include "quant/dequant.h"
 #include "quant/formats.h"
 
