@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 BUILD=build/aarch64
-SUITES=(backends/cpu/kernels/kernels_linear_test backends/cpu/kernels/kernel_ops_test prepare/prepare_test quant/quant_test model/model_test)
+SUITES=(backends/cpu/kernels/kernels_linear_test backends/cpu/kernels/kernel_ops_test backends/cpu/prepare/prepare_test quant/quant_test model/model_test)
 CPUS=("neon:max,sve=off" "sve-128:max,sve128=on" "sve-256:max,sve256=on")
 
 command -v aarch64-linux-gnu-g++ >/dev/null || { echo "test-arm: aarch64-linux-gnu-g++ missing (scripts/install-deps.sh --arm64)"; exit 2; }

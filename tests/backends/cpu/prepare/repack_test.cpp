@@ -4,6 +4,7 @@
 // own global scales, and rejects malformed tensors with a message naming the layer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -13,6 +14,7 @@
 #include "fp4serve/error.h"
 #include "quant/checkpoint_tensors.h"
 #include "backends/cpu/prepare/repack.h"
+#include "quant/linear_weights.h"
 
 namespace fp4serve::prepare {
 namespace {
@@ -409,6 +411,107 @@ TEST_F(RepackErrors, Fp8AndDenseBadTensors) {
   PreparedLinear w = prepare_dense(d.weight.view(), kName);
   const OwnedTensor bias = OwnedTensor::from(core::DType::F32, {5}, std::vector<float>(5, 1.f));
   EXPECT_THROW_WITH(attach_bias(w, bias.view(), kName), FormatError, "bias has shape [5], expected [6]");
+}
+
+// prepare_linear: the CPU's repack of checkpoint-order weights (quant/linear_weights.h). Row blocks of 16, 24 and 13
+// rows (ending inside tile pairs) with their own global scales and a bias on one block give exactly the layout of
+// their parts prepared one by one and concatenated, and each encoding reaches its own repack.
+TEST(PrepareLinear, StackedRowBlocksGiveTheirPartsConcatenated) {
+  std::mt19937 rng(41);
+  const Layer a = testing::make_nvfp4(rng, 16, 64, true);
+  const Layer b = testing::make_nvfp4(rng, 24, 64, true);
+  const Layer c = testing::make_nvfp4(rng, 13, 64, true);
+  const std::vector<float> bias_values = {0.5f, -2.f, 0.25f, 1.f, -0.75f, 3.f, -1.5f, 2.5f, 0.125f, -4.f, 1.75f,
+                                          -0.5f, 6.f, -3.25f, 0.375f, 5.f, -6.5f, 7.f, -0.125f, 0.625f, -1.f, 2.f,
+                                          -2.25f, 4.5f};
+  const OwnedTensor bias = OwnedTensor::from(core::DType::F32, {24}, bias_values);
+  std::vector<quant::LinearWeights> layers;
+  for (const Layer* l : {&a, &b, &c}) {
+    layers.push_back(quant::fp4_view_weights(quant::BlockFormat::Nvfp4, l->weight.view(), l->scale.view(),
+                                             l->global_scale, GlobalScaleConvention::Divisor, kName));
+  }
+  layers[1].rows[0].bias = bias.view();
+  layers[1].rows[0].has_bias = true;
+  for (quant::LinearWeights& l : layers) quant::set_input_global_scale(l, 2.5f, GlobalScaleConvention::Divisor);
+  const PreparedLinear stacked = prepare_linear(quant::stack_rows(std::move(layers)));
+
+  std::vector<PreparedLinear> parts;
+  for (const Layer* l : {&a, &b, &c}) {
+    parts.push_back(prepare_nvfp4(l->weight.view(), l->scale.view(), l->global_scale, GlobalScaleConvention::Divisor, kName));
+    parts.back().input_global_scale = 2.5f;
+  }
+  attach_bias(parts[1], bias.view(), kName);
+  const PreparedLinear fused = concat_rows(std::move(parts));
+  ASSERT_EQ(stacked.out_features, 53);
+  ASSERT_EQ(stacked.codes.size(), fused.codes.size());
+  EXPECT_EQ(std::memcmp(stacked.codes.data(), fused.codes.data(), fused.codes.size()), 0);
+  ASSERT_EQ(stacked.scales.size(), fused.scales.size());
+  EXPECT_EQ(std::memcmp(stacked.scales.data(), fused.scales.data(), fused.scales.size()), 0);
+  EXPECT_EQ(stacked.global_scale, fused.global_scale);
+  EXPECT_EQ(stacked.bias, fused.bias);
+  EXPECT_EQ(stacked.bias[16 + 5], 3.f);
+  EXPECT_EQ(stacked.bias[0], 0.f);
+  EXPECT_EQ(stacked.input_global_scale, 2.5f);
+  // The float64 reference of the checkpoint tensors, row by row across the blocks.
+  const auto out = dequant(stacked);
+  int64_t row = 0;
+  for (const Layer* l : {&a, &b, &c}) {
+    for (int64_t r = 0; r < l->n; ++r, ++row) {
+      for (int64_t k = 0; k < 64; ++k) {
+        const double want = l->w[static_cast<size_t>(r * 64 + k)];
+        ASSERT_NEAR(out[static_cast<size_t>(row * 64 + k)], want, 1e-6 * std::fabs(want)) << row << "," << k;
+      }
+    }
+  }
+}
+
+TEST(PrepareLinear, EachEncodingReachesItsRepack) {
+  std::mt19937 rng(43);
+  const auto same = [](const PreparedLinear& x, const PreparedLinear& y) {
+    return x.layout == y.layout && x.codes.size() == y.codes.size() &&
+           std::memcmp(x.codes.data(), y.codes.data(), x.codes.size()) == 0 && x.scales.size() == y.scales.size() &&
+           std::memcmp(x.scales.data(), y.scales.data(), x.scales.size()) == 0 && x.offsets.size() == y.offsets.size() &&
+           std::memcmp(x.offsets.data(), y.offsets.data(), x.offsets.size()) == 0 && x.k_perm == y.k_perm;
+  };
+  const auto one_block = [](quant::WeightEncoding e, const Layer& l, int64_t k) {
+    quant::LinearWeights w;
+    w.encoding = e;
+    w.in_features = k;
+    quant::WeightRows r;
+    r.name = kName;
+    r.weight = l.weight.view();
+    if (e != quant::WeightEncoding::Dense) r.weight_scale = l.scale.view();
+    r.zero_point = l.zero_point.view();
+    r.has_zero_point = l.has_zero_point;
+    r.g_idx = l.g_idx.view();
+    r.has_g_idx = l.has_g_idx;
+    w.rows.push_back(std::move(r));
+    return w;
+  };
+  const Layer mx = testing::make_mxfp4(rng, 9, 96);
+  quant::LinearWeights mxw = one_block(quant::WeightEncoding::Fp4, mx, 96);
+  mxw.block_format = quant::BlockFormat::Mxfp4;
+  EXPECT_TRUE(same(prepare_linear(mxw), prepare_mxfp4(mx.weight.view(), mx.scale.view(), kName)));
+  const Layer i4 = testing::make_int4(rng, 11, 128, 32, /*asym=*/true, /*actorder=*/true);
+  quant::LinearWeights i4w = one_block(quant::WeightEncoding::Int4, i4, 128);
+  i4w.group_size = 32;
+  const core::TensorView zp = i4.zero_point.view(), gi = i4.g_idx.view();
+  EXPECT_TRUE(same(prepare_linear(i4w), prepare_int4(i4.weight.view(), i4.scale.view(), &zp, &gi, 128, 32, kName)));
+  const Layer f8 = testing::make_fp8(rng, 10, 40, /*kind=channel*/ 1);
+  EXPECT_TRUE(same(prepare_linear(one_block(quant::WeightEncoding::Fp8, f8, 40)),
+                   prepare_fp8(f8.weight.view(), f8.scale.view(), {0, 0}, kName)));
+  const Layer d = testing::make_dense(rng, 7, 24, core::DType::BF16);
+  quant::LinearWeights dw = one_block(quant::WeightEncoding::Dense, d, 24);
+  EXPECT_TRUE(same(prepare_linear(dw), prepare_dense(d.weight.view(), kName)));
+  dw.requant = quant::DenseRequant::Int8Rows;
+  EXPECT_TRUE(same(prepare_linear(dw), prepare_dense_as_int8_rows(d.weight.view(), kName)));
+  dw.requant = quant::DenseRequant::Fp8Rows;
+  EXPECT_TRUE(same(prepare_linear(dw), prepare_dense_as_fp8_rows(d.weight.view(), kName)));
+  // A row block whose K is not the layer's is refused, naming the block.
+  dw.in_features = 32;
+  EXPECT_THROW_WITH(prepare_linear(dw), FormatError, "weight has 24 input features, the layer 32");
+  dw.rows.clear();
+  EXPECT_THROW(prepare_linear(dw), UsageError);
 }
 
 }  // namespace

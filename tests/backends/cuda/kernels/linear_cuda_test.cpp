@@ -125,13 +125,27 @@ quant::LinearWeights int4_weights(const Layer& l) {
 
 // ---- Host-only: the GPU layout (gpu_layout.h) read back with the documented index formulas ----------------
 
-void check_layout(bool nvfp4, int64_t n, int64_t k) {
-  SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "MXFP4") << " N " << n << " K " << k);
+// `blocks` row blocks (a fused q|k|v in checkpoint order: each block its own tensors) of `k` columns.
+void check_layout(bool nvfp4, const std::vector<int64_t>& blocks, int64_t k) {
+  int64_t n = 0;
+  for (const int64_t b : blocks) n += b;
+  SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "MXFP4") << " N " << n << " (" << blocks.size()
+                                    << " blocks) K " << k);
   std::mt19937 rng(static_cast<unsigned>(n * 1000 + k));
-  const TestLayer t = make_layer(nvfp4 ? Scheme::Nvfp4Divisor : Scheme::Mxfp4, rng, n, k, false);
-  const PackedFp4 p = pack_fp4_for_gpu(t.weights);
+  std::vector<Layer> layers;
+  std::vector<quant::LinearWeights> parts;
+  for (const int64_t b : blocks) {
+    layers.push_back(nvfp4 ? testing::make_nvfp4(rng, b, k, true) : testing::make_mxfp4(rng, b, k));
+  }
+  for (const Layer& l : layers) {
+    parts.push_back(quant::fp4_view_weights(nvfp4 ? quant::BlockFormat::Nvfp4 : quant::BlockFormat::Mxfp4,
+                                            l.weight.view(), l.scale.view(), l.global_scale,
+                                            GlobalScaleConvention::Divisor, "block"));
+  }
+  const quant::LinearWeights w = quant::stack_rows(std::move(parts));
+  const PackedFp4 p = pack_fp4_for_gpu(w);
   const int64_t group = nvfp4 ? 16 : 32;
-  ASSERT_EQ(p.block_format, t.prepared.block_format);
+  ASSERT_EQ(p.block_format, w.block_format);
   ASSERT_EQ(p.group_size, group);
   ASSERT_EQ(p.scale_slots(), nvfp4 ? 32 : 16);
   ASSERT_EQ(p.padded_rows % 16, 0);
@@ -140,8 +154,14 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
   ASSERT_LT(p.padded_rows, n + 16);
   ASSERT_GE(p.padded_cols, k);
   ASSERT_LT(p.padded_cols, k + 64);
-  const auto* ck_codes = reinterpret_cast<const uint8_t*>(t.checkpoint.weight.data.data());  // [N, K/2]
-  const auto* ck_scales = reinterpret_cast<const uint8_t*>(t.checkpoint.scale.data.data());  // [N, K/group]
+  // Row `row` of the layer: row `row - first` of the block it falls in, read from that block's checkpoint bytes.
+  const auto block_of = [&](int64_t row) -> std::pair<const Layer*, int64_t> {
+    for (const Layer& l : layers) {
+      if (row < l.n) return {&l, row};
+      row -= l.n;
+    }
+    return {nullptr, 0};
+  };
   const int64_t chunks = p.padded_cols / 64, slots = nvfp4 ? 32 : 16;
   std::set<std::pair<int64_t, int64_t>> seen;
   for (int64_t rt = 0; rt < p.padded_rows / 16; ++rt) {
@@ -156,7 +176,8 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
             const uint32_t got = (word >> (4 * i)) & 0xF;
             uint32_t want = 0;
             if (row < n && col < k) {
-              const uint8_t byte = ck_codes[row * k / 2 + col / 2];
+              const auto [l, r] = block_of(row);
+              const uint8_t byte = reinterpret_cast<const uint8_t*>(l->weight.data.data())[r * k / 2 + col / 2];
               want = col % 2 == 0 ? (byte & 0xFu) : static_cast<uint32_t>(byte >> 4);
               EXPECT_TRUE(seen.insert({row, col}).second) << "W[" << row << ", " << col << "] stored twice";
             }
@@ -169,7 +190,11 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
           const int64_t row = 16 * rt + g + 8 * half;
           const int64_t col = 64 * c + 16 * tq;
           const uint8_t got = p.scales[static_cast<size_t>(((rt * chunks + c) * slots + slot) * 2 + half)];
-          const uint8_t want = row < n && col < k ? ck_scales[row * (k / group) + col / group] : uint8_t{0};
+          uint8_t want = 0;
+          if (row < n && col < k) {
+            const auto [l, r] = block_of(row);
+            want = reinterpret_cast<const uint8_t*>(l->scale.data.data())[r * (k / group) + col / group];
+          }
           ASSERT_EQ(got, want) << "scale of row " << row << " col " << col;
         }
       }
@@ -180,10 +205,35 @@ void check_layout(bool nvfp4, int64_t n, int64_t k) {
 
 TEST(CudaGpuLayout, CodesAndScalesLandWhereTheLayoutSays) {
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{72, 64}, {13, 48}, {200, 576}, {5, 4096}}) {
-    check_layout(true, n, k);
-    if (k % 32 == 0) check_layout(false, n, k);
+    check_layout(true, {n}, k);
+    if (k % 32 == 0) check_layout(false, {n}, k);
   }
-  check_layout(false, 33, 96);
+  check_layout(false, {33}, 96);
+}
+
+// Fused layers reach the GPU as stacked row blocks in checkpoint order: blocks of 13, 24 and 7 rows (ending inside
+// 16-row tiles) land at their rows of the layer, and the native operands are the blocks' bytes back to back.
+TEST(CudaGpuLayout, StackedRowBlocksLandAtTheirRows) {
+  check_layout(true, {13, 24, 7}, 96);
+  check_layout(false, {8, 9}, 160);
+  std::mt19937 rng(23);
+  const Layer a = testing::make_nvfp4(rng, 5, 64, true), b = testing::make_nvfp4(rng, 3, 64, true);
+  std::vector<quant::LinearWeights> parts;
+  for (const Layer* l : {&a, &b}) {
+    parts.push_back(quant::fp4_view_weights(quant::BlockFormat::Nvfp4, l->weight.view(), l->scale.view(),
+                                            l->global_scale, GlobalScaleConvention::Divisor, "block"));
+  }
+  const NativeFp4Weight native = pack_native_fp4(quant::stack_rows(std::move(parts)));
+  ASSERT_EQ(native.codes.size(), a.weight.data.size() + b.weight.data.size());
+  EXPECT_EQ(std::memcmp(native.codes.data(), a.weight.data.data(), a.weight.data.size()), 0);
+  EXPECT_EQ(std::memcmp(native.codes.data() + a.weight.data.size(), b.weight.data.data(), b.weight.data.size()), 0);
+  for (int64_t r = 0; r < 8; ++r) {
+    const Layer& l = r < 5 ? a : b;
+    for (int64_t g = 0; g < 4; ++g) {
+      ASSERT_EQ(native.scales[static_cast<size_t>(block_scale_offset(r, g, 4))],
+                reinterpret_cast<const uint8_t*>(l.scale.data.data())[(r < 5 ? r : r - 5) * 4 + g]);
+    }
+  }
 }
 
 // A block scale tensor whose shape does not match the format's group (here [N, K/32] for NVFP4) is refused with
