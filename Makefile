@@ -4,7 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run check-demo test test-release test-asan test-arm fuzz fixtures clean bench-peer
+.PHONY: deps build build-cli run check-demo test test-release test-asan test-arm fuzz fixtures clean bench-peer bench-scale
 
 deps:
 	./scripts/install-deps.sh
@@ -77,6 +77,11 @@ check-demo: build-cli
 bench-peer: build-cli
 	./scripts/get-default-model.sh
 	./bench/peer/llamacpp.sh
+
+# The same comparison at real size on random weights (scripts/bench-scale.sh; SHAPE=llama-3.2-3b | llama-3.1-8b).
+SHAPE ?= llama-3.2-3b
+bench-scale: build-cli
+	./scripts/bench-scale.sh --shape $(SHAPE)
 
 # Regenerate the small fixtures that tools/ makes without heavy dependencies (numpy, ml_dtypes, safetensors).
 fixtures:

@@ -9,7 +9,7 @@
 #      device lacks), else uses a local build/release (a machine with our Debian packages, e.g. this one);
 #   2. inflates the tracked xz fixtures (Python's lzma) and, in the background on the CPU cores, builds a
 #      SmolLM2-135M-shaped model from random weights and the fixture SmolLM2 tokenizer
-#      (tools/make_random_llama.py, then `fp4serve quantize --scheme nvfp4a16`);
+#      (tools/make_random_model.py, then `fp4serve quantize --scheme nvfp4a16`);
 #   3. runs the CUDA test binaries (label `cuda`): device, layouts, ops, linear vs CPU, decoder parity on the
 #      reference fixtures (one row per fixture and prompt), teacher-forced greedy with the near-tie rule;
 #   4. runs bench_gemm_cuda: the FP4 kernels verified once against float64, then timed against cuBLAS bf16 and the
@@ -144,7 +144,7 @@ if [[ -n $bin ]]; then
   (
     set -e
     rm -rf "$work/smollm2-random-bf16" "$model"
-    python3 tools/make_random_llama.py --out "$work/smollm2-random-bf16" \
+    python3 tools/make_random_model.py --out "$work/smollm2-random-bf16" \
       --tokenizer tests/data/tokenizers/smollm2-real/tokenizer.json.xz
     "$bin/fp4serve" quantize -m "$work/smollm2-random-bf16" -o "$model" --scheme nvfp4a16
   ) >"$OUT/model.log" 2>&1 &

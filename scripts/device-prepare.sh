@@ -9,7 +9,7 @@
 #   tests.txt (the test binaries, in the order device-check.sh runs them), source_dir (the source path compiled
 #   into the tests, where they look for fixtures), built_on.
 # Then it checks that tree + bundle fit one call (64 MiB) and prints that call. The model is NOT staged: the check
-# builds a SmolLM2-shaped random model on the device (tools/make_random_llama.py + fp4serve quantize).
+# builds a SmolLM2-shaped random model on the device (tools/make_random_model.py + fp4serve quantize).
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)

@@ -5,7 +5,9 @@
 #
 # (--prepare-only: build, convert and quantize, no measurement. PEER_DIR, PEER_VENV and PEER_JOBS override the
 # work folder, the Python venv and the build parallelism; PEER_OMP_WAIT_POLICY=passive|active sets OpenMP's wait
-# policy for both tools, which otherwise wait as they do by default.)
+# policy for both tools, which otherwise wait as they do by default. PEER_SRC, PEER_NVFP4, PEER_MXFP4 and PEER_TAG
+# replace the default model's three folders and the GGUF names' prefix: scripts/bench-scale.sh runs it so on
+# full-size random models.)
 #
 # 1. llama.cpp is built from the llama-cpp-python 0.3.36 sdist on PyPI (it vendors llama.cpp), CPU only,
 #    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
@@ -31,9 +33,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PEER="${PEER_DIR:-$ROOT/build/peer}"
 FP4SERVE="$ROOT/build/release/fp4serve"
-SRC="$ROOT/models/default-src"
-NVFP4="$ROOT/models/default-nvfp4"
-MXFP4="$ROOT/models/default-mxfp4a16"
+SRC="${PEER_SRC:-$ROOT/models/default-src}"
+NVFP4="${PEER_NVFP4:-$ROOT/models/default-nvfp4}"
+MXFP4="${PEER_MXFP4:-$ROOT/models/default-mxfp4a16}"
+TAG="${PEER_TAG:-default}"
 VERSION=0.3.36
 THREADS="1 2"
 REPS=5
@@ -54,7 +57,7 @@ done
 log() { echo "peer: $*" >&2; }
 die() { echo "peer: error: $*" >&2; exit 1; }
 
-[ -f "$SRC/model.safetensors" ] || die "run scripts/get-default-model.sh first"
+[ -f "$SRC/config.json" ] || die "$SRC has no config.json: run scripts/get-default-model.sh first"
 mkdir -p "$PEER/gguf" "$PEER/results"
 
 # ---- the Python side: a venv for pip download (scikit-build-core reads the sdist's metadata) and the converter
@@ -97,14 +100,14 @@ if [ ! -x "$LBUILD/bin/llama-bench" ] || [ ! -x "$LBUILD/bin/llama-quantize" ]; 
 fi
 
 # ---- GGUFs
-F16="$PEER/gguf/default-f16.gguf"
+F16="$PEER/gguf/$TAG-f16.gguf"
 if [ ! -f "$F16" ]; then
     log "converting $SRC to F16 GGUF"
     "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$SRC" --outtype f16 --outfile "$F16.tmp" > "$PEER/convert.log" 2>&1
     mv "$F16.tmp" "$F16"
 fi
 quantize() {  # name, then llama-quantize arguments after the input/output pair
-    local out="$PEER/gguf/default-$1.gguf"
+    local out="$PEER/gguf/$TAG-$1.gguf"
     shift
     if [ ! -f "$out" ]; then
         "$LBUILD/bin/llama-quantize" "$@" "$F16" "$out.tmp" "${QTYPE}" > "$PEER/quantize-$(basename "$out").log" 2>&1
@@ -168,7 +171,7 @@ run_sample() {  # model spec, threads → "prefill_tps decode_tps [decode_tps_fr
         # fp4serve decodes after its prompt (positions P … P+N−1); llama-bench's tg test starts from an empty
         # context unless -d gives it a depth. Both depths run: prefill at 0, decode at P (the same work as
         # fp4serve's), and decode at 0 kept for reference.
-        env "${WAIT_ENV[@]}" "$LBUILD/bin/llama-bench" -m "$PEER/gguf/default-$name.gguf" -p "$PROMPT" -n "$GEN" \
+        env "${WAIT_ENV[@]}" "$LBUILD/bin/llama-bench" -m "$PEER/gguf/$TAG-$name.gguf" -p "$PROMPT" -n "$GEN" \
             -d "0,$PROMPT" -t "$t" -r 1 -o json 2> /dev/null |
             jq -r --argjson p "$PROMPT" '[(.[] | select(.n_gen == 0 and .n_depth == 0) | .avg_ts),
                 (.[] | select(.n_prompt == 0 and .n_depth == $p) | .avg_ts),
@@ -198,7 +201,7 @@ declare -A BYTES
 for spec in "${MODELS[@]}"; do
     IFS=: read -r kind name _ <<< "$spec"
     if [ "$kind" = llama ]; then
-        BYTES[$spec]=$(gguf_bytes "$PEER/gguf/default-$name.gguf")
+        BYTES[$spec]=$(gguf_bytes "$PEER/gguf/$TAG-$name.gguf")
     elif [ "$name" = nvfp4 ]; then
         BYTES[$spec]=$(st_bytes "$NVFP4")
     else
