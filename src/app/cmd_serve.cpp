@@ -40,7 +40,8 @@ struct ServeOptions {
   std::string served_model_name;
   server::HttpConfig http;
   server::SchedulerConfig scheduler;
-  int64_t kv_cache_mib = 4096;
+  double kv_cache_gib = 4.0;          ///< --kv-cache-memory: the block pool's bytes, in GiB
+  bool prefix_caching = true;         ///< --enable-prefix-caching / --no-enable-prefix-caching
   ChatTemplateOptions chat_template;
   std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
   std::string generation_config = "auto";              ///< --generation-config: auto | vllm | FOLDER
@@ -169,9 +170,11 @@ void run_serve(ServeOptions opts) {
     log_info("chat template content format: {}\n", format);
   }
 
-  const int slots = server::kv_slots_for_budget(loaded.config, context_length, opts.kv_cache_mib << 20,
-                                                opts.scheduler.max_num_seqs, loaded.kv_element);
-  server::DecoderStepModel step_model(run.model(), context_length, slots);
+  const auto budget_bytes = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  const int64_t blocks = server::kv_blocks_for_budget(loaded.config, context_length, budget_bytes, loaded.kv_element);
+  server::DecoderStepModel step_model(run.model(),
+                                      model::KvCacheSpec{context_length, opts.scheduler.max_num_seqs, blocks});
+  step_model.cache().set_prefix_caching(opts.prefix_caching);
   server::Metrics metrics;
   server::Scheduler scheduler(step_model, opts.scheduler, metrics);
   const std::string name = opts.served_model_name.empty() ? opts.model.model : opts.served_model_name;
@@ -185,9 +188,11 @@ void run_serve(ServeOptions opts) {
   scheduler.start();
   // The address is printed even with -q: with --port 0 it is the only way to learn the port.
   fmt::print(stderr, "serving '{}' on http://{}:{}\n", name, opts.http.host, port);
-  log_info("context {} | {} KV-cache slots ({} MiB budget, {}) | activations {} | {} tokens per step | queue {} | "
-           "{}\n",
-           context_length, slots, opts.kv_cache_mib, model::kv_cache_dtype_name(loaded.kv_element),
+  log_info("context {} | KV cache {} blocks of {} positions ({:.2f} GiB, {}; prefix caching {}) | up to {} sequences | "
+           "activations {} | {} tokens per step | queue {} | {}\n",
+           context_length, blocks, step_model.cache().block_size(), opts.kv_cache_gib,
+           model::kv_cache_dtype_name(loaded.kv_element), opts.prefix_caching ? "on" : "off",
+           opts.scheduler.max_num_seqs,
            prepare::activation_precision_name(loaded.activation_precision), opts.scheduler.max_num_batched_tokens,
            opts.scheduler.max_queue, thread_summary());
 
@@ -231,8 +236,12 @@ void register_serve(CLI::App& root) {
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-queue", opts->scheduler.max_queue, "waiting requests before 429")
       ->capture_default_str()->check(CLI::Range(0, 1 << 16));
-  cmd->add_option("--kv-cache-mib", opts->kv_cache_mib, "KV-cache memory budget; decides how many sequences run")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--kv-cache-memory", opts->kv_cache_gib,
+                  "GiB of keys and values in the KV block pool (blocks of 16 positions, taken as sequences grow); "
+                  "how many sequences run at once depends on how long they are")
+      ->capture_default_str()->check(CLI::Range(1.0 / 1024, 1048576.0));
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->prefix_caching,
+                "automatic prefix caching: full KV blocks are found again by their tokens and shared (default on)");
   cmd->add_option("--max-body-bytes", opts->http.max_body_bytes, "larger request bodies get 400")->capture_default_str();
   add_chat_template_options(*cmd, opts->chat_template);  // kwargs: defaults that a request's chat_template_kwargs override
   add_parsed_option(*cmd, "--chat-template-content-format", opts->content_format, parse_content_format,

@@ -9,11 +9,10 @@
 
 namespace fp4serve::model {
 
-FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers, int64_t max_seq_len, int max_slots,
-                        int64_t vocab) {
+FlatBatch flatten_batch(std::span<const SequenceChunk> batch, KvCache& cache, int64_t vocab) {
   FlatBatch flat;
   std::set<int> slots;
-  int64_t row0 = 0;
+  const int64_t max_seq_len = cache.max_seq_len(), bs = cache.block_size(), layers = cache.num_layers();
   for (const SequenceChunk& chunk : batch) {
     const auto t = static_cast<int64_t>(chunk.tokens.size());
     if (t == 0) throw UsageError("Decoder::forward: empty chunk");
@@ -21,8 +20,9 @@ FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers
       throw UsageError(fmt::format("Decoder::forward: sequence of {} tokens exceeds the cache length {}",
                                    chunk.start_pos + t, max_seq_len));
     }
-    if (chunk.slot < 0 || chunk.slot >= max_slots) {
-      throw UsageError(fmt::format("Decoder::forward: slot {} is outside the cache's {} slots", chunk.slot, max_slots));
+    if (chunk.slot < 0 || chunk.slot >= cache.max_slots()) {
+      throw UsageError(
+          fmt::format("Decoder::forward: slot {} is outside the cache's {} slots", chunk.slot, cache.max_slots()));
     }
     if (!slots.insert(chunk.slot).second) throw UsageError(fmt::format("Decoder::forward: slot {} appears twice", chunk.slot));
     for (int64_t i = 0; i < t; ++i) {
@@ -31,14 +31,27 @@ FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers
         throw UsageError(fmt::format("Decoder::forward: token id {} at position {} is outside the vocabulary [0, {})",
                                      id, chunk.start_pos + i, vocab));
       }
-      flat.ids.push_back(id);
-      flat.positions.push_back(chunk.start_pos + i);
-      flat.slots.push_back(chunk.slot);
-      flat.cache_rows.push_back(static_cast<int64_t>(chunk.slot) * num_layers * max_seq_len + chunk.start_pos + i);
     }
     if (chunk.first_logit_row < 0 || chunk.first_logit_row >= t) {
       throw UsageError(fmt::format("Decoder::forward: first_logit_row {} is outside the chunk's {} tokens",
                                    chunk.first_logit_row, t));
+    }
+  }
+  // Validated: now the blocks (a step that cannot get them fails before any op runs).
+  for (const SequenceChunk& chunk : batch) {
+    cache.acquire(chunk.slot);  // a caller that never acquired its slot (a single-sequence tool) gets it here
+    cache.prepare(chunk.slot, chunk.start_pos, static_cast<int64_t>(chunk.tokens.size()));
+  }
+  int64_t row0 = 0;
+  for (const SequenceChunk& chunk : batch) {
+    const auto t = static_cast<int64_t>(chunk.tokens.size());
+    const std::span<const int32_t> table = cache.block_table(chunk.slot);
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t pos = chunk.start_pos + i;
+      flat.ids.push_back(chunk.tokens[static_cast<size_t>(i)]);
+      flat.positions.push_back(pos);
+      flat.slots.push_back(chunk.slot);
+      flat.cache_rows.push_back(static_cast<int64_t>(table[static_cast<size_t>(pos / bs)]) * layers * bs + pos % bs);
     }
     for (int64_t i = chunk.all_logits ? chunk.first_logit_row : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
     row0 += t;

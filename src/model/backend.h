@@ -74,8 +74,9 @@ class BackendRope {
 };
 
 /// The host-side bookkeeping of one forward step: the batch flattened into token ids, positions, each token's
-/// KV-cache slot and row in layer 0 (slot · num_layers · max_seq_len + position; layer l adds l · max_seq_len)
-/// and the token rows whose logits are returned, in output order.
+/// KV-cache slot and row in layer 0 (block · num_layers · block_size + position % block_size, block = the slot's
+/// block table entry position / block_size; layer l adds l · block_size) and the token rows whose logits are
+/// returned, in output order.
 struct FlatBatch {
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;
@@ -90,11 +91,11 @@ struct FlatBatch {
   bool capturable = false;
 };
 
-/// Validates `batch` once for every backend and flattens it. Throws UsageError for an empty chunk, a chunk
-/// beyond the cache length (or with a negative start), a slot given twice or outside 0 … max_slots − 1, and a
-/// token id outside [0, vocab).
-FlatBatch flatten_batch(std::span<const SequenceChunk> batch, int64_t num_layers, int64_t max_seq_len, int max_slots,
-                        int64_t vocab);
+/// Validates `batch` once for every backend, gives each chunk's slot the blocks its positions need
+/// (KvCache::prepare) and flattens it. Throws UsageError for an empty chunk, a chunk beyond the cache length (or
+/// with a negative start), a slot given twice or not in use, a token id outside [0, vocab), and a pool without
+/// the blocks the step needs.
+FlatBatch flatten_batch(std::span<const SequenceChunk> batch, KvCache& cache, int64_t vocab);
 
 /// Options of one attention call (causal GQA with an optional sliding window and sinks).
 struct AttentionOp {
@@ -133,11 +134,11 @@ class Backend {
   virtual std::unique_ptr<BackendRope> upload_rope(RopeCache rope) = 0;
   /// Throws UnsupportedError naming `layer` when this backend's attention cannot run `op`'s shape (head_dim).
   virtual void check_attention(const AttentionOp& op, const std::string& layer) const = 0;
-  /// A KV cache of `max_slots` sequences × `max_seq_len` positions with its keys and values in this backend's
-  /// memory (the CPU: host memory in the backend's element; the GPU: its own fp32 layout). Throws
-  /// UsageError on bad sizes, DeviceError when it does not fit.
-  virtual KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                             int max_slots) const = 0;
+  /// A KV cache with `spec`'s block pool, its keys and values in this backend's memory (the CPU: host memory in
+  /// the backend's element; the GPU: its own fp32 layout). Throws UsageError on bad sizes, DeviceError when it
+  /// does not fit.
+  virtual KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                             const KvCacheSpec& spec) const = 0;
 
   // ---- per step -------------------------------------------------------------------------------------------
   /// Starts a step over `flat` (kept by reference until end_step) and checks that `cache` was made by this
@@ -168,7 +169,8 @@ class Backend {
   /// token's slot and position in `layer` of the step's cache.
   virtual void write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) = 0;
   /// Causal attention of one sequence's t query rows q[t, H_q, D] at positions start_pos … over `slot`'s keys and
-  /// values of `layer` (rows 0 … start_pos + t − 1 written), scores in fp32 with a max-subtracted softmax.
+  /// values of `layer` (positions 0 … start_pos + t − 1 written, read through the slot's block table), scores in
+  /// fp32 with a max-subtracted softmax.
   /// out: [t, H_q, D].
   virtual void attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
                          float* out) = 0;

@@ -171,8 +171,14 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
   rope_ = b.upload_rope(RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
 }
 
-KvCache Decoder::make_cache(int64_t max_seq_len, int max_slots) const {
-  return backend_->make_cache(config_.num_layers, num_kv_heads_, config_.head_dim, max_seq_len, max_slots);
+KvCache Decoder::make_cache(const KvCacheSpec& spec) const {
+  KvCacheSpec s = spec;
+  // Blocks a sliding window leaves behind return to the pool only when every layer slides (one table per
+  // sequence serves all layers).
+  int64_t window = 0;
+  for (const Layer& l : layers_) window = l.sliding_window > 0 && window >= 0 ? std::max(window, l.sliding_window) : -1;
+  s.sliding_window = std::max<int64_t>(window, 0);
+  return backend_->make_cache(config_.num_layers, num_kv_heads_, config_.head_dim, s);
 }
 
 std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCache& cache) const {
@@ -185,7 +191,7 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   const int64_t qkv_width = q_width + 2 * kv_width;
   const int64_t vocab = lm_head_->out_features;
 
-  FlatBatch flat = flatten_batch(batch, c.num_layers, cache.max_seq_len(), cache.max_slots(), c.vocab_size);
+  FlatBatch flat = flatten_batch(batch, cache, c.vocab_size);
   flat.capturable = flat.decode && capturable_ && observer_ == nullptr;
   const auto logit_rows = static_cast<int64_t>(flat.logit_rows.size());
   b.begin_step(flat, cache);
@@ -279,6 +285,8 @@ std::vector<float> Decoder::forward(std::span<const SequenceChunk> batch, KvCach
   if (c.logits_scaling != 1.0f) {
     for (float& v : logits) v /= c.logits_scaling;
   }
+  // The step's keys and values are written (a failed step records nothing): register its full blocks.
+  for (const SequenceChunk& chunk : batch) cache.commit(chunk.slot, chunk.start_pos, chunk.tokens);
   return logits;
 }
 

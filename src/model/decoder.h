@@ -46,8 +46,10 @@ class Decoder final : public ForwardModel {
 
   const ModelConfig& config() const override { return config_; }
 
-  /// A KV cache sized for this model in its backend's memory.
-  KvCache make_cache(int64_t max_seq_len, int max_slots) const override;
+  /// A KV cache sized for this model in its backend's memory; its sliding_window is the layers' window when
+  /// every layer has one (spec's is ignored).
+  using ForwardModel::make_cache;
+  KvCache make_cache(const KvCacheSpec& spec) const override;
 
   /// The ForwardModel step on the backend. Not thread-safe: the backend holds the step's scratch.
   std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const override;

@@ -29,13 +29,18 @@ class ForwardModel {
  public:
   virtual ~ForwardModel() = default;
   virtual const ModelConfig& config() const = 0;
-  /// A KV cache sized for this model, with its storage where this model's forward reads it (host or device).
-  virtual KvCache make_cache(int64_t max_seq_len, int max_slots) const = 0;
-  /// Runs the chunks through the model, appending their keys/values to the cache, and returns logits
+  /// A KV cache sized for this model (`spec`'s block pool), with its storage where this model's forward reads it
+  /// (host or device). Throws UsageError on bad sizes, DeviceError when it does not fit.
+  virtual KvCache make_cache(const KvCacheSpec& spec) const = 0;
+  /// make_cache({max_seq_len, max_slots}): a pool that holds every slot at full length.
+  KvCache make_cache(int64_t max_seq_len, int max_slots) const { return make_cache(KvCacheSpec{max_seq_len, max_slots}); }
+  /// Runs the chunks through the model, appending their keys/values to the cache (each chunk's slot gets the
+  /// blocks its positions need first: KvCache::prepare; after the step KvCache::commit records the tokens), and
+  /// returns logits
   /// [rows, vocab] fp32 on the host where rows = Σ (all_logits ? chunk size − first_logit_row : 1), in chunk
   /// order. Throws UsageError when a chunk is empty, has first_logit_row outside [0, size), exceeds the cache
-  /// length, names a slot twice or a token outside the vocabulary, or when `cache` was not made by this model's
-  /// make_cache.
+  /// length, names a slot twice or a token outside the vocabulary, when the cache runs out of blocks, or when `cache`
+  /// was not made by this model's make_cache.
   virtual std::vector<float> forward(std::span<const SequenceChunk> batch, KvCache& cache) const = 0;
 };
 

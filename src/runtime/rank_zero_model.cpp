@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,12 +19,15 @@ struct Header {
   uint32_t kind = 0;
   uint32_t cache_id = 0;
   int64_t a = 0;  // make_cache: max_seq_len; forward: chunks
-  int64_t b = 0;  // make_cache: max_slots; forward: tokens
+  int64_t b = 0;  // make_cache: max_slots; forward: tokens (then as many block-table entries as the chunks list)
   int64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 32);
 
-constexpr size_t kChunkFields = 5;  // slot, all_logits, start_pos, size, first_logit_row (int64 each)
+// slot, all_logits, start_pos, size, first_logit_row, block table entries (int64 each)
+constexpr size_t kChunkFields = 6;
+// make_cache payload: num_blocks, block_size, sliding_window (int64 each)
+constexpr size_t kCacheFields = 3;
 
 [[noreturn]] void fatal(const FatalHandler& on_fatal, dist::Communicator& comm, const std::exception& e) {
   if (on_fatal) on_fatal(e);
@@ -48,8 +53,9 @@ struct RankZeroModel::State {
 
 namespace {
 
-// The KvCache rank 0's callers hold: the bookkeeping they use (acquire/release) outside, this rank's real cache
-// inside, and the id the followers know their copy by.
+// The KvCache rank 0's callers hold: the block tables and prefix cache they use outside, this rank's real cache
+// inside (a mirror: its tables are assigned from the outer one every step, as on every follower), and the id the
+// followers know their copy by.
 class RankZeroCache final : public model::KvStorage {
  public:
   RankZeroCache(std::shared_ptr<RankZeroModel::State> owner, uint32_t cache_id, model::KvCache local_cache)
@@ -101,22 +107,25 @@ void RankZeroModel::shutdown() {
   state_->send(h);
 }
 
-model::KvCache RankZeroModel::make_cache(int64_t max_seq_len, int max_slots) const {
+model::KvCache RankZeroModel::make_cache(const model::KvCacheSpec& spec) const {
   if (!state_->open) throw UsageError("RankZeroModel::make_cache after shutdown: the followers have stopped");
   const uint32_t id = state_->next_cache_id++;
   if (state_->distributed()) {
     Header h;
     h.kind = static_cast<uint32_t>(Kind::kMakeCache);
     h.cache_id = id;
-    h.a = max_seq_len;
-    h.b = max_slots;
-    state_->send(h);
+    h.a = spec.max_seq_len;
+    h.b = spec.max_slots;
+    const std::array<int64_t, kCacheFields> fields{spec.num_blocks, spec.block_size, spec.sliding_window};
+    h.payload_bytes = static_cast<int64_t>(sizeof(fields));
+    state_->send(h, fields.data());
   }
-  model::KvCache local = local_.make_cache(max_seq_len, max_slots);
+  model::KvCache local = local_.make_cache(spec);
   const int64_t layers = local.num_layers(), kv_heads = local.num_kv_heads(), head_dim = local.head_dim();
   const model::KvCacheDtype element = local.element();
-  // The outer cache only keeps slot bookkeeping (its storage is the wrapper), so its sizes are the local ones.
-  return model::KvCache(layers, kv_heads, head_dim, max_seq_len, max_slots,
+  const model::KvCacheSpec resolved = local.spec();  // the local model's sliding window included
+  // The outer cache keeps the block tables (its storage is the wrapper), with the local sizes.
+  return model::KvCache(layers, kv_heads, head_dim, resolved,
                         std::make_unique<RankZeroCache>(state_, id, std::move(local)), element);
 }
 
@@ -132,21 +141,38 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
                                    rc->local.max_slots()));
     }
   }
+  // Rank 0's outer cache decides the blocks (a pool without them fails here, before any message); every rank's
+  // local cache then runs on a copy of its tables.
+  for (const auto& c : batch) {
+    if (c.tokens.empty() || c.start_pos < 0 || c.start_pos + static_cast<int64_t>(c.tokens.size()) > cache.max_seq_len()) {
+      break;  // the local forward refuses it on every rank alike
+    }
+    cache.acquire(c.slot);
+    cache.prepare(c.slot, c.start_pos, static_cast<int64_t>(c.tokens.size()));
+  }
+  const auto table_of = [&](int slot) { return cache.in_use(slot) ? cache.block_table(slot) : std::span<const int32_t>{}; };
   if (state_->distributed()) {
-    size_t tokens = 0;
+    size_t tokens = 0, entries = 0;
     for (const auto& c : batch) tokens += c.tokens.size();
     std::vector<int64_t> chunks;
     chunks.reserve(batch.size() * kChunkFields);
     for (const auto& c : batch) {
-      chunks.insert(chunks.end(),
-                    {c.slot, c.all_logits ? 1 : 0, c.start_pos, static_cast<int64_t>(c.tokens.size()), c.first_logit_row});
+      const auto table = static_cast<int64_t>(table_of(c.slot).size());
+      entries += static_cast<size_t>(table);
+      chunks.insert(chunks.end(), {c.slot, c.all_logits ? 1 : 0, c.start_pos, static_cast<int64_t>(c.tokens.size()),
+                                   c.first_logit_row, table});
     }
-    std::vector<unsigned char> payload(chunks.size() * sizeof(int64_t) + tokens * sizeof(int32_t));
+    std::vector<unsigned char> payload(chunks.size() * sizeof(int64_t) + (tokens + entries) * sizeof(int32_t));
     std::memcpy(payload.data(), chunks.data(), chunks.size() * sizeof(int64_t));
     size_t at = chunks.size() * sizeof(int64_t);
     for (const auto& c : batch) {
       std::memcpy(payload.data() + at, c.tokens.data(), c.tokens.size_bytes());
       at += c.tokens.size_bytes();
+    }
+    for (const auto& c : batch) {
+      const std::span<const int32_t> table = table_of(c.slot);
+      std::memcpy(payload.data() + at, table.data(), table.size_bytes());
+      at += table.size_bytes();
     }
     Header h;
     h.kind = static_cast<uint32_t>(Kind::kForward);
@@ -156,15 +182,21 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
     h.payload_bytes = static_cast<int64_t>(payload.size());
     state_->send(h, payload.data());
   }
-  for (const auto& c : batch) rc->local.acquire(c.slot);  // mirrors the caller's slot; false when already held
-  if (!state_->distributed()) return local_.forward(batch, rc->local);
-  try {
-    return local_.forward(batch, rc->local);
-  } catch (const UsageError&) {
-    throw;  // every follower raised the same from the same plan
-  } catch (const std::exception& e) {
-    fatal(state_->on_fatal, *state_->comm, e);
+  for (const auto& c : batch) rc->local.assign_table(c.slot, table_of(c.slot));  // mirrors the outer tables
+  std::vector<float> logits;
+  if (!state_->distributed()) {
+    logits = local_.forward(batch, rc->local);
+  } else {
+    try {
+      logits = local_.forward(batch, rc->local);
+    } catch (const UsageError&) {
+      throw;  // every follower raised the same from the same plan
+    } catch (const std::exception& e) {
+      fatal(state_->on_fatal, *state_->comm, e);
+    }
   }
+  for (const auto& c : batch) cache.commit(c.slot, c.start_pos, c.tokens);
+  return logits;
 }
 
 FollowerStats run_follower(const model::ForwardModel& local, dist::Communicator& comm, FatalHandler on_fatal) {
@@ -188,7 +220,14 @@ FollowerStats run_follower(const model::ForwardModel& local, dist::Communicator&
         return stats;
       case Kind::kMakeCache:
         try {
-          caches.insert_or_assign(h.cache_id, local.make_cache(h.a, static_cast<int>(h.b)));
+          std::array<int64_t, kCacheFields> fields{};
+          if (payload.size() != sizeof(fields)) {
+            throw FormatError(fmt::format("run_follower on rank {}: make_cache message of {} bytes (expected {})",
+                                          comm.rank(), payload.size(), sizeof(fields)));
+          }
+          std::memcpy(fields.data(), payload.data(), sizeof(fields));
+          caches.insert_or_assign(h.cache_id, local.make_cache(model::KvCacheSpec{h.a, static_cast<int>(h.b), fields[0],
+                                                                                  fields[1], fields[2]}));
           ++stats.caches_made;
         } catch (const UsageError&) {
           ++stats.usage_errors;  // rank 0's make_cache threw the same
@@ -203,14 +242,18 @@ FollowerStats run_follower(const model::ForwardModel& local, dist::Communicator&
         const auto it = caches.find(h.cache_id);
         const size_t n = static_cast<size_t>(h.a);
         const size_t header_bytes = n * kChunkFields * sizeof(int64_t);
+        std::vector<int64_t> fields(n * kChunkFields);
+        size_t entries = 0;
+        if (payload.size() >= header_bytes) {
+          std::memcpy(fields.data(), payload.data(), header_bytes);
+          for (size_t i = 0; i < n; ++i) entries += static_cast<size_t>(std::max<int64_t>(fields[i * kChunkFields + 5], 0));
+        }
         if (it == caches.end() || h.a < 0 || h.b < 0 ||
-            payload.size() != header_bytes + static_cast<size_t>(h.b) * sizeof(int32_t)) {
+            payload.size() != header_bytes + (static_cast<size_t>(h.b) + entries) * sizeof(int32_t)) {
           throw FormatError(fmt::format("run_follower on rank {}: forward message for cache {} ({} chunks, {} tokens, "
                                         "{} payload bytes) does not match this rank's state",
                                         comm.rank(), h.cache_id, h.a, h.b, payload.size()));
         }
-        std::vector<int64_t> fields(n * kChunkFields);
-        std::memcpy(fields.data(), payload.data(), header_bytes);
         const auto* tokens = reinterpret_cast<const int32_t*>(payload.data() + header_bytes);
         batch.clear();
         size_t at = 0;
@@ -222,7 +265,12 @@ FollowerStats run_follower(const model::ForwardModel& local, dist::Communicator&
         }
         ++stats.forwards;
         try {
-          for (const auto& c : batch) it->second.acquire(c.slot);
+          const auto* table = tokens + h.b;
+          for (size_t i = 0; i < n; ++i) {
+            const auto size = static_cast<size_t>(fields[i * kChunkFields + 5]);
+            it->second.assign_table(batch[i].slot, std::span<const int32_t>(table, size));
+            table += size;
+          }
           (void)local.forward(batch, it->second);
         } catch (const UsageError&) {
           ++stats.usage_errors;

@@ -7,9 +7,14 @@
 //
 // Protocol, over host memory (dist::Communicator::broadcast from rank 0): one fixed 32-byte header per message,
 // then its payload when it has one —
-//   make_cache  {cache id, max_seq_len, max_slots}            every rank makes its local cache
+//   make_cache  {cache id, max_seq_len, max_slots} + payload  [num_blocks, block_size, sliding_window] int64: every
+//                                                             rank makes its local cache (a mirror of rank 0's)
 //   forward     {cache id, chunks, tokens} + payload          [chunks × (slot, all_logits, start_pos, size,
-//                                                             first_logit_row)] int64, then Σ size token ids int32
+//                                                             first_logit_row, table size)] int64, then Σ size token
+//                                                             ids int32, then each chunk's block table int32
+// Rank 0's outer cache owns the block pool, the tables and the prefix cache; every rank's local cache (rank 0's
+// included) has the same pool size and is assigned the step's tables (KvCache::assign_table) before the forward,
+// so all ranks address the same blocks.
 //   drop_cache  {cache id}                                    the cache's KvCache was destroyed on rank 0
 //   shutdown    {}                                            run_follower returns
 #pragma once
@@ -45,7 +50,8 @@ class RankZeroModel final : public model::ForwardModel {
   RankZeroModel& operator=(const RankZeroModel&) = delete;
 
   const model::ModelConfig& config() const override { return local_.config(); }
-  model::KvCache make_cache(int64_t max_seq_len, int max_slots) const override;
+  using model::ForwardModel::make_cache;
+  model::KvCache make_cache(const model::KvCacheSpec& spec) const override;
   /// Broadcasts the plan, then runs the local forward; returns its logits [rows, vocab] fp32. Throws UsageError
   /// for a cache not made by this object, or as the local model does (every rank throws alike).
   std::vector<float> forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const override;

@@ -12,23 +12,22 @@
 
 namespace fp4serve::server {
 
-/// KV-cache slots that fit in `budget_bytes` when each reserves `max_seq_len` positions of keys and values stored
-/// as `element`s (model::LoadedModel::kv_element), capped at `max_num_seqs`. Throws UsageError naming the sizes
-/// when not even one slot fits.
-int kv_slots_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
-                        int max_num_seqs, model::KvCacheDtype element);
+/// Blocks of model::kDefaultKvBlockSize positions that fit in `budget_bytes` of keys and values stored as
+/// `element`s (model::LoadedModel::kv_element) for `config`'s layers and KV heads. Throws UsageError naming the
+/// sizes when the budget does not hold one sequence of `max_seq_len` positions.
+int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
+                             model::KvCacheDtype element, int64_t block_size = model::kDefaultKvBlockSize);
 
 class DecoderStepModel final : public StepModel {
  public:
-  /// A cache of `slots` sequences of `max_seq_len` positions made by `decoder` (memory is allocated when a slot
-  /// is first used).
+  /// A cache of `spec` made by `decoder` (its pool's memory is committed as blocks are first used).
+  DecoderStepModel(const model::ForwardModel& decoder, const model::KvCacheSpec& spec);
+  /// The same with spec {max_seq_len, slots}: a pool that holds every slot at full length.
   DecoderStepModel(const model::ForwardModel& decoder, int64_t max_seq_len, int slots);
 
   int64_t vocab_size() const override { return decoder_.config().vocab_size; }
-  int64_t max_seq_len() const override { return cache_.max_seq_len(); }
-  int max_slots() const override { return cache_.max_slots(); }
-  int acquire_slot() override { return cache_.acquire(); }
-  void release_slot(int slot) override { cache_.release(slot); }
+  model::KvCache& cache() override { return cache_; }
+  const model::KvCache& cache() const override { return cache_; }
   std::vector<float> forward(std::span<const StepChunk> chunks) override;
 
  private:

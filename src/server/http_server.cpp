@@ -330,7 +330,7 @@ void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req,
                                       config.shutdown_timeout_seconds));
     }
   }
-  const Usage usage{prompt_tokens, out.tokens()};
+  const Usage usage{prompt_tokens, out.tokens(), channel->cached_tokens()};
   json body = response_json(api.endpoint, make_id(api.endpoint), serve_limits.model_name,
                             static_cast<int64_t>(std::time(nullptr)), text, reason, usage,
                             api.return_token_ids ? &out.ids() : nullptr);
@@ -385,7 +385,7 @@ void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req
       piece += out.finish();
       data += chunk(piece, reason);
       if (api.include_usage) {
-        data += sse_event(usage_chunk_json(api.endpoint, id, model, created, {prompt_tokens, out.tokens()}));
+        data += sse_event(usage_chunk_json(api.endpoint, id, model, created, {prompt_tokens, out.tokens(), channel->cached_tokens()}));
       }
     } else if (!piece.empty() || out.has_pending()) {
       data += chunk(piece, std::nullopt);

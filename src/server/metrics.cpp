@@ -134,6 +134,16 @@ void Metrics::set_scheduler_state(int running, int waiting, int slots_used, int 
   cached_tokens_ = cached_tokens;
 }
 
+void Metrics::set_kv_state(int64_t blocks_used, int64_t blocks_total, int64_t prefix_queries, int64_t prefix_hits,
+                           int64_t preemptions) {
+  std::lock_guard lock(mutex_);
+  blocks_used_ = blocks_used;
+  blocks_total_ = blocks_total;
+  prefix_queries_ = prefix_queries;
+  prefix_hits_ = prefix_hits;
+  preemptions_ = preemptions;
+}
+
 void Metrics::set_waiting(int waiting) {
   std::lock_guard lock(mutex_);
   waiting_ = waiting;
@@ -178,8 +188,13 @@ std::string Metrics::render() const {
   header(out, "fp4serve_generation_tokens_total", "counter", "Generated tokens.");
   value("fp4serve_generation_tokens_total", generation_tokens_);
   header(out, "fp4serve_num_preemptions_total", "counter",
-         "Sequences preempted; always 0: a request waits in the queue until a whole KV-cache slot is free.");
-  value("fp4serve_num_preemptions_total", 0);
+         "Sequences preempted (their KV blocks freed, recomputed on resumption) when the block pool ran dry.");
+  value("fp4serve_num_preemptions_total", preemptions_);
+  header(out, "fp4serve_prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache on admission.");
+  value("fp4serve_prefix_cache_queries_total", prefix_queries_);
+  header(out, "fp4serve_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache on admission.");
+  value("fp4serve_prefix_cache_hits_total", prefix_hits_);
   struct Named {
     const char* name;
     const char* help;
@@ -205,11 +220,18 @@ std::string Metrics::render() const {
   header(out, "fp4serve_num_requests_waiting", "gauge", "Requests queued for admission.");
   value("fp4serve_num_requests_waiting", waiting_);
   header(out, "fp4serve_kv_cache_usage_perc", "gauge",
-         "Fraction of KV-cache slots in use (each slot reserves max-model-len positions).");
-  value("fp4serve_kv_cache_usage_perc", number(slots_total_ > 0 ? static_cast<double>(slots_used_) / slots_total_ : 0.0));
-  header(out, "fp4serve_kv_cache_slots_used", "gauge", "KV-cache slots held by running sequences.");
+         "Fraction of KV-cache blocks held by running sequences (of slots before the first step).");
+  const double usage = blocks_total_ > 0 ? static_cast<double>(blocks_used_) / static_cast<double>(blocks_total_)
+                       : slots_total_ > 0 ? static_cast<double>(slots_used_) / slots_total_
+                                          : 0.0;
+  value("fp4serve_kv_cache_usage_perc", number(usage));
+  header(out, "fp4serve_kv_cache_blocks_used", "gauge", "KV-cache blocks referenced by running sequences.");
+  value("fp4serve_kv_cache_blocks_used", blocks_used_);
+  header(out, "fp4serve_kv_cache_blocks_total", "gauge", "KV-cache blocks in the pool (--kv-cache-memory).");
+  value("fp4serve_kv_cache_blocks_total", blocks_total_);
+  header(out, "fp4serve_kv_cache_slots_used", "gauge", "Sequences holding KV-cache blocks.");
   value("fp4serve_kv_cache_slots_used", slots_used_);
-  header(out, "fp4serve_kv_cache_slots_total", "gauge", "KV-cache slots the memory budget allows.");
+  header(out, "fp4serve_kv_cache_slots_total", "gauge", "Sequences the KV cache may hold at once (--max-num-seqs).");
   value("fp4serve_kv_cache_slots_total", slots_total_);
   header(out, "fp4serve_kv_cache_tokens", "gauge", "Positions filled in the KV-cache slots in use.");
   value("fp4serve_kv_cache_tokens", cached_tokens_);

@@ -62,6 +62,10 @@ class Metrics {
   /// Scheduler state after each step: sequences in the running batch, waiting in the queue, KV-cache slots
   /// in use out of the total, and positions held in them.
   void set_scheduler_state(int running, int waiting, int slots_used, int slots_total, int64_t cached_tokens);
+  /// The paged KV cache after each step: blocks referenced by sequences out of the pool, prefix-cache tokens
+  /// queried and hit (vLLM's prefix_cache_queries / prefix_cache_hits) and preemptions since start.
+  void set_kv_state(int64_t blocks_used, int64_t blocks_total, int64_t prefix_queries, int64_t prefix_hits,
+                    int64_t preemptions);
   /// The queue length as soon as it changes on submit (the scheduler may be inside a long step).
   void set_waiting(int waiting);
 
@@ -90,6 +94,7 @@ class Metrics {
   int slots_used_ = 0;
   int slots_total_ = 0;
   int64_t cached_tokens_ = 0;
+  int64_t blocks_used_ = 0, blocks_total_ = 0, prefix_queries_ = 0, prefix_hits_ = 0, preemptions_ = 0;
 };
 
 }  // namespace fp4serve::server

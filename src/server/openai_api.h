@@ -105,6 +105,7 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  ///< prompt tokens served from the prefix cache (prompt_tokens_details.cached_tokens)
 };
 
 nlohmann::json usage_json(const Usage& usage);

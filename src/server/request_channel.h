@@ -71,11 +71,16 @@ class RequestChannel {
     cancelled_.store(true, std::memory_order_release);
   }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  /// Prompt tokens the scheduler found in the prefix cache when it first admitted the request (usage's
+  /// prompt_tokens_details.cached_tokens); set before the first token is pushed.
+  void set_cached_tokens(int64_t n) { cached_tokens_.store(n, std::memory_order_release); }
+  int64_t cached_tokens() const { return cached_tokens_.load(std::memory_order_acquire); }
   FinishReason cancel_reason() const { return cancel_reason_.load(std::memory_order_relaxed); }
 
  private:
   const SequenceRequest request_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> cached_tokens_{0};
   std::atomic<FinishReason> cancel_reason_{FinishReason::kAbort};
   std::mutex mutex_;
   std::condition_variable cv_;

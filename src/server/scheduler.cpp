@@ -49,6 +49,8 @@ void Scheduler::stop() {
   // The thread is gone (or never ran): fail whatever is left so no handler waits forever.
   for (auto& seq : running_) finish(seq, FinishReason::kError, "the server is shutting down");
   running_.clear();
+  for (auto& seq : preempted_) finish(seq, FinishReason::kError, "the server is shutting down");
+  preempted_.clear();
   std::deque<std::shared_ptr<RequestChannel>> left;
   {
     std::lock_guard lock(mutex_);
@@ -73,51 +75,12 @@ void Scheduler::run() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty() || !preempted_.empty(); });
       if (stopping_) return;
     }
     drop_cancelled();
-    admit();
-    if (!running_.empty()) step();
+    step();
     publish_state();
-  }
-}
-
-void Scheduler::admit() {
-  const int limit = std::min(config_.max_num_seqs, model_.max_slots());
-  while (static_cast<int>(running_.size()) < limit) {
-    std::shared_ptr<RequestChannel> channel;
-    int slot = -1;
-    {
-      std::lock_guard lock(mutex_);
-      if (queue_.empty()) return;
-      if (!queue_.front()->cancelled()) {
-        // The KV-cache budget decides admission: without a free slot the request keeps its place in the queue.
-        slot = model_.acquire_slot();
-        if (slot < 0) return;
-      }
-      channel = std::move(queue_.front());
-      queue_.pop_front();
-      metrics_.set_waiting(static_cast<int>(queue_.size()));
-    }
-    if (slot < 0) {
-      channel->finish(channel->cancel_reason());
-      metrics_.count_finished(finish_reason_name(channel->cancel_reason()));
-      continue;
-    }
-    const SequenceRequest& req = channel->request();
-    Sequence seq;
-    seq.channel = std::move(channel);
-    seq.slot = slot;
-    seq.tokens.reserve(req.prompt.size() + static_cast<size_t>(req.max_new_tokens));
-    seq.tokens = req.prompt;
-    seq.prompt_len = static_cast<int64_t>(req.prompt.size());
-    seq.sampler.emplace(req.sampling);
-    seq.sampler->observe_prompt(req.prompt);
-    seq.admitted = Clock::now();
-    metrics_.add_prompt_tokens(seq.prompt_len);
-    metrics_.observe_queue_time(seconds_between(req.arrival, seq.admitted));
-    running_.push_back(std::move(seq));
   }
 }
 
@@ -125,7 +88,11 @@ void Scheduler::drop_cancelled() {
   for (auto& seq : running_) {
     if (seq.channel->cancelled()) finish(seq, seq.channel->cancel_reason());
   }
-  std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+  std::erase_if(running_, [](const Sequence& s) { return s.done; });
+  for (auto& seq : preempted_) {
+    if (seq.channel->cancelled()) finish(seq, seq.channel->cancel_reason());
+  }
+  std::erase_if(preempted_, [](const Sequence& s) { return s.done; });
   // Cancelled requests still queued give their place back now rather than when they reach the front.
   std::vector<std::shared_ptr<RequestChannel>> gone;
   {
@@ -145,29 +112,135 @@ void Scheduler::drop_cancelled() {
   }
 }
 
-void Scheduler::step() {
-  // Decoding sequences first (one token each, so streaming never stalls), then prompt chunks in arrival order.
-  std::vector<StepChunk> chunks;
-  std::vector<size_t> owners;
-  int64_t budget = config_.max_num_batched_tokens;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    const Sequence& seq = running_[i];
-    if (seq.computed >= seq.prompt_len) {
-      chunks.push_back({seq.slot, seq.computed, std::span(seq.tokens).subspan(static_cast<size_t>(seq.computed), 1)});
-      owners.push_back(i);
-      --budget;
+int64_t Scheduler::tokens_to_run(const Sequence& seq, int64_t budget, bool first_chunk) {
+  const auto pending = static_cast<int64_t>(seq.tokens.size()) - seq.computed;
+  return std::min(pending, std::max<int64_t>(budget, first_chunk ? 1 : 0));
+}
+
+void Scheduler::preempt(Sequence& seq) {
+  model_.cache().release(seq.slot);
+  seq.slot = -1;
+  seq.computed = 0;
+  seq.take = 0;
+  ++preemptions_;
+}
+
+void Scheduler::admit(int64_t& budget, bool& first_chunk) {
+  model::KvCache& cache = model_.cache();
+  const int limit = std::min(config_.max_num_seqs, model_.max_slots());
+  while (static_cast<int>(running_.size()) < limit && (budget > 0 || first_chunk)) {
+    // A preempted sequence resumes before any new request (it keeps its sampler and generated tokens).
+    Sequence seq;
+    bool resumed = false;
+    std::shared_ptr<RequestChannel> channel;
+    if (!preempted_.empty()) {
+      resumed = true;
+    } else {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty()) return;
+      channel = queue_.front();
     }
+    if (!resumed && channel->cancelled()) {
+      {
+        std::lock_guard lock(mutex_);
+        queue_.pop_front();
+        metrics_.set_waiting(static_cast<int>(queue_.size()));
+      }
+      channel->finish(channel->cancel_reason());
+      metrics_.count_finished(finish_reason_name(channel->cancel_reason()));
+      continue;
+    }
+    const std::span<const int32_t> tokens =
+        resumed ? std::span<const int32_t>(preempted_.front().tokens) : std::span<const int32_t>(channel->request().prompt);
+    const int slot = cache.acquire();
+    if (slot < 0) return;
+    const int64_t hit = cache.match_prefix(slot, tokens);
+    // Blocks for the first chunk decide admission: without them the sequence keeps its place.
+    const auto pending = static_cast<int64_t>(tokens.size()) - hit;
+    const int64_t take = std::min(pending, std::max<int64_t>(budget, first_chunk ? 1 : 0));
+    if (!cache.reserve(slot, hit + take)) {
+      cache.release(slot);
+      return;
+    }
+    if (resumed) {
+      seq = std::move(preempted_.front());
+      preempted_.pop_front();
+    } else {
+      {
+        std::lock_guard lock(mutex_);
+        queue_.pop_front();
+        metrics_.set_waiting(static_cast<int>(queue_.size()));
+      }
+      const SequenceRequest& req = channel->request();
+      seq.channel = std::move(channel);
+      seq.tokens.reserve(req.prompt.size() + static_cast<size_t>(req.max_new_tokens));
+      seq.tokens = req.prompt;
+      seq.prompt_len = static_cast<int64_t>(req.prompt.size());
+      seq.sampler.emplace(req.sampling);
+      seq.sampler->observe_prompt(req.prompt);
+      seq.admitted = Clock::now();
+      seq.channel->set_cached_tokens(hit);
+      metrics_.add_prompt_tokens(seq.prompt_len);
+      metrics_.observe_queue_time(seconds_between(req.arrival, seq.admitted));
+    }
+    seq.slot = slot;
+    seq.computed = hit;
+    seq.take = take;
+    budget -= take;
+    first_chunk = false;
+    running_.push_back(std::move(seq));
+  }
+}
+
+void Scheduler::step() {
+  model::KvCache& cache = model_.cache();
+  int64_t budget = config_.max_num_batched_tokens;
+  bool first_chunk = true;
+  bool preempted = false;
+  // Running sequences first: decodes (one token each, so streaming never stalls), then prompt chunks in arrival
+  // order. A sequence that cannot get its blocks preempts the most recently admitted one until it can (or is
+  // itself the one preempted).
+  std::vector<size_t> order;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (static_cast<int64_t>(running_[i].tokens.size()) - running_[i].computed == 1) order.push_back(i);
   }
   for (size_t i = 0; i < running_.size(); ++i) {
-    const Sequence& seq = running_[i];
-    if (seq.computed >= seq.prompt_len) continue;
-    // At least one prompt token per step even when decodes used the budget up, so prefill always progresses.
-    const int64_t take = std::min(seq.prompt_len - seq.computed, std::max<int64_t>(budget, chunks.empty() ? 1 : 0));
-    if (take <= 0) break;
-    chunks.push_back({seq.slot, seq.computed,
-                      std::span(seq.tokens).subspan(static_cast<size_t>(seq.computed), static_cast<size_t>(take))});
-    owners.push_back(i);
+    if (static_cast<int64_t>(running_[i].tokens.size()) - running_[i].computed > 1) order.push_back(i);
+  }
+  for (const size_t i : order) {
+    Sequence& seq = running_[i];
+    seq.take = 0;
+    if (seq.slot < 0) continue;  // preempted by an earlier sequence of this step
+    const int64_t take = tokens_to_run(seq, budget, first_chunk);
+    if (take <= 0) continue;
+    while (seq.slot >= 0 && !cache.reserve(seq.slot, seq.computed + take)) {
+      size_t victim = running_.size();
+      while (victim > 0 && running_[victim - 1].slot < 0) --victim;
+      budget += running_[victim - 1].take;  // a victim scheduled earlier in this step gives its tokens back
+      preempt(running_[victim - 1]);
+      preempted = true;
+    }
+    if (seq.slot < 0) continue;
+    seq.take = take;
     budget -= take;
+    first_chunk = false;
+  }
+  // Preempted sequences wait ahead of the queue, the earliest admitted first.
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (it->slot < 0) preempted_.push_front(std::move(*it));
+  }
+  std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+  if (!preempted) admit(budget, first_chunk);
+
+  // The chunks point into running_'s token vectors: built once running_ no longer changes this step.
+  std::vector<StepChunk> chunks;
+  std::vector<size_t> owners;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Sequence& seq = running_[i];
+    if (seq.take <= 0) continue;
+    chunks.push_back({seq.slot, seq.computed,
+                      std::span(seq.tokens).subspan(static_cast<size_t>(seq.computed), static_cast<size_t>(seq.take))});
+    owners.push_back(i);
   }
   if (chunks.empty()) return;
   metrics_.observe_iteration_tokens(config_.max_num_batched_tokens - budget);
@@ -176,7 +249,7 @@ void Scheduler::step() {
     logits_ = model_.forward(chunks);
   } catch (const std::exception& e) {
     for (const size_t i : owners) finish(running_[i], FinishReason::kError, fmt::format("forward step failed: {}", e.what()));
-    std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+    std::erase_if(running_, [](const Sequence& s) { return s.done; });
     return;
   }
   const int64_t vocab = model_.vocab_size();
@@ -184,7 +257,8 @@ void Scheduler::step() {
   for (size_t c = 0; c < chunks.size(); ++c) {
     Sequence& seq = running_[owners[c]];
     seq.computed += static_cast<int64_t>(chunks[c].tokens.size());
-    if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt not finished yet
+    seq.take = 0;
+    if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt (or recomputation) not finished
     const SequenceRequest& req = seq.channel->request();
     const std::span<float> row(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab),
                                static_cast<size_t>(vocab));
@@ -216,12 +290,13 @@ void Scheduler::step() {
     }
     if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
   }
-  std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+  std::erase_if(running_, [](const Sequence& s) { return s.done; });
 }
 
 void Scheduler::finish(Sequence& seq, FinishReason reason, const std::string& error) {
-  if (seq.slot < 0) return;
-  model_.release_slot(seq.slot);
+  if (seq.done) return;
+  seq.done = true;
+  if (seq.slot >= 0) model_.cache().release(seq.slot);
   seq.slot = -1;
   seq.channel->finish(reason, error);
   const auto now = Clock::now();
@@ -237,12 +312,15 @@ void Scheduler::publish_state() {
   int waiting = 0;
   {
     std::lock_guard lock(mutex_);
-    waiting = static_cast<int>(queue_.size());
+    waiting = static_cast<int>(queue_.size() + preempted_.size());
   }
   int64_t cached = 0;
   for (const auto& seq : running_) cached += seq.computed;
   const int used = static_cast<int>(running_.size());
   metrics_.set_scheduler_state(used, waiting, used, model_.max_slots(), cached);
+  const model::KvCache& cache = model_.cache();
+  metrics_.set_kv_state(cache.num_blocks() - cache.free_blocks(), cache.num_blocks(), cache.prefix_cache_queries(),
+                        cache.prefix_cache_hits(), preemptions_);
 }
 
 }  // namespace fp4serve::server

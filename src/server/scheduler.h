@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Continuous batching. One thread owns the model; requests wait in a bounded queue and join the running batch
-// between steps when a KV-cache slot is free. Every step runs all running sequences through one forward:
-// each decoding sequence contributes its last token, and prompts are prefilled in chunks that fill the rest of
-// a per-step token budget, so a long prompt never stalls the sequences that are streaming. A cancelled
-// sequence (client gone) is dropped and its slot freed at the next step.
+// Continuous batching over a paged KV cache (vLLM V1's policy). One thread owns the model; requests wait in a
+// bounded queue and join the running batch between steps while the block pool has blocks for their first chunk
+// (after the prefix cache supplied what it holds of their prompt). Every step runs all running sequences through
+// one forward: each decoding sequence contributes its last token, and prompts are prefilled in chunks that fill
+// the rest of a per-step token budget, so a long prompt never stalls the sequences that are streaming. When a
+// running sequence cannot get a block, the most recently admitted sequence is preempted: its blocks are freed
+// (its full ones stay in the prefix cache), and it waits ahead of the queue to be recomputed from its prompt and
+// the tokens it generated so far; no new request is admitted in a step that preempted. A cancelled sequence
+// (client gone) is dropped and its blocks freed at the next step.
 #pragma once
 
 #include <condition_variable>
@@ -22,7 +26,7 @@
 namespace fp4serve::server {
 
 struct SchedulerConfig {
-  int max_num_seqs = 16;                 ///< sequences in the running batch (also bounded by the model's slots)
+  int max_num_seqs = 16;                 ///< sequences in the running batch (also bounded by the cache's slots)
   int64_t max_num_batched_tokens = 256;  ///< tokens per step: decodes first, prefill chunks fill the rest
   int max_queue = 64;                    ///< waiting requests before submit() refuses (HTTP 429)
 };
@@ -55,15 +59,22 @@ class Scheduler {
     int64_t prompt_len = 0;
     int64_t computed = 0;         // positions already in the KV cache
     int64_t generated = 0;
+    int64_t take = 0;             // tokens this step runs
+    bool done = false;            // finished: its channel is closed, its blocks freed
     std::optional<runtime::Sampler> sampler;
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
   };
 
   void run();
-  void admit();
+  /// Admits waiting sequences (preempted ones first) while slots, blocks and the token budget last.
+  void admit(int64_t& budget, bool& first_chunk);
   void drop_cancelled();
   void step();
+  /// Frees `seq`'s blocks and puts it ahead of the queue (recomputed on resumption).
+  void preempt(Sequence& seq);
+  /// The step's share of `seq`: its unscheduled tokens, at most `budget` (at least one for the step's first chunk).
+  static int64_t tokens_to_run(const Sequence& seq, int64_t budget, bool first_chunk);
   void finish(Sequence& seq, FinishReason reason, const std::string& error = {});
   void publish_state();
 
@@ -78,6 +89,8 @@ class Scheduler {
 
   // Scheduler thread only.
   std::vector<Sequence> running_;
+  std::deque<Sequence> preempted_;  // waiting to resume, ahead of queue_
+  int64_t preemptions_ = 0;
   std::vector<float> logits_;
   std::vector<float> raw_row_;  // one row before sampling, for logprobs
   std::thread thread_;

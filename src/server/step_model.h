@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the scheduler needs from a model: KV-cache slots and one batched forward step. The production
+// What the scheduler needs from a model: a paged KV cache and one batched forward step. The production
 // implementation (decoder_step_model.h) wraps model::Decoder + model::KvCache; tests drive the scheduler with a
 // small deterministic model so that batching bookkeeping is checked independently of the kernels.
 #pragma once
@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "model/kv_cache.h"
 
 namespace fp4serve::server {
 
@@ -23,14 +25,18 @@ class StepModel {
  public:
   virtual ~StepModel() = default;
   virtual int64_t vocab_size() const = 0;
-  /// Positions one slot holds (the context length requests are checked against).
-  virtual int64_t max_seq_len() const = 0;
-  virtual int max_slots() const = 0;
-  /// A free KV-cache slot, or −1 when all are in use.
-  virtual int acquire_slot() = 0;
-  virtual void release_slot(int slot) = 0;
+  /// The paged KV cache the steps run on: the scheduler acquires and releases its slots, matches prompts against
+  /// its prefix cache and reserves blocks in it before each step.
+  virtual model::KvCache& cache() = 0;
+  virtual const model::KvCache& cache() const = 0;
+  /// Positions one sequence may hold (the context length requests are checked against).
+  int64_t max_seq_len() const { return cache().max_seq_len(); }
+  /// Sequences held at once (the cache's slots).
+  int max_slots() const { return cache().max_slots(); }
   /// Runs all chunks as one step and returns the logits of each chunk's last token, [chunks, vocab] fp32 in
-  /// chunk order. May throw; the scheduler then fails the sequences of this step and keeps serving.
+  /// chunk order; the chunks' slots hold their positions before start_pos, and the step gives them the blocks
+  /// for the rest (KvCache::prepare) and records their tokens (KvCache::commit), as model::ForwardModel::forward
+  /// does. May throw; the scheduler then fails the sequences of this step and keeps serving.
   virtual std::vector<float> forward(std::span<const StepChunk> chunks) = 0;
 };
 

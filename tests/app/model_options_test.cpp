@@ -256,7 +256,7 @@ TEST(ForeignFlagHint, NamesTheEngineAndWhatFp4serveDoesInstead) {
     EXPECT_NE(hint->find("llama.cpp flag; fp4serve runs the whole model on one device"), std::string::npos) << *hint;
   }
   EXPECT_NE(foreign_flag_hint("--dtype").value_or("").find("--activation-precision"), std::string::npos);
-  EXPECT_NE(foreign_flag_hint("--gpu-memory-utilization").value_or("").find("--kv-cache-mib"), std::string::npos);
+  EXPECT_NE(foreign_flag_hint("--gpu-memory-utilization").value_or("").find("--kv-cache-memory"), std::string::npos);
   EXPECT_NE(foreign_flag_hint("--tp").value_or("").find("-tp N or --tensor-parallel-size N"), std::string::npos);
   EXPECT_NE(foreign_flag_hint("--trust-remote-code").value_or("").find("runs no code from the checkpoint"),
             std::string::npos);

@@ -40,41 +40,56 @@ bool have_gpu() { return kernels::cuda::cuda_device(0).has_value(); }
 
 TEST(BackendHost, FlattenBatchComputesRowsAndRejectsBadChunks) {
   const std::vector<int32_t> a = {5, 6, 7}, b = {9};
+  // 3 layers, blocks of 4 positions: slot 2's positions 4 … 6 need its blocks 0 and 1, slot 0's position 10 blocks
+  // 0 … 2, slot 1's 0 … 2 block 0; blocks are handed out in chunk order.
+  KvCache cache(3, 1, 4, KvCacheSpec{16, 4, 32, 4});
   const std::vector<SequenceChunk> batch = {{2, 4, a, false}, {0, 10, b, false}, {1, 0, a, true}};
-  const FlatBatch flat = flatten_batch(batch, /*num_layers=*/3, /*max_seq_len=*/16, /*max_slots=*/4, /*vocab=*/10);
+  const FlatBatch flat = flatten_batch(batch, cache, /*vocab=*/10);
   EXPECT_EQ(flat.ids, (std::vector<int32_t>{5, 6, 7, 9, 5, 6, 7}));
   EXPECT_EQ(flat.positions, (std::vector<int64_t>{4, 5, 6, 10, 0, 1, 2}));
   EXPECT_EQ(flat.slots, (std::vector<int>{2, 2, 2, 0, 1, 1, 1}));
-  // slot · layers · seq + position
-  EXPECT_EQ(flat.cache_rows, (std::vector<int64_t>{2 * 48 + 4, 2 * 48 + 5, 2 * 48 + 6, 10, 48, 49, 50}));
+  EXPECT_EQ(cache.block_table(2).size(), 2u);
+  EXPECT_EQ(cache.block_table(0).size(), 3u);
+  // block · layers · block_size + position % block_size
+  const auto row = [&](int slot, int64_t pos) {
+    return static_cast<int64_t>(cache.block_table(slot)[static_cast<size_t>(pos / 4)]) * 12 + pos % 4;
+  };
+  EXPECT_EQ(flat.cache_rows, (std::vector<int64_t>{row(2, 4), row(2, 5), row(2, 6), row(0, 10), row(1, 0), row(1, 1),
+                                                   row(1, 2)}));
   EXPECT_EQ(flat.logit_rows, (std::vector<int64_t>{2, 3, 4, 5, 6}));
   // first_logit_row skips the first rows of an all_logits chunk.
   const std::vector<SequenceChunk> tail = {{1, 0, a, true, 1}, {0, 10, b, false}, {2, 0, a, true, 2}};
-  EXPECT_EQ(flatten_batch(tail, 3, 16, 4, 10).logit_rows, (std::vector<int64_t>{1, 2, 3, 6}));
+  EXPECT_EQ(flatten_batch(tail, cache, 10).logit_rows, (std::vector<int64_t>{1, 2, 3, 6}));
 
   const std::vector<int32_t> none;
   const std::vector<int32_t> big = {10};
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, none, false}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 14, a, false}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{4, 0, a, false}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{1, 0, a, false}, {1, 3, b, false}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, big, false}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, 3}}, 3, 16, 4, 10), UsageError);
-  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, -1}}, 3, 16, 4, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, none, false}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 14, a, false}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{4, 0, a, false}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{1, 0, a, false}, {1, 3, b, false}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, big, false}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, 3}}, cache, 10), UsageError);
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, a, true, -1}}, cache, 10), UsageError);
+  // A pool without the blocks a step needs.
+  KvCache small(3, 1, 4, KvCacheSpec{16, 2, 3, 4});
+  const std::vector<int32_t> twelve(12, 1);
+  EXPECT_NO_THROW(flatten_batch(std::vector<SequenceChunk>{{0, 0, twelve, false}}, small, 10));
+  EXPECT_THROW(flatten_batch(std::vector<SequenceChunk>{{1, 0, a, false}}, small, 10), UsageError);
 }
 
 struct OpaqueStorage final : KvStorage {};
 
 TEST(BackendHost, BackendCacheRefusesHostAccessAndTheCpuBackend) {
-  KvCache cache(2, 1, 4, 8, 1, std::make_unique<OpaqueStorage>());
+  KvCache cache(2, 1, 4, KvCacheSpec{8, 1}, std::make_unique<OpaqueStorage>());
   const int slot = cache.acquire();
   ASSERT_EQ(slot, 0);
-  EXPECT_THROW(host_kv(cache).key(slot, 0, 0, 0), UsageError);
-  EXPECT_THROW(host_kv(cache).value(slot, 0, 0, 0), UsageError);
+  ASSERT_TRUE(cache.reserve(slot, 1));
+  EXPECT_THROW(backends::cpu::host_key(cache, slot, 0, 0, 0), UsageError);
+  EXPECT_THROW(backends::cpu::host_value(cache, slot, 0, 0, 0), UsageError);
 
   LoadOptions options;
   const LoadedModel cpu = load_model(kRef / "llama-nvfp4a16", options);
-  KvCache foreign(cpu.config.num_layers, cpu.config.num_kv_heads, cpu.config.head_dim, 8, 1,
+  KvCache foreign(cpu.config.num_layers, cpu.config.num_kv_heads, cpu.config.head_dim, KvCacheSpec{8, 1},
                   std::make_unique<OpaqueStorage>());
   const std::vector<int32_t> ids = {1, 2};
   const SequenceChunk chunk{foreign.acquire(), 0, ids, false};

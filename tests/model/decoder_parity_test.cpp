@@ -213,7 +213,7 @@ TEST(DecoderParityKvCache, LayerZeroCachedKeysMatchTheReferenceCache) {
       double max_ref = 0.0, max_diff = 0.0;
       for (int64_t h = 0; h < kv_heads; ++h) {
         for (int64_t pos = 0; pos < t; ++pos) {
-          const float* row = backends::cpu::host_kv(cache).key(slot, 0, h, pos);
+          const float* row = backends::cpu::host_key(cache, slot, 0, h, pos);
           for (int64_t d = 0; d < hd; ++d) {
             const double r = want.load<float>(static_cast<size_t>((h * t + pos) * hd + d));
             max_ref = std::max(max_ref, std::fabs(r));

@@ -171,8 +171,8 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
   EXPECT_EQ(cache.element(), KvCacheDtype::Bf16);
   const int slot = cache.acquire();
   backends::cpu::CpuKvStorage& host = backends::cpu::host_kv(cache);
-  EXPECT_THROW(host.key(slot, 0, 0, 0), UsageError);  // fp32 rows only
-  EXPECT_EQ(static_cast<char*>(host.key_data(slot, 0, 0, 1)) - static_cast<char*>(host.key_data(slot, 0, 0, 0)),
+  EXPECT_THROW(backends::cpu::host_key(cache, slot, 0, 0, 0), UsageError);  // fp32 rows only
+  EXPECT_EQ(static_cast<char*>(host.key_data(0, 0, 0, 1)) - static_cast<char*>(host.key_data(0, 0, 0, 0)),
             cache.head_dim() * 2);
 }
 

@@ -303,8 +303,10 @@ ForwardRun run(const MemoryWeights& weights, const std::vector<int32_t>& prompt,
   for (int64_t l = 0; l < kLayers; ++l) {
     std::vector<float> keys;  // [kv_head][position][head_dim]
     for (int64_t h = 0; h < cache.num_kv_heads(); ++h) {
-      const float* row = backends::cpu::host_kv(cache).key(slot, l, h, 0);
-      keys.insert(keys.end(), row, row + pos * cache.head_dim());
+      for (int64_t p = 0; p < pos; ++p) {
+        const float* row = backends::cpu::host_key(cache, slot, l, h, p);
+        keys.insert(keys.end(), row, row + cache.head_dim());
+      }
     }
     out.keys.push_back(std::move(keys));
   }

@@ -32,11 +32,11 @@ class RecordingModel final : public model::ForwardModel {
     config_.vocab_size = kVocab;
   }
   const model::ModelConfig& config() const override { return config_; }
-  model::KvCache make_cache(int64_t max_seq_len, int max_slots) const override {
-    log.insert(log.end(), {-1, max_seq_len, max_slots});
+  using model::ForwardModel::make_cache;
+  model::KvCache make_cache(const model::KvCacheSpec& spec) const override {
+    log.insert(log.end(), {-1, spec.max_seq_len, spec.max_slots, spec.num_blocks, spec.block_size});
     // Its keys hold the tokens seen (host memory, as the CPU backend keeps them).
-    return backends::cpu::make_host_kv_cache(config_.num_layers, config_.num_kv_heads, config_.head_dim, max_seq_len,
-                                             max_slots);
+    return backends::cpu::make_host_kv_cache(config_.num_layers, config_.num_kv_heads, config_.head_dim, spec);
   }
   std::vector<float> forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const override {
     log.insert(log.end(), {-2, static_cast<int64_t>(batch.size())});
@@ -50,19 +50,24 @@ class RecordingModel final : public model::ForwardModel {
         if (t < 0 || t >= kVocab) throw UsageError("token outside the vocabulary");
       }
     }
+    for (const auto& c : batch) {  // the blocks, as Decoder's flatten_batch gives them
+      cache.acquire(c.slot);
+      cache.prepare(c.slot, c.start_pos, static_cast<int64_t>(c.tokens.size()));
+    }
     std::vector<float> logits;
     for (const auto& c : batch) {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         const int64_t p = c.start_pos + static_cast<int64_t>(i);
-        backends::cpu::host_kv(cache).key(c.slot, 1, 0, p)[2] = static_cast<float>(c.tokens[i]);
+        backends::cpu::host_key(cache, c.slot, 1, 0, p)[2] = static_cast<float>(c.tokens[i]);
         if (c.all_logits ? static_cast<int64_t>(i) < c.first_logit_row : i + 1 < c.tokens.size()) continue;
         double history = 0;
         for (int64_t q = 0; q <= p; ++q) {
-          history += backends::cpu::host_kv(cache).key(c.slot, 1, 0, q)[2] * static_cast<double>(q + 1);
+          history += backends::cpu::host_key(cache, c.slot, 1, 0, q)[2] * static_cast<double>(q + 1);
         }
         for (int64_t v = 0; v < kVocab; ++v) logits.push_back(static_cast<float>(history + static_cast<double>(v) / 4));
       }
     }
+    for (const auto& c : batch) cache.commit(c.slot, c.start_pos, c.tokens);
     for (const float x : logits) {
       int32_t bits = 0;
       std::memcpy(&bits, &x, sizeof(bits));
@@ -180,7 +185,8 @@ TEST(KvCache, AcquireASpecificSlot) {
   model::KvCache cache = backends::cpu::make_host_kv_cache(2, 1, 3, 5, 3);
   EXPECT_TRUE(cache.acquire(1));
   EXPECT_FALSE(cache.acquire(1));  // already in use
-  backends::cpu::host_kv(cache).key(1, 1, 0, 4)[2] = 7.0f;  // its memory exists
+  ASSERT_TRUE(cache.reserve(1, 5));
+  backends::cpu::host_key(cache, 1, 1, 0, 4)[2] = 7.0f;  // its memory exists
   EXPECT_EQ(cache.acquire(), 0);   // the lowest free slot, around the taken one
   EXPECT_EQ(cache.acquire(), 2);
   EXPECT_EQ(cache.acquire(), -1);

@@ -55,45 +55,51 @@ inline std::vector<int32_t> reference_greedy(std::vector<int32_t> history, int64
   return out;
 }
 
+// The fake's KV cache is a real paged KvCache (bookkeeping only: the fake keeps each slot's tokens itself), so the
+// scheduler's block accounting, preemption and prefix matching run as against the decoder.
 class FakeModel final : public StepModel {
  public:
-  FakeModel(int slots, int64_t max_len) : max_len_(max_len), in_use_(static_cast<size_t>(slots)), history_(static_cast<size_t>(slots)) {}
+  /// `slots` sequences of up to `max_len` positions; `num_blocks` blocks of `block_size` (0: every slot at full
+  /// length), prefix caching on or off.
+  FakeModel(int slots, int64_t max_len, int64_t num_blocks = 0, int64_t block_size = 16, bool prefix_caching = false)
+      : cache_(1, 1, 1, model::KvCacheSpec{max_len, slots, num_blocks, block_size}),
+        history_(static_cast<size_t>(slots)) {
+    cache_.set_prefix_caching(prefix_caching);
+  }
 
   int64_t vocab_size() const override { return kVocab; }
-  int64_t max_seq_len() const override { return max_len_; }
-  int max_slots() const override { return static_cast<int>(in_use_.size()); }
-  int acquire_slot() override {
-    for (size_t i = 0; i < in_use_.size(); ++i) {
-      if (!in_use_[i]) {
-        in_use_[i] = true;
-        history_[i].clear();
-        ++used_;
-        max_used = std::max(max_used.load(), used_);
-        return static_cast<int>(i);
-      }
-    }
-    return -1;
-  }
-  void release_slot(int slot) override {
-    if (slot < 0 || slot >= max_slots() || !in_use_[static_cast<size_t>(slot)]) throw std::logic_error("bad release");
-    in_use_[static_cast<size_t>(slot)] = false;
-    --used_;
-  }
+  model::KvCache& cache() override { return cache_; }
+  const model::KvCache& cache() const override { return cache_; }
   std::vector<float> forward(std::span<const StepChunk> chunks) override {
     if (before_forward) before_forward();
     ++steps;
     int64_t tokens = 0;
     bool has_decode = false, has_prefill = false;
     std::vector<float> out;
+    int used = 0;
+    for (int s = 0; s < cache_.max_slots(); ++s) used += cache_.in_use(s) ? 1 : 0;
+    max_used = std::max(max_used.load(), used);
     for (const auto& c : chunks) {
-      if (c.slot < 0 || c.slot >= max_slots() || !in_use_[static_cast<size_t>(c.slot)]) throw std::logic_error("chunk on a free slot");
+      if (!cache_.in_use(c.slot)) throw std::logic_error("chunk on a free slot");
+      if (c.start_pos != cache_.num_tokens(c.slot)) throw std::logic_error("chunk does not continue its slot");
+      if (c.tokens.empty() || c.start_pos + static_cast<int64_t>(c.tokens.size()) > cache_.max_seq_len()) {
+        throw std::logic_error("bad chunk size");
+      }
+      if (cache_.blocks_needed(c.slot, c.start_pos + static_cast<int64_t>(c.tokens.size())) > 0) {
+        throw std::logic_error("the scheduler did not reserve the chunk's blocks");
+      }
+    }
+    for (const auto& c : chunks) {
+      // The slot's tokens so far: the prefix-cache hit's or earlier steps' (kept by the cache), then the chunk.
       auto& hist = history_[static_cast<size_t>(c.slot)];
-      if (c.start_pos != static_cast<int64_t>(hist.size())) throw std::logic_error("chunk does not continue its slot");
-      if (c.tokens.empty() || c.start_pos + static_cast<int64_t>(c.tokens.size()) > max_len_) throw std::logic_error("bad chunk size");
+      hist.assign(cache_.tokens(c.slot).begin(), cache_.tokens(c.slot).end());
       hist.insert(hist.end(), c.tokens.begin(), c.tokens.end());
+      cache_.prepare(c.slot, c.start_pos, static_cast<int64_t>(c.tokens.size()));
+      cache_.commit(c.slot, c.start_pos, c.tokens);
       const auto logits = fake_logits(hist);
       out.insert(out.end(), logits.begin(), logits.end());
       tokens += static_cast<int64_t>(c.tokens.size());
+      computed_tokens += static_cast<int64_t>(c.tokens.size());
       (c.tokens.size() == 1 ? has_decode : has_prefill) = true;
     }
     max_chunks = std::max<int64_t>(max_chunks.load(), static_cast<int64_t>(chunks.size()));
@@ -103,14 +109,12 @@ class FakeModel final : public StepModel {
   }
 
   std::function<void()> before_forward;  ///< runs on the scheduler thread at the start of every step
-  std::atomic<int64_t> steps{0}, max_chunks{0}, max_tokens{0}, mixed_steps{0};
+  std::atomic<int64_t> steps{0}, max_chunks{0}, max_tokens{0}, mixed_steps{0}, computed_tokens{0};
   std::atomic<int> max_used{0};
 
  private:
-  int64_t max_len_;
-  std::vector<bool> in_use_;
+  model::KvCache cache_;
   std::vector<std::vector<int32_t>> history_;
-  int used_ = 0;
 };
 
 class ByteCodec final : public TextCodec {

@@ -195,5 +195,63 @@ TEST(Scheduler, RejectsBadConfig) {
   EXPECT_THROW(Scheduler(model, {.max_num_seqs = 1, .max_num_batched_tokens = 0, .max_queue = 4}, metrics), UsageError);
 }
 
+
+// A pool far smaller than the running sequences need: 8 sequences of up to 20 + 40 positions over 12 blocks of 8
+// (each needs up to 8 blocks). Running sequences outgrow the pool, the latest admitted are preempted and
+// recomputed from prompt + generated tokens, and every request still gets exactly the sequential greedy tokens.
+TEST(Scheduler, PreemptionByRecomputeGivesTheSameTokens) {
+  for (const bool prefix_caching : {false, true}) {
+    SCOPED_TRACE(prefix_caching ? "prefix caching on" : "prefix caching off");
+    FakeModel model(/*slots=*/8, /*max_len=*/64, /*num_blocks=*/12, /*block_size=*/8, prefix_caching);
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 8, .max_num_batched_tokens = 32, .max_queue = 64}, metrics);
+    std::mt19937 rng(99);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::shared_ptr<RequestChannel>> channels;
+    for (int i = 0; i < 8; ++i) {
+      prompts.push_back(random_prompt(rng, 5 + 2 * i));
+      channels.push_back(sched.submit(greedy(prompts.back(), 40, /*ignore_eos=*/true)));
+    }
+    sched.start();
+    for (size_t i = 0; i < channels.size(); ++i) {
+      std::vector<int32_t> tokens;
+      EXPECT_EQ(drain(*channels[i], tokens).reason, FinishReason::kLength) << "request " << i;
+      EXPECT_EQ(tokens, testing::reference_greedy(prompts[i], 40, true)) << "request " << i;
+    }
+    sched.stop();
+    const std::string text = metrics.render();
+    const auto at = text.find("fp4serve_num_preemptions_total{");
+    ASSERT_NE(at, std::string::npos);
+    const auto value = std::stoll(text.substr(text.find("} ", at) + 2));
+    EXPECT_GT(value, 0) << "the pool never ran dry: the test does not exercise preemption";
+    EXPECT_EQ(model.cache().free_blocks(), 12) << "blocks leaked";
+    model.cache().pool().check_invariants();
+  }
+}
+
+// The same long prompt twice, one after the other: the second finds its full blocks in the prefix cache, computes
+// only the rest, reports them as cached tokens, and generates the same tokens.
+TEST(Scheduler, PrefixCacheHitComputesOnlyTheRestAndGivesTheSameTokens) {
+  FakeModel model(/*slots=*/4, /*max_len=*/256, /*num_blocks=*/0, /*block_size=*/16, /*prefix_caching=*/true);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_queue = 8}, metrics);
+  std::mt19937 rng(5);
+  const std::vector<int32_t> prompt = random_prompt(rng, 100);
+  sched.start();
+  std::vector<int32_t> first, second;
+  auto a = sched.submit(greedy(prompt, 10, true));
+  drain(*a, first);
+  const int64_t computed_cold = model.computed_tokens.load();
+  auto b = sched.submit(greedy(prompt, 10, true));
+  drain(*b, second);
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(a->cached_tokens(), 0);
+  EXPECT_EQ(b->cached_tokens(), 96);  // 6 full blocks of 16 (the 100th token is always computed)
+  EXPECT_EQ(model.computed_tokens.load() - computed_cold, computed_cold - 96);
+  sched.stop();
+  EXPECT_EQ(model.cache().prefix_cache_hits(), 96);
+  EXPECT_EQ(model.cache().prefix_cache_queries(), 200);
+}
+
 }  // namespace
 }  // namespace fp4serve::server

@@ -26,10 +26,8 @@ class CountingStepModel final : public StepModel {
  public:
   explicit CountingStepModel(StepModel& inner) : inner_(inner) {}
   int64_t vocab_size() const override { return inner_.vocab_size(); }
-  int64_t max_seq_len() const override { return inner_.max_seq_len(); }
-  int max_slots() const override { return inner_.max_slots(); }
-  int acquire_slot() override { return inner_.acquire_slot(); }
-  void release_slot(int slot) override { inner_.release_slot(slot); }
+  model::KvCache& cache() override { return inner_.cache(); }
+  const model::KvCache& cache() const override { return inner_.cache(); }
   std::vector<float> forward(std::span<const StepChunk> chunks) override {
     max_chunks = std::max(max_chunks.load(), chunks.size());
     return inner_.forward(chunks);

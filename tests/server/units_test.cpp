@@ -16,20 +16,21 @@ namespace {
 
 using nlohmann::json;
 
-// A slot holds keys and values of every layer, KV head and position: 2 · 30 · 3 · 64 elements per position here
-// (the default model), so 2048 positions take 90 MiB in fp32 and 45 MiB in bf16 / fp16.
-TEST(KvBudget, SlotsFollowTheCacheElement) {
+// A block holds keys and values of every layer and KV head for 16 positions: 2 · 30 · 3 · 64 · 16 elements here
+// (the default model), 720 KiB in fp32 and 360 KiB in bf16 / fp16; one sequence of 2048 positions needs 128.
+TEST(KvBudget, BlocksFollowTheCacheElement) {
   model::ModelConfig config;
   config.num_layers = 30;
   config.num_kv_heads = 3;
   config.head_dim = 64;
   const int64_t budget = int64_t{200} << 20;
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::F32), 2);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::Bf16), 4);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 64, model::KvCacheDtype::F16), 4);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, budget, 3, model::KvCacheDtype::Bf16), 3);  // max_num_seqs caps it
-  EXPECT_THROW(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, model::KvCacheDtype::F32), UsageError);
-  EXPECT_EQ(kv_slots_for_budget(config, 2048, int64_t{50} << 20, 8, model::KvCacheDtype::Bf16), 1);
+  EXPECT_EQ(kv_blocks_for_budget(config, 2048, budget, model::KvCacheDtype::F32), (int64_t{200} << 20) / 737280);
+  EXPECT_EQ(kv_blocks_for_budget(config, 2048, budget, model::KvCacheDtype::Bf16), (int64_t{200} << 20) / 368640);
+  EXPECT_EQ(kv_blocks_for_budget(config, 2048, budget, model::KvCacheDtype::F16), (int64_t{200} << 20) / 368640);
+  EXPECT_EQ(kv_blocks_for_budget(config, 2048, budget, model::KvCacheDtype::F32, 32), (int64_t{200} << 20) / 1474560);
+  // 50 MiB: 71 fp32 blocks cannot hold one 2048-position sequence (128 blocks), 142 bf16 ones can.
+  EXPECT_THROW(kv_blocks_for_budget(config, 2048, int64_t{50} << 20, model::KvCacheDtype::F32), UsageError);
+  EXPECT_EQ(kv_blocks_for_budget(config, 2048, int64_t{50} << 20, model::KvCacheDtype::Bf16), 142);
 }
 
 TEST(OpenAiApi, ParsesCompletionFields) {

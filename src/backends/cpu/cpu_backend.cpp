@@ -93,9 +93,9 @@ std::unique_ptr<BackendRope> CpuBackend::upload_rope(RopeCache rope) {
 
 void CpuBackend::check_attention(const AttentionOp& /*op*/, const std::string& /*layer*/) const {}
 
-KvCache CpuBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                               int max_slots) const {
-  return make_host_kv_cache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, kv_dtype_);
+KvCache CpuBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                               const KvCacheSpec& spec) const {
+  return make_host_kv_cache(num_layers, num_kv_heads, head_dim, spec, kv_dtype_);
 }
 
 void CpuBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
@@ -166,13 +166,15 @@ void CpuBackend::transform(const BackendTransform& t, float* x, int64_t rows, in
 void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {
   const FlatBatch& s = step();
   const int64_t d = cache_->head_dim();
+  // cache_rows[r] = block · layers · block_size + row in the block (FlatBatch).
+  const int64_t bs = cache_->block_size(), per_block = cache_->num_layers() * bs;
   for (size_t r = 0; r < s.positions.size(); ++r) {
     const auto i = static_cast<int64_t>(r);
+    const auto block = static_cast<int32_t>(s.cache_rows[r] / per_block);
+    const int64_t row = s.cache_rows[r] % bs;
     for (int64_t h = 0; h < cache_->num_kv_heads(); ++h) {
-      kernels::write_kv_row(k + i * k_stride + h * d, d, kv_->element(),
-                            kv_->key_data(s.slots[r], layer, h, s.positions[r]));
-      kernels::write_kv_row(v + i * v_stride + h * d, d, kv_->element(),
-                            kv_->value_data(s.slots[r], layer, h, s.positions[r]));
+      kernels::write_kv_row(k + i * k_stride + h * d, d, kv_->element(), kv_->key_data(block, layer, h, row));
+      kernels::write_kv_row(v + i * v_stride + h * d, d, kv_->element(), kv_->value_data(block, layer, h, row));
     }
   }
 }
@@ -182,7 +184,7 @@ void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, i
   (void)step();
   const kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
                                         op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
-  kernels::attention(q, t, start_pos, kv_->rows(slot, layer), params, out);
+  kernels::attention(q, t, start_pos, kv_->rows(cache_->block_table(slot), layer), params, out);
 }
 
 void CpuBackend::activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,

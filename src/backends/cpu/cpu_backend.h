@@ -27,6 +27,7 @@ using model::BackendVector;
 using model::ExpertActivation;
 using model::FlatBatch;
 using model::KvCache;
+using model::KvCacheSpec;
 using model::LinearGroup;
 using model::OnlineTransform;
 using model::RopeCache;
@@ -49,8 +50,8 @@ class CpuBackend final : public Backend {
                                                      const std::string& where) override;
   std::unique_ptr<BackendRope> upload_rope(RopeCache rope) override;
   void check_attention(const AttentionOp& op, const std::string& layer) const override;
-  KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                     int max_slots) const override;
+  KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                     const KvCacheSpec& spec) const override;
 
   void begin_step(const FlatBatch& flat, KvCache& cache) override;
   void end_step() override;

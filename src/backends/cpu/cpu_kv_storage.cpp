@@ -19,67 +19,59 @@ kernels::KvElement kv_element_of(model::KvCacheDtype dtype) {
   return kernels::KvElement::F32;
 }
 
-CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                           int max_slots, kernels::KvElement element)
+CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                           int64_t block_size, kernels::KvElement element)
     : layers_(num_layers),
       kv_heads_(num_kv_heads),
       head_dim_(head_dim),
-      max_seq_len_(max_seq_len),
-      element_(element),
-      slots_(static_cast<size_t>(std::max(max_slots, 0))) {}
-
-void CpuKvStorage::on_acquire(int slot) {
-  Slot& s = slots_.at(static_cast<size_t>(slot));
-  if (!s.keys.empty()) return;
-  const auto bytes =
-      static_cast<size_t>(layers_ * kv_heads_ * max_seq_len_ * head_dim_ * kernels::kv_element_bytes(element_));
-  s.keys.resize(bytes);
-  s.values.resize(bytes);
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      element_(element) {
+  const auto bytes = static_cast<size_t>(layers_ * num_blocks_ * kv_heads_ * block_size_ * head_dim_ *
+                                         kernels::kv_element_bytes(element_));
+  // new[] without () leaves the bytes uninitialized: nothing is touched (committed) before a block is written.
+  keys_.reset(new std::byte[std::max<size_t>(bytes, 1)]);
+  values_.reset(new std::byte[std::max<size_t>(bytes, 1)]);
 }
 
-namespace {
-[[noreturn]] void throw_not_fp32(kernels::KvElement element) {
-  throw UsageError(fmt::format("KvCache: key()/value() give fp32 rows but this cache stores {} (use key_data/rows)",
-                               kernels::kv_element_name(element)));
-}
-}  // namespace
-
-int64_t CpuKvStorage::offset(int64_t layer, int64_t kv_head, int64_t position) const {
-  return ((layer * kv_heads_ + kv_head) * max_seq_len_ + position) * head_dim_;
+int64_t CpuKvStorage::offset(int32_t block, int64_t layer, int64_t kv_head, int64_t row) const {
+  return (((layer * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + row) * head_dim_;
 }
 
-void* CpuKvStorage::key_data(int slot, int64_t layer, int64_t kv_head, int64_t position) {
-  return slots_[static_cast<size_t>(slot)].keys.data() +
-         offset(layer, kv_head, position) * kernels::kv_element_bytes(element_);
+void* CpuKvStorage::key_data(int32_t block, int64_t layer, int64_t kv_head, int64_t row) {
+  return keys_.get() + offset(block, layer, kv_head, row) * kernels::kv_element_bytes(element_);
 }
 
-void* CpuKvStorage::value_data(int slot, int64_t layer, int64_t kv_head, int64_t position) {
-  return slots_[static_cast<size_t>(slot)].values.data() +
-         offset(layer, kv_head, position) * kernels::kv_element_bytes(element_);
+void* CpuKvStorage::value_data(int32_t block, int64_t layer, int64_t kv_head, int64_t row) {
+  return values_.get() + offset(block, layer, kv_head, row) * kernels::kv_element_bytes(element_);
 }
 
-float* CpuKvStorage::key(int slot, int64_t layer, int64_t kv_head, int64_t position) {
-  if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
-  return static_cast<float*>(key_data(slot, layer, kv_head, position));
+kernels::KvRows CpuKvStorage::rows(std::span<const int32_t> table, int64_t layer) const {
+  const int64_t layer_bytes = offset(0, layer, 0, 0) * kernels::kv_element_bytes(element_);
+  kernels::KvRows r{keys_.get() + layer_bytes, values_.get() + layer_bytes, head_dim_, block_size_ * head_dim_, element_};
+  r.block_table = table.data();
+  r.block_table_size = static_cast<int64_t>(table.size());
+  r.block_size = block_size_;
+  r.block_stride = kv_heads_ * block_size_ * head_dim_;
+  return r;
 }
 
-float* CpuKvStorage::value(int slot, int64_t layer, int64_t kv_head, int64_t position) {
-  if (element_ != kernels::KvElement::F32) throw_not_fp32(element_);
-  return static_cast<float*>(value_data(slot, layer, kv_head, position));
-}
-
-kernels::KvRows CpuKvStorage::rows(int slot, int64_t layer) {
-  return kernels::KvRows{key_data(slot, layer, 0, 0), value_data(slot, layer, 0, 0), head_dim_,
-                         max_seq_len_ * head_dim_, element_};
+model::KvCache make_host_kv_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                                  const model::KvCacheSpec& spec, model::KvCacheDtype dtype) {
+  const model::KvCacheSpec s = model::resolved_spec(spec);  // checks the sizes before any memory is reserved
+  if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
+    throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {})", num_layers,
+                                 num_kv_heads, head_dim));
+  }
+  return model::KvCache(num_layers, num_kv_heads, head_dim, s,
+                        std::make_unique<CpuKvStorage>(num_layers, num_kv_heads, head_dim, s.num_blocks, s.block_size,
+                                                       kv_element_of(dtype)),
+                        dtype);
 }
 
 model::KvCache make_host_kv_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
                                   int max_slots, model::KvCacheDtype dtype) {
-  // KvCache checks the sizes (the storage allocates nothing before a slot is acquired).
-  return model::KvCache(
-      num_layers, num_kv_heads, head_dim, max_seq_len, max_slots,
-      std::make_unique<CpuKvStorage>(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, kv_element_of(dtype)),
-      dtype);
+  return make_host_kv_cache(num_layers, num_kv_heads, head_dim, model::KvCacheSpec{max_seq_len, max_slots}, dtype);
 }
 
 CpuKvStorage& host_kv(model::KvCache& cache) {
@@ -89,6 +81,33 @@ CpuKvStorage& host_kv(model::KvCache& cache) {
                      "decoder cannot use it");
   }
   return *storage;
+}
+
+namespace {
+void* host_row(model::KvCache& cache, int slot, int64_t layer, int64_t kv_head, int64_t position, bool key) {
+  CpuKvStorage& kv = host_kv(cache);
+  if (kv.element() != kernels::KvElement::F32) {
+    throw UsageError(fmt::format("KvCache: host_key / host_value give fp32 rows but this cache stores {}",
+                                 kernels::kv_element_name(kv.element())));
+  }
+  const std::span<const int32_t> table = cache.block_table(slot);
+  const int64_t bs = cache.block_size();
+  if (position < 0 || layer < 0 || layer >= cache.num_layers() || kv_head < 0 || kv_head >= cache.num_kv_heads() ||
+      position / bs >= static_cast<int64_t>(table.size()) || table[static_cast<size_t>(position / bs)] < 0) {
+    throw UsageError(fmt::format("KvCache: slot {} has no block for layer {}, KV head {}, position {}", slot, layer,
+                                 kv_head, position));
+  }
+  const int32_t block = table[static_cast<size_t>(position / bs)];
+  return key ? kv.key_data(block, layer, kv_head, position % bs) : kv.value_data(block, layer, kv_head, position % bs);
+}
+}  // namespace
+
+float* host_key(model::KvCache& cache, int slot, int64_t layer, int64_t kv_head, int64_t position) {
+  return static_cast<float*>(host_row(cache, slot, layer, kv_head, position, true));
+}
+
+float* host_value(model::KvCache& cache, int slot, int64_t layer, int64_t kv_head, int64_t position) {
+  return static_cast<float*>(host_row(cache, slot, layer, kv_head, position, false));
 }
 
 }  // namespace fp4serve::backends::cpu

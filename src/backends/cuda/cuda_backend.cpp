@@ -79,14 +79,14 @@ struct CudaRope final : BackendRope {
   kc::DeviceBuffer<float> cos, sin;
 };
 
-// The device KV cache of one KvCache ([layer][position][kv_heads · head_dim] fp32 per slot), with one more slot
-// than the KvCache hands out: `scratch_slot`, where the padding rows of a padded decode step write and read
-// (step_arrays.h).
+// The device KV cache of one KvCache's block pool ([block][layer][block position][kv_heads · head_dim] fp32), with
+// one more block than the pool hands out: `scratch_block`, where the padding rows of a padded decode step write and
+// read (step_arrays.h).
 struct CudaKvStorage final : KvStorage {
   const void* owner = nullptr;
   uint64_t id = 0;  // unique per storage: graphs captured on another cache are stale
-  int64_t layers = 0, seq = 0, row = 0;
-  int scratch_slot = 0;
+  int64_t layers = 0, seq = 0, row = 0, block_size = 0;
+  int32_t scratch_block = 0;
   kc::DeviceBuffer<float> keys, values;
 };
 
@@ -158,6 +158,8 @@ struct CudaBackend::Impl {
   kc::DeviceBuffer<kc::bf16> x_bf16;
   kc::DeviceBuffer<float> transformed, part_out, row_weights;
   kc::DeviceBuffer<int64_t> gather_index, scatter_index;
+  kc::DeviceBuffer<int32_t> attention_table;  // the block table of a prefill attention call
+  const KvCache* cache = nullptr;
   kc::W4A4Scratch w4a4;
 
   const FlatBatch* flat = nullptr;
@@ -206,7 +208,7 @@ struct CudaBackend::Impl {
   const int32_t* seq_len() const { return array<int32_t>(layout.seq_len); }
   const int64_t* positions() const { return array<int64_t>(layout.positions); }
   const int64_t* cache_rows() const { return array<int64_t>(layout.cache_rows); }
-  const int64_t* seq_base() const { return array<int64_t>(layout.seq_base); }
+  const int32_t* block_tables() const { return array<int32_t>(layout.block_tables); }
 
   template <class T>
   T* upload(kc::DeviceBuffer<T>& buffer, std::span<const T> host) {
@@ -370,21 +372,23 @@ void CudaBackend::check_attention(const AttentionOp& op, const std::string& laye
   }
 }
 
-KvCache CudaBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                                int max_slots) const {
+KvCache CudaBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                                const KvCacheSpec& spec) const {
+  const KvCacheSpec rs = model::resolved_spec(spec);  // sizes checked before any device memory is taken
   auto storage = std::make_unique<CudaKvStorage>();
   storage->owner = this;
   storage->id = next_storage_id.fetch_add(1);
   storage->layers = num_layers;
-  storage->seq = max_seq_len;
+  storage->seq = rs.max_seq_len;
   storage->row = num_kv_heads * head_dim;
-  storage->scratch_slot = std::max(max_slots, 0);
-  // max_slots + 1 slots: the last is the padding rows' scratch slot.
-  const auto n = static_cast<size_t>((std::max<int64_t>(max_slots, 0) + 1) * std::max<int64_t>(num_layers, 0) *
-                                     std::max<int64_t>(max_seq_len, 0) * std::max<int64_t>(storage->row, 0));
+  storage->block_size = rs.block_size;
+  storage->scratch_block = static_cast<int32_t>(rs.num_blocks);
+  // num_blocks + 1 blocks: the last is the padding rows' scratch block.
+  const auto n = static_cast<size_t>((rs.num_blocks + 1) * std::max<int64_t>(num_layers, 0) * rs.block_size *
+                                     std::max<int64_t>(storage->row, 0));
   storage->keys = kc::DeviceBuffer<float>(n);
   storage->values = kc::DeviceBuffer<float>(n);
-  return KvCache(num_layers, num_kv_heads, head_dim, max_seq_len, max_slots, std::move(storage));
+  return KvCache(num_layers, num_kv_heads, head_dim, rs, std::move(storage));
 }
 
 void CudaBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
@@ -402,17 +406,19 @@ void CudaBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
   }
   im.flat = &flat;
   im.storage = storage;
+  im.cache = &cache;
   im.max_position = max_position;
   im.run_rows =
       im.graphs_enabled ? padded_step_rows(flat, im.graphs.buckets()) : static_cast<int64_t>(flat.ids.size());
-  im.layout = step_arrays_layout(im.run_rows);
+  const int64_t table_width = model::kv_blocks_for(cache.max_seq_len(), cache.block_size());
+  im.layout = step_arrays_layout(im.run_rows, table_width);
   // Sized for the largest bucket at once, so that the buffer stays put while the batch size moves between
   // buckets (a move drops every graph).
-  const size_t capacity = std::max(im.layout.bytes, step_arrays_layout(im.graphs.buckets().back()).bytes);
+  const size_t capacity = std::max(im.layout.bytes, step_arrays_layout(im.graphs.buckets().back(), table_width).bytes);
   im.grow(im.step_arrays, static_cast<int64_t>(capacity / sizeof(int64_t)));
   im.staging_copied.wait();
   const std::span<std::byte> host = im.staging.get(im.layout.bytes);
-  pack_step_arrays(flat, im.run_rows, storage->layers, storage->seq, storage->scratch_slot, host);
+  pack_step_arrays(flat, cache, im.run_rows, storage->scratch_block, host);
   if (im.layout.bytes > 0) {
     FP4SERVE_CUDA_CHECK(cudaMemcpyAsync(im.step_arrays.data(), host.data(), im.layout.bytes, cudaMemcpyHostToDevice,
                                         im.s()));
@@ -436,9 +442,13 @@ void CudaBackend::decode_attention(int64_t layer, const float* q, const Attentio
   const int64_t splits = kc::plan_kv_splits(im.run_rows, op.num_heads, c.seq, im.multiprocessors);
   const int64_t floats = kc::attention_decode_workspace_floats(im.run_rows, op.num_heads, op.head_dim, splits);
   float* workspace = im.grow(im.attention_workspace, floats);
-  const int64_t layer_offset = layer * c.seq * c.row;
-  const kc::DecodeAttentionBatch batch{q,     c.keys.data() + layer_offset, c.values.data() + layer_offset,
-                                       c.row, im.seq_base(), im.seq_len(), im.run_rows, c.seq};
+  const int64_t layer_offset = layer * c.block_size * c.row;
+  kc::DecodeAttentionBatch batch{q,     c.keys.data() + layer_offset, c.values.data() + layer_offset,
+                                 c.row, nullptr,         im.seq_len(), im.run_rows, c.seq};
+  batch.block_tables = im.block_tables();
+  batch.table_width = im.layout.table_width;
+  batch.block_size = c.block_size;
+  batch.block_stride = c.layers * c.block_size;
   kc::attention_decode(batch, shape, splits, workspace, floats, out, im.s());
 }
 
@@ -493,6 +503,7 @@ void CudaBackend::set_graphs(bool enabled) {
 void CudaBackend::end_step() {
   impl_->flat = nullptr;
   impl_->storage = nullptr;
+  impl_->cache = nullptr;
 }
 
 const FlatBatch& CudaBackend::step() const {
@@ -579,8 +590,9 @@ void CudaBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, cons
   Impl& im = *impl_;
   (void)step();
   CudaKvStorage& c = *im.storage;
-  float* k_layer = c.keys.data() + layer * c.seq * c.row;
-  float* v_layer = c.values.data() + layer * c.seq * c.row;
+  // Layer l of block b starts at row (b · layers + l) · block_size; cache_rows hold b · layers · block_size + offset.
+  float* k_layer = c.keys.data() + layer * c.block_size * c.row;
+  float* v_layer = c.values.data() + layer * c.block_size * c.row;
   kc::copy_rows(k, k_stride, nullptr, k_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
   kc::copy_rows(v, v_stride, nullptr, v_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
 }
@@ -592,9 +604,11 @@ void CudaBackend::attention(int64_t layer, int slot, const float* q, int64_t t, 
   CudaKvStorage& c = *im.storage;
   const float* sinks = op.sinks == nullptr ? nullptr : as<CudaVector>(*op.sinks, "sinks").values.data();
   const kc::AttentionShape shape{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window, sinks};
-  const int64_t slot_row = static_cast<int64_t>(slot) * c.layers * c.seq;
-  const int64_t base = (slot_row + layer * c.seq) * c.row;
-  kc::attention(q, t, start_pos, c.keys.data() + base, c.values.data() + base, c.row, shape, out, im.s());
+  const std::span<const int32_t> table = im.cache->block_table(slot);
+  const int32_t* table_dev = im.upload(im.attention_table, table);
+  const int64_t base = layer * c.block_size * c.row;
+  kc::attention(q, t, start_pos, c.keys.data() + base, c.values.data() + base, c.row, shape, out, im.s(),
+                kc::PagedRows{table_dev, c.block_size, c.layers * c.block_size});
 }
 
 void CudaBackend::activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // model::Backend on an NVIDIA GPU (backends/cuda/kernels): weights in the GPU GEMM layouts (linear_cuda.h), norms,
 // sinks, the embedding table and the RoPE cos/sin table uploaded once, the KV cache in device memory
-// ([slot][layer][position][kv_heads · head_dim] fp32, the host cache's former layout, plus one scratch slot for
-// the padding rows of graph steps), activations fp32 in device workspaces, one stream. Decode steps of dense models
+// (the block pool as [block][layer][block position][kv_heads · head_dim] fp32, read through each sequence's block
+// table, plus one scratch block for the padding rows of graph steps), activations fp32 in device workspaces, one stream. Decode steps of dense models
 // run as CUDA graphs per batch-size bucket (run_decode) between one host→device copy of the step's arrays and one
 // copy of the logits back, the step's only sync. Compiled only with the CUDA backend (FP4SERVE_HAVE_CUDA);
 // backends::make_cuda_backend (registry.h) is the way in. Numerics: fp32 activations and KV cache (the CPU's fp32
@@ -35,6 +35,7 @@ using model::BackendVector;
 using model::ExpertActivation;
 using model::FlatBatch;
 using model::KvCache;
+using model::KvCacheSpec;
 using model::LinearGroup;
 using model::OnlineTransform;
 using model::RopeCache;
@@ -60,8 +61,8 @@ class CudaBackend final : public Backend {
                                                      const std::string& where) override;
   std::unique_ptr<BackendRope> upload_rope(RopeCache rope) override;
   void check_attention(const AttentionOp& op, const std::string& layer) const override;
-  KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t max_seq_len,
-                     int max_slots) const override;
+  KvCache make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                     const KvCacheSpec& spec) const override;
 
   void begin_step(const FlatBatch& flat, KvCache& cache) override;
   void end_step() override;

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
+#include <algorithm>
 
 #include "fp4serve/error.h"
 
@@ -18,17 +20,20 @@ void put(std::span<std::byte> out, size_t offset, int64_t index, T value) {
 
 }  // namespace
 
-StepArraysLayout step_arrays_layout(int64_t rows) {
-  if (rows < 0) throw UsageError(fmt::format("step_arrays_layout: {} rows", rows));
+StepArraysLayout step_arrays_layout(int64_t rows, int64_t table_width) {
+  if (rows < 0 || table_width < 0) {
+    throw UsageError(fmt::format("step_arrays_layout: {} rows, table width {}", rows, table_width));
+  }
   const auto n = static_cast<size_t>(rows);
   StepArraysLayout l;
   l.rows = rows;
+  l.table_width = table_width;
   l.positions = 0;
   l.cache_rows = l.positions + n * sizeof(int64_t);
-  l.seq_base = l.cache_rows + n * sizeof(int64_t);
-  l.ids = l.seq_base + n * sizeof(int64_t);
+  l.ids = l.cache_rows + n * sizeof(int64_t);
   l.seq_len = l.ids + n * sizeof(int32_t);
-  l.bytes = l.seq_len + n * sizeof(int32_t);  // 32 · rows
+  l.block_tables = l.seq_len + n * sizeof(int32_t);
+  l.bytes = (l.block_tables + n * static_cast<size_t>(table_width) * sizeof(int32_t) + 7) / 8 * 8;
   return l;
 }
 
@@ -41,29 +46,37 @@ int64_t padded_step_rows(const model::FlatBatch& flat, std::span<const int64_t> 
   return n;
 }
 
-void pack_step_arrays(const model::FlatBatch& flat, int64_t rows, int64_t num_layers, int64_t max_seq_len,
-                      int scratch_slot, std::span<std::byte> out) {
+void pack_step_arrays(const model::FlatBatch& flat, const model::KvCache& cache, int64_t rows, int32_t scratch_block,
+                      std::span<std::byte> out) {
   const auto n = static_cast<int64_t>(flat.ids.size());
-  const StepArraysLayout l = step_arrays_layout(rows);
-  if (rows < n || out.size() < l.bytes || num_layers < 1 || max_seq_len < 1 ||
-      max_seq_len > INT32_MAX || scratch_slot < 0 ||
+  const int64_t width = model::kv_blocks_for(cache.max_seq_len(), cache.block_size());
+  const StepArraysLayout l = step_arrays_layout(rows, width);
+  if (rows < n || out.size() < l.bytes || cache.max_seq_len() > INT32_MAX || scratch_block < 0 ||
       flat.positions.size() != flat.ids.size() || flat.slots.size() != flat.ids.size() ||
       flat.cache_rows.size() != flat.ids.size()) {
-    throw UsageError(fmt::format("pack_step_arrays: {} rows for a batch of {}, {} bytes for {}, {} layers, cache "
-                                 "length {}, scratch slot {}",
-                                 rows, n, out.size(), l.bytes, num_layers, max_seq_len, scratch_slot));
+    throw UsageError(fmt::format("pack_step_arrays: {} rows for a batch of {}, {} bytes for {}, cache length {}, "
+                                 "scratch block {}",
+                                 rows, n, out.size(), l.bytes, cache.max_seq_len(), scratch_block));
   }
-  const int64_t per_slot = num_layers * max_seq_len;
+  const int64_t scratch_row = static_cast<int64_t>(scratch_block) * cache.num_layers() * cache.block_size();
+  std::vector<int32_t> table(static_cast<size_t>(width));
   for (int64_t r = 0; r < rows; ++r) {
     const bool real = r < n;
     const auto i = static_cast<size_t>(r);
     const int64_t position = real ? flat.positions[i] : 0;
-    const int64_t base = (real ? static_cast<int64_t>(flat.slots[i]) : scratch_slot) * per_slot;
     put<int64_t>(out, l.positions, r, position);
-    put<int64_t>(out, l.cache_rows, r, real ? flat.cache_rows[i] : base);
-    put<int64_t>(out, l.seq_base, r, base);
+    put<int64_t>(out, l.cache_rows, r, real ? flat.cache_rows[i] : scratch_row);
     put<int32_t>(out, l.ids, r, real ? flat.ids[i] : 0);
     put<int32_t>(out, l.seq_len, r, static_cast<int32_t>(position + 1));
+    std::ranges::fill(table, model::kNoBlock);
+    if (real) {
+      const std::span<const int32_t> t = cache.block_table(flat.slots[i]);
+      std::ranges::copy(t.first(std::min(t.size(), table.size())), table.begin());
+    } else if (!table.empty()) {
+      table[0] = scratch_block;
+    }
+    if (width > 0) std::memcpy(out.data() + l.block_tables + i * table.size() * sizeof(int32_t), table.data(),
+                               table.size() * sizeof(int32_t));
   }
 }
 

@@ -28,7 +28,10 @@ const std::vector<int64_t> kBuckets = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 
 
 TEST(StepArrays, DecodeStepsAreBatchesOfOneTokenChunks) {
   const std::vector<int32_t> one = {7}, two = {7, 8};
-  const auto flat = [](std::vector<SequenceChunk> b) { return flatten_batch(b, 2, 32, 4, 100); };
+  const auto flat = [](std::vector<SequenceChunk> b) {
+    model::KvCache cache(2, 1, 4, model::KvCacheSpec{32, 4});
+    return flatten_batch(b, cache, 100);
+  };
   EXPECT_TRUE(flat({{0, 5, one, false}}).decode);
   EXPECT_TRUE(flat({{0, 5, one, false}, {3, 0, one, true}, {1, 9, one, false}}).decode);
   EXPECT_FALSE(flat({{0, 5, two, false}}).decode);
@@ -60,65 +63,78 @@ TEST(StepArrays, CapturableDecodeStepsArePaddedToTheirBucket) {
 
 TEST(StepArrays, LayoutIsAlignedAndDisjoint) {
   for (const int64_t rows : {0, 1, 3, 4, 255, 256}) {
-    const StepArraysLayout l = step_arrays_layout(rows);
-    const auto n = static_cast<size_t>(rows);
-    EXPECT_EQ(l.bytes, 32 * n);
-    EXPECT_EQ(l.positions % 8, 0u);
-    EXPECT_EQ(l.cache_rows % 8, 0u);
-    EXPECT_EQ(l.seq_base % 8, 0u);
-    EXPECT_EQ(l.ids % 4, 0u);
-    EXPECT_EQ(l.seq_len % 4, 0u);
-    // [begin, end) of each array, sorted by offset: consecutive, covering exactly `bytes`.
-    EXPECT_EQ(l.cache_rows, l.positions + 8 * n);
-    EXPECT_EQ(l.seq_base, l.cache_rows + 8 * n);
-    EXPECT_EQ(l.ids, l.seq_base + 8 * n);
-    EXPECT_EQ(l.seq_len, l.ids + 4 * n);
-    EXPECT_EQ(l.bytes, l.seq_len + 4 * n);
+    for (const int64_t width : {0, 1, 3, 8}) {
+      const StepArraysLayout l = step_arrays_layout(rows, width);
+      const auto n = static_cast<size_t>(rows), w = static_cast<size_t>(width);
+      EXPECT_EQ(l.positions % 8, 0u);
+      EXPECT_EQ(l.cache_rows % 8, 0u);
+      EXPECT_EQ(l.ids % 4, 0u);
+      EXPECT_EQ(l.seq_len % 4, 0u);
+      EXPECT_EQ(l.block_tables % 4, 0u);
+      // [begin, end) of each array, sorted by offset: consecutive, covering `bytes` up to its rounding to 8.
+      EXPECT_EQ(l.cache_rows, l.positions + 8 * n);
+      EXPECT_EQ(l.ids, l.cache_rows + 8 * n);
+      EXPECT_EQ(l.seq_len, l.ids + 4 * n);
+      EXPECT_EQ(l.block_tables, l.seq_len + 4 * n);
+      EXPECT_EQ(l.bytes, (l.block_tables + 4 * n * w + 7) / 8 * 8);
+    }
   }
-  EXPECT_THROW(step_arrays_layout(-1), UsageError);
+  EXPECT_THROW(step_arrays_layout(-1, 0), UsageError);
+  EXPECT_THROW(step_arrays_layout(1, -1), UsageError);
 }
 
 TEST(StepArrays, PackWritesTheBatchThenScratchPadding) {
-  constexpr int64_t kLayers = 3, kSeq = 50;
+  constexpr int64_t kLayers = 3, kSeq = 50, kBlock = 16, kWidth = 4;  // ⌈50 / 16⌉ table entries
   constexpr int kSlots = 6;
+  model::KvCache cache(kLayers, 1, 4, model::KvCacheSpec{kSeq, kSlots, 40, kBlock});
   const std::vector<int32_t> a = {11}, b = {12}, c = {13};
   const std::vector<SequenceChunk> batch = {{4, 17, a, false}, {0, 0, b, false}, {2, 49, c, true}};
-  FlatBatch flat = flatten_batch(batch, kLayers, kSeq, kSlots, 100);
+  FlatBatch flat = flatten_batch(batch, cache, 100);
   flat.capturable = true;
   const int64_t rows = padded_step_rows(flat, kBuckets);
   ASSERT_EQ(rows, 4);
-  const StepArraysLayout l = step_arrays_layout(rows);
+  const StepArraysLayout l = step_arrays_layout(rows, kWidth);
   std::vector<std::byte> bytes(l.bytes + 8, std::byte{0xAB});
-  pack_step_arrays(flat, rows, kLayers, kSeq, /*scratch_slot=*/kSlots, bytes);
+  constexpr int32_t kScratch = 40;
+  pack_step_arrays(flat, cache, rows, kScratch, bytes);
 
-  const int64_t per_slot = kLayers * kSeq;
   EXPECT_EQ(unpack<int64_t>(bytes, l.positions, rows), (std::vector<int64_t>{17, 0, 49, 0}));
-  EXPECT_EQ(unpack<int64_t>(bytes, l.cache_rows, rows),
-            (std::vector<int64_t>{4 * per_slot + 17, 0, 2 * per_slot + 49, kSlots * per_slot}));
-  EXPECT_EQ(unpack<int64_t>(bytes, l.seq_base, rows),
-            (std::vector<int64_t>{4 * per_slot, 0, 2 * per_slot, kSlots * per_slot}));
+  std::vector<int64_t> want_rows = flat.cache_rows;
+  want_rows.push_back(kScratch * kLayers * kBlock);
+  EXPECT_EQ(unpack<int64_t>(bytes, l.cache_rows, rows), want_rows);
   EXPECT_EQ(unpack<int32_t>(bytes, l.ids, rows), (std::vector<int32_t>{11, 12, 13, 0}));
   EXPECT_EQ(unpack<int32_t>(bytes, l.seq_len, rows), (std::vector<int32_t>{18, 1, 50, 1}));
+  // Each row's block table padded with kNoBlock; the padding row reads the scratch block only.
+  std::vector<int32_t> want_tables;
+  for (const int slot : {4, 0, 2}) {
+    std::vector<int32_t> t(cache.block_table(slot).begin(), cache.block_table(slot).end());
+    t.resize(kWidth, model::kNoBlock);
+    want_tables.insert(want_tables.end(), t.begin(), t.end());
+  }
+  want_tables.insert(want_tables.end(), {kScratch, model::kNoBlock, model::kNoBlock, model::kNoBlock});
+  EXPECT_EQ(unpack<int32_t>(bytes, l.block_tables, rows * kWidth), want_tables);
+  EXPECT_EQ(cache.block_table(4).size(), 2u);
+  EXPECT_EQ(cache.block_table(2).size(), 4u);
   for (size_t i = l.bytes; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], std::byte{0xAB}) << "wrote past the layout";
 
   // Unpadded (eager) packing of the same batch: the same real rows, no padding row.
-  const StepArraysLayout l3 = step_arrays_layout(3);
+  const StepArraysLayout l3 = step_arrays_layout(3, kWidth);
   std::vector<std::byte> exact(l3.bytes);
-  pack_step_arrays(flat, 3, kLayers, kSeq, kSlots, exact);
+  pack_step_arrays(flat, cache, 3, kScratch, exact);
   EXPECT_EQ(unpack<int32_t>(exact, l3.seq_len, 3), (std::vector<int32_t>{18, 1, 50}));
   EXPECT_EQ(unpack<int64_t>(exact, l3.cache_rows, 3), flat.cache_rows);
 }
 
 TEST(StepArrays, PackRefusesTooFewRowsOrBytes) {
+  model::KvCache cache(2, 1, 4, model::KvCacheSpec{8, 2, 4, 4});
   const std::vector<int32_t> a = {1};
   const std::vector<SequenceChunk> batch = {{0, 0, a, false}, {1, 0, a, false}};
-  const FlatBatch flat = flatten_batch(batch, 2, 8, 2, 10);
-  std::vector<std::byte> bytes(step_arrays_layout(4).bytes);
-  EXPECT_THROW(pack_step_arrays(flat, 1, 2, 8, 2, bytes), UsageError);
-  EXPECT_THROW(pack_step_arrays(flat, 4, 2, 8, 2, std::span(bytes).first(bytes.size() - 1)), UsageError);
-  EXPECT_THROW(pack_step_arrays(flat, 4, 0, 8, 2, bytes), UsageError);
-  EXPECT_THROW(pack_step_arrays(flat, 4, 2, 8, -1, bytes), UsageError);
-  EXPECT_NO_THROW(pack_step_arrays(flat, 4, 2, 8, 2, bytes));
+  const FlatBatch flat = flatten_batch(batch, cache, 10);
+  std::vector<std::byte> bytes(step_arrays_layout(4, 2).bytes);
+  EXPECT_THROW(pack_step_arrays(flat, cache, 1, 4, bytes), UsageError);
+  EXPECT_THROW(pack_step_arrays(flat, cache, 4, 4, std::span(bytes).first(bytes.size() - 1)), UsageError);
+  EXPECT_THROW(pack_step_arrays(flat, cache, 4, -1, bytes), UsageError);
+  EXPECT_NO_THROW(pack_step_arrays(flat, cache, 4, 4, bytes));
 }
 
 }  // namespace

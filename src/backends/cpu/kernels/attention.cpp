@@ -54,8 +54,9 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
     throw UsageError(fmt::format("attention: num_heads {} must be a positive multiple of num_kv_heads {}, head_dim {} >= 1",
                                  heads, kv_heads, d));
   }
-  // The heads' rows must not overlap: rows of all heads together, or each head's positions together.
-  const int64_t positions = std::max<int64_t>(start_pos + t, 1);
+  // The heads' rows must not overlap: rows of all heads together, or each head's positions together (of a block).
+  const bool paged = cache.block_table != nullptr;
+  const int64_t positions = paged ? cache.block_size : std::max<int64_t>(start_pos + t, 1);
   const bool rows_of_heads = cache.head_stride >= d && cache_row_stride >= kv_heads * cache.head_stride;
   const bool heads_of_rows = cache_row_stride >= d && cache.head_stride >= positions * cache_row_stride;
   if (t < 0 || start_pos < 0 || p.sliding_window < 0 || !(rows_of_heads || heads_of_rows)) {
@@ -64,15 +65,27 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
         "must lay out [positions][num_kv_heads {}][head_dim {}] or [num_kv_heads][positions {}][head_dim] without overlap",
         t, start_pos, p.sliding_window, cache_row_stride, cache.head_stride, kv_heads, d, positions));
   }
+  if (paged) {
+    const int64_t block_span = rows_of_heads ? cache.block_size * cache_row_stride : kv_heads * cache.head_stride;
+    const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, start_pos - p.sliding_window + 1) : 0;
+    const int64_t last = start_pos + t - 1;
+    if (cache.block_size < 1 || cache.block_stride < block_span || (t > 0 && last / cache.block_size >= cache.block_table_size)) {
+      throw UsageError(fmt::format("attention: paged cache with block size {}, block stride {} (at least {}) and {} "
+                                   "table entries cannot hold positions {} … {}",
+                                   cache.block_size, cache.block_stride, block_span, cache.block_table_size, first, last));
+    }
+    for (int64_t b = first / cache.block_size; t > 0 && b <= last / cache.block_size; ++b) {
+      if (cache.block_table[b] < 0) {
+        throw UsageError(fmt::format("attention: block table entry {} (positions from {}) is empty but read", b,
+                                     b * cache.block_size));
+      }
+    }
+  }
   if (t == 0) return;
   if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
     throw UsageError("attention: null pointer");
   }
   const int64_t group = heads / kv_heads;
-  // KV head kvh's keys and values start kvh · head_stride elements in.
-  const auto* k_bytes = static_cast<const std::byte*>(cache.keys);
-  const auto* v_bytes = static_cast<const std::byte*>(cache.values);
-  const int64_t head_bytes = cache.head_stride * kv_element_bytes(cache.element);
   const int64_t total = start_pos + t;
   const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
   const auto keys_of = [&](int64_t i) {
@@ -95,8 +108,7 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
         for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
           const auto [lo, hi] = keys_of(i);
           const int64_t h0 = kvh * group;
-          cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
-                            cache.element, cache_row_stride, lo, hi, p.scale,
+          cpu::attend_group(q + (i * heads + h0) * d, group, d, cache, kvh, lo, hi, p.scale,
                             p.sinks != nullptr ? p.sinks + h0 : nullptr, scores.data(), out + (i * heads + h0) * d);
         }
       }
@@ -126,9 +138,8 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
           continue;
         }
         const int64_t h0 = kvh * group;
-        cpu::attend_group(q + (i * heads + h0) * d, group, d, k_bytes + kvh * head_bytes, v_bytes + kvh * head_bytes,
-                          cache.element, cache_row_stride, c_lo, c_hi, p.scale, nullptr, scores.data(), part,
-                          part + group * d);
+        cpu::attend_group(q + (i * heads + h0) * d, group, d, cache, kvh, c_lo, c_hi, p.scale, nullptr, scores.data(),
+                          part, part + group * d);
       }
     }
   }

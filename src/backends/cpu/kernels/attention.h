@@ -22,13 +22,22 @@ std::string_view kv_element_name(KvElement element);
 /// One layer's keys and values of one sequence: the D elements of KV head h at position p start at
 /// `keys` + p · row_stride + h · head_stride elements, likewise `values`. Rows of all heads together
 /// ([position][KVH · D]: row_stride ≥ KVH · D, head_stride = D) or each head's positions together
-/// ([KVH][positions][D]: row_stride = D, head_stride ≥ positions · D, model::KvCache's layout).
+/// ([KVH][positions][D]: row_stride = D, head_stride ≥ positions · D).
+/// Paged (block_table not null, model::KvCache's layout): position p lives in block block_table[p / block_size]
+/// at row p % block_size, so KV head h at position p starts at `keys` + block_table[p / block_size] · block_stride
+/// + (p % block_size) · row_stride + h · head_stride elements; within a block the positions are laid out as
+/// above with block_size positions ([KVH][block_size][D] on the CPU). Entries for positions a call does not read
+/// (before a sliding window) may be negative.
 struct KvRows {
   const void* keys;
   const void* values;
   int64_t row_stride;   ///< elements between consecutive positions of one head
   int64_t head_stride;  ///< elements between consecutive KV heads at one position
   KvElement element = KvElement::F32;
+  const int32_t* block_table = nullptr;  ///< [block_table_size] block indices, or nullptr: contiguous positions
+  int64_t block_table_size = 0;
+  int64_t block_size = 0;    ///< positions per block (paged)
+  int64_t block_stride = 0;  ///< elements between consecutive blocks (paged)
 };
 
 /// dst[0..n) = src[0..n) converted to `element` (fp32: copied; bf16 / fp16: rounded to nearest even, fp16
@@ -63,7 +72,9 @@ struct AttentionParams {
 /// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
 /// 16-bit rows are widened a few keys at a time into an fp32 scratch that stays in L1 (decode), or once per call
 /// per KV head (blocked prefill), so every path runs the fp32 arithmetic on the rounded values.
-/// Throws UsageError on null pointers or inconsistent sizes.
+/// A paged cache is read run by run (the positions of one block), as the same arithmetic in the same order per run.
+/// Throws UsageError on null pointers or inconsistent sizes (a block table that does not cover the positions read,
+/// or names a negative block among them).
 void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
                float* out);
 /// The same over an fp32 cache of [position][KVH · D] rows, cache_row_stride floats apart.

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels/gemm_micro-inl.h"
+#include "backends/cpu/kernels/kv_paging.h"
 #include "backends/cpu/kernels/kv_rows-inl.h"
 #include "backends/cpu/kernels/simd.h"
 
@@ -46,6 +47,33 @@ namespace kv = kernels::HWY_NAMESPACE::kv;
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Packs `keys` keys of a paged cache from position p0 on into `panel` ([d][kNR], key l in column l) and their
+// values into `values` ([keys][d] fp32), widening 16-bit rows through `row` (d floats). Positions before
+// `first_read` (before the first query's sliding window: their blocks may have been released) pack as zeros.
+void PackPagedKeys(const KvRows& cache, int64_t kvh, int64_t p0, int64_t keys, int64_t first_read, int64_t d,
+                   float* row, float* panel, float* values) {
+  const bool f32 = cache.element == KvElement::F32;
+  for (int64_t l = 0; l < keys; ++l) {
+    const int64_t pos = p0 + l;
+    float* value = values + l * d;
+    if (pos < first_read) {
+      for (int64_t e = 0; e < d; ++e) panel[e * kNR + l] = 0.0f;
+      std::fill(value, value + d, 0.0f);
+      continue;
+    }
+    const int64_t off = kv_offset(cache, kvh, pos);
+    const float* key = row;
+    if (f32) {
+      key = static_cast<const float*>(cache.keys) + off;
+      std::memcpy(value, static_cast<const float*>(cache.values) + off, sizeof(float) * static_cast<size_t>(d));
+    } else {
+      kv::WidenRows(static_cast<const uint16_t*>(cache.keys) + off, cache.element, d, 1, 1, d, row);
+      kv::WidenRows(static_cast<const uint16_t*>(cache.values) + off, cache.element, d, 1, 1, d, value);
+    }
+    for (int64_t e = 0; e < d; ++e) panel[e * kNR + l] = key[e];
+  }
+}
+
 bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
                           float* out) {
   if (hn::Lanes(DF()) != static_cast<size_t>(kLanes)) return false;  // an SVE length the panels do not assume
@@ -53,7 +81,10 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
   const int64_t heads = p.num_heads, kv_heads = p.num_kv_heads, d = p.head_dim, group = heads / kv_heads;
   const int64_t total = start_pos + t;
   const int64_t stride = cache.row_stride, head_stride = cache.head_stride;
-  const bool in_place = cache.element == KvElement::F32;  // else 16-bit rows, widened to fp32 below
+  // An unpaged fp32 cache's values are read in place; 16-bit rows are widened to fp32 below, and a paged cache's
+  // values are gathered into the same scratch (its rows are not one stride apart).
+  const bool paged = cache.block_table != nullptr;
+  const bool in_place = cache.element == KvElement::F32 && !paged;
   const auto* k16 = static_cast<const uint16_t*>(cache.keys);
   const auto* v16 = static_cast<const uint16_t*>(cache.values);
   // Query rows per block: as many as keep rows × group ≤ kMR, so that one micro-kernel call covers the block, but
@@ -100,6 +131,10 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
         float* panel = panel_of(kvh, b);
         const int64_t keys = std::min(kNR, total - b * kNR);
         if (keys < kNR) std::fill(panel, panel + d * kNR, 0.0f);
+        if (paged) {
+          PackPagedKeys(cache, kvh, b * kNR, keys, lo_of(start_pos), d, rows_f32, panel, widened_value(kvh, b * kNR));
+          continue;
+        }
         const float* key0 = rows_f32;
         int64_t key_stride = d;
         if (in_place) {

@@ -47,16 +47,15 @@ void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, floa
 void store_kv_row(const float* src, int64_t n, KvElement element, void* dst);
 
 /// One query row of causal attention for the `group` query heads that share one KV head.
-/// q: [group, d] (the group's heads, contiguous); keys/values of cache row j start `j·stride` elements of type
-/// `element` after k and v (already offset to this KV head); the row attends to cache rows [lo, hi].
+/// q: [group, d] (the group's heads, contiguous); the row attends to positions [lo, hi] of `kv_head` in `cache`
+/// (contiguous or paged: attention.h KvRows).
 /// sinks: [group] extra logits in the softmax denominator, or nullptr. scores: scratch of group·(hi−lo+1).
 /// out: [group, d], overwritten.
 /// partial: nullptr for the softmax-weighted output above; otherwise [group, 2] receives each head's max score m
 /// and Σ_j exp(s_j − m) over [lo, hi], out gets the unnormalized Σ_j exp(s_j − m)·v_j, and sinks are ignored
 /// (the caller merges key ranges, sinks included: attention.cpp).
-void attend_group(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
-                  int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
-                  float* partial = nullptr);
+void attend_group(const float* q, int64_t group, int64_t d, const KvRows& cache, int64_t kv_head, int64_t lo,
+                  int64_t hi, float scale, const float* sinks, float* scores, float* out, float* partial = nullptr);
 
 /// attention() for a prefill of t rows (attention_prefill.cpp): blocks of query rows × the heads of one KV head
 /// as matrices, S = Q·Kᵀ and O = P·V on the panel GEMM's micro-kernel, keys packed once per call. Arguments as

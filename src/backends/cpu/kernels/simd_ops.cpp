@@ -19,6 +19,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "backends/cpu/kernels/gemm_micro-inl.h"
+#include "backends/cpu/kernels/kv_paging.h"
 #include "backends/cpu/kernels/kv_rows-inl.h"
 #include "backends/cpu/kernels/simd.h"
 #include "quant/formats.h"
@@ -405,12 +406,14 @@ inline int64_t WidenedChunkKeys(int64_t d) { return std::max<int64_t>(16, 4096 /
 
 // Scores for every (head, key) first so each key row is read once for the whole group (decode is bound by
 // reading the KV cache), then one softmax per head, then the value sum, again one pass over the value rows.
-// An fp32 cache is read in place; a 16-bit one is widened a chunk of rows at a time into an fp32 scratch.
-void AttendGroupImpl(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
-                     int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores,
-                     float* out, float* partial) {
+// An fp32 cache is read in place; a 16-bit one is widened a chunk of rows at a time into an fp32 scratch. A paged
+// cache is read one block's run of rows at a time (kv_paging.h), a contiguous one as a single run.
+void AttendGroupImpl(const float* q, int64_t group, int64_t d, const KvRows& cache, int64_t kv_head, int64_t lo,
+                     int64_t hi, float scale, const float* sinks, float* scores, float* out, float* partial) {
   const DF df;
   const int64_t len = hi - lo + 1;
+  const KvElement element = cache.element;
+  const int64_t stride = cache.row_stride;
   const bool in_place = element == KvElement::F32;
   const int64_t chunk = WidenedChunkKeys(d);
   static thread_local hwy::AlignedFreeUniquePtr<float[]> widened_buf;
@@ -420,18 +423,22 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const void* k, co
     widened_cap = chunk * d;
   }
   float* widened = widened_buf.get();
-  const auto* k16 = static_cast<const uint16_t*>(k) + lo * stride;
-  const auto* v16 = static_cast<const uint16_t*>(v) + lo * stride;
-  if (in_place) {
-    ScoreKeys(q, group, d, static_cast<const float*>(k) + lo * stride, stride, len, scale, scores, len, true);
-  } else {
-    kv::PrefetchFirstRows(k16, stride, len, d);
-    for (int64_t j0 = 0; j0 < len; j0 += chunk) {
-      const int64_t n = std::min(chunk, len - j0);
-      kv::WidenRows(k16 + j0 * stride, element, stride, n, len - j0, d, widened);
-      ScoreKeys(q, group, d, widened, d, n, scale, scores + j0, len, false);
+  for_each_kv_run(cache, kv_head, lo, hi, [&](int64_t r0, int64_t run, const std::byte* k, const std::byte*) {
+    if (in_place) {
+      ScoreKeys(q, group, d, reinterpret_cast<const float*>(k), stride, run, scale, scores + r0, len, true);
+      return;
     }
-    kv::PrefetchFirstRows(v16, stride, len, d);  // arriving during the softmax
+    const auto* k16 = reinterpret_cast<const uint16_t*>(k);
+    kv::PrefetchFirstRows(k16, stride, run, d);
+    for (int64_t j0 = 0; j0 < run; j0 += chunk) {
+      const int64_t n = std::min(chunk, run - j0);
+      kv::WidenRows(k16 + j0 * stride, element, stride, n, run - j0, d, widened);
+      ScoreKeys(q, group, d, widened, d, n, scale, scores + r0 + j0, len, false);
+    }
+  });
+  if (!in_place && cache.block_table == nullptr) {
+    kv::PrefetchFirstRows(static_cast<const uint16_t*>(cache.values) + kv_offset(cache, kv_head, lo), stride, len,
+                          d);  // arriving during the softmax
   }
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
@@ -449,15 +456,19 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const void* k, co
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
   }
   std::fill(out, out + group * d, 0.0f);
-  if (in_place) {
-    AccumulateValues(scores, len, group, d, static_cast<const float*>(v) + lo * stride, stride, len, out, true);
-    return;
-  }
-  for (int64_t j0 = 0; j0 < len; j0 += chunk) {
-    const int64_t n = std::min(chunk, len - j0);
-    kv::WidenRows(v16 + j0 * stride, element, stride, n, len - j0, d, widened);
-    AccumulateValues(scores + j0, len, group, d, widened, d, n, out, false);
-  }
+  for_each_kv_run(cache, kv_head, lo, hi, [&](int64_t r0, int64_t run, const std::byte*, const std::byte* v) {
+    if (in_place) {
+      AccumulateValues(scores + r0, len, group, d, reinterpret_cast<const float*>(v), stride, run, out, true);
+      return;
+    }
+    const auto* v16 = reinterpret_cast<const uint16_t*>(v);
+    if (cache.block_table != nullptr) kv::PrefetchFirstRows(v16, stride, run, d);
+    for (int64_t j0 = 0; j0 < run; j0 += chunk) {
+      const int64_t n = std::min(chunk, run - j0);
+      kv::WidenRows(v16 + j0 * stride, element, stride, n, run - j0, d, widened);
+      AccumulateValues(scores + r0 + j0, len, group, d, widened, d, n, out, false);
+    }
+  });
 }
 
 // dst = src as `element`s, rounded to nearest even: the KV cache writer. bf16 by integer rounding on every target
@@ -539,10 +550,9 @@ void rotate_blocks(float* x, int64_t n, const float* matrix, int64_t block, floa
 void store_kv_row(const float* src, int64_t n, KvElement element, void* dst) {
   HWY_DYNAMIC_DISPATCH(StoreKvRowImpl)(src, n, element, dst);
 }
-void attend_group(const float* q, int64_t group, int64_t d, const void* k, const void* v, KvElement element,
-                  int64_t stride, int64_t lo, int64_t hi, float scale, const float* sinks, float* scores, float* out,
-                  float* partial) {
-  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, k, v, element, stride, lo, hi, scale, sinks, scores, out, partial);
+void attend_group(const float* q, int64_t group, int64_t d, const KvRows& cache, int64_t kv_head, int64_t lo,
+                  int64_t hi, float scale, const float* sinks, float* scores, float* out, float* partial) {
+  HWY_DYNAMIC_DISPATCH(AttendGroupImpl)(q, group, d, cache, kv_head, lo, hi, scale, sinks, scores, out, partial);
 }
 
 }  // namespace fp4serve::kernels::cpu

@@ -84,8 +84,18 @@ struct AttentionShape {
 /// (t = 1) alike: each of its warps takes every fourth key, computes the dot product across its lanes and keeps
 /// an online (running max) softmax; the warps' partial results are merged at the end. The softmax is fp32 with
 /// expf. Throws UnsupportedError when head_dim > kMaxAttentionHeadDim, UsageError on inconsistent sizes.
+/// Paged: the key/value row of position p is block_table[p / block_size] · block_stride + p % block_size (rows
+/// from k_cache / v_cache); block_table is device memory covering positions 0 … start_pos + t − 1 (entries before
+/// the window may be kNoBlock: never read).
+struct PagedRows {
+  const int32_t* block_table = nullptr;  ///< nullptr: row p is p (contiguous)
+  int64_t block_size = 0;
+  int64_t block_stride = 0;  ///< rows between consecutive blocks
+};
+
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-               int64_t cache_row_stride, const AttentionShape& shape, float* out, cudaStream_t stream);
+               int64_t cache_row_stride, const AttentionShape& shape, float* out, cudaStream_t stream,
+               const PagedRows& paged = {});
 
 /// A batch of decode rows (one new token each, from different sequences) for attention_decode. Every pointer is
 /// device memory and every per-row value is read on the device, so one launch serves any batch and a CUDA graph
@@ -95,7 +105,13 @@ struct DecodeAttentionBatch {
   const float* k_cache = nullptr;  ///< key row r at k_cache + r · cache_row_stride (this layer's cache)
   const float* v_cache = nullptr;
   int64_t cache_row_stride = 0;    ///< floats, ≥ kv_heads · head_dim
-  const int64_t* seq_base = nullptr;  ///< [rows] cache row of position 0 of each row's sequence
+  const int64_t* seq_base = nullptr;  ///< [rows] cache row of position 0 of each row's sequence (unpaged)
+  /// Paged (block_tables not null, seq_base unused): row i's position p is at cache row
+  /// block_tables[i · table_width + p / block_size] · block_stride + p % block_size.
+  const int32_t* block_tables = nullptr;
+  int64_t table_width = 0;
+  int64_t block_size = 0;
+  int64_t block_stride = 0;
   const int32_t* seq_len = nullptr;   ///< [rows] keys visible to the row's query: its position + 1, ≥ 1
   int64_t rows = 0;
   int64_t max_len = 0;  ///< an upper bound of every seq_len (host); sizes the split

@@ -19,9 +19,14 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kPerLane = static_cast<int>(kMaxAttentionHeadDim / 32);
 
+__device__ inline int64_t cache_row(const PagedRows& paged, int64_t p) {
+  if (paged.block_table == nullptr) return p;
+  return static_cast<int64_t>(paged.block_table[p / paged.block_size]) * paged.block_stride + p % paged.block_size;
+}
+
 __global__ void attention_kernel(const float* q, int64_t start_pos, const float* k_cache, const float* v_cache,
                                  int64_t cache_row_stride, int64_t num_heads, int64_t group, int64_t head_dim,
-                                 float scale, int64_t window, const float* sinks, float* out) {
+                                 float scale, int64_t window, const float* sinks, float* out, PagedRows paged) {
   __shared__ float warp_max[kWarps];
   __shared__ float warp_sum[kWarps];
   __shared__ float warp_acc[kWarps][kMaxAttentionHeadDim];
@@ -46,7 +51,8 @@ __global__ void attention_kernel(const float* q, int64_t start_pos, const float*
   float m = -INFINITY;
   float l = 0.0f;
   for (int64_t p = lo + warp; p <= q_pos; p += kWarps) {
-    const float* kr = k_cache + p * cache_row_stride + kvh * head_dim;
+    const int64_t cr = cache_row(paged, p);
+    const float* kr = k_cache + cr * cache_row_stride + kvh * head_dim;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
@@ -59,7 +65,7 @@ __global__ void attention_kernel(const float* q, int64_t start_pos, const float*
     const float correction = expf(m - m_new);  // 0 on the first key (m = −inf)
     const float w = expf(s - m_new);
     l = l * correction + w;
-    const float* vr = v_cache + p * cache_row_stride + kvh * head_dim;
+    const float* vr = v_cache + cr * cache_row_stride + kvh * head_dim;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int64_t d = lane + 32 * j;
@@ -98,7 +104,8 @@ __global__ void attention_kernel(const float* q, int64_t start_pos, const float*
 }  // namespace
 
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
-               int64_t cache_row_stride, const AttentionShape& shape, float* out, cudaStream_t stream) {
+               int64_t cache_row_stride, const AttentionShape& shape, float* out, cudaStream_t stream,
+               const PagedRows& paged) {
   if (shape.head_dim > kMaxAttentionHeadDim) {
     throw UnsupportedError("CUDA attention: head_dim " + std::to_string(shape.head_dim) + " exceeds the kernel's " +
                            std::to_string(kMaxAttentionHeadDim));
@@ -111,12 +118,16 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
   detail::require(cache_row_stride >= shape.num_kv_heads * shape.head_dim, "attention",
                   "cache row stride " + std::to_string(cache_row_stride) + " < kv_heads * head_dim");
   detail::require(t <= 0x7fffffff && shape.num_heads <= 65535, "attention", "grid too large");
+  detail::require(paged.block_table == nullptr || (paged.block_size >= 1 && paged.block_stride >= paged.block_size),
+                  "attention",
+                  "paged block size " + std::to_string(paged.block_size) + ", block stride " +
+                      std::to_string(paged.block_stride));
   if (t == 0) return;
   const dim3 grid(static_cast<unsigned>(t), static_cast<unsigned>(shape.num_heads));
   attention_kernel<<<grid, kWarps * 32, 0, stream>>>(q, start_pos, k_cache, v_cache, cache_row_stride,
                                                      shape.num_heads, shape.num_heads / shape.num_kv_heads,
                                                      shape.head_dim, shape.scale, shape.sliding_window, shape.sinks,
-                                                     out);
+                                                     out, paged);
   FP4SERVE_CUDA_CHECK_LAUNCH();
 }
 

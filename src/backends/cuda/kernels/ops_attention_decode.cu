@@ -35,8 +35,15 @@ __global__ void decode_split_kernel(DecodeAttentionBatch b, int64_t num_heads, i
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t q_pos = static_cast<int64_t>(b.seq_len[row]) - 1;
   const KeyRange range = split_key_range(q_pos, window, splits, s);
-  const float* k_base = b.k_cache + b.seq_base[row] * b.cache_row_stride + kvh * head_dim;
-  const float* v_base = b.v_cache + b.seq_base[row] * b.cache_row_stride + kvh * head_dim;
+  const bool paged = b.block_tables != nullptr;
+  const int32_t* table = paged ? b.block_tables + row * b.table_width : nullptr;
+  // Cache row of key p: the row's block table (paged), else seq_base + p.
+  const auto row_of = [&](int64_t p) {
+    return paged ? static_cast<int64_t>(table[p / b.block_size]) * b.block_stride + p % b.block_size
+                 : b.seq_base[row] + p;
+  };
+  const float* k_base = b.k_cache + kvh * head_dim;
+  const float* v_base = b.v_cache + kvh * head_dim;
 
   const float* qh = b.q + (row * num_heads + h) * head_dim;
   float qv[kPerLane];
@@ -50,7 +57,8 @@ __global__ void decode_split_kernel(DecodeAttentionBatch b, int64_t num_heads, i
   float m = -INFINITY;
   float l = 0.0f;
   for (int64_t p = range.lo + warp; p < range.hi; p += kWarps) {
-    const float* kr = k_base + p * b.cache_row_stride;
+    const int64_t cr = row_of(p);
+    const float* kr = k_base + cr * b.cache_row_stride;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
@@ -63,7 +71,7 @@ __global__ void decode_split_kernel(DecodeAttentionBatch b, int64_t num_heads, i
     const float correction = expf(m - m_new);  // 0 on the first key (m = −inf)
     const float w = expf(sc - m_new);
     l = l * correction + w;
-    const float* vr = v_base + p * b.cache_row_stride;
+    const float* vr = v_base + cr * b.cache_row_stride;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int64_t d = lane + 32 * j;
@@ -149,8 +157,15 @@ void attention_decode(const DecodeAttentionBatch& batch, const AttentionShape& s
   detail::require(workspace != nullptr && workspace_floats >= need, "attention_decode",
                   "workspace of " + std::to_string(workspace_floats) + " floats, need " + std::to_string(need));
   detail::require(batch.q != nullptr && batch.k_cache != nullptr && batch.v_cache != nullptr &&
-                      batch.seq_base != nullptr && batch.seq_len != nullptr && out != nullptr,
-                  "attention_decode", "null q, cache, seq_base, seq_len or out");
+                      (batch.seq_base != nullptr || batch.block_tables != nullptr) && batch.seq_len != nullptr &&
+                      out != nullptr,
+                  "attention_decode", "null q, cache, seq_base (or block tables), seq_len or out");
+  detail::require(batch.block_tables == nullptr ||
+                      (batch.block_size >= 1 && batch.block_stride >= batch.block_size &&
+                       batch.table_width * batch.block_size >= batch.max_len),
+                  "attention_decode",
+                  "block tables of " + std::to_string(batch.table_width) + " blocks of " +
+                      std::to_string(batch.block_size) + " for " + std::to_string(batch.max_len) + " keys");
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(shape.num_heads),
                   static_cast<unsigned>(batch.rows));
   decode_split_kernel<<<grid, kWarps * 32, 0, stream>>>(batch, shape.num_heads,

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// The KV block pool and the paged KvCache's bookkeeping (model/block_pool.h, kv_cache.h): seeded random sequences
+// of allocate / add_ref / release against a reference model of the reference counts (no leak, no double free,
+// the free queue in LRU order), prefix registration and lookup with a hash that always collides (the tokens and
+// the parent decide), eviction of a cached block and of its now unreachable children, and the cache's prefix
+// matching, rewinds, sliding-window release and mirrored tables.
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fp4serve/error.h"
+#include "model/block_pool.h"
+#include "model/kv_cache.h"
+
+namespace fp4serve::model {
+namespace {
+
+uint64_t always_collides(uint64_t, std::span<const int32_t>) { return 42; }
+
+TEST(BlockPool, RandomOperationsKeepReferenceCountsAndQueue) {
+  for (const uint32_t seed : {1u, 2u, 3u}) {
+    BlockPool pool(37, 4);
+    std::mt19937 rng(seed);
+    std::map<int32_t, int> refs;  // the reference model
+    for (int step = 0; step < 4000; ++step) {
+      const int op = static_cast<int>(rng() % 3);
+      if (op == 0) {
+        const int32_t b = pool.allocate();
+        if (refs.size() == 37) {
+          EXPECT_EQ(b, kNoBlock);
+        } else {
+          ASSERT_NE(b, kNoBlock);
+          ASSERT_EQ(refs.count(b), 0u) << "allocated a referenced block";
+          refs[b] = 1;
+        }
+      } else if (!refs.empty()) {
+        auto it = refs.begin();
+        std::advance(it, rng() % refs.size());
+        if (op == 1) {
+          pool.add_ref(it->first);
+          ++it->second;
+        } else {
+          pool.release(it->first);
+          if (--it->second == 0) refs.erase(it);
+        }
+      }
+      ASSERT_EQ(pool.free_blocks(), 37 - static_cast<int64_t>(refs.size()));
+      for (const auto& [b, n] : refs) ASSERT_EQ(pool.ref_count(b), n);
+    }
+    pool.check_invariants();
+    for (auto& [b, n] : refs) {
+      while (n-- > 0) pool.release(b);
+    }
+    EXPECT_EQ(pool.free_blocks(), 37);  // no leak
+    pool.check_invariants();
+  }
+}
+
+TEST(BlockPool, DoubleFreeAndBadBlocksAreRefused) {
+  BlockPool pool(4, 2);
+  const int32_t b = pool.allocate();
+  pool.release(b);
+  EXPECT_THROW(pool.release(b), UsageError);
+  EXPECT_THROW(pool.add_ref(b), UsageError);  // free and uncached: its contents are garbage
+  EXPECT_THROW(pool.release(9), UsageError);
+  EXPECT_THROW(BlockPool(0, 16), UsageError);
+}
+
+TEST(BlockPool, FreedBlocksAreReusedLeastRecentlyUsedFirst) {
+  BlockPool pool(3, 2);
+  const int32_t a = pool.allocate(), b = pool.allocate(), c = pool.allocate();
+  pool.release(b);
+  pool.release(a);
+  pool.release(c);
+  EXPECT_EQ(pool.allocate(), b);
+  EXPECT_EQ(pool.allocate(), a);
+  EXPECT_EQ(pool.allocate(), c);
+}
+
+TEST(BlockPool, CollidingHashesAreResolvedByTokensAndParent) {
+  BlockPool pool(8, 2, always_collides);
+  const std::vector<int32_t> t1 = {1, 2}, t2 = {3, 4};
+  const int32_t a = pool.allocate(), b = pool.allocate(), c = pool.allocate();
+  const PrefixKey ka = pool.insert(kRootPrefix, t1, a);
+  const PrefixKey kb = pool.insert(kRootPrefix, t2, b);  // same hash, other tokens: its own entry
+  const PrefixKey kc = pool.insert(ka, t2, c);            // same tokens as b, other parent
+  EXPECT_NE(ka, kb);
+  EXPECT_NE(kb, kc);
+  EXPECT_EQ(pool.lookup(kRootPrefix, t1)->block, a);
+  EXPECT_EQ(pool.lookup(kRootPrefix, t2)->block, b);
+  EXPECT_EQ(pool.lookup(ka, t2)->block, c);
+  EXPECT_FALSE(pool.lookup(kb, t2).has_value());
+  EXPECT_FALSE(pool.lookup(kRootPrefix, std::vector<int32_t>{1, 3}).has_value());
+  // A second block with a registered prefix stays unregistered and gets the existing key.
+  const int32_t d = pool.allocate();
+  EXPECT_EQ(pool.insert(kRootPrefix, t1, d), ka);
+  EXPECT_FALSE(pool.is_cached(d));
+  pool.check_invariants();
+}
+
+TEST(BlockPool, EvictionMakesChildrenUnreachable) {
+  BlockPool pool(2, 1);
+  const std::vector<int32_t> x = {7}, y = {8};
+  const int32_t a = pool.allocate(), b = pool.allocate();
+  const PrefixKey ka = pool.insert(kRootPrefix, x, a);
+  pool.insert(ka, y, b);
+  pool.release(b);
+  pool.release(a);  // queue: b, a
+  ASSERT_TRUE(pool.lookup(ka, y).has_value());
+  const int32_t reused = pool.allocate();  // evicts b (least recently used)
+  EXPECT_EQ(reused, b);
+  EXPECT_FALSE(pool.lookup(ka, y).has_value());
+  // a is evicted next and re-registered with the same tokens: a new serial, so old children cannot match.
+  pool.release(reused);
+  const int32_t again = pool.allocate();
+  const PrefixKey ka2 = pool.insert(kRootPrefix, x, again);
+  EXPECT_NE(ka2.serial, ka.serial);
+  pool.check_invariants();
+}
+
+std::vector<int32_t> tokens(int64_t n, int32_t first) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<int32_t>(i);
+  return t;
+}
+
+TEST(PagedKvCache, BlocksGrowWithTheSequenceAndReturnOnRelease) {
+  KvCache cache(2, 1, 4, KvCacheSpec{64, 3, 10, 4});
+  const int s = cache.acquire();
+  cache.prepare(s, 0, 9);
+  EXPECT_EQ(cache.block_table(s).size(), 3u);
+  cache.commit(s, 0, tokens(9, 0));
+  cache.prepare(s, 9, 1);
+  EXPECT_EQ(cache.block_table(s).size(), 3u);  // position 9 fits block 2
+  EXPECT_EQ(cache.free_blocks(), 7);
+  EXPECT_FALSE(cache.reserve(s, 64));  // 16 blocks > the pool: nothing taken
+  EXPECT_EQ(cache.free_blocks(), 7);
+  const int other = cache.acquire();
+  EXPECT_THROW(cache.prepare(other, 0, 40), UsageError);  // out of blocks
+  cache.release(s);
+  cache.release(other);
+  EXPECT_EQ(cache.free_blocks(), 10);
+  cache.pool().check_invariants();
+}
+
+TEST(PagedKvCache, PrefixMatchSharesFullBlocksAndStopsBeforeTheLastToken) {
+  KvCache cache(1, 1, 4, KvCacheSpec{64, 4, 16, 4});
+  cache.set_prefix_caching(true);
+  const std::vector<int32_t> prompt = tokens(10, 100);
+  const int a = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(a, prompt), 0);
+  cache.prepare(a, 0, 10);
+  cache.commit(a, 0, prompt);  // blocks 0 and 1 full: registered
+  EXPECT_EQ(cache.pool().cached_blocks(), 2);
+  const int b = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(b, prompt), 8);
+  EXPECT_EQ(cache.block_table(b)[0], cache.block_table(a)[0]);
+  EXPECT_EQ(cache.pool().ref_count(cache.block_table(a)[1]), 2);
+  // The whole prompt cached: at most 7 of 8 positions are taken (the last token is computed).
+  const int c = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(c, std::span(prompt).first(8)), 4);
+  EXPECT_EQ(cache.prefix_cache_queries(), 28);
+  EXPECT_EQ(cache.prefix_cache_hits(), 12);
+  // A rewrite of a shared block is refused; after the sharers leave, it is taken out of the cache.
+  EXPECT_THROW(cache.prepare(a, 2, 1), UsageError);
+  cache.release(b);
+  cache.release(c);
+  cache.prepare(a, 6, 1);
+  EXPECT_EQ(cache.pool().cached_blocks(), 1);
+  cache.release(a);
+  // Freed cached blocks stay findable until reused.
+  const int d = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(d, prompt), 4);
+  cache.release(d);
+  cache.set_prefix_caching(false);
+  EXPECT_EQ(cache.pool().cached_blocks(), 0);
+  cache.pool().check_invariants();
+}
+
+TEST(PagedKvCache, SlidingWindowReleasesBlocksBehindIt) {
+  KvCache cache(1, 1, 4, KvCacheSpec{100, 1, 30, 4, /*sliding_window=*/6});
+  const int s = cache.acquire();
+  cache.prepare(s, 0, 20);
+  cache.commit(s, 0, tokens(20, 0));
+  // The next position 20 reads 15 … 20: blocks 0 … 2 (positions 0 … 11) are released.
+  const auto table = cache.block_table(s);
+  EXPECT_EQ(std::count(table.begin(), table.end(), kNoBlock), 3);
+  EXPECT_NE(table[3], kNoBlock);
+  EXPECT_EQ(cache.free_blocks(), 30 - 2);
+  EXPECT_THROW(cache.prepare(s, 8, 1), UsageError);  // rewinding into released blocks
+  cache.prepare(s, 0, 4);                             // a restart from 0 drops everything first
+  EXPECT_EQ(cache.block_table(s).size(), 1u);
+  cache.release(s);
+  EXPECT_EQ(cache.free_blocks(), 30);
+}
+
+TEST(PagedKvCache, MirroredTablesHoldNoReferences) {
+  KvCache cache(1, 1, 4, KvCacheSpec{16, 2, 8, 4});
+  const std::vector<int32_t> table = {5, 2};
+  cache.assign_table(1, table);
+  EXPECT_EQ(cache.free_blocks(), 8);
+  EXPECT_NO_THROW(cache.prepare(1, 0, 8));
+  EXPECT_THROW(cache.prepare(1, 0, 9), UsageError);  // past the assigned table
+  EXPECT_THROW(cache.assign_table(0, std::vector<int32_t>{8}), UsageError);
+  cache.release(1);
+  EXPECT_EQ(cache.free_blocks(), 8);
+}
+
+}  // namespace
+}  // namespace fp4serve::model
