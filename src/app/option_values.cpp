@@ -58,10 +58,11 @@ std::optional<prepare::ActivationPrecision> parse_activation_precision(std::stri
   using prepare::ActivationPrecision;
   if (text == "auto") return std::nullopt;
   for (ActivationPrecision p : {ActivationPrecision::Fp32, ActivationPrecision::Bf16, ActivationPrecision::Int8,
-                                ActivationPrecision::Int8Decode}) {
+                                ActivationPrecision::Int8Decode, ActivationPrecision::Bf16DecodeInt8}) {
     if (text == prepare::activation_precision_name(p)) return p;
   }
-  throw UsageError(fmt::format("--activation-precision '{}' is not one of auto, fp32, bf16, int8, int8-decode", text));
+  throw UsageError(fmt::format("--activation-precision '{}' is not one of auto, fp32, bf16, int8, int8-decode, "
+                               "bf16-decode-int8", text));
 }
 
 std::string activation_precision_text(std::optional<prepare::ActivationPrecision> precision) {

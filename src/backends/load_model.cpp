@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
+#include <map>
+#include <mutex>
 
 #include "backends/cpu/kernels/linear.h"
 #include "backends/registry.h"
@@ -55,11 +58,19 @@ void refuse_cpu_only_choices(const LoadOptions& options) {
 }  // namespace
 
 prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                          plan::DeviceKind device, const std::string& model_dtype) {
+                                                          plan::DeviceKind device, const std::string& model_dtype,
+                                                          std::array<int64_t, 2> probe_shape) {
   if (choice) return *choice;
   const bool bf16_dots = device == plan::DeviceKind::Cpu && kernels::bf16_dot_active();
-  return bf16_dots && model_dtype == "bfloat16" ? prepare::ActivationPrecision::Bf16
-                                                : prepare::ActivationPrecision::Fp32;
+  if (!bf16_dots || model_dtype != "bfloat16") return prepare::ActivationPrecision::Fp32;
+  // The CPU does not change within a process: measure once per thread count and shape.
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 3>, prepare::ActivationPrecision> measured;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const std::array<int64_t, 3> key{core::num_threads(), probe_shape[0], probe_shape[1]};
+  const auto it = measured.find(key);
+  if (it != measured.end()) return it->second;
+  return measured[key] = kernels::probe_activation_precision(probe_shape[0], probe_shape[1]).choice;
 }
 
 KvCacheDtype resolve_kv_cache_dtype(std::optional<KvCacheDtype> choice, plan::DeviceKind device,
@@ -103,7 +114,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   PrepareOptions prepare;
   prepare.lm_head_dtype = options.lm_head_dtype;
   loaded.activation_precision =
-      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype);
+      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype,
+                                   {std::max(loaded.config.intermediate_size, loaded.config.hidden_size), loaded.config.hidden_size});
   if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision);
 
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);

@@ -6,6 +6,7 @@
 // backends had their own folder.
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -63,12 +64,17 @@ struct LoadedModel {
 };
 
 /// The activation precision `choice` means on `device` for a checkpoint whose dtype is `model_dtype`
-/// (ModelConfig::dtype). A given choice is itself. Auto (std::nullopt) is Bf16 where the CPU kernels run bf16 dot
-/// products (kernels::bf16_dot_active(): AVX512-BF16) and the checkpoint is bfloat16, so that prefill runs as the
-/// checkpoint's own dtype at twice the fp32 FMA's products per instruction; anything else (another dtype, a CPU
-/// without AVX512-BF16, where bf16 would only add a rounding pass, or the GPU) is Fp32.
+/// (ModelConfig::dtype). A given choice is itself. Auto (std::nullopt) on a bfloat16 checkpoint, on a CPU whose
+/// kernels run bf16 dot products (kernels::bf16_dot_active(): AVX512-BF16), is chosen by measurement: bf16, whose
+/// prefill runs as the checkpoint's own dtype at twice the fp32 FMA's products per instruction, against int8 dot
+/// products where the SIMD int8 kernel exists (kernels::probe_activation_precision, once per process and thread
+/// count and `probe_shape`, the model's [intermediate, hidden]): Bf16, or Bf16DecodeInt8 where int8 is clearly
+/// faster for batched rows.
+/// Anything else (another dtype, a CPU without AVX512-BF16,
+/// where bf16 would only add a rounding pass, or the GPU) is Fp32.
 prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                          plan::DeviceKind device, const std::string& model_dtype);
+                                                          plan::DeviceKind device, const std::string& model_dtype,
+                                                          std::array<int64_t, 2> probe_shape = {1536, 576});
 
 /// The KV cache element `choice` means on `device`. Auto (std::nullopt) follows the checkpoint's `model_dtype` as
 /// vLLM's `auto` does: bfloat16 → Bf16, float16 → F16, anything else (float32, absent) → F32; the GPU backend's

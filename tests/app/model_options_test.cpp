@@ -184,7 +184,8 @@ TEST(OptionValues, EnumsRoundTripAndRefuseOtherText) {
   EXPECT_EQ(activation_precision_text(std::nullopt), "auto");
   EXPECT_EQ(activation_precision_text(prepare::ActivationPrecision::Int8), "int8");
   EXPECT_EQ(usage_error([] { parse_activation_precision("int4"); }),
-            "--activation-precision 'int4' is not one of auto, fp32, bf16, int8, int8-decode");
+            "--activation-precision 'int4' is not one of auto, fp32, bf16, int8, int8-decode, bf16-decode-int8");
+  EXPECT_EQ(parse_activation_precision("bf16-decode-int8"), prepare::ActivationPrecision::Bf16DecodeInt8);
   EXPECT_EQ(parse_lm_head_dtype("fp8"), model::LmHeadDtype::Fp8);
   EXPECT_EQ(parse_lm_head_dtype("int8"), model::LmHeadDtype::Int8);
   EXPECT_EQ(usage_error([] { parse_lm_head_dtype("fp4"); }), "--lm-head-dtype 'fp4' is not one of bf16, fp8, int8");

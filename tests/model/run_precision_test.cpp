@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -177,10 +178,19 @@ TEST(RunPrecision, KvCacheDtypeChoices) {
 }
 
 TEST(RunPrecision, ActivationPrecisionChoices) {
-  // auto: bf16 only for a bfloat16 checkpoint on a CPU whose kernels run bf16 dot products.
-  const ActivationPrecision cpu_bf16 = kernels::bf16_dot_active() ? ActivationPrecision::Bf16 : ActivationPrecision::Fp32;
+  // auto: for a bfloat16 checkpoint on a CPU whose kernels run bf16 dot products, what the measurement of that
+  // shape chose (bf16, or int8 for batched rows; kernels::probe_activation_precision); fp32 elsewhere.
   using plan::DeviceKind;
-  EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16"), cpu_bf16);
+  const std::array<int64_t, 2> shape{1536, 576};
+  if (kernels::bf16_dot_active()) {
+    const ActivationPrecision got = resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape);
+    EXPECT_TRUE(got == ActivationPrecision::Bf16 || got == ActivationPrecision::Bf16DecodeInt8)
+        << prepare::activation_precision_name(got);
+    // Measured once per process, thread count and shape: asked again, the same answer.
+    EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape), got);
+  } else {
+    EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape), ActivationPrecision::Fp32);
+  }
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float16"), ActivationPrecision::Fp32);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float32"), ActivationPrecision::Fp32);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, ""), ActivationPrecision::Fp32);
@@ -196,9 +206,12 @@ TEST(RunPrecision, ActivationPrecisionChoices) {
   kernels::set_bf16_dot_allowed(false);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16"), ActivationPrecision::Fp32);
   kernels::set_bf16_dot_allowed(true);
-  // The loaded model says what its linears take.
+  // The loaded model says what its linears take: auto resolved for its shape.
   const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", LoadOptions{});
-  EXPECT_EQ(loaded.activation_precision, cpu_bf16);
+  EXPECT_EQ(loaded.activation_precision,
+            resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16",
+                                         {std::max(loaded.config.intermediate_size, loaded.config.hidden_size),
+                                          loaded.config.hidden_size}));
   LoadOptions fp32;
   fp32.activation_precision = kFp32;
   EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", fp32).activation_precision, ActivationPrecision::Fp32);

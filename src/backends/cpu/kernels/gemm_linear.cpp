@@ -32,10 +32,10 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
     throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an MXFP4 layer (or a dense one), this one is {}",
                                  prepare::format_label(w)));
   }
-  const bool int8 = w.activation_precision == prepare::ActivationPrecision::Int8 ||
-                    (w.activation_precision == prepare::ActivationPrecision::Int8Decode && m <= int8_one_pass_rows());
+  const prepare::ActivationPrecision precision = precision_for_rows(w.activation_precision, m);
+  const bool int8 = precision == prepare::ActivationPrecision::Int8;
   if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
-  const bool bf16 = w.activation_precision == prepare::ActivationPrecision::Bf16;
+  const bool bf16 = precision == prepare::ActivationPrecision::Bf16;
   if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_gemm(w, x, m, y);
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
 
@@ -53,6 +53,20 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
   if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_gemm(w, xp.data(), m, y);
   gemm_dispatch(w, xp.data(), m, y);
+}
+
+prepare::ActivationPrecision precision_for_rows(prepare::ActivationPrecision precision, int64_t m) {
+  using prepare::ActivationPrecision;
+  const bool decode = m <= int8_one_pass_rows();  // never true where no SIMD int8 kernel exists (0 rows)
+  switch (precision) {
+    case ActivationPrecision::Fp32:
+    case ActivationPrecision::Int8:
+    case ActivationPrecision::Bf16: return precision;
+    case ActivationPrecision::Int8Decode: return decode ? ActivationPrecision::Int8 : ActivationPrecision::Fp32;
+    case ActivationPrecision::Bf16DecodeInt8:
+      return decode || int8_one_pass_rows() == 0 ? ActivationPrecision::Bf16 : ActivationPrecision::Int8;
+  }
+  return ActivationPrecision::Fp32;
 }
 
 void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t block, float fine_ratio, int8_t* q,

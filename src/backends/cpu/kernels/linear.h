@@ -37,6 +37,7 @@ enum class ActivationEmulation : uint8_t {
 /// Σ_k |W[n, k]| · the half step of x's block, see quantize_activations_int8); any m, in chunks of 4 (AVX2) /
 /// 8 (AVX-512) rows. Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
 /// weights (4 on AVX2, 8 on AVX-512: decode steps), the fp32 path above it and on targets without that kernel.
+/// Bf16DecodeInt8: bf16 for those decode rows and int8 above (precision_for_rows).
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
@@ -46,6 +47,31 @@ enum class ActivationEmulation : uint8_t {
 /// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
 void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
             ActivationEmulation aq = ActivationEmulation::None);
+
+/// The precision linear() runs a call of m rows with: Fp32, Int8 or Bf16 (the decode / batched halves of
+/// Int8Decode and Bf16DecodeInt8 split at the rows the SIMD int8 kernel serves in one pass; where there is no SIMD
+/// int8 kernel every call takes the non-int8 half).
+prepare::ActivationPrecision precision_for_rows(prepare::ActivationPrecision precision, int64_t m);
+
+/// What `--activation-precision auto` measured on this CPU (probe_activation_precision).
+struct PrecisionProbe {
+  prepare::ActivationPrecision choice = prepare::ActivationPrecision::Bf16;  ///< Bf16 or Bf16DecodeInt8
+  /// CPU seconds (all threads) per call, the least of a few, on the probe layer at the decode rows (4) and at 64.
+  double bf16_decode_s = 0, int8_decode_s = 0, bf16_batched_s = 0, int8_batched_s = 0;
+  bool measured = false;  ///< false: no SIMD int8 or bf16-dot kernel here, so nothing to compare (choice Bf16)
+};
+/// `auto`'s choice between the bf16 and the int8 activation paths of FP4 layers, by measurement: both run an NVFP4
+/// layer of the model's own shape [out_features, in_features] (the caller passes its MLP's; at least 256 × 256) at
+/// 4 and at 64 rows, interleaved, the least CPU time (all threads) of 5. Int8 is taken for the batched rows
+/// (Bf16DecodeInt8) where it needs ≤ 0.8 of bf16's time at 64 rows, else Bf16; decode rows stay bf16 (memory-bound:
+/// the 4-row times are reported, not acted on). The margin keeps a near-tie on bf16, the default before the probe,
+/// so that two runs on one machine choose alike unless int8 is clearly faster; `--activation-precision` pins it.
+/// The balance differs by CPU and shape: on a 2-core AMD EPYC (Zen 4), 64 rows, int8 took 0.82× bf16's CPU time on
+/// [1536, 576] and 0.64× on [4096, 4096] (and `bench model` prefill ran 1.11× / 1.31× faster with int8 on the default
+/// model / a Llama-3.2-3B-shaped one); an Intel Xeon with VNNI was measured at 2.6× for int8. Costs 10 GEMMs of 64
+/// rows at that shape, once. Both paths meet the accuracy bar (mean KLD ≤ 1e-3 against the 16-bit path on the
+/// default model, kInt8ActivationFineRatio). Measured with the thread count the model will run with.
+PrecisionProbe probe_activation_precision(int64_t out_features, int64_t in_features);
 
 /// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.
 /// NVFP4: q·(s / gs) with the division in fp32 (Divisor; compressed-tensors' op order) or q·(s·ws2)

@@ -139,6 +139,7 @@ std::string_view activation_precision_name(ActivationPrecision precision) {
     case ActivationPrecision::Bf16: return "bf16";
     case ActivationPrecision::Int8: return "int8";
     case ActivationPrecision::Int8Decode: return "int8-decode";
+    case ActivationPrecision::Bf16DecodeInt8: return "bf16-decode-int8";
   }
   return "?";
 }

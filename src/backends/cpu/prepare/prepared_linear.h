@@ -39,8 +39,12 @@ enum class ActivationPrecision : uint8_t {
   /// and instruction, twice the FMA's), which is what makes prefill faster; they read subnormal values (below
   /// 2^−126) as 0. Elsewhere x is rounded and the fp32 kernels run.
   Bf16,
+  /// Bf16 for the rows of a decode step (≤ the rows the SIMD int8 kernel serves in one pass), Int8 above (prefill,
+  /// batched decode): what `auto` picks where the int8 kernel measured clearly faster than the bf16 one at 64 rows
+  /// (kernels::probe_activation_precision). Decode stays bf16: it is memory-bound, both paths read the same bytes.
+  Bf16DecodeInt8,
 };
-/// "fp32", "int8", "int8-decode", "bf16": the --activation-precision value of `precision`.
+/// "fp32", "int8", "int8-decode", "bf16", "bf16-decode-int8": the --activation-precision value of `precision`.
 std::string_view activation_precision_name(ActivationPrecision precision);
 
 /// Rows are grouped in tiles of kTileRows: inside a tile the kernel layouts interleave the rows so that the same

@@ -333,5 +333,51 @@ TEST(LinearInt8, DecodePrecisionIsInt8UpToTheOnePassRowsAndFp32Above) {
   }
 }
 
+// The composite precisions split at the rows the SIMD int8 kernel serves in one pass; a layer with one of them runs
+// exactly the int8 / bf16 kernel of its half (equal bits to the layer with that precision).
+TEST(ActivationPrecisionRows, CompositesSplitAtTheDecodeRows) {
+  const int64_t decode = int8_one_pass_rows();
+  for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{9}, int64_t{64}}) {
+    const bool small = m <= decode;
+    EXPECT_EQ(precision_for_rows(ActivationPrecision::Bf16DecodeInt8, m),
+              small || decode == 0 ? ActivationPrecision::Bf16 : ActivationPrecision::Int8) << m;
+    EXPECT_EQ(precision_for_rows(ActivationPrecision::Int8Decode, m),
+              small ? ActivationPrecision::Int8 : ActivationPrecision::Fp32) << m;
+    EXPECT_EQ(precision_for_rows(ActivationPrecision::Bf16, m), ActivationPrecision::Bf16);
+  }
+  std::mt19937 rng(77);
+  const Layer l = testing::make_nvfp4(rng, 40, 256, true);
+  const auto layer = [&](ActivationPrecision p) {
+    PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                              prepare::GlobalScaleConvention::Divisor, "t");
+    w.activation_precision = p;
+    return w;
+  };
+  const PreparedLinear composite = layer(ActivationPrecision::Bf16DecodeInt8);
+  for (const int64_t m : {int64_t{3}, int64_t{33}}) {
+    std::vector<float> x(static_cast<size_t>(m * 256));
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (float& v : x) v = dist(rng);
+    std::vector<float> got(static_cast<size_t>(m * 40)), want(got.size());
+    linear(composite, x.data(), m, got.data());
+    linear(layer(precision_for_rows(ActivationPrecision::Bf16DecodeInt8, m)), x.data(), m, want.data());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "m " << m << " element " << i;
+  }
+}
+
+// auto's measurement: measured exactly where both fast kernels exist, bf16 decode, int8 batched rows only where
+// int8 took ≤ 0.8 of bf16's time.
+TEST(ActivationPrecisionProbe, ChoosesInt8ForBatchedRowsOnlyWhereClearlyFaster) {
+  const PrecisionProbe probe = probe_activation_precision(1536, 576);
+  EXPECT_EQ(probe.measured, int8_one_pass_rows() > 0 && bf16_dot_active());
+  if (!probe.measured) GTEST_SKIP() << "this CPU lacks the SIMD int8 or the bf16-dot kernel: auto is not measured";
+  EXPECT_GT(probe.bf16_batched_s, 0.0);
+  EXPECT_GT(probe.int8_batched_s, 0.0);
+  const bool int8_batched = probe.int8_batched_s <= 0.8 * probe.bf16_batched_s;
+  EXPECT_EQ(precision_for_rows(probe.choice, 1), ActivationPrecision::Bf16);
+  EXPECT_EQ(precision_for_rows(probe.choice, 64), int8_batched ? ActivationPrecision::Int8 : ActivationPrecision::Bf16);
+  RecordProperty("choice", std::string(prepare::activation_precision_name(probe.choice)));
+}
+
 }  // namespace
 }  // namespace fp4serve::kernels
