@@ -81,12 +81,11 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
     const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, hi - p.sliding_window + 1) : 0;
     return std::pair{lo, hi};
   };
-  // Batch-invariant mode (batch_invariant.h): no key split (it depends on the threads and the rows of the call),
-  // and one row runs the blocked kernel too, whose per-row arithmetic does not depend on the block.
+  // Batch-invariant mode (batch_invariant.h): every row by itself (attend_group), never blocked (a prefill's rows
+  // would get other arithmetic than a decode step's) and with no key split (it depends on the threads and rows).
   const bool invariant = batch_invariant();
   const int64_t splits = invariant ? 1 : attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
-  if (splits == 1 && (invariant || t >= kMinBlockedPrefillRows) &&
-      cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
+  if (!invariant && splits == 1 && t >= kMinBlockedPrefillRows && cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
     return;
   }
   if (splits == 1) {

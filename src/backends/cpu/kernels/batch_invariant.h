@@ -18,11 +18,12 @@ namespace fp4serve::kernels {
 ///   Int8Decode is Int8 for every m (Fp32 where no SIMD int8 kernel exists); the other layouts run the panel GEMM
 ///   for every m (a sequential FMA chain over K per output element, blocks of K continuing the same chain).
 /// - attention() (attention.h): the default splits a row's keys across threads when there are few (row, KV head)
-///   items (flash-decoding: the split depends on the thread count) and runs blocks of rows (prefill) on the panel
-///   micro-kernel but single rows (decode) as dot products. Invariant: no key split, and every call, one row or
-///   many, runs the blocked kernel (its per-row arithmetic does not depend on the block: scores as FMA chains over
-///   head_dim, the softmax over the row's own keys, P·V as an FMA chain over keys where the keys a row does not see
-///   add exact zeros); targets without it (EMU128) run every row as the row-by-row kernel.
+///   items (flash-decoding: the split depends on the thread count and the rows of the call) and runs calls of two
+///   or more rows (prefill chunks) blocked on the panel micro-kernel but single rows (decode) as dot products, so a
+///   position's output depends on how its prompt was chunked. Invariant: every row by itself, as a decode step
+///   runs it, and no key split: the work items are (row, KV head). (The blocked kernel's arithmetic per row does
+///   not depend on the block either, but running a decode row through it packs the whole context's keys per step:
+///   bench_ops, one thread, 9 heads / 3 KV heads / D 64 after 1023 keys, 140 against 62 µs.)
 /// Norms, RoPE, activations, the embedding, MoE routing and the sampler are per row already.
 void set_batch_invariant(bool on);
 
