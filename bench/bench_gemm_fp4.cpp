@@ -6,7 +6,8 @@
 // M = 256 rows fma_ratio, against the FMA peak measured at start-up. Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
 // OpenBLAS: FP4SERVE_HAVE_OPENBLAS). For NVFP4/MXFP4, M ≤ 4
-// (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM.
+// (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM. linear_invariant /
+// linear_bf16_invariant: the same calls in batch-invariant mode (backends/cpu/kernels/batch_invariant.h).
 #include <benchmark/benchmark.h>
 #ifdef FP4SERVE_HAVE_OPENBLAS
 #include <cblas.h>

@@ -19,6 +19,8 @@
 // - AVX-512 with AVX512-BF16 (Zen 4, Sapphire Rapids): vpermw looks up two columns of 16 rows as bf16 pairs and
 //   vdpbf16ps multiplies them with x carried as two bf16 (Bf16PairTiles below): 0.65× the instructions.
 // - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
+// Batch-invariant mode (batch_invariant.h) runs these kernels for every m, the rows in chunks of a fixed size
+// inside each work item (GemvInvariantImpl).
 // EMU128 returns false and the caller runs the general GEMM. Threads split N (items of 16 rows; 8 on AVX2 with
 // m > 1); K is never split, so a layer with N < 16·threads leaves threads idle.
 #undef HWY_TARGET_INCLUDE
