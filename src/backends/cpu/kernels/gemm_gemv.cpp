@@ -509,51 +509,9 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
   for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a0[i], a1[i]), scale), d8, acc + i * kTileRows);
 }
 
-template <int kM>
-void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
-  const bool bf16 = w.layout == WeightLayout::Dense;
-  const float* xin = x;
-  if (bf16) {
-    thread_local hwy::AlignedFreeUniquePtr<float[]> xr;
-    thread_local size_t cap = 0;
-    float* replicated = micro::Scratch(xr, cap, static_cast<size_t>(4 * kM * w.in_features));
-    Replicate4(x, kM, w.in_features, replicated);
-    xin = replicated;
-  }
-  ForEachRowItem<kM, kTileRows>(w, y, [&](int64_t t, int64_t, float* acc) {
-    if (bf16) {
-      Bf16Tile<kM>(w, t, xin, acc);
-    } else if (w.layout == WeightLayout::Int8) {
-      ByteTile<true, kM>(w, t, xin, acc);
-    } else {
-      ByteTile<false, kM>(w, t, xin, acc);
-    }
-  });
-}
-
+// Any m ≥ 1: the rows of x in chunks of 4 inside each tile (a decode step's m ≤ 4 is one chunk; batch-invariant
+// mode sends every m here: a row's sums do not depend on the chunk).
 void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  switch (m) {
-    case 1: return DenseLayer<1>(w, x, y);
-    case 2: return DenseLayer<2>(w, x, y);
-    case 3: return DenseLayer<3>(w, x, y);
-    default: return DenseLayer<4>(w, x, y);
-  }
-}
-
-// ---- batch-invariant forms (batch_invariant.h): the kernels above for any m, rows in chunks inside each item ----
-
-// The fp32 FP4 GEMV in chunks of kMaxM rows (its per-row sums do not depend on kM).
-template <quant::BlockFormat kFormat>
-void GemvRowsInvariant(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  const int64_t k = w.in_features;
-  ForEachRowItemChunked<static_cast<int>(kMaxM), kRows>(
-      w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
-        GemvTiles<kFormat, kM, 1>(w, ta, tb, x + r0 * k, acc);
-      });
-}
-
-// The bf16 Dense / per-row FP8 / Int8 GEMV in chunks of 4 rows.
-void DenseRowsInvariant(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   constexpr int kChunk = 4;
   const int64_t k = w.in_features;
   const bool bf16 = w.layout == WeightLayout::Dense;
@@ -574,6 +532,18 @@ void DenseRowsInvariant(const PreparedLinear& w, const float* x, int64_t m, floa
       ByteTile<false, kM>(w, t, xin + r0 * k, acc);
     }
   });
+}
+
+// ---- batch-invariant forms (batch_invariant.h): the kernels above for any m, rows in chunks inside each item ----
+
+// The fp32 FP4 GEMV in chunks of kMaxM rows (its per-row sums do not depend on kM).
+template <quant::BlockFormat kFormat>
+void GemvRowsInvariant(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  const int64_t k = w.in_features;
+  ForEachRowItemChunked<static_cast<int>(kMaxM), kRows>(
+      w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
+        GemvTiles<kFormat, kM, 1>(w, ta, tb, x + r0 * k, acc);
+      });
 }
 
 // Every m ≥ 1 with one fixed arithmetic per row, for the layouts that have a fused GEMV here (false otherwise, and
@@ -599,11 +569,11 @@ bool GemvInvariantImpl(const PreparedLinear& w, const float* x, int64_t m, float
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
       if (bf16_input || w.group_size < w.in_features) return false;
-      DenseRowsInvariant(w, x, m, y);
+      DenseRows(w, x, m, y);
       return true;
     case WeightLayout::Dense:
       if (bf16_input || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
-      DenseRowsInvariant(w, x, m, y);
+      DenseRows(w, x, m, y);
       return true;
   }
   return false;
