@@ -6,7 +6,8 @@
 // M = 256 rows fma_ratio, against the FMA peak measured at start-up. Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
 // OpenBLAS: FP4SERVE_HAVE_OPENBLAS). For NVFP4/MXFP4, M ≤ 4
-// (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM.
+// (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM. linear_invariant /
+// linear_bf16_invariant: the same calls in batch-invariant mode (backends/cpu/kernels/batch_invariant.h).
 #include <benchmark/benchmark.h>
 #ifdef FP4SERVE_HAVE_OPENBLAS
 #include <cblas.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/linear.h"
 #include "bench_target.h"
 #include "core/tensor_view.h"
@@ -155,11 +157,13 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
 }
 
 // bf16_pairs false: the fused FP4 GEMV's FMA kernel on a CPU whose default is the AVX512-BF16 one
-// (kernels::set_bf16_dot_allowed).
+// (kernels::set_bf16_dot_allowed). invariant: batch-invariant mode (kernels::set_batch_invariant), whose cost the
+// linear_invariant / linear_bf16_invariant rows give against linear / linear_bf16 of the same run.
 void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare::ActivationPrecision precision,
-               bool bf16_pairs) {
+               bool bf16_pairs, bool invariant) {
   const int64_t m = state.range(0);
   kernels::set_bf16_dot_allowed(bf16_pairs);
+  kernels::set_batch_invariant(invariant);
   auto& copies = cold_copies(f, n, k);
   for (PreparedLinear& c : copies) c.activation_precision = precision;
   const auto x = random_x(m, k);
@@ -196,6 +200,7 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   }
   state.SetLabel(kernels::gemm_target_name());
   kernels::set_bf16_dot_allowed(true);
+  kernels::set_batch_invariant(false);
 }
 
 #ifdef FP4SERVE_HAVE_OPENBLAS
@@ -225,19 +230,23 @@ void register_all() {
     if (f == Format::Bf16 || f == Format::Fp8Row) list.push_back(lm_head);
     for (auto [n, k] : list) {
       const std::string shape = std::string(kFormatNames[static_cast<int>(f)]) + "/" + std::to_string(n) + "x" + std::to_string(k);
-      benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true)
+      benchmark::RegisterBenchmark(("linear/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true, false)
+          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("linear_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true, true)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       if (f == Format::Nvfp4 || f == Format::Mxfp4) {
         // The FMA kernel where the default fused GEMV takes AVX512-BF16 pairs: the same run's baseline.
         if (kernels::bf16_dot_active()) {
-          benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false)
+          benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false, false)
               ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseManualTime()->Unit(benchmark::kMicrosecond);
         }
         // ActivationPrecision::Bf16: x rounded to bf16, bf16 dot products where the CPU has them.
-        benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true)
+        benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, false)
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("linear_bf16_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, true)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
         // ActivationPrecision::Int8: int8 activations and integer dot products.
-        benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true)
+        benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true, false)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       }
     }

@@ -11,6 +11,7 @@
 
 #include "backends/cpu/kernels/activation.h"
 #include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/hadamard.h"
 #include "backends/cpu/kernels/norm.h"
 #include "backends/cpu/kernels/rope.h"
@@ -193,6 +194,20 @@ void BM_Attention(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(H * D * 4) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
+// BM_Attention in batch-invariant mode (backends/cpu/kernels/batch_invariant.h: no key split, one row blocked too),
+// against BM_Attention's same arguments in the same run.
+void BM_AttentionInvariant(benchmark::State& state) {
+  set_batch_invariant(true);
+  BM_Attention(state);
+  set_batch_invariant(false);
+}
+BENCHMARK(BM_AttentionInvariant)
+    ->Args({1, 191, 9, 3, 64, 1})
+    ->Args({1, 1023, 9, 3, 64, 1})
+    ->Args({1, 4095, 32, 8, 128, 1})
+    ->Args({128, 0, 9, 3, 64, 1})
+    ->Unit(benchmark::kMicrosecond);
+
 // Decode attention with the cache cold: `copies` caches (≥ 64 MiB together) used in turn, as a decode step meets
 // each layer's cache after the weights have streamed through L3. args: context, query heads, KV heads, head_dim,
 // element (as BM_Attention).
@@ -222,6 +237,8 @@ BENCHMARK(BM_AttentionCold)
     ->Args({32767, 4, 1, 128, 0});
 
 BENCHMARK(BM_Attention)
+    ->Args({1, 191, 9, 3, 64, 1})
+    ->Args({128, 0, 9, 3, 64, 1})
     ->Args({1, 4095, 32, 8, 128, 0})
     ->Args({1, 4095, 32, 8, 128, 1})
     ->Args({1, 32767, 32, 8, 128, 0})

@@ -27,6 +27,7 @@ struct ModelBenchOptions {
   std::vector<std::optional<prepare::ActivationPrecision>> activation_precisions{std::nullopt};
   std::vector<model::LmHeadDtype> lm_head_dtypes{model::LmHeadDtype::Bf16};
   std::vector<std::optional<model::KvCacheDtype>> kv_cache_dtypes{std::nullopt};
+  std::vector<bool> batch_invariant{false};
   runtime::ModelBenchConfig bench;
   bool json = false;
 };
@@ -36,7 +37,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
   first.load = opts.load;
   if (!opts.models.empty()) first.model = opts.models.front();  // -tp checked against it before any launch
   TensorParallelRun tp(first);
-  // One target per model × activation precision × lm_head copy × KV cache element, in the order the bench runs
+  // One target per model × activation precision × lm_head copy × KV cache element × batch-invariant mode, in the order the bench runs
   // them; every rank loads the same list (per_model), so the followers can build it without rank 0's names.
   std::vector<runtime::ModelBenchTarget> targets;
   std::vector<std::string> names;
@@ -46,18 +47,22 @@ void run_bench_model(const ModelBenchOptions& opts) {
     for (const std::optional<prepare::ActivationPrecision> precision : opts.activation_precisions) {
       for (const model::LmHeadDtype lm_head : opts.lm_head_dtypes) {
         for (const std::optional<model::KvCacheDtype> kv : opts.kv_cache_dtypes) {
-          ModelOptions target = first;
-          target.model = dir;
-          target.load.activation_precision = precision;
-          target.load.lm_head_dtype = lm_head;
-          target.load.kv_cache_dtype = kv;
-          std::string name = dir;
-          if (opts.activation_precisions.size() > 1) name += " a:" + activation_precision_text(precision);
-          if (opts.lm_head_dtypes.size() > 1) name += fmt::format(" lm_head:{}", model::lm_head_dtype_name(lm_head));
-          if (opts.kv_cache_dtypes.size() > 1) name += " kv:" + kv_cache_dtype_text(kv);
-          names.push_back(name);
-          targets.push_back({name, path, target.load});
-          per_model.push_back(std::move(target));
+          for (const bool invariant : opts.batch_invariant) {
+            ModelOptions target = first;
+            target.model = dir;
+            target.load.activation_precision = precision;
+            target.load.lm_head_dtype = lm_head;
+            target.load.kv_cache_dtype = kv;
+            target.load.batch_invariant = invariant;
+            std::string name = dir;
+            if (opts.activation_precisions.size() > 1) name += " a:" + activation_precision_text(precision);
+            if (opts.lm_head_dtypes.size() > 1) name += fmt::format(" lm_head:{}", model::lm_head_dtype_name(lm_head));
+            if (opts.kv_cache_dtypes.size() > 1) name += " kv:" + kv_cache_dtype_text(kv);
+            if (opts.batch_invariant.size() > 1) name += invariant ? " batch-invariant:on" : " batch-invariant:off";
+            names.push_back(name);
+            targets.push_back({name, path, target.load});
+            per_model.push_back(std::move(target));
+          }
         }
       }
     }
@@ -114,6 +119,8 @@ void register_bench_model(CLI::App& bench) {
                          "bf16, fp8 and/or int8 (comma-separated, as above)", "bf16");
   add_parsed_list_option(*cmd, "--kv-cache-dtype", opts->kv_cache_dtypes, parse_kv_cache_dtype,
                          "auto, fp32, bf16 and/or fp16 (comma-separated, as above)", "auto");
+  add_parsed_list_option(*cmd, "--batch-invariant", opts->batch_invariant, parse_batch_invariant,
+                         "off and/or on: the batch-invariant CPU kernels (comma-separated, as above)", "off");
   add_threads_option(*cmd, opts->load.threads);
   add_tensor_parallel_options(*cmd, opts->load.parallel);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()

@@ -146,6 +146,10 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                     std::string(model::lm_head_dtype_name(load.lm_head_dtype)));
   add_parsed_option(cmd, "--kv-cache-dtype", load.kv_cache_dtype, parse_kv_cache_dtype, kKvCacheDtypeHelp,
                     kv_cache_dtype_text(load.kv_cache_dtype));
+  cmd.add_flag("--batch-invariant", load.batch_invariant,
+               "batch-invariant CPU kernels: each sequence's logits do not depend on the other sequences of its "
+               "step, its prompt's chunking or the thread count, so greedy tokens and logprobs are the same alone and "
+               "batched (slower prefill and batched decode: docs/performance.md)");
   add_threads_option(cmd, load.threads);
   if (!context_option) return;
   cmd.add_option("-c,--ctx-size,--max-model-len", opts.max_model_len,

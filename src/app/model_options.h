@@ -20,7 +20,7 @@ struct ModelOptions {
 };
 
 /// Adds MODEL (positional) with -m/--model, --device, --activation-quant, --activation-precision, --lm-head-dtype,
-/// --kv-cache-dtype, -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's
+/// --kv-cache-dtype, --batch-invariant, -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's
 /// -c is its window instead). The values are parsed into opts.load as CLI11 reads them (option_values.h).
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option = true);
 

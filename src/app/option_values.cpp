@@ -88,6 +88,12 @@ std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype) {
   return dtype ? std::string(model::kv_cache_dtype_name(*dtype)) : "auto";
 }
 
+bool parse_batch_invariant(std::string_view text) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  throw UsageError(fmt::format("--batch-invariant '{}' is not one of off, on", text));
+}
+
 std::string range_text(const NumberRange& r) {
   if (std::isinf(r.max)) return fmt::format("{} {}", r.min_open ? ">" : "≥", r.min);
   return fmt::format("in {}{}, {}{}", r.min_open ? "(" : "[", r.min, r.max, r.max_open ? ")" : "]");

@@ -52,6 +52,9 @@ model::LmHeadDtype parse_lm_head_dtype(std::string_view text);
 std::optional<model::KvCacheDtype> parse_kv_cache_dtype(std::string_view text);
 std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype);
 
+/// `bench model --batch-invariant`: off | on (a list item; the other commands take the plain flag).
+bool parse_batch_invariant(std::string_view text);
+
 /// `serve --chat-template-content-format`: auto (std::nullopt: each template's syntax decides) | string | openai.
 std::optional<text::ContentFormat> parse_content_format(std::string_view text);
 

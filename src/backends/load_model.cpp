@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/registry.h"
 #include "core/threading.h"
@@ -42,6 +43,12 @@ void require_complete(const plan::LayerPlan& p, const std::filesystem::path& dir
 void refuse_cpu_only_choices(const LoadOptions& options) {
   const bool cpu_precision = options.activation_precision.value_or(prepare::ActivationPrecision::Fp32) !=
                              prepare::ActivationPrecision::Fp32;
+  if (options.batch_invariant) {
+    throw UsageError(fmt::format("{}: --batch-invariant is a mode of the CPU kernels; the GPU backend has no "
+                                 "batch-invariant kernels (use --device cpu)",
+                                 options.device == plan::DeviceChoice::Auto ? "--device auto found a GPU"
+                                                                            : "--device cuda"));
+  }
   if (cpu_precision || options.lm_head_dtype != LmHeadDtype::Bf16) {
     throw UsageError(fmt::format("{}: --activation-precision {} / --lm-head-dtype {} are CPU decode paths; "
                                  "the GPU runs fp32/bf16 (leave both at their defaults, or use --device cpu)",
@@ -107,6 +114,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   // The GPU backend is made first, so that a build without one is refused before any weight is read.
   std::unique_ptr<Backend> backend = gpu ? backends::make_cuda_backend(options.cuda_device) : nullptr;
   if (options.threads > 0) core::set_num_threads(options.threads);
+  kernels::set_batch_invariant(options.batch_invariant);
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
   loaded.device = device.kind;

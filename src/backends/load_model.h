@@ -43,6 +43,11 @@ struct LoadOptions {
   LmHeadDtype lm_head_dtype = LmHeadDtype::Bf16;
   /// The element type of the KV cache; std::nullopt = auto, the checkpoint's dtype (resolve_kv_cache_dtype).
   std::optional<KvCacheDtype> kv_cache_dtype;
+  /// Batch-invariant CPU kernels (backends/cpu/kernels/batch_invariant.h, `--batch-invariant`): each row's logits
+  /// do not depend on the other rows of its step, how its prompt was chunked or the thread count, so greedy tokens
+  /// and logprobs are the same alone and batched. A process-wide switch: load_model sets it to this value (the
+  /// model loaded last decides). Refused for the GPU (UsageError).
+  bool batch_invariant = false;
   LoadProgressCallback progress;  ///< loading progress reports (empty: none); the library prints nothing
   /// Tensor parallelism (plan/shard.h): this process loads and runs rank `parallel.rank`'s shard of
   /// `parallel.tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank.

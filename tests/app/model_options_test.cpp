@@ -199,6 +199,9 @@ TEST(OptionValues, EnumsRoundTripAndRefuseOtherText) {
   EXPECT_EQ(parse_content_format("string"), text::ContentFormat::kString);
   EXPECT_EQ(usage_error([] { parse_content_format("list"); }),
             "--chat-template-content-format 'list' is not one of auto, string, openai");
+  EXPECT_TRUE(parse_batch_invariant("on"));
+  EXPECT_FALSE(parse_batch_invariant("off"));
+  EXPECT_EQ(usage_error([] { parse_batch_invariant("yes"); }), "--batch-invariant 'yes' is not one of off, on");
 }
 
 // The flags land in LoadOptions as typed values when CLI11 parses the command line; a bad value stops the parse.
@@ -208,13 +211,14 @@ TEST(OptionValues, ModelOptionsParseIntoLoadOptions) {
   add_model_options(app, opts);
   add_tensor_parallel_options(app, opts.load.parallel);
   app.parse("-m some/model --activation-quant emulate --device auto --activation-precision int8 --lm-head-dtype int8 "
-            "--kv-cache-dtype fp16 --tensor-parallel-size 4 --expert-parallel",
+            "--kv-cache-dtype fp16 --batch-invariant --tensor-parallel-size 4 --expert-parallel",
             false);
   EXPECT_EQ(opts.load.device, plan::DeviceChoice::Auto);
   EXPECT_EQ(opts.load.activation_quant, plan::ActivationQuant::Emulate);
   EXPECT_EQ(opts.load.activation_precision, prepare::ActivationPrecision::Int8);
   EXPECT_EQ(opts.load.lm_head_dtype, model::LmHeadDtype::Int8);
   EXPECT_EQ(opts.load.kv_cache_dtype, model::KvCacheDtype::F16);
+  EXPECT_TRUE(opts.load.batch_invariant);
   EXPECT_EQ(opts.load.parallel.tensor_parallel_size, 4);
   EXPECT_TRUE(opts.load.parallel.expert_parallel);
   ModelOptions defaults;
@@ -224,6 +228,7 @@ TEST(OptionValues, ModelOptionsParseIntoLoadOptions) {
   EXPECT_EQ(defaults.load.device, plan::DeviceChoice::Cpu);
   EXPECT_EQ(defaults.load.activation_precision, std::nullopt);
   EXPECT_EQ(defaults.load.kv_cache_dtype, std::nullopt);
+  EXPECT_FALSE(defaults.load.batch_invariant);
   CLI::App bad;
   ModelOptions bad_opts;
   add_model_options(bad, bad_opts);

@@ -146,6 +146,10 @@ TEST(RunPrecision, CpuOnlyChoicesOnTheGpuAreUsageErrors) {
   options.lm_head_dtype = LmHeadDtype::Bf16;
   options.kv_cache_dtype = KvCacheDtype::Bf16;
   EXPECT_NE(message_of(options).find("--kv-cache-dtype bf16: the GPU backend keeps an fp32"), std::string::npos) << message_of(options);
+  options.kv_cache_dtype = kAutoKv;
+  options.batch_invariant = true;
+  EXPECT_NE(message_of(options).find("--device cuda: --batch-invariant is a mode of the CPU kernels"), std::string::npos)
+      << message_of(options);
 }
 
 // auto follows the checkpoint's dtype on the CPU (as vLLM's auto), and is fp32 on the GPU, whose cache is fp32;

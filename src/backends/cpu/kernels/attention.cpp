@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/simd.h"
 #include "fp4serve/error.h"
 
@@ -93,9 +94,11 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
     const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, hi - p.sliding_window + 1) : 0;
     return std::pair{lo, hi};
   };
-  const int64_t splits = attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
-  if (splits == 1 && t >= kMinBlockedPrefillRows &&
-      cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
+  // Batch-invariant mode (batch_invariant.h): every row by itself (attend_group), never blocked (a prefill's rows
+  // would get other arithmetic than a decode step's) and with no key split (it depends on the threads and rows).
+  const bool invariant = batch_invariant();
+  const int64_t splits = invariant ? 1 : attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
+  if (!invariant && splits == 1 && t >= kMinBlockedPrefillRows && cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
     return;
   }
   if (splits == 1) {

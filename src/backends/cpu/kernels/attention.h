@@ -70,6 +70,8 @@ struct AttentionParams {
 /// reads each key/value row once for all H/KVH query heads that share it. When there are fewer such items than
 /// twice the threads (a decode step with few KV heads), each item's keys are split into attention_key_splits()
 /// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
+/// In batch-invariant mode (batch_invariant.h) every call runs row by row with no key split, so a row's output does
+/// not depend on the call's other rows or the threads.
 /// 16-bit rows are widened a few keys at a time into an fp32 scratch that stays in L1 (decode), or once per call
 /// per KV head (blocked prefill), so every path runs the fp32 arithmetic on the rounded values.
 /// A paged cache is read run by run (the positions of one block), as the same arithmetic in the same order per run.

@@ -125,6 +125,27 @@ HWY_INLINE void ForEachRowItem(const prepare::PreparedLinear& w, float* y, const
   });
 }
 
+/// Batch-invariant ForEachRowItem for any m ≥ 1 (batch_invariant.h): inside each work item the rows of x run in
+/// chunks of kChunk (the last one shorter), `tiles.template operator()<kM>(ta, tb, r0, acc)` filling acc
+/// [kM][kItemRows] for x rows r0 … r0 + kM − 1, so an item's weights are read from memory once and stay in L1 / L2
+/// for its other chunks. A kernel whose per-row arithmetic is the same for every kM ≤ kChunk thus gives each row of
+/// y the same bits whatever m is and wherever the row lies in x.
+template <int kChunk, int64_t kItemRows, class Tiles>
+HWY_INLINE void ForEachRowItemChunked(const prepare::PreparedLinear& w, int64_t m, float* y, const Tiles& tiles) {
+  const int64_t n_total = w.out_features;
+  ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t tb) {
+    const int64_t n0 = ta * prepare::kTileRows;
+    if (n0 >= n_total) return;  // the padding tile of a pair (FP4 / int4), when an item is one tile
+    const int64_t rows = std::min(kItemRows, n_total - n0);
+    alignas(64) float acc[kChunk * kItemRows];
+    for (int64_t r0 = 0; r0 < m; r0 += kChunk) {
+      const int64_t mm = std::min<int64_t>(kChunk, m - r0);
+      ForRowCount<kChunk>(mm, [&]<int kM>() HWY_ATTR { tiles.template operator()<kM>(ta, tb, r0, acc); });
+      for (int64_t i = 0; i < mm; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, y + (r0 + i) * n_total + n0);
+    }
+  });
+}
+
 /// The software prefetch of the fused decode kernels: while a work item reads group g of its tiles, the same group
 /// of the tile pair `ahead` pairs later is prefetched (codes and block scales), with `ahead` the fewest pairs whose
 /// codes span kItemAheadBytes. The tiles of a pair lie side by side (prepared_linear.h), so a pair's codes are one

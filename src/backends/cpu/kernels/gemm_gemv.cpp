@@ -19,6 +19,8 @@
 // - AVX-512 with AVX512-BF16 (Zen 4, Sapphire Rapids): vpermw looks up two columns of 16 rows as bf16 pairs and
 //   vdpbf16ps multiplies them with x carried as two bf16 (Bf16PairTiles below): 0.65× the instructions.
 // - Other SIMD targets (NEON, SVE): the AVX2 decode in portable Highway ops, 4 or 8 rows per vector, m ≤ 4.
+// Batch-invariant mode (batch_invariant.h) runs these kernels for every m, the rows in chunks of a fixed size
+// inside each work item (GemvInvariantImpl).
 // EMU128 returns false and the caller runs the general GEMM. Threads split N (items of 16 rows; 8 on AVX2 with
 // m > 1); K is never split, so a layer with N < 16·threads leaves threads idle.
 #undef HWY_TARGET_INCLUDE
@@ -120,10 +122,11 @@ constexpr int64_t kTilesPerCall = kM == 1 ? 2 : 1;
 
 // Raw sums acc[i][8t + r] = Σ_k x[i, k] · W[row r of tile (ta, tb)[t], k] (block scales applied, global scale
 // not), i < kM. Two partial sums per x row and tile (even/odd columns) shorten the FMA dependency chains.
-template <quant::BlockFormat kFormat, int kM>
+// kT: tiles per call (kTilesPerCall<kM>; the batch-invariant GEMV takes one for every kM, items of one tile). The
+// arithmetic of a row does not depend on kT or kM.
+template <quant::BlockFormat kFormat, int kM, int64_t kT = kTilesPerCall<kM>>
 HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
                           float* HWY_RESTRICT acc) {
-  constexpr int64_t kT = kTilesPerCall<kM>;
   const DF df;
   const int64_t k_total = w.in_features;
   const int64_t groups = w.groups();
@@ -194,10 +197,12 @@ HWY_INLINE TilePair TilePairBytes(const PreparedLinear& w, int64_t ta) {
 }
 
 // Raw sums acc[i][r] = Σ_k x[i, k] · W[row r of tiles (ta, tb), k] (block scales applied, global scale not),
-// i < kM. Two partial sums per x row (even/odd columns) shorten the FMA dependency chains.
-template <quant::BlockFormat kFormat, int kM>
+// i < kM. Two partial sums per x row (even/odd columns) shorten the FMA dependency chains; the arithmetic of a
+// row does not depend on kM. kT: as the AVX2 kernel's (a 512-bit vector already spans both tiles: always 1).
+template <quant::BlockFormat kFormat, int kM, int64_t kT = 1>
 HWY_INLINE void GemvTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
                           float* HWY_RESTRICT acc) {
+  static_assert(kT == 1, "one call covers the tile pair");
   const DF df;
   const int64_t k_total = w.in_features;
   const int64_t groups = w.groups();
@@ -280,13 +285,13 @@ HWY_INLINE void PairActivations(const float* HWY_RESTRICT x, int64_t m, int64_t 
 }
 
 // Raw sums acc[i][r] for the rows r of tiles (ta, tb), as GemvTiles, from the pairs of PairActivations<kSplit>.
-// Per x row and group one chain (hi) or two (hi, lo: kSplit), twice that for kM ≤ 2 (split by column parity):
-// vdpbf16ps has a 6-cycle latency.
-template <quant::BlockFormat kFormat, int kM, bool kSplit>
+// Per x row and group one chain (hi) or two (hi, lo: kSplit), times kChains (split by column parity): two for
+// kM ≤ 2 by default (vdpbf16ps has a 6-cycle latency), one above, where the accumulators would not fit the 32
+// registers; the batch-invariant GEMV takes two for every kM ≤ 4, so that a row's sums do not depend on kM.
+template <quant::BlockFormat kFormat, int kM, bool kSplit, int kChains = (kM <= 2 ? 2 : 1)>
 HWY_INLINE void Bf16PairTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const uint32_t* HWY_RESTRICT xp,
                               float* HWY_RESTRICT acc) {
   const DF df;
-  constexpr int kChains = kM <= 2 ? 2 : 1;
   const int64_t groups = w.groups();
   constexpr int64_t kOctetsPerGroup = quant::block_format_traits(kFormat).group_size / 8;
   (void)tb;  // ta + 1: the pair's second tile
@@ -354,6 +359,31 @@ void Bf16PairGemv(const PreparedLinear& w, const float* x, int64_t m, float* y) 
   PairActivations<kSplit>(x, m, w.in_features, xp);
   quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
     ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() HWY_ATTR { Bf16PairLayer<F, kM, kSplit>(w, xp, y); });
+  });
+}
+
+// Rows per chunk of the batch-invariant pair GEMV: two chains per row (as m ≤ 2 runs by default) fit 4 rows' hi and
+// lo accumulators in the 32 registers.
+constexpr int kPairInvariantChunk = 4;
+
+// Bf16PairGemv for any m ≥ 1 with the same arithmetic per row for every m (batch_invariant.h): chunks of
+// kPairInvariantChunk rows, two chains each; x paired per chunk, so that a chunk of kM rows reads [K/8][kM] blocks.
+template <bool kSplit>
+void Bf16PairGemvInvariant(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  constexpr int kChunk = kPairInvariantChunk;
+  const int64_t k = w.in_features;
+  const int64_t chunk_words = kChunk * k / 8 * kPairWords<kSplit>;
+  const int64_t chunks = (m + kChunk - 1) / kChunk;
+  thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
+  thread_local size_t capacity = 0;
+  uint32_t* xp = micro::Scratch(pairs, capacity, static_cast<size_t>(chunks * chunk_words));
+  for (int64_t c = 0; c < chunks; ++c) {
+    PairActivations<kSplit>(x + c * kChunk * k, std::min<int64_t>(kChunk, m - c * kChunk), k, xp + c * chunk_words);
+  }
+  quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+    ForEachRowItemChunked<kChunk, kRows>(w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
+      Bf16PairTiles<F, kM, kSplit, /*kChains=*/2>(w, ta, tb, xp + r0 / kChunk * chunk_words, acc);
+    });
   });
 }
 
@@ -479,35 +509,74 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
   for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a0[i], a1[i]), scale), d8, acc + i * kTileRows);
 }
 
-template <int kM>
-void DenseLayer(const PreparedLinear& w, const float* x, float* y) {
+// Any m ≥ 1: the rows of x in chunks of 4 inside each tile (a decode step's m ≤ 4 is one chunk; batch-invariant
+// mode sends every m here: a row's sums do not depend on the chunk).
+void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  constexpr int kChunk = 4;
+  const int64_t k = w.in_features;
   const bool bf16 = w.layout == WeightLayout::Dense;
   const float* xin = x;
   if (bf16) {
     thread_local hwy::AlignedFreeUniquePtr<float[]> xr;
     thread_local size_t cap = 0;
-    float* replicated = micro::Scratch(xr, cap, static_cast<size_t>(4 * kM * w.in_features));
-    Replicate4(x, kM, w.in_features, replicated);
+    float* replicated = micro::Scratch(xr, cap, static_cast<size_t>(4 * m * k));
+    Replicate4(x, m, k, replicated);
     xin = replicated;
   }
-  ForEachRowItem<kM, kTileRows>(w, y, [&](int64_t t, int64_t, float* acc) {
+  ForEachRowItemChunked<kChunk, kTileRows>(w, m, y, [&]<int kM>(int64_t t, int64_t, int64_t r0, float* acc) HWY_ATTR {
     if (bf16) {
-      Bf16Tile<kM>(w, t, xin, acc);
+      Bf16Tile<kM>(w, t, xin + 4 * r0 * k, acc);
     } else if (w.layout == WeightLayout::Int8) {
-      ByteTile<true, kM>(w, t, xin, acc);
+      ByteTile<true, kM>(w, t, xin + r0 * k, acc);
     } else {
-      ByteTile<false, kM>(w, t, xin, acc);
+      ByteTile<false, kM>(w, t, xin + r0 * k, acc);
     }
   });
 }
 
-void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  switch (m) {
-    case 1: return DenseLayer<1>(w, x, y);
-    case 2: return DenseLayer<2>(w, x, y);
-    case 3: return DenseLayer<3>(w, x, y);
-    default: return DenseLayer<4>(w, x, y);
+// ---- batch-invariant forms (batch_invariant.h): the kernels above for any m, rows in chunks inside each item ----
+
+// The fp32 FP4 GEMV in chunks of kMaxM rows (its per-row sums do not depend on kM).
+template <quant::BlockFormat kFormat>
+void GemvRowsInvariant(const PreparedLinear& w, const float* x, int64_t m, float* y) {
+  const int64_t k = w.in_features;
+  ForEachRowItemChunked<static_cast<int>(kMaxM), kRows>(
+      w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
+        GemvTiles<kFormat, kM, 1>(w, ta, tb, x + r0 * k, acc);
+      });
+}
+
+// Every m ≥ 1 with one fixed arithmetic per row, for the layouts that have a fused GEMV here (false otherwise, and
+// writes nothing). bf16_input: ActivationPrecision::Bf16 of an Fp4 layout (false where no bf16 dot products run).
+bool GemvInvariantImpl(const PreparedLinear& w, const float* x, int64_t m, float* y, bool bf16_input) {
+  if (m < 1) return false;
+  switch (w.layout) {
+    case WeightLayout::Fp4:
+#if FP4SERVE_BF16_DOT
+      if (bf16_dot_usable()) {
+        if (bf16_input) {
+          Bf16PairGemvInvariant<false>(w, x, m, y);
+        } else {
+          Bf16PairGemvInvariant<true>(w, x, m, y);
+        }
+        return true;
+      }
+#endif
+      if (bf16_input) return false;
+      quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR { GemvRowsInvariant<F>(w, x, m, y); });
+      return true;
+    case WeightLayout::Int4: return false;
+    case WeightLayout::Fp8:
+    case WeightLayout::Int8:
+      if (bf16_input || w.group_size < w.in_features) return false;
+      DenseRows(w, x, m, y);
+      return true;
+    case WeightLayout::Dense:
+      if (bf16_input || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
+      DenseRows(w, x, m, y);
+      return true;
   }
+  return false;
 }
 
 int64_t GemvMaxRows() { return kMaxM; }
@@ -646,6 +715,21 @@ bool GemvBf16DotActive() { return false; }
 
 bool GemvBf16Impl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
+// The batch-invariant form (batch_invariant.h): FP4 in chunks of kMaxM rows inside each tile (the per-row sums do
+// not depend on kM).
+bool GemvInvariantImpl(const PreparedLinear& w, const float* x, int64_t m, float* y, bool bf16_input) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
+  if (m < 1 || bf16_input || w.layout != WeightLayout::Fp4 || lanes < 4 || kTileRows % lanes != 0) return false;
+  const int64_t k = w.in_features;
+  quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+    ForEachRowItemChunked<static_cast<int>(kMaxM), kTileRows>(
+        w, m, y, [&]<int kM>(int64_t t, int64_t, int64_t r0, float* acc) HWY_ATTR {
+          for (int64_t sub = 0; sub < kTileRows; sub += lanes) PortableGemvRows<F, kM>(w, t, sub, x + r0 * k, acc);
+        });
+  });
+  return true;
+}
+
 bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   // Sub-tiles of Lanes rows must cover a tile, and the byte table needs a 16-byte vector.
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
@@ -670,6 +754,8 @@ bool GemvBf16DotActive() { return false; }
 
 bool GemvBf16Impl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
+bool GemvInvariantImpl(const PreparedLinear&, const float*, int64_t, float*, bool) { return false; }
+
 bool GemvImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
 #endif
@@ -685,6 +771,11 @@ HWY_EXPORT(GemvImpl);
 HWY_EXPORT(GemvMaxRows);
 HWY_EXPORT(GemvBf16DotActive);
 HWY_EXPORT(GemvBf16Impl);
+HWY_EXPORT(GemvInvariantImpl);
+
+bool gemv_invariant_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, bool bf16_input) {
+  return HWY_DYNAMIC_DISPATCH(GemvInvariantImpl)(w, x, m, y, bf16_input);
+}
 
 bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   return HWY_DYNAMIC_DISPATCH(GemvBf16Impl)(w, x, m, y);

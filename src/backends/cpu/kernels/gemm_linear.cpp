@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
 #include "fp4serve/error.h"
@@ -32,12 +33,18 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
     throw UsageError(fmt::format("linear: MXFP4 W4A4 emulation needs an MXFP4 layer (or a dense one), this one is {}",
                                  prepare::format_label(w)));
   }
-  const prepare::ActivationPrecision precision = precision_for_rows(w.activation_precision, m);
+  // Batch-invariant mode (batch_invariant.h): one kernel per layer for every m, the decode half of a composite
+  // precision (precision_for_rows at one row). The int8 kernel's arithmetic per row is the same for every m, so
+  // Int8Decode is Int8 for every m where the SIMD int8 kernel exists (Fp32 where not); Bf16DecodeInt8 is Bf16.
+  const bool invariant = batch_invariant();
+  const prepare::ActivationPrecision precision = precision_for_rows(w.activation_precision, invariant ? 1 : m);
   const bool int8 = precision == prepare::ActivationPrecision::Int8;
   if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
+  const auto fp32_gemm = invariant ? invariant_gemm : gemm_dispatch;
+  const auto bf16_kernel = invariant ? invariant_bf16_gemm : bf16_gemm;
   const bool bf16 = precision == prepare::ActivationPrecision::Bf16;
-  if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_gemm(w, x, m, y);
-  if (aq == ActivationEmulation::None && w.k_perm.empty()) return gemm_dispatch(w, x, m, y);
+  if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_kernel(w, x, m, y);
+  if (aq == ActivationEmulation::None && w.k_perm.empty()) return fp32_gemm(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
   if (w.k_perm.empty()) {
@@ -51,8 +58,8 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   }
   if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
-  if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_gemm(w, xp.data(), m, y);
-  gemm_dispatch(w, xp.data(), m, y);
+  if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_kernel(w, xp.data(), m, y);
+  fp32_gemm(w, xp.data(), m, y);
 }
 
 prepare::ActivationPrecision precision_for_rows(prepare::ActivationPrecision precision, int64_t m) {
@@ -87,7 +94,12 @@ void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t blo
 
 namespace {
 std::atomic<bool> bf16_dot_allowed{true};
+std::atomic<bool> batch_invariant_mode{false};
 }  // namespace
+
+void set_batch_invariant(bool on) { batch_invariant_mode.store(on, std::memory_order_relaxed); }
+
+bool batch_invariant() { return batch_invariant_mode.load(std::memory_order_relaxed); }
 
 void set_bf16_dot_allowed(bool allowed) { bf16_dot_allowed.store(allowed, std::memory_order_relaxed); }
 

@@ -92,4 +92,18 @@ const char* int8_target_name();
 /// The SIMD GEMM for the best supported target, x in prepared column order (defined in gemm_simd.cpp).
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// Batch-invariant mode (batch_invariant.h): the fused GEMV of the best supported target for any m ≥ 1, rows in
+/// chunks of one fixed size inside each work item, one arithmetic per row for every m (gemm_gemv.cpp). bf16_input:
+/// ActivationPrecision::Bf16 of an Fp4 layout. Returns false (and writes nothing) where that target has no such
+/// GEMV for the layout (Int4, block-scaled FP8, f32 Dense, EMU128; bf16_input without AVX512-BF16 pairs).
+bool gemv_invariant_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, bool bf16_input);
+
+/// gemm_dispatch in batch-invariant mode: gemv_invariant_dispatch, else the panel GEMM for every m (a sequential
+/// FMA chain over K per output element, whatever m and the threads), or the scalar reference (EMU128).
+void invariant_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// bf16_gemm in batch-invariant mode: the pair GEMV (AVX512-BF16) for every m, else x rounded to bf16 and
+/// invariant_gemm.
+void invariant_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
 }  // namespace fp4serve::kernels

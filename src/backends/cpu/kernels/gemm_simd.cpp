@@ -495,14 +495,31 @@ void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
   HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
 }
 
+namespace {
+// x [m, K] rounded to bf16 (nearest even), widened back to fp32, in a per-thread buffer.
+const float* rounded_to_bf16(const prepare::PreparedLinear& w, const float* x, int64_t m) {
+  thread_local std::vector<float> rounded;
+  rounded.resize(static_cast<size_t>(m * w.in_features));
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+  return rounded.data();
+}
+}  // namespace
+
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (gemv_bf16_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y)) return;
   // No bf16 dot products here: the same rounded x through the fp32 kernels (the same numbers up to the summation
   // order and vdpbf16ps's flush of subnormal inputs).
-  thread_local std::vector<float> rounded;
-  rounded.resize(static_cast<size_t>(m * w.in_features));
-  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
-  gemm_dispatch(w, rounded.data(), m, y);
+  gemm_dispatch(w, rounded_to_bf16(w, x, m), m, y);
+}
+
+void invariant_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (gemv_invariant_dispatch(w, x, m, y, /*bf16_input=*/false)) return;
+  HWY_DYNAMIC_DISPATCH(GemmImpl)(w, x, m, y);
+}
+
+void invariant_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (gemv_invariant_dispatch(w, x, m, y, /*bf16_input=*/true)) return;
+  invariant_gemm(w, rounded_to_bf16(w, x, m), m, y);
 }
 
 std::vector<int64_t> gemm_targets() { return hwy::SupportedAndGeneratedTargets(); }

@@ -43,6 +43,8 @@ enum class ActivationEmulation : uint8_t {
 /// on x_q·s_a/igs; igs = w.input_global_scale.
 /// EmulateMxfp4 (W4A4 MXFP4): per row and 32-column group, emulate_mxfp4_activations, then the GEMM on the
 /// fake-quantized x (the MXFP4 weights are exact in the reference's BF16 decompression, so no dense copy).
+/// In batch-invariant mode (batch_invariant.h) the kernel and the activation precision do not depend on m: each row
+/// of y is bit for bit what linear() gives for that row alone, on any number of threads.
 /// Throws UsageError when x or y is null with m > 0, m < 0, EmulateNvfp4 is asked for a layer that is not
 /// NVFP4 or has no input_global_scale, or EmulateMxfp4 for a layer that is not MXFP4 (or dense).
 void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y,
