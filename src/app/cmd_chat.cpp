@@ -2,8 +2,12 @@
 // `fp4serve chat`: an interactive REPL over the model's chat template, keeping the conversation history.
 // Commands: /help, /reset, /exit and /quit are handled here, never sent to the model. Line editing and history
 // come from libedit when stdin is a terminal (line_editor.h); Ctrl-C stops a reply and keeps the conversation.
+// The conversation's keys and values stay in the KV block pool between turns (automatic prefix caching, as the
+// server does): each turn's prompt, the whole conversation rendered again, finds the blocks of the turns before
+// it by their tokens, and only its new tokens are prefilled.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -27,6 +31,7 @@ struct ChatOptions {
   int64_t max_new_tokens = 512;
   std::optional<float> temperature;
   std::optional<uint64_t> seed;
+  bool prefix_caching = true;
   ChatTemplateOptions chat_template;
 };
 
@@ -43,7 +48,10 @@ void run_chat(const ChatOptions& opts) {
   const text::ChatTemplate& tmpl = templates.select(false);
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   const int64_t max_len = effective_max_model_len(opts.model, loaded.config);
+  // One sequence of the context length: the pool holds the conversation, whose blocks stay cached after a turn
+  // (released to the pool's LRU queue, tail first) until a later turn's blocks need their room.
   model::KvCache cache = loaded.decoder->make_cache(max_len, 1);
+  cache.set_prefix_caching(opts.prefix_caching);
   runtime::SamplingParams sampling = runtime::sampling_defaults(loaded.checkpoint.generation_config());
   if (opts.temperature) sampling.temperature = *opts.temperature;
   sampling.seed = opts.seed;
@@ -58,6 +66,7 @@ void run_chat(const ChatOptions& opts) {
   log_info("fp4serve chat — {} (load {:.2f} s, context {} tokens, {}). /help lists the commands.\n", opts.model.model,
            loaded.load_seconds, max_len, thread_summary());
   LineEditor editor;
+  int64_t turns = 0;
   while (true) {
     const LineEditor::Input in = editor.read("> ");
     if (in.status == LineEditor::Status::End) {
@@ -112,6 +121,13 @@ void run_chat(const ChatOptions& opts) {
                  request.max_new_tokens < opts.max_new_tokens ? "the context is full, /reset to start over"
                                                               : "the -n/--max-tokens limit; raise it for longer replies");
     }
+    log_debug("[turn {}: prompt {} tokens, {} from the prefix cache, {} computed (TTFT {:.3f} s) | {} generated "
+              "({:.2f} tokens/s)]\n",
+              ++turns, result.prompt_tokens, result.cached_tokens, result.prompt_tokens - result.cached_tokens,
+              result.prefill_seconds, result.tokens.size(),
+              result.tokens.size() > 1 ? static_cast<double>(result.tokens.size() - 1) /
+                                             std::max(result.decode_seconds, 1e-9)
+                                       : 0.0);
     history.push_back(turn("assistant", result.text));
   }
 }
@@ -127,6 +143,8 @@ void register_chat(CLI::App& root) {
   add_number_option(*cmd, "--temperature", opts->temperature, ranges::kTemperature,
                     "0 = greedy (default: generation_config.json)");
   cmd->add_option("--seed", opts->seed, "sampling seed")->check(kSeedCheck);
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->prefix_caching,
+                "keep the conversation's KV blocks between turns, so a turn prefills only its new tokens (default on)");
   add_chat_template_options(*cmd, opts->chat_template);
   cmd->callback([opts] { run_chat(*opts); });
 }

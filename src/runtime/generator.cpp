@@ -87,7 +87,10 @@ GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& ca
   const int64_t vocab = decoder.config().vocab_size;
 
   const auto t0 = clock::now();
-  model::SequenceChunk chunk{slot, 0, request.prompt, false};
+  result.cached_tokens = cache.match_prefix(slot, request.prompt);
+  const std::span<const int32_t> prompt(request.prompt);
+  model::SequenceChunk chunk{slot, result.cached_tokens, prompt.subspan(static_cast<size_t>(result.cached_tokens)),
+                             false};
   std::vector<float> logits = decoder.forward(std::span(&chunk, 1), cache);
   int64_t position = prompt_len;
   result.finish_reason = "length";

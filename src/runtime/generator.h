@@ -31,6 +31,9 @@ struct GenerationResult {
   std::vector<int32_t> tokens;         ///< generated ids (EOS excluded)
   std::string finish_reason;           ///< "stop" (EOS or stop string) or "length"
   int64_t prompt_tokens = 0;
+  /// Prompt tokens whose keys and values came from the cache's prefix cache (a multiple of its block size; 0 with
+  /// prefix caching off): the prefill computed prompt_tokens − cached_tokens positions.
+  int64_t cached_tokens = 0;
   double prefill_seconds = 0.0;        ///< time to first token (prompt forward + first sample)
   double decode_seconds = 0.0;         ///< time for the remaining tokens
 };
@@ -54,9 +57,12 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-/// Runs `request` in a free slot of `cache` (released afterwards). `on_text` receives each piece of new text;
-/// returning false cancels generation (finish_reason "abort"). Throws UsageError when the prompt is empty, no
-/// slot is free, or prompt + max_new_tokens exceeds the cache length.
+/// Runs `request` in a free slot of `cache` (released afterwards). With the cache's prefix caching on
+/// (KvCache::set_prefix_caching), the longest cached prefix of the prompt is taken from the cache and only the
+/// rest is prefilled; the blocks this run fills stay cached after it, so a later prompt that extends this one (a
+/// chat's next turn) computes only its new tokens. `on_text` receives each piece of new text; returning false
+/// cancels generation (finish_reason "abort"). Throws UsageError when the prompt is empty, no slot is free, or
+/// prompt + max_new_tokens exceeds the cache length.
 GenerationResult generate(const model::ForwardModel& decoder, model::KvCache& cache, const text::Tokenizer& tokenizer,
                           const GenerationRequest& request, const std::function<bool(std::string_view)>& on_text);
 

@@ -6,7 +6,8 @@
 // CPU's tokens; the decode steps run split-KV attention and, for dense models, CUDA graphs) with their logits in
 // the same bound and the near-tie rule of backends/cuda/kernels/greedy_check.h: a different argmax fails only when the
 // CPU prefers its token by more than 1e-3 · max|logit| (the margin is printed either way). CudaGraphs checks graph
-// replay against eager decode steps of the same backend. The GPU cases skip without a GPU; the host-side checks
+// replay against eager decode steps of the same backend; CudaPrefixCache a prefix-cache hit against a cold run on the
+// GPU. The GPU cases skip without a GPU; the host-side checks
 // (batch flattening, cache ownership, the no-GPU refusal) run everywhere.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "backends/cpu/cpu_kv_storage.h"
@@ -366,6 +368,69 @@ TEST(BackendRefusals, Int4AndFp8LinearsNameTheOpAndTheModule) {
     }
   }
 }
+
+
+// A prefix-cache hit on the GPU: a 203-token prompt whose first 160 positions another sequence computed (and still
+// holds) prefills only its last 43 tokens through the paged attention kernels, then decodes 8 steps teacher-forced
+// by a cold run of the whole prompt on a cache without prefix caching. Logits within the file's bound, greedy
+// tokens by the near-tie rule. gpt-oss: sliding layers (window 128) read across the shared blocks, and sinks.
+class CudaPrefixCache : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaPrefixCache, PrefixHitMatchesAColdRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const fs::path dir = kRef / GetParam();
+  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " is not in this checkout";
+  LoadOptions options;
+  options.device = plan::DeviceChoice::Cuda;
+  const LoadedModel loaded = load_model(dir, options);
+  const Decoder& model = *loaded.decoder;
+  const int64_t vocab = loaded.config.vocab_size;
+  constexpr int64_t kShared = 170, kPrompt = 203, kSteps = 8;
+  std::vector<int32_t> prompt;
+  for (int64_t t = 0; t < kPrompt; ++t) prompt.push_back(static_cast<int32_t>((37 * t + 11) % vocab));
+  const std::span<const int32_t> whole(prompt);
+
+  KvCache cold_cache = model.make_cache(kPrompt + kSteps + 1, 1);
+  const int cold_slot = cold_cache.acquire();
+  KvCache cache = model.make_cache(kPrompt + kSteps + 1, 2);
+  cache.set_prefix_caching(true);
+  const int first = cache.acquire();
+  const SequenceChunk head{first, 0, whole.first(kShared), false};
+  model.forward(std::span(&head, 1), cache);
+  const int second = cache.acquire();
+  const int64_t hit = cache.match_prefix(second, prompt);
+  ASSERT_EQ(hit, kShared / cache.block_size() * cache.block_size());
+
+  const SequenceChunk cold_chunk{cold_slot, 0, whole, false};
+  std::vector<float> want = model.forward(std::span(&cold_chunk, 1), cold_cache);
+  const SequenceChunk warm_chunk{second, hit, whole.subspan(static_cast<size_t>(hit)), false};
+  std::vector<float> got = model.forward(std::span(&warm_chunk, 1), cache);
+  std::vector<testing::GreedyStep> greedy;
+  double worst = 0.0;
+  for (int64_t step = 0;; ++step) {
+    ASSERT_EQ(got.size(), want.size());
+    worst = std::max(worst, max_abs_diff(got, want) / max_abs(want));
+    EXPECT_LE(max_abs_diff(got, want), 2e-2 * max_abs(want)) << "step " << step;
+    greedy.push_back(testing::compare_greedy_step(want, got));
+    if (step == kSteps) break;
+    const int32_t token = greedy.back().want;  // both fed the cold run's token
+    const SequenceChunk c{cold_slot, kPrompt + step, std::span(&token, 1), false};
+    want = model.forward(std::span(&c, 1), cold_cache);
+    const SequenceChunk w{second, kPrompt + step, std::span(&token, 1), false};
+    got = model.forward(std::span(&w, 1), cache);
+  }
+  const testing::GreedySummary summary = testing::summarize_greedy(greedy);
+  std::cout << GetParam() << ": prefix hit " << hit << " of " << kPrompt << ", worst " << worst
+            << " of max|logit|, " << summary.agreed << " greedy tokens agree\n" << summary.report;
+  EXPECT_EQ(summary.failed, 0) << summary.report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaPrefixCache, ::testing::Values("llama-nvfp4a16", "gptoss-mxfp4-native"),
+                         [](const auto& fixture) {
+                           std::string name = fixture.param;
+                           std::ranges::replace(name, '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace fp4serve::model

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tensor parallelism end to end under mpirun (ctest label `mpi`): every rank loads a reference fixture twice, whole
 // (TP = 1) and as its shard of TP = world size, runs the same prompt prefill + greedy decode through both, and
-// checks that the greedy tokens are identical and every step's logits agree within 1e-4 · max|logit|. Rank 0
+// checks that the greedy tokens are identical and every step's logits agree within 1e-4 · max|logit|, also when
+// the sharded run takes its prompt's head from the prefix cache. Rank 0
 // prints one parity-table row per fixture. The communicator is dist::make_mpi_communicator, the one
 // `mpirun fp4serve … --tensor-parallel-size N` uses.
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <utility>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -43,15 +45,26 @@ struct GreedyRun {
   std::vector<std::vector<float>> logits;  // per step, the last row
 };
 
-GreedyRun greedy(const LoadedModel& m, int steps) {
+// Prefill of a 37-token prompt, then greedy decode. With `prefix_hit`, prefix caching is on and another sequence
+// ran the same prompt first (and still holds it): the run takes its two full blocks from the prefix cache and
+// prefills only the last 5 tokens, each rank over its own shard of the shared blocks.
+GreedyRun greedy(const LoadedModel& m, int steps, bool prefix_hit = false) {
   const int64_t vocab = m.config.vocab_size;
   std::vector<int32_t> prompt;
-  for (int i = 0; i < 7; ++i) prompt.push_back(static_cast<int32_t>((1 + 13 * i) % vocab));
-  KvCache cache = m.decoder->make_cache(64, 1);
-  const int slot = cache.acquire();
-  GreedyRun run;
+  for (int i = 0; i < 37; ++i) prompt.push_back(static_cast<int32_t>((1 + 13 * i) % vocab));
+  KvCache cache = m.decoder->make_cache(64, 2);
   int64_t pos = 0;
-  std::vector<int32_t> next = prompt;
+  if (prefix_hit) {
+    cache.set_prefix_caching(true);
+    const int first = cache.acquire();
+    SequenceChunk chunk{first, 0, prompt, false};
+    m.decoder->forward(std::span(&chunk, 1), cache);
+  }
+  const int slot = cache.acquire();
+  pos = cache.match_prefix(slot, prompt);
+  EXPECT_EQ(pos, prefix_hit ? 32 : 0);
+  GreedyRun run;
+  std::vector<int32_t> next(prompt.begin() + pos, prompt.end());
   for (int s = 0; s < steps; ++s) {
     SequenceChunk chunk{slot, pos, next, false};
     std::vector<float> logits = m.decoder->forward(std::span(&chunk, 1), cache);
@@ -62,6 +75,18 @@ GreedyRun greedy(const LoadedModel& m, int steps) {
     next = {best};
   }
   return run;
+}
+
+// The largest |a − b| over every step's logits, and the largest |a|.
+std::pair<double, double> logit_diff(const GreedyRun& a, const GreedyRun& b) {
+  double max_diff = 0, max_logit = 0;
+  for (size_t s = 0; s < a.logits.size(); ++s) {
+    for (size_t i = 0; i < a.logits[s].size(); ++i) {
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(a.logits[s][i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.logits[s][i]) - b.logits[s][i]));
+    }
+  }
+  return {max_diff, max_logit};
 }
 
 class TpParity : public ::testing::TestWithParam<ParityCase> {};
@@ -86,22 +111,20 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   constexpr int kSteps = 9;
   const GreedyRun a = greedy(reference, kSteps);
   const GreedyRun b = greedy(sharded, kSteps);
-  double max_diff = 0, max_logit = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    for (size_t i = 0; i < a.logits[static_cast<size_t>(s)].size(); ++i) {
-      max_logit = std::max(max_logit, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i])));
-      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.logits[static_cast<size_t>(s)][i]) -
-                                              b.logits[static_cast<size_t>(s)][i]));
-    }
-  }
+  const GreedyRun cached = greedy(sharded, kSteps, /*prefix_hit=*/true);
+  const auto [max_diff, max_logit] = logit_diff(a, b);
+  const auto [cached_diff, cached_max_logit] = logit_diff(a, cached);
   const bool same = a.tokens == b.tokens;
+  const bool cached_same = a.tokens == cached.tokens;
   if (comm.rank() == 0) {
-    std::printf("TP-PARITY | %s%s | %d | %s | %.3g (%.3g of max|logit|)\n", c.fixture.c_str(),
+    std::printf("TP-PARITY | %s%s | %d | %s | %.3g (%.3g of max|logit|) | prefix hit: %s, %.3g\n", c.fixture.c_str(),
                 c.expert_parallel ? " --expert-parallel" : "", comm.size(), same ? "yes" : "NO", max_diff,
-                max_diff / max_logit);
+                max_diff / max_logit, cached_same ? "yes" : "NO", cached_diff / max_logit);
   }
   EXPECT_TRUE(same) << c.fixture;
   EXPECT_LE(max_diff, 1e-4 * max_logit) << c.fixture;
+  EXPECT_TRUE(cached_same) << c.fixture << " with a prefix-cache hit";
+  EXPECT_LE(cached_diff, 1e-4 * max_logit) << c.fixture << " with a prefix-cache hit";
 }
 
 // Dense, uneven MXFP4 (intermediate 352 = 128/128/96 at TP 3), NVFP4 with per-shard global scales, int4, FP8
