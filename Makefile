@@ -4,10 +4,10 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run check-demo test test-release test-asan test-arm fuzz fixtures clean bench-peer
+.PHONY: deps build build-cli run check-demo check-structured test test-release test-asan test-arm fuzz fixtures clean bench-peer
 
 deps:
-	./scripts/install-deps.sh
+	JOBS=$(JOBS) ./scripts/install-deps.sh
 
 build: deps
 	cmake --preset release
@@ -71,6 +71,12 @@ test: test-release test-asan fuzz
 check-demo: build-cli
 	./scripts/get-default-model.sh
 	./scripts/check-demo.sh $(FP4SERVE) models/default-nvfp4 "$(PROMPT)" Paris
+
+# Structured outputs, forced tool calls and n > 1 on the default model through the official openai client (installs
+# it from PyPI into tools/openai-check/.venv; about two minutes on two cores).
+check-structured: build-cli
+	./scripts/get-default-model.sh
+	./scripts/check-structured-outputs.sh $(FP4SERVE) models/default-nvfp4
 
 # fp4serve vs llama.cpp (built from the llama-cpp-python sdist) on the default model; downloads and builds, so it
 # is not part of `make test`. Table in build/peer/results/table.md.

@@ -69,6 +69,35 @@ std::shared_ptr<RequestChannel> Scheduler::submit(SequenceRequest request) {
   return channel;
 }
 
+int Scheduler::running_count() const {
+  int n = 0;
+  for (const auto& seq : running_) n += 1 + static_cast<int>(seq.forks.size());
+  return n;
+}
+
+int Scheduler::max_running() const { return std::min(config_.max_num_seqs, model_.max_slots()); }
+
+std::vector<std::shared_ptr<RequestChannel>> Scheduler::submit_n(SequenceRequest request, int n) {
+  if (n < 1 || n > max_running()) {
+    throw UsageError(fmt::format("n = {} choices need as many sequences running at once; this server runs at most {} "
+                                 "(--max-num-seqs and the KV-cache slots)", n, max_running()));
+  }
+  if (n == 1) {
+    auto one = submit(std::move(request));
+    return one ? std::vector{one} : std::vector<std::shared_ptr<RequestChannel>>{};
+  }
+  std::vector<std::shared_ptr<RequestChannel>> all(1);
+  for (int i = 1; i < n; ++i) {
+    SequenceRequest copy = request;
+    if (copy.sampling.seed) *copy.sampling.seed += static_cast<uint64_t>(i);
+    all.push_back(std::make_shared<RequestChannel>(std::move(copy)));
+  }
+  request.siblings.assign(all.begin() + 1, all.end());
+  all[0] = submit(std::move(request));
+  if (all[0] == nullptr) return {};
+  return all;
+}
+
 void Scheduler::run() {
   for (;;) {
     {
@@ -83,41 +112,69 @@ void Scheduler::run() {
   }
 }
 
+Scheduler::Sequence Scheduler::start_sequence(std::shared_ptr<RequestChannel> channel, int slot) {
+  const SequenceRequest& req = channel->request();
+  Sequence seq;
+  seq.channel = std::move(channel);
+  seq.slot = slot;
+  seq.tokens.reserve(req.prompt.size() + static_cast<size_t>(req.max_new_tokens));
+  seq.tokens = req.prompt;
+  seq.prompt_len = static_cast<int64_t>(req.prompt.size());
+  seq.sampler.emplace(req.sampling);
+  seq.sampler->observe_prompt(req.prompt);
+  if (req.grammar != nullptr) seq.grammar.emplace(req.grammar);
+  seq.admitted = Clock::now();
+  return seq;
+}
+
 void Scheduler::admit() {
-  const int limit = std::min(config_.max_num_seqs, model_.max_slots());
-  while (static_cast<int>(running_.size()) < limit) {
+  const int limit = max_running();
+  while (running_count() < limit) {
     std::shared_ptr<RequestChannel> channel;
-    int slot = -1;
+    std::vector<int> slots;
     {
       std::lock_guard lock(mutex_);
       if (queue_.empty()) return;
       if (!queue_.front()->cancelled()) {
-        // The KV-cache budget decides admission: without a free slot the request keeps its place in the queue.
-        slot = model_.acquire_slot();
-        if (slot < 0) return;
+        // The KV-cache budget decides admission: without free slots (n of them for n choices) the request keeps
+        // its place in the queue.
+        const size_t wanted = 1 + queue_.front()->request().siblings.size();
+        if (running_count() + static_cast<int>(wanted) > limit) return;
+        while (slots.size() < wanted) {
+          const int slot = model_.acquire_slot();
+          if (slot < 0) break;
+          slots.push_back(slot);
+        }
+        if (slots.size() < wanted) {
+          for (const int slot : slots) model_.release_slot(slot);
+          return;
+        }
       }
       channel = std::move(queue_.front());
       queue_.pop_front();
       metrics_.set_waiting(static_cast<int>(queue_.size()));
     }
-    if (slot < 0) {
+    if (slots.empty()) {  // cancelled while queued: it and its siblings end here
       channel->finish(channel->cancel_reason());
+      for (const auto& sib : channel->request().siblings) sib->finish(channel->cancel_reason());
       metrics_.count_finished(finish_reason_name(channel->cancel_reason()));
       continue;
     }
     const SequenceRequest& req = channel->request();
-    Sequence seq;
-    seq.channel = std::move(channel);
-    seq.slot = slot;
-    seq.tokens.reserve(req.prompt.size() + static_cast<size_t>(req.max_new_tokens));
-    seq.tokens = req.prompt;
-    seq.prompt_len = static_cast<int64_t>(req.prompt.size());
-    seq.sampler.emplace(req.sampling);
-    seq.sampler->observe_prompt(req.prompt);
-    seq.admitted = Clock::now();
-    metrics_.add_prompt_tokens(seq.prompt_len);
-    metrics_.observe_queue_time(seconds_between(req.arrival, seq.admitted));
-    running_.push_back(std::move(seq));
+    metrics_.add_prompt_tokens(static_cast<int64_t>(req.prompt.size()));
+    metrics_.observe_queue_time(seconds_between(req.arrival, Clock::now()));
+    const std::vector<std::shared_ptr<RequestChannel>> siblings = req.siblings;
+    Sequence leader = start_sequence(std::move(channel), slots[0]);
+    for (size_t i = 0; i < siblings.size(); ++i) {
+      Sequence fork = start_sequence(siblings[i], slots[i + 1]);
+      // Parked until the leader's prompt is cached, or prefilled beside it when the model cannot copy prefixes.
+      if (model_.can_copy_prefix()) {
+        leader.forks.push_back(std::move(fork));
+      } else {
+        running_.push_back(std::move(fork));
+      }
+    }
+    running_.push_back(std::move(leader));
   }
 }
 
@@ -141,6 +198,7 @@ void Scheduler::drop_cancelled() {
   }
   for (auto& ch : gone) {
     ch->finish(ch->cancel_reason());
+    for (const auto& sib : ch->request().siblings) sib->finish(ch->cancel_reason());  // n > 1: its other choices
     metrics_.count_finished(finish_reason_name(ch->cancel_reason()));
   }
 }
@@ -181,46 +239,89 @@ void Scheduler::step() {
   }
   const int64_t vocab = model_.vocab_size();
   const auto now = Clock::now();
+  std::vector<Sequence> started;  // forks that begin decoding this step
   for (size_t c = 0; c < chunks.size(); ++c) {
     Sequence& seq = running_[owners[c]];
     seq.computed += static_cast<int64_t>(chunks[c].tokens.size());
     if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt not finished yet
-    const SequenceRequest& req = seq.channel->request();
     const std::span<float> row(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab),
                                static_cast<size_t>(vocab));
-    // Logprobs are of the raw logits; the sampler rewrites the row in place.
-    if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
-    const int32_t token = seq.sampler->sample(row);
-    if (seq.generated == 0) {
-      metrics_.observe_ttft(seconds_between(req.arrival, now));
-      seq.first_token = now;
-    } else {
-      metrics_.observe_inter_token(seconds_between(seq.last_token, now));
-    }
-    seq.last_token = now;
-    const bool eos = std::find(req.eos_token_ids.begin(), req.eos_token_ids.end(), token) != req.eos_token_ids.end();
-    const bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
-    if ((eos && !req.ignore_eos) || stop_id) {
-      finish(seq, FinishReason::kStop);
+    if (!seq.forks.empty()) start_forks(seq, row, now, started);
+    emit(seq, row, now);
+  }
+  for (auto& seq : started) running_.push_back(std::move(seq));
+  std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+}
+
+void Scheduler::start_forks(Sequence& seq, std::span<const float> row, Clock::time_point now,
+                            std::vector<Sequence>& started) {
+  std::vector<float> copy;
+  for (auto& fork : seq.forks) {
+    if (fork.channel->cancelled()) {
+      finish(fork, fork.channel->cancel_reason());
       continue;
     }
-    seq.sampler->observe(token);
-    seq.tokens.push_back(token);
-    ++seq.generated;
-    metrics_.add_generation_tokens(1);
-    if (req.top_logprobs >= 0) {
-      runtime::TokenLogprobs lp = runtime::token_logprobs(raw_row_, token, req.top_logprobs);
-      seq.channel->push_token(token, &lp);
-    } else {
-      seq.channel->push_token(token);
+    try {
+      model_.copy_prefix(seq.slot, fork.slot, seq.prompt_len);
+    } catch (const std::exception&) {
+      started.push_back(std::move(fork));  // prefills itself from the next step on
+      continue;
     }
-    if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
+    fork.computed = seq.prompt_len;
+    copy.assign(row.begin(), row.end());
+    emit(fork, copy, now);
+    if (fork.slot >= 0) started.push_back(std::move(fork));
   }
-  std::erase_if(running_, [](const Sequence& s) { return s.slot < 0; });
+  seq.forks.clear();
+}
+
+void Scheduler::emit(Sequence& seq, std::span<float> row, Clock::time_point now) {
+  const SequenceRequest& req = seq.channel->request();
+  // Logprobs are of the raw logits; the sampler rewrites the row in place.
+  if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
+  // Constrained decoding: only the tokens the grammar allows next can be sampled.
+  if (seq.grammar) runtime::apply_token_bitmask(row, seq.grammar->next_token_bitmask());
+  const int32_t token = seq.sampler->sample(row);
+  if (seq.generated == 0) {
+    metrics_.observe_ttft(seconds_between(req.arrival, now));
+    seq.first_token = now;
+  } else {
+    metrics_.observe_inter_token(seconds_between(seq.last_token, now));
+  }
+  seq.last_token = now;
+  if (seq.grammar) {
+    if (!seq.grammar->accept(token)) {  // only when nothing was allowed (min_tokens blocking the only stop token)
+      finish(seq, FinishReason::kError, fmt::format("the grammar does not allow the sampled token {}", token));
+      return;
+    }
+    if (seq.grammar->terminated()) {  // a stop token ended the grammar: not emitted, as EOS is not
+      finish(seq, FinishReason::kStop);
+      return;
+    }
+  }
+  const bool eos = std::find(req.eos_token_ids.begin(), req.eos_token_ids.end(), token) != req.eos_token_ids.end();
+  const bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
+  if ((eos && !req.ignore_eos) || stop_id) {
+    finish(seq, FinishReason::kStop);
+    return;
+  }
+  seq.sampler->observe(token);
+  seq.tokens.push_back(token);
+  ++seq.generated;
+  metrics_.add_generation_tokens(1);
+  if (req.top_logprobs >= 0) {
+    runtime::TokenLogprobs lp = runtime::token_logprobs(raw_row_, token, req.top_logprobs);
+    seq.channel->push_token(token, &lp);
+  } else {
+    seq.channel->push_token(token);
+  }
+  if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
 }
 
 void Scheduler::finish(Sequence& seq, FinishReason reason, const std::string& error) {
   if (seq.slot < 0) return;
+  for (auto& fork : seq.forks) finish(fork, reason, error);  // parked copies end with their prompt's sequence
+  seq.forks.clear();
   model_.release_slot(seq.slot);
   seq.slot = -1;
   seq.channel->finish(reason, error);
@@ -241,7 +342,7 @@ void Scheduler::publish_state() {
   }
   int64_t cached = 0;
   for (const auto& seq : running_) cached += seq.computed;
-  const int used = static_cast<int>(running_.size());
+  const int used = running_count();
   metrics_.set_scheduler_state(used, waiting, used, model_.max_slots(), cached);
 }
 

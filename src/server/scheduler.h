@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/structured_output.h"
 #include "server/metrics.h"
 #include "server/request_channel.h"
 #include "server/step_model.h"
@@ -44,6 +45,13 @@ class Scheduler {
   /// Queues `request` (prompt non-empty, prompt + max_new_tokens ≤ context: the caller validates). Returns
   /// nullptr when the queue is full or the scheduler is stopped.
   std::shared_ptr<RequestChannel> submit(SequenceRequest request);
+  /// n choices of one request (OpenAI's `n`): `n` channels, the first carrying the others as siblings, admitted
+  /// together (n slots at once). Choice i > 0 samples with seed + i (vLLM's child requests), so seeded choices
+  /// differ and greedy ones are identical. Empty when the queue is full or the scheduler is stopped. Throws
+  /// UsageError when n < 1 or n exceeds the running batch (max_num_seqs and the model's slots).
+  std::vector<std::shared_ptr<RequestChannel>> submit_n(SequenceRequest request, int n);
+  /// The most sequences that run at once (max_num_seqs capped by the model's slots): the bound on n.
+  int max_running() const;
 
   int64_t context_length() const { return model_.max_seq_len(); }
 
@@ -56,9 +64,18 @@ class Scheduler {
     int64_t computed = 0;         // positions already in the KV cache
     int64_t generated = 0;
     std::optional<runtime::Sampler> sampler;
+    std::optional<runtime::GrammarMatcher> grammar;  // the request's grammar, when constrained
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
+    std::vector<Sequence> forks;  // n > 1 copies waiting for this sequence's prompt (StepModel::copy_prefix)
   };
+
+  int running_count() const;  // running sequences, parked forks included (each holds a slot)
+  Sequence start_sequence(std::shared_ptr<RequestChannel> channel, int slot);
+  // Samples the next token of `seq` from `row` (modified) and pushes it or ends the sequence.
+  void emit(Sequence& seq, std::span<float> row, Clock::time_point now);
+  // The prompt of `seq` is cached: its parked forks copy it and take their first token from `row` (unmodified).
+  void start_forks(Sequence& seq, std::span<const float> row, Clock::time_point now, std::vector<Sequence>& started);
 
   void run();
   void admit();

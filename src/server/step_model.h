@@ -29,6 +29,16 @@ class StepModel {
   /// A free KV-cache slot, or −1 when all are in use.
   virtual int acquire_slot() = 0;
   virtual void release_slot(int slot) = 0;
+  /// Whether copy_prefix works (n > 1 then prefills a prompt once). Default: no.
+  virtual bool can_copy_prefix() const { return false; }
+  /// Makes `dst` (acquired, empty) hold the first `positions` cached positions of `src`, as if it had been
+  /// prefilled with the same tokens. Only called when can_copy_prefix(); may throw (the scheduler then prefills
+  /// `dst` itself).
+  virtual void copy_prefix(int src, int dst, int64_t positions) {
+    (void)src;
+    (void)dst;
+    (void)positions;
+  }
   /// Runs all chunks as one step and returns the logits of each chunk's last token, [chunks, vocab] fp32 in
   /// chunk order. May throw; the scheduler then fails the sequences of this step and keeps serving.
   virtual std::vector<float> forward(std::span<const StepChunk> chunks) = 0;

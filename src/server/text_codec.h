@@ -75,6 +75,9 @@ class TextCodec {
     throw UnsupportedError("this text codec cannot decode");
   }
   virtual std::unique_ptr<Detokenizer> detokenizer() const = 0;
+  /// A detokenizer that keeps special tokens in the text (tool-call parsers whose markers are special tokens:
+  /// Mistral's [TOOL_CALLS], GPT-OSS's harmony). Default: detokenizer().
+  virtual std::unique_ptr<Detokenizer> detokenizer_keeping_special() const { return detokenizer(); }
   virtual int64_t vocab_size() const = 0;
   /// Ids that end generation unless the request sets ignore_eos.
   virtual std::vector<int32_t> eos_token_ids() const = 0;

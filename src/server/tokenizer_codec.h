@@ -31,6 +31,7 @@ class TokenizerCodec final : public TextCodec {
   std::string render_chat_prompt(const ChatPrompt& prompt) const override;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const override;
   std::unique_ptr<Detokenizer> detokenizer() const override;
+  std::unique_ptr<Detokenizer> detokenizer_keeping_special() const override;
   int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
   /// The content format plain chat requests are rendered with and where it comes from, for the startup log:

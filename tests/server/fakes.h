@@ -79,6 +79,18 @@ class FakeModel final : public StepModel {
     in_use_[static_cast<size_t>(slot)] = false;
     --used_;
   }
+  bool can_copy_prefix() const override { return copies_enabled; }
+  void copy_prefix(int src, int dst, int64_t positions) override {
+    if (!copies_enabled) throw std::logic_error("copy_prefix while disabled");
+    auto& from = history_.at(static_cast<size_t>(src));
+    auto& to = history_.at(static_cast<size_t>(dst));
+    if (!in_use_[static_cast<size_t>(src)] || !in_use_[static_cast<size_t>(dst)] || !to.empty() ||
+        positions > static_cast<int64_t>(from.size())) {
+      throw std::logic_error("bad copy_prefix");
+    }
+    to.assign(from.begin(), from.begin() + positions);
+    ++copies;
+  }
   std::vector<float> forward(std::span<const StepChunk> chunks) override {
     if (before_forward) before_forward();
     ++steps;
@@ -94,6 +106,7 @@ class FakeModel final : public StepModel {
       const auto logits = fake_logits(hist);
       out.insert(out.end(), logits.begin(), logits.end());
       tokens += static_cast<int64_t>(c.tokens.size());
+      tokens_in += static_cast<int64_t>(c.tokens.size());
       (c.tokens.size() == 1 ? has_decode : has_prefill) = true;
     }
     max_chunks = std::max<int64_t>(max_chunks.load(), static_cast<int64_t>(chunks.size()));
@@ -104,6 +117,9 @@ class FakeModel final : public StepModel {
 
   std::function<void()> before_forward;  ///< runs on the scheduler thread at the start of every step
   std::atomic<int64_t> steps{0}, max_chunks{0}, max_tokens{0}, mixed_steps{0};
+  std::atomic<int64_t> tokens_in{0};   ///< every token forwarded (prefill + decode)
+  std::atomic<int64_t> copies{0};      ///< copy_prefix calls
+  std::atomic<bool> copies_enabled{true};
   std::atomic<int> max_used{0};
 
  private:

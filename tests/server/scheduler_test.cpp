@@ -188,6 +188,86 @@ TEST(Scheduler, StopFailsUnfinished) {
   EXPECT_EQ(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
 }
 
+// n > 1: the prompt is prefilled once and copied (StepModel::copy_prefix); greedy choices are identical and equal
+// the sequential reference, and exactly 2 · prompt tokens fewer are forwarded than when each copy prefills itself.
+TEST(Scheduler, ChoicesSharePrefillAndGreedyOnesAgree) {
+  std::mt19937 rng(41);
+  const auto prompt = random_prompt(rng, 37);
+  const auto expected = testing::reference_greedy(prompt, 20, true);
+  int64_t forwarded[2] = {0, 0};
+  for (const bool copies : {true, false}) {
+    FakeModel model(4, 256);
+    model.copies_enabled = copies;
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_queue = 8}, metrics);
+    sched.start();
+    auto channels = sched.submit_n(greedy(prompt, 20, true), 3);
+    ASSERT_EQ(channels.size(), 3u);
+    for (auto& ch : channels) {
+      std::vector<int32_t> t;
+      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+      EXPECT_EQ(t, expected);
+    }
+    EXPECT_EQ(model.copies.load(), copies ? 2 : 0);
+    forwarded[copies ? 0 : 1] = model.tokens_in.load();
+  }
+  EXPECT_EQ(forwarded[0] + 2 * 37, forwarded[1]);
+}
+
+// Seeded choices sample with seed + i, as vLLM's child requests do: choice i is the lone request with that seed.
+TEST(Scheduler, SeededChoicesFollowSeedPlusIndex) {
+  std::mt19937 rng(7);
+  const auto prompt = random_prompt(rng, 9);
+  auto sampled = [&](uint64_t seed) {
+    SequenceRequest r = greedy(prompt, 12, true);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  FakeModel model(4, 256);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_queue = 8}, metrics);
+  sched.start();
+  auto channels = sched.submit_n(sampled(100), 3);
+  ASSERT_EQ(channels.size(), 3u);
+  std::vector<std::vector<int32_t>> outs;
+  for (auto& ch : channels) {
+    std::vector<int32_t> t;
+    drain(*ch, t);
+    outs.push_back(t);
+  }
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto lone = sched.submit(sampled(100 + i));
+    std::vector<int32_t> t;
+    drain(*lone, t);
+    EXPECT_EQ(t, outs[i]) << "choice " << i;
+  }
+  EXPECT_NE(outs[0], outs[1]);
+  EXPECT_THROW(sched.submit_n(sampled(1), 5), UsageError);  // more choices than the batch runs
+}
+
+// Choices cancelled while the copies wait for the shared prompt free every slot.
+TEST(Scheduler, CancelledChoicesFreeTheirSlots) {
+  std::mt19937 rng(3);
+  FakeModel model(3, 256);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 3, .max_num_batched_tokens = 4, .max_queue = 8}, metrics);
+  sched.start();
+  auto channels = sched.submit_n(greedy(random_prompt(rng, 120), 5, true), 3);
+  ASSERT_EQ(channels.size(), 3u);
+  for (auto& ch : channels) ch->cancel();
+  for (auto& ch : channels) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kAbort);
+  }
+  auto again = sched.submit_n(greedy(random_prompt(rng, 6), 4, true), 3);  // needs all three slots
+  ASSERT_EQ(again.size(), 3u);
+  for (auto& ch : again) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+  }
+}
+
 TEST(Scheduler, RejectsBadConfig) {
   FakeModel model(1, 64);
   Metrics metrics;
