@@ -72,6 +72,7 @@ struct ServeOptions {
   std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
   ToolCallParserChoice tool_call_parser;                ///< --tool-call-parser
   std::optional<server::ReasoningParser> reasoning_parser;  ///< --reasoning-parser
+  bool disable_any_whitespace = false;  ///< --structured-outputs-config.disable_any_whitespace
   std::string generation_config = "auto";              ///< --generation-config: auto | vllm | FOLDER
 };
 
@@ -218,7 +219,8 @@ void run_serve(ServeOptions opts) {
       serving_defaults_for(opts.generation_config, generation_config_folder, loaded.checkpoint, defaults_line);
   log_info("{}\n", defaults_line);
   server::HttpServer http(opts.http, server::ServeLimits{name, context_length, defaults.sampling, defaults.max_tokens, grammars,
-                                                          tool_parser, opts.reasoning_parser},
+                                                          tool_parser, opts.reasoning_parser,
+                                                          opts.disable_any_whitespace},
                           codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
@@ -287,6 +289,9 @@ void register_serve(CLI::App& root) {
                     "split chat replies into reasoning_content and content: qwen3 (<think>…</think>), openai_gptoss "
                     "(harmony's analysis channel)",
                     "none");
+  cmd->add_flag("--structured-outputs-config.disable_any_whitespace", opts->disable_any_whitespace,
+                "JSON constraints (json_schema, json_object, forced tool calls) allow no whitespace between tokens, "
+                "as vLLM's flag: small models may otherwise write newlines until max_tokens");
   cmd->add_option("--generation-config", opts->generation_config,
                   "where the defaults of omitted sampling fields come from, as vLLM's flag: auto (the model's "
                   "generation_config.json), vllm (neutral: temperature 1, no top-k/top-p), or a folder holding a "

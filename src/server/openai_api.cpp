@@ -350,9 +350,11 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   if (const json* x = field(doc, "return_token_ids")) req.return_token_ids = get_bool(*x, "return_token_ids");
   if (const json* u = field(doc, "user")) get_string(*u, "user");
   parse_sampling_extensions(doc, req);
-  req.constraint = parse_output_constraint(doc);
+  // Schemas keep the client's key order (the order the engine writes properties in): read from an ordered parse.
+  const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  req.constraint = parse_output_constraint(ordered);
   if (endpoint == Endpoint::kChatCompletions) {
-    req.tools = parse_tool_request(doc);
+    req.tools = parse_tool_request(ordered);
     if (req.tools && (req.tools->choice == ToolRequest::Choice::kRequired ||
                       req.tools->choice == ToolRequest::Choice::kNamed)) {
       if (req.constraint) {
@@ -444,8 +446,10 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
       throw ApiError(400, fmt::format("'{}' needs the grammar engine, which this server runs without ({})", param,
                                       runtime::grammar_engine_description()), param);
     }
+    runtime::GrammarSpec spec = request.constraint->spec;
+    if (limits.disable_any_whitespace) spec.any_whitespace = false;
     try {
-      seq.grammar = limits.grammars->compile(request.constraint->spec);
+      seq.grammar = limits.grammars->compile(spec);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("'{}' cannot be compiled: {}", param, e.what()), param);
     }

@@ -108,6 +108,9 @@ struct ServeLimits {
   std::optional<ToolParser> tool_parser = std::nullopt;
   /// --reasoning-parser: chat replies split reasoning_content from content.
   std::optional<ReasoningParser> reasoning_parser = std::nullopt;
+  /// --structured-outputs-config.disable_any_whitespace: JSON constraints allow no whitespace between tokens
+  /// (small models otherwise may loop on newlines), as if every request set disable_any_whitespace.
+  bool disable_any_whitespace = false;
 };
 
 /// Tokenizes `request` (chat: template rendered, then encoded without adding special tokens again) and builds

@@ -12,7 +12,7 @@
 namespace fp4serve::server {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using Kind = runtime::GrammarSpec::Kind;
 
 [[noreturn]] void bad(const std::string& param, const std::string& what) {
@@ -118,6 +118,16 @@ OutputConstraint from_response_format(const json& rf) {
     bad(param, fmt::format("type '{}' is unknown (text, json_object, json_schema, structural_tag)", t));
   }
   return out;
+}
+
+bool options_only(const json& so) {
+  for (const auto& [key, value] : so.items()) {
+    if (!value.is_null() && (key == "json" || key == "regex" || key == "choice" || key == "grammar" ||
+                             key == "json_object" || key == "structural_tag")) {
+      return false;
+    }
+  }
+  return true;
 }
 
 OutputConstraint from_structured_outputs(const json& so) {
@@ -234,8 +244,22 @@ std::optional<OutputConstraint> parse_output_constraint(const json& body) {
     if (!(type != nullptr && type->is_string() && type->get<std::string>() == "text")) out = from_response_format(*rf);
   }
   if (const json* so = field(body, "structured_outputs")) {
-    if (out) bad("structured_outputs", fmt::format("cannot be combined with '{}': give one constraint", out->param));
-    out = from_structured_outputs(*so);
+    if (out && so->is_object() && options_only(*so)) {
+      // vLLM merges response_format into structured_outputs: the options shape response_format's constraint.
+      json merged = *so;
+      if (out->spec.kind == Kind::kJsonObject) {
+        merged["json_object"] = true;
+      } else if (out->spec.kind == Kind::kJsonSchema) {
+        merged["json"] = json::parse(out->spec.source);
+      } else {
+        merged["structural_tag"] = out->spec.source;
+      }
+      out = from_structured_outputs(merged);
+      out->param = "response_format";
+    } else {
+      if (out) bad("structured_outputs", fmt::format("cannot be combined with '{}': give one constraint", out->param));
+      out = from_structured_outputs(*so);
+    }
   }
   std::optional<OutputConstraint> guided = from_guided(body);
   if (guided) {

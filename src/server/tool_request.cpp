@@ -10,7 +10,7 @@
 namespace fp4serve::server {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 [[noreturn]] void bad(const char* param, const std::string& what) {
   throw ApiError(400, fmt::format("'{}' {}", param, what), param);

@@ -20,13 +20,13 @@ struct ToolRequest {
   std::string function;             ///< kNamed: the function's name
   bool parallel = true;             ///< parallel_tool_calls: false keeps one call
   std::vector<std::string> names;   ///< the tools' function names, in order
-  std::vector<nlohmann::json> parameters;  ///< their parameter schemas ({"type": "object"} when absent)
+  std::vector<nlohmann::ordered_json> parameters;  ///< their parameter schemas, keys in the client's order
 };
 
 /// nullopt when the body has no tools (absent, null or []) and no tool_choice other than "none"/"auto". Throws
 /// ApiError(400) naming the field: a tool that is not {"type": "function", "function": {"name", …}}, duplicate
 /// names, parameters that are not an object, a tool_choice naming no tool, required or named without tools.
-std::optional<ToolRequest> parse_tool_request(const nlohmann::json& body);
+std::optional<ToolRequest> parse_tool_request(const nlohmann::ordered_json& body);
 
 /// The constraint of a forced choice (kRequired, kNamed), param "tool_choice".
 OutputConstraint forced_tool_constraint(const ToolRequest& tools);

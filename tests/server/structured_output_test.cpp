@@ -92,6 +92,26 @@ TEST_F(StructuredServer, EveryJsonSchemaFormConstrainsTheReply) {
   EXPECT_TRUE(json::parse(free["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_discarded());
 }
 
+// The schema's property order is the client's (the engine writes properties in schema order), and options in a
+// structured_outputs beside response_format shape its constraint, as vLLM merges them.
+TEST_F(StructuredServer, PropertyOrderAndMergedOptions) {
+  // Sent as text: nlohmann::json would sort the keys before the server saw them.
+  const std::string body = R"({"prompt": "Order:", "max_tokens": 60, "temperature": 0,
+      "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object",
+          "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["zeta", "alpha"]}}},
+      "structured_outputs": {"disable_any_whitespace": true}})";
+  auto res = server_->client()->Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::string text = json::parse(res->body)["choices"][0]["text"];
+  EXPECT_TRUE(std::regex_match(text, std::regex(R"(\{"zeta": (true|false), "alpha": [0-9]\})"))) << text;
+  // Options alone, without response_format, constrain nothing: refused.
+  int status = 0;
+  const json alone = chat({{"structured_outputs", {{"disable_any_whitespace", true}}}}, &status);
+  EXPECT_EQ(status, 400) << alone.dump();
+}
+
 TEST_F(StructuredServer, JsonObjectRegexChoiceAndGrammar) {
   int status = 0;
   json r = chat({{"response_format", {{"type", "json_object"}}}}, &status);
