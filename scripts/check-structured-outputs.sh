@@ -20,7 +20,9 @@ if [ ! -f "$VENV/.ready" ]; then
     touch "$VENV/.ready"
 fi
 LOG="$(mktemp)"
-"$FP4SERVE" serve -m "$MODEL" --port 0 --served-model-name default > "$LOG" 2>&1 &
+# Compact JSON: SmolLM2 writes newlines until max_tokens when whitespace is free (docs/serving.md).
+"$FP4SERVE" serve -m "$MODEL" --port 0 --served-model-name default --structured-outputs-config.disable_any_whitespace \
+    > "$LOG" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -f "$LOG"' EXIT
 PORT=""

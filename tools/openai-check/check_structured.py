@@ -36,7 +36,8 @@ S = {"type": "string", "maxLength": 24}
 SCHEMAS = [
     ("person", {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
                 "required": ["name", "age"]}),
-    ("city", {"type": "object", "properties": {"city": S, "country": S, "population": {"type": "integer", "minimum": 0}},
+    ("city", {"type": "object", "properties": {"city": S, "country": S,
+                                               "population": {"type": "integer", "minimum": 0, "maximum": 40000000}},
               "required": ["city", "country", "population"]}),
     ("color enum", {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]}),
     ("boolean flags", {"type": "object", "properties": {"done": {"type": "boolean"}, "urgent": {"type": "boolean"}},
@@ -90,7 +91,7 @@ for i, (name, schema) in enumerate(SCHEMAS):
                  response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
         text = r.choices[0].message.content
         jsonschema.validate(json.loads(text), schema)
-        check(f"json_schema {name}", True)
+        check(f"json_schema {name}", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
     except Exception as e:  # noqa: BLE001 - reported, counted as a failure
         check(f"json_schema {name}", False, f"{type(e).__name__}: {e}")
 
@@ -106,7 +107,7 @@ except Exception as e:  # noqa: BLE001
     check("json_schema streamed", False, f"{type(e).__name__}: {e}")
 
 try:
-    r = chat("Any JSON object about cats.", response_format={"type": "json_object"})
+    r = chat("Give a JSON object with the keys name and age of a person.", response_format={"type": "json_object"})
     check("json_object", isinstance(json.loads(r.choices[0].message.content), dict))
 except Exception as e:  # noqa: BLE001
     check("json_object", False, f"{type(e).__name__}: {e}")
