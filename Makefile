@@ -39,6 +39,7 @@ test-release: build
 # the asan test preset did not apply with ctest 3.25 (`ctest --preset asan -N` and `-L` runs still listed them).
 ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test device_caps_test prepare_test \
   kernels_linear_test kernel_ops_test model_test cuda_step_arrays_test text_test runtime_generation_test runtime_bench_test \
+  runtime_structured_output_test \
   runtime_rank_zero_model_test server_test server_chat_prompt_test server_e2e_test server_hardening_test \
   server_soak_test app_model_options_test app_calibration_test app_threads_test dist_mpi_collectives_test dist_mpi_probe \
   tp_parity_mpi_test
