@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "fp4serve/error.h"
 
@@ -99,6 +100,35 @@ TEST(ToolCallParsers, DetectsTheFamilyFromArchitectureAndTemplate) {
   EXPECT_EQ(tool_parser_from_name("pythonic"), std::nullopt);
   EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParser::kQwen3);
   EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParser::kGptOss);
+}
+
+// The published templates in tests/data/tokenizers/published pick the parser vLLM's documentation names for each
+// family (Granite 4.0 writes <tool_call>: hermes; Llama 3.2's template has no <|python_tag|> but renders tools).
+TEST(ToolCallParsers, PublishedTemplatesPickTheirFamilysParser) {
+  const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/published/";
+  auto read = [&](const std::string& name) {
+    std::ifstream in(dir + name, std::ios::binary);
+    EXPECT_TRUE(in) << name;
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  const std::vector<std::tuple<std::string, std::string, std::optional<ToolParser>>> cases = {
+      {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", "LlamaForCausalLM", std::nullopt},
+      {"Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen2ForCausalLM", ToolParser::kHermes},
+      {"Qwen-Qwen3-0.6B.jinja", "Qwen3ForCausalLM", ToolParser::kHermes},
+      {"ibm-granite-granite-3.0-8b-instruct.jinja", "GraniteForCausalLM", ToolParser::kGranite},
+      {"ibm-granite-granite-3.3-2B-Instruct.jinja", "GraniteForCausalLM", ToolParser::kGranite},
+      {"ibm-granite-granite-4.0.jinja", "GraniteMoeHybridForCausalLM", ToolParser::kHermes},
+      {"meta-llama-Llama-3.1-8B-Instruct.jinja", "LlamaForCausalLM", ToolParser::kLlama3Json},
+      {"meta-llama-Llama-3.2-3B-Instruct.jinja", "LlamaForCausalLM", ToolParser::kLlama3Json},
+      {"meta-llama-Llama-3.3-70B-Instruct.jinja", "LlamaForCausalLM", ToolParser::kLlama3Json},
+      {"mistralai-Mistral-7B-Instruct-v0.2.jinja", "MistralForCausalLM", std::nullopt},
+      {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "MistralForCausalLM", ToolParser::kMistral},
+      {"openai-gpt-oss-120b.jinja", "GptOssForCausalLM", ToolParser::kOpenAi}};
+  for (const auto& [file, arch, expected] : cases) {
+    EXPECT_EQ(detect_tool_parser(arch, read(file)), expected) << file;
+  }
 }
 
 TEST(ToolCallParsers, ForcedToolCalls) {
