@@ -173,7 +173,8 @@ const char* tool_parser_name(ToolParser parser) {
 }
 
 std::optional<ReasoningParser> reasoning_parser_from_name(std::string_view name) {
-  if (name == "qwen3" || name == "deepseek_r1") return ReasoningParser::kQwen3;
+  if (name == "qwen3") return ReasoningParser::kQwen3;
+  if (name == "deepseek_r1") return ReasoningParser::kDeepSeekR1;
   if (name == "openai_gptoss" || name == "gpt_oss") return ReasoningParser::kGptOss;
   return std::nullopt;
 }
@@ -181,6 +182,7 @@ std::optional<ReasoningParser> reasoning_parser_from_name(std::string_view name)
 const char* reasoning_parser_name(ReasoningParser parser) {
   switch (parser) {
     case ReasoningParser::kQwen3: return "qwen3";
+    case ReasoningParser::kDeepSeekR1: return "deepseek_r1";
     case ReasoningParser::kGptOss: return "openai_gptoss";
   }
   return "?";
@@ -329,7 +331,7 @@ struct OutputParser::State {
         buffer.erase(0, buffer.find(kOpen) + kOpen.size());
         think = 1;
       } else {
-        think = 2;
+        think = reasoning == ReasoningParser::kDeepSeekR1 ? 1 : 2;  // deepseek_r1: the prompt opened the block
       }
     }
     if (think == 1) {
@@ -437,7 +439,7 @@ struct OutputParser::State {
     ParsedOutput out;
     if (harmony) {
       harmony_stage(out, final);
-    } else if (reasoning == ReasoningParser::kQwen3) {
+    } else if (reasoning == ReasoningParser::kQwen3 || reasoning == ReasoningParser::kDeepSeekR1) {
       think_stage(out, final);
     } else {
       tool_stage(out, final);

@@ -8,7 +8,8 @@
 //  - granite (Granite 3.x): <|tool_call|>[{"name": …, "arguments": {…}}, …];
 //  - openai (GPT-OSS, harmony): messages <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}
 //    end with <|call|>; analysis is reasoning, final is content.
-// Reasoning parsers: qwen3 (<think>…</think> at the start), openai_gptoss (harmony's analysis channel).
+// Reasoning parsers: qwen3 (<think>…</think> at the start), deepseek_r1 (everything before </think>, the prompt
+// having opened the block), openai_gptoss (harmony's analysis channel).
 // The parsers are incremental, for streaming: text goes in as it is generated, and what comes out is final
 // (content never includes a prefix of a marker that may still complete; a call is returned once whole), so the
 // concatenation of every push() and finish() is the same however the text was split.
@@ -23,12 +24,14 @@
 namespace fp4serve::server {
 
 enum class ToolParser { kHermes, kLlama3Json, kMistral, kGranite, kOpenAi };
-enum class ReasoningParser { kQwen3, kGptOss };
+enum class ReasoningParser { kQwen3, kDeepSeekR1, kGptOss };
 
 /// vLLM's names: "hermes", "llama3_json", "mistral", "granite", "openai"; nullopt for another name.
 std::optional<ToolParser> tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser parser);
-/// "qwen3", "openai_gptoss" (also "deepseek_r1" → qwen3's <think> rule); nullopt for another name.
+/// "qwen3" (a reply that opens with <think> reasons until </think>), "deepseek_r1" (the reply reasons from its
+/// start until </think>, <think> optional: templates that open the block in the prompt), "openai_gptoss";
+/// nullopt for another name.
 std::optional<ReasoningParser> reasoning_parser_from_name(std::string_view name);
 const char* reasoning_parser_name(ReasoningParser parser);
 

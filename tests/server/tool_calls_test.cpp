@@ -99,6 +99,7 @@ TEST(ToolCallParsers, DetectsTheFamilyFromArchitectureAndTemplate) {
   }
   EXPECT_EQ(tool_parser_from_name("pythonic"), std::nullopt);
   EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParser::kQwen3);
+  EXPECT_EQ(reasoning_parser_from_name("deepseek_r1"), ReasoningParser::kDeepSeekR1);
   EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParser::kGptOss);
 }
 
