@@ -454,6 +454,19 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
       throw ApiError(400, fmt::format("'{}' cannot be compiled: {}", param, e.what()), param);
     }
   }
+  if (seq.grammar != nullptr && request.endpoint == Endpoint::kChatCompletions &&
+      (limits.reasoning_parser == ReasoningParser::kQwen3 || limits.reasoning_parser == ReasoningParser::kDeepSeekR1)) {
+    // A reasoning model thinks freely and answers under the constraint (vLLM applies structured outputs once the
+    // reasoning has ended), unless the prompt already closed the block (Qwen3 with enable_thinking false).
+    const auto close = codec.token_id("</think>");
+    const auto open = codec.token_id("<think>");
+    auto last = [&](std::optional<int32_t> id) -> int64_t {
+      if (!id) return -1;
+      const auto it = std::find(seq.prompt.rbegin(), seq.prompt.rend(), *id);
+      return it == seq.prompt.rend() ? -1 : static_cast<int64_t>(seq.prompt.rend() - it) - 1;
+    };
+    if (close && !(last(close) >= 0 && last(close) > last(open))) seq.grammar_after_token = *close;
+  }
   return seq;
 }
 

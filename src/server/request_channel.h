@@ -34,6 +34,9 @@ struct SequenceRequest {
   /// Constrained decoding: each token is sampled from the tokens this grammar allows next; the sequence ends
   /// (kStop) when the grammar accepts a stop token, which is not emitted. Null: unconstrained.
   std::shared_ptr<const runtime::CompiledGrammar> grammar;
+  /// ≥ 0: the grammar applies only after this token has been generated (a reasoning model's </think>: the
+  /// reasoning is free, the answer constrained, as vLLM applies structured outputs after the reasoning ends).
+  int32_t grammar_after_token = -1;
   /// n > 1: the request's other choices (same prompt; Scheduler::submit_n makes them). They are admitted with this
   /// one; when the model copies cached prefixes (StepModel::copy_prefix) the prompt is prefilled once, here, and
   /// each copy starts from it, sampling its first token from the same logits.

@@ -123,6 +123,7 @@ Scheduler::Sequence Scheduler::start_sequence(std::shared_ptr<RequestChannel> ch
   seq.sampler.emplace(req.sampling);
   seq.sampler->observe_prompt(req.prompt);
   if (req.grammar != nullptr) seq.grammar.emplace(req.grammar);
+  seq.grammar_waits = req.grammar != nullptr && req.grammar_after_token >= 0;
   seq.admitted = Clock::now();
   return seq;
 }
@@ -280,7 +281,8 @@ void Scheduler::emit(Sequence& seq, std::span<float> row, Clock::time_point now)
   // Logprobs are of the raw logits; the sampler rewrites the row in place.
   if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
   // Constrained decoding: only the tokens the grammar allows next can be sampled.
-  if (seq.grammar) runtime::apply_token_bitmask(row, seq.grammar->next_token_bitmask());
+  const bool constrained = seq.grammar && !seq.grammar_waits;
+  if (constrained) runtime::apply_token_bitmask(row, seq.grammar->next_token_bitmask());
   const int32_t token = seq.sampler->sample(row);
   if (seq.generated == 0) {
     metrics_.observe_ttft(seconds_between(req.arrival, now));
@@ -289,7 +291,9 @@ void Scheduler::emit(Sequence& seq, std::span<float> row, Clock::time_point now)
     metrics_.observe_inter_token(seconds_between(seq.last_token, now));
   }
   seq.last_token = now;
-  if (seq.grammar) {
+  if (seq.grammar_waits && token == req.grammar_after_token) {
+    seq.grammar_waits = false;  // the reasoning ended: the next token is the first the grammar constrains
+  } else if (constrained) {
     if (!seq.grammar->accept(token)) {  // only when nothing was allowed (min_tokens blocking the only stop token)
       finish(seq, FinishReason::kError, fmt::format("the grammar does not allow the sampled token {}", token));
       return;

@@ -65,6 +65,7 @@ class Scheduler {
     int64_t generated = 0;
     std::optional<runtime::Sampler> sampler;
     std::optional<runtime::GrammarMatcher> grammar;  // the request's grammar, when constrained
+    bool grammar_waits = false;  // until the request's grammar_after_token is generated
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
     std::vector<Sequence> forks;  // n > 1 copies waiting for this sequence's prompt (StepModel::copy_prefix)

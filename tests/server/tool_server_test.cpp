@@ -18,7 +18,31 @@ using nlohmann::json;
 // The byte codec with a template that shows the tools (as a real one would).
 class ToolByteCodec final : public TextCodec {
  public:
-  std::vector<int32_t> encode(std::string_view text, bool special) const override { return bytes_.encode(text, special); }
+  // "<think>" and "</think>" are single tokens, as in Qwen3's vocabulary (here ids 96 and 126, bytes the fake model
+  // gives ordinary logits, rendered "`" and "~"); other text one token per byte.
+  std::vector<int32_t> encode(std::string_view text, bool special) const override {
+    std::vector<int32_t> ids;
+    while (!text.empty()) {
+      if (text.substr(0, 8) == "</think>") {
+        ids.push_back(kThinkEnd);
+        text.remove_prefix(8);
+      } else if (text.substr(0, 7) == "<think>") {
+        ids.push_back(kThinkStart);
+        text.remove_prefix(7);
+      } else {
+        const auto one = bytes_.encode(text.substr(0, 1), special);
+        ids.insert(ids.end(), one.begin(), one.end());
+        text.remove_prefix(1);
+      }
+    }
+    return ids;
+  }
+  std::optional<int32_t> token_id(std::string_view token) const override {
+    if (token == "</think>") return kThinkEnd;
+    if (token == "<think>") return kThinkStart;
+    return std::nullopt;
+  }
+  static constexpr int32_t kThinkEnd = '~', kThinkStart = '`';
   std::string render_chat(const std::vector<ChatTurn>& messages) const override { return bytes_.render_chat(messages); }
   std::string render_chat_prompt(const ChatPrompt& prompt) const override {
     std::string s = prompt.tools.is_null() ? "" : "<tools>" + prompt.tools.dump() + "</tools>\n";
@@ -183,13 +207,48 @@ TEST_F(ToolServer, AutoChoiceParsesTheModelsFormatWholeAndStreamed) {
 
 TEST_F(ToolServer, ReasoningContentIsSplitOff) {
   start(ToolParser::kHermes, ReasoningParser::kQwen3);
+  // The prompt closes the think block, so the regex applies from the first token and makes the fake model write a
+  // reasoning block as text.
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hi <think>\n\n</think>"}}})},
+               {"tools", kTools}, {"tool_choice", "none"}, {"max_tokens", 100}, {"temperature", 0},
+               {"guided_regex", R"(<think>\nshort thought\n</think>\n\nAnswer: [a-z]{3})"}};
   int status = 0;
-  const json r = chat({{"tool_choice", "none"}, {"guided_regex", R"(<think>\nshort thought\n</think>\n\nAnswer: [a-z]{3})"}},
-                      &status);
+  const json r = post_json(*server_->client(), "/v1/chat/completions", body, &status);
   ASSERT_EQ(status, 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "\nshort thought\n");
   EXPECT_TRUE(std::regex_match(r["choices"][0]["message"]["content"].get<std::string>(), std::regex("Answer: [a-z]{3}")))
       << r.dump();
+}
+
+// With a reasoning parser, the grammar applies after </think>: the reasoning is free (here the fake model is pushed
+// to end it at once with a logit bias), the answer constrained; a prompt that already closed the block (Qwen3 with
+// thinking off) is constrained from its first token; without a reasoning parser, from the first token too.
+TEST_F(ToolServer, StructuredOutputStartsAfterTheReasoning) {
+  start(std::nullopt, ReasoningParser::kQwen3);
+  const json schema = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                       {"required", {"n"}}};
+  auto ask = [&](const std::string& content, int* status) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", content}}})}, {"max_tokens", 60},
+                 {"temperature", 0}, {"return_token_ids", true},
+                 {"structured_outputs", {{"json", schema}, {"disable_any_whitespace", true}}},
+                 {"logit_bias", {{std::to_string(ToolByteCodec::kThinkEnd), 100}}}};
+    return post_json(*server_->client(), "/v1/chat/completions", body, status);
+  };
+  int status = 0;
+  json r = ask("Think first.", &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  auto ids = r["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), ToolByteCodec::kThinkEnd);  // free while reasoning: the biased </think> came first
+  const std::string text = r["choices"][0]["message"]["content"];  // "~" (the </think> token) + the answer
+  ASSERT_FALSE(text.empty());
+  EXPECT_TRUE(json::parse(text.substr(1), nullptr, false).is_object()) << r.dump();
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), ToolByteCodec::kThinkEnd), 1) << r.dump();  // masked once constrained
+  r = ask("No thinking here.<think>\n\n</think>", &status);  // the prompt closed the block
+  ASSERT_EQ(status, 200) << r.dump();
+  ids = r["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), '{') << r.dump();  // </think> is not in the grammar, however biased
 }
 
 TEST_F(ToolServer, BadToolRequestsAre400) {
