@@ -246,20 +246,34 @@ TEST(Scheduler, SeededChoicesFollowSeedPlusIndex) {
   EXPECT_THROW(sched.submit_n(sampled(1), 5), UsageError);  // more choices than the batch runs
 }
 
-// Choices cancelled while the copies wait for the shared prompt free every slot.
+// Choices cancelled while queued, and while the copies wait for the shared prompt (steps slowed so the cancel
+// lands mid-prefill), end as aborted and free every slot.
 TEST(Scheduler, CancelledChoicesFreeTheirSlots) {
   std::mt19937 rng(3);
   FakeModel model(3, 256);
+  model.before_forward = [] { std::this_thread::sleep_for(2ms); };
   Metrics metrics;
   Scheduler sched(model, {.max_num_seqs = 3, .max_num_batched_tokens = 4, .max_queue = 8}, metrics);
+  auto queued = sched.submit_n(greedy(random_prompt(rng, 20), 5, true), 3);  // not started: stays queued
+  ASSERT_EQ(queued.size(), 3u);
+  for (auto& ch : queued) ch->cancel();
   sched.start();
-  auto channels = sched.submit_n(greedy(random_prompt(rng, 120), 5, true), 3);
+  for (auto& ch : queued) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kAbort);
+  }
+  auto channels = sched.submit_n(greedy(random_prompt(rng, 120), 5, true), 3);  // 30 prefill steps of ≥ 2 ms
   ASSERT_EQ(channels.size(), 3u);
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 2000 && model.steps.load() < 3; ++i) std::this_thread::sleep_for(1ms);
+    return model.steps.load() >= 3;
+  }());
   for (auto& ch : channels) ch->cancel();
   for (auto& ch : channels) {
     std::vector<int32_t> t;
     EXPECT_EQ(drain(*ch, t).reason, FinishReason::kAbort);
   }
+  EXPECT_EQ(model.copies.load(), 0);  // cancelled before the prompt was cached: nothing copied
   auto again = sched.submit_n(greedy(random_prompt(rng, 6), 4, true), 3);  // needs all three slots
   ASSERT_EQ(again.size(), 3u);
   for (auto& ch : again) {

@@ -4,7 +4,9 @@
 // batch without their masks leaking into each other, and bad constraints are 400s naming the field.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
+#include <thread>
 #include <regex>
 
 #include "server/openai_api.h"
@@ -184,6 +186,7 @@ TEST_F(StructuredServer, CompletionsAndStreamsAreConstrainedToo) {
 // Free and constrained sequences in one batch: the free ones give exactly the unconstrained reference, so no
 // mask reaches a row it does not belong to; the constrained ones are valid.
 TEST_F(StructuredServer, MasksStayWithTheirSequenceInTheBatch) {
+  model_.before_forward = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };  // so they overlap
   std::vector<std::future<std::pair<int, json>>> replies;
   for (int i = 0; i < 8; ++i) {
     replies.push_back(std::async(std::launch::async, [this, i] {
