@@ -4,10 +4,10 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 FP4SERVE := build/release/fp4serve
 
-.PHONY: deps build build-cli run check-demo test test-release test-asan test-arm fuzz fixtures clean bench-peer bench-scale
+.PHONY: deps build build-cli run check-demo check-structured test test-release test-asan test-arm fuzz fixtures clean bench-peer bench-scale
 
 deps:
-	./scripts/install-deps.sh
+	JOBS=$(JOBS) ./scripts/install-deps.sh
 
 build: deps
 	cmake --preset release
@@ -39,6 +39,7 @@ test-release: build
 # the asan test preset did not apply with ctest 3.25 (`ctest --preset asan -N` and `-L` runs still listed them).
 ASAN_TESTS := core_test dist_launch_test checkpoint_test quant_test plan_test device_caps_test prepare_test \
   kernels_linear_test kernel_ops_test model_test cuda_step_arrays_test text_test runtime_generation_test runtime_bench_test \
+  runtime_structured_output_test \
   runtime_rank_zero_model_test server_test server_chat_prompt_test server_e2e_test server_hardening_test \
   server_soak_test app_model_options_test app_calibration_test app_threads_test dist_mpi_collectives_test dist_mpi_probe \
   tp_parity_mpi_test
@@ -71,6 +72,12 @@ test: test-release test-asan fuzz
 check-demo: build-cli
 	./scripts/get-default-model.sh
 	./scripts/check-demo.sh $(FP4SERVE) models/default-nvfp4 "$(PROMPT)" Paris
+
+# Structured outputs, forced tool calls and n > 1 on the default model through the official openai client (installs
+# it from PyPI into tools/openai-check/.venv; about two minutes on two cores).
+check-structured: build-cli
+	./scripts/get-default-model.sh
+	./scripts/check-structured-outputs.sh $(FP4SERVE) models/default-nvfp4
 
 # fp4serve vs llama.cpp (built from the llama-cpp-python sdist) on the default model; downloads and builds, so it
 # is not part of `make test`. Table in build/peer/results/table.md.

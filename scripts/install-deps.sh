@@ -5,8 +5,12 @@
 # the virtual environment scripts/get-default-model.sh builds the default model in (`make run`); jq and bc are
 # read by the benchmark scripts. Idempotent: does nothing when every package is already installed. Needs root
 # (or sudo) only when something is missing. Ends by checking every command the Makefile and scripts run, so a
-# missing tool is named here rather than after a 16-minute build.
+# missing tool is named here rather than after a 16-minute build. Then it builds the one dependency Debian does not
+# package, xgrammar's C++ core (constrained decoding), from its pinned PyPI sdist into .deps/xgrammar
+# (scripts/build-xgrammar.sh; a no-op once built). FP4SERVE_SKIP_XGRAMMAR=1 skips it (then configure with
+# -DFP4SERVE_XGRAMMAR=OFF).
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -41,6 +45,11 @@ check_tools() {
   fi
 }
 
+# The arm64 cross build configures without xgrammar (scripts/test-arm.sh), so --arm64 does not build it.
+build_xgrammar() {
+  [ "$arm64" -eq 1 ] || [ "${FP4SERVE_SKIP_XGRAMMAR:-0}" = 1 ] || "$ROOT/scripts/build-xgrammar.sh"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,6 +57,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   check_tools
   echo "install-deps: all ${#packages[@]} packages present"
+  build_xgrammar
   exit 0
 fi
 echo "install-deps: installing ${missing[*]}"
@@ -59,3 +69,4 @@ fi
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 check_tools
+build_xgrammar

@@ -17,7 +17,7 @@ CPUS=("neon:max,sve=off" "sve-128:max,sve128=on" "sve-256:max,sve256=on")
 command -v aarch64-linux-gnu-g++ >/dev/null || { echo "test-arm: aarch64-linux-gnu-g++ missing (scripts/install-deps.sh --arm64)"; exit 2; }
 command -v qemu-aarch64 >/dev/null || { echo "test-arm: qemu-aarch64 missing (scripts/install-deps.sh --arm64)"; exit 2; }
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
-  -DFP4SERVE_BUILD_BENCH=OFF -DFP4SERVE_CUDA=OFF -DFP4SERVE_MPI=OFF >/dev/null
+  -DFP4SERVE_BUILD_BENCH=OFF -DFP4SERVE_CUDA=OFF -DFP4SERVE_MPI=OFF -DFP4SERVE_XGRAMMAR=OFF >/dev/null
 targets=()
 for s in "${SUITES[@]}"; do targets+=("$(basename "$s")"); done
 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"

@@ -159,8 +159,17 @@ void register_bench(CLI::App& root) {
   cmd->add_option("--seed", cfg->seed, "prompt RNG seed")->capture_default_str();
   cmd->add_option("--vocab-size", *vocab, "draw ids from [0, N) (default: /v1/models vocab_size)");
   cmd->add_option("--timeout", cfg->timeout_seconds, "per-request timeout in seconds")->capture_default_str()->check(CLI::Range(1, 86400));
+  auto extra = std::make_shared<std::string>();
+  cmd->add_option("--extra-body", *extra,
+                  "a JSON object merged into every request (vllm bench serve's flag), e.g. "
+                  "'{\"structured_outputs\": {\"json\": {...}}}' to measure constrained decoding");
   cmd->add_flag("--json", *as_json, "print the report as JSON");
-  cmd->callback([cfg, as_json, vocab] {
+  cmd->callback([cfg, as_json, vocab, extra] {
+    if (!extra->empty()) {
+      const nlohmann::json body = nlohmann::json::parse(*extra, nullptr, false);
+      if (!body.is_object()) throw UsageError(fmt::format("--extra-body must be a JSON object, got '{}'", *extra));
+      cfg->extra_body = body;
+    }
     if (*vocab > 0) cfg->vocab_size = *vocab;
     const server::BenchReport report = server::run_bench_serve(*cfg);
     if (*as_json) {

@@ -25,6 +25,7 @@
 #include "fp4serve/error.h"
 #include "backends/load_model.h"
 #include "runtime/sampler.h"
+#include "runtime/structured_output.h"
 #include "runtime/text_setup.h"
 #include "server/decoder_step_model.h"
 #include "server/http_server.h"
@@ -35,6 +36,32 @@
 namespace fp4serve::app {
 namespace {
 
+// The grammar engine over the served vocabulary (structured outputs). Without it (a build with
+// -DFP4SERVE_XGRAMMAR=OFF, or a tokenizer it cannot read) the server still runs and constrained requests get 400.
+std::shared_ptr<const runtime::GrammarCompiler> make_grammar_compiler(const text::Tokenizer& tokenizer,
+                                                                      const checkpoint::Checkpoint& ckpt,
+                                                                      int64_t vocab_size, std::vector<int32_t> stop_ids) {
+  if (!runtime::grammar_engine_available()) {
+    log_info("structured outputs: off ({})\n", runtime::grammar_engine_description());
+    return nullptr;
+  }
+  try {
+    const auto path = ckpt.tokenizer_json();
+    if (!path) throw FormatError("no tokenizer.json");
+    std::ifstream in(*path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto start = std::chrono::steady_clock::now();
+    auto compiler = std::make_shared<const runtime::GrammarCompiler>(
+        runtime::vocabulary_info(tokenizer, text, vocab_size, std::move(stop_ids)), 2);
+    log_info("structured outputs: {} ({} ms to index the vocabulary)\n", runtime::grammar_engine_description(),
+             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
+    return compiler;
+  } catch (const Error& e) {
+    log_warning("structured outputs are off: {}", e.what());
+    return nullptr;
+  }
+}
+
 struct ServeOptions {
   ModelOptions model;
   std::string served_model_name;
@@ -44,6 +71,9 @@ struct ServeOptions {
   bool prefix_caching = true;         ///< --enable-prefix-caching / --no-enable-prefix-caching
   ChatTemplateOptions chat_template;
   std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
+  ToolCallParserChoice tool_call_parser;                ///< --tool-call-parser
+  std::optional<server::ReasoningParser> reasoning_parser;  ///< --reasoning-parser
+  bool disable_any_whitespace = false;  ///< --structured-outputs-config.disable_any_whitespace
   std::string generation_config = "auto";              ///< --generation-config: auto | vllm | FOLDER
 };
 
@@ -164,6 +194,15 @@ void run_serve(ServeOptions opts) {
   }
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
+  const auto grammars = make_grammar_compiler(tokenizer, loaded.checkpoint, loaded.config.vocab_size, eos);
+  std::optional<server::ToolParser> tool_parser = opts.tool_call_parser.parser;
+  if (opts.tool_call_parser.automatic) {
+    tool_parser = server::detect_tool_parser(
+        loaded.config.architecture_name,
+        chat_templates ? chat_templates->select(/*with_tools=*/true).source() : std::string());
+  }
+  log_info("tool calls: {}{}\n", tool_parser ? server::tool_parser_name(*tool_parser) : "no parser (tool_choice auto is refused)",
+           opts.tool_call_parser.automatic ? " (detected from the architecture and chat template)" : " (--tool-call-parser)");
   const server::TokenizerCodec codec(std::move(tokenizer), std::move(chat_templates), variables, std::move(eos),
                                     opts.content_format);
   if (const std::string format = codec.describe_content_format(); !format.empty()) {
@@ -182,7 +221,9 @@ void run_serve(ServeOptions opts) {
   const runtime::ServingDefaults defaults =
       serving_defaults_for(opts.generation_config, generation_config_folder, loaded.checkpoint, defaults_line);
   log_info("{}\n", defaults_line);
-  server::HttpServer http(opts.http, server::ServeLimits{name, context_length, defaults.sampling, defaults.max_tokens},
+  server::HttpServer http(opts.http, server::ServeLimits{name, context_length, defaults.sampling, defaults.max_tokens, grammars,
+                                                          tool_parser, opts.reasoning_parser,
+                                                          opts.disable_any_whitespace},
                           codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
@@ -248,6 +289,18 @@ void register_serve(CLI::App& root) {
                     "how a message's list of content parts reaches the template: 'string' joins the text parts, "
                     "'openai' passes the list; 'auto' detects what the template iterates (as vLLM)",
                     "auto");
+  add_parsed_option(*cmd, "--tool-call-parser", opts->tool_call_parser, parse_tool_call_parser,
+                    "how the model writes tool calls (vLLM's names): hermes (Qwen2.5/Qwen3), llama3_json, mistral, "
+                    "granite, openai (GPT-OSS); auto detects it from the architecture and chat template; none "
+                    "refuses tool_choice auto",
+                    "auto");
+  add_parsed_option(*cmd, "--reasoning-parser", opts->reasoning_parser, parse_reasoning_parser,
+                    "split chat replies into reasoning_content and content: qwen3 (<think>…</think>), openai_gptoss "
+                    "(harmony's analysis channel)",
+                    "none");
+  cmd->add_flag("--structured-outputs-config.disable_any_whitespace", opts->disable_any_whitespace,
+                "JSON constraints (json_schema, json_object, forced tool calls) allow no whitespace between tokens, "
+                "as vLLM's flag: small models may otherwise write newlines until max_tokens");
   cmd->add_option("--generation-config", opts->generation_config,
                   "where the defaults of omitted sampling fields come from, as vLLM's flag: auto (the model's "
                   "generation_config.json), vllm (neutral: temperature 1, no top-k/top-p), or a folder holding a "

@@ -131,6 +131,19 @@ long long parse_whole(std::string_view text) {
   return v;
 }
 
+ToolCallParserChoice parse_tool_call_parser(std::string_view text) {
+  if (text == "auto") return {};
+  if (const auto p = server::tool_parser_from_name(text)) return {false, p};
+  if (text == "none") return {false, std::nullopt};
+  throw UsageError(fmt::format("--tool-call-parser '{}' is not one of auto, none, hermes, llama3_json, mistral, "
+                               "granite, openai", text));
+}
+
+std::optional<server::ReasoningParser> parse_reasoning_parser(std::string_view text) {
+  if (const auto p = server::reasoning_parser_from_name(text)) return p;
+  throw UsageError(fmt::format("--reasoning-parser '{}' is not one of qwen3, deepseek_r1, openai_gptoss", text));
+}
+
 std::optional<text::ContentFormat> parse_content_format(std::string_view text) {
   if (text == "auto") return std::nullopt;
   for (text::ContentFormat f : {text::ContentFormat::kString, text::ContentFormat::kOpenAI}) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The command line's option values as the library takes them: each `--flag` text is parsed here, once, into the
 // enum or struct of the module that uses it (plan::DeviceChoice, plan::ActivationQuant,
-// prepare::ActivationPrecision, model::LmHeadDtype, model::KvCacheDtype, text::ContentFormat). Below app/ nothing parses an option
+// prepare::ActivationPrecision, model::LmHeadDtype, model::KvCacheDtype, text::ContentFormat, server::ToolParser). Below app/ nothing parses an option
 // string. Every parse_* throws UsageError naming the flag, the text and the accepted values.
 #pragma once
 
@@ -18,6 +18,7 @@
 
 #include "fp4serve/error.h"
 #include "model/kv_cache.h"
+#include "server/tool_calls.h"
 #include "model/planned_weights.h"
 #include "plan/device_caps.h"
 #include "plan/select.h"
@@ -54,6 +55,16 @@ std::string kv_cache_dtype_text(std::optional<model::KvCacheDtype> dtype);
 
 /// `bench model --batch-invariant`: off | on (a list item; the other commands take the plain flag).
 bool parse_batch_invariant(std::string_view text);
+
+/// `serve --tool-call-parser`: auto (std::nullopt: detected from the architecture and chat template) | hermes |
+/// llama3_json | mistral | granite | openai (vLLM's names).
+struct ToolCallParserChoice {
+  bool automatic = true;
+  std::optional<server::ToolParser> parser;
+};
+ToolCallParserChoice parse_tool_call_parser(std::string_view text);
+/// `serve --reasoning-parser`: qwen3 | deepseek_r1 | openai_gptoss (vLLM's names).
+std::optional<server::ReasoningParser> parse_reasoning_parser(std::string_view text);
 
 /// `serve --chat-template-content-format`: auto (std::nullopt: each template's syntax decides) | string | openai.
 std::optional<text::ContentFormat> parse_content_format(std::string_view text);

@@ -223,6 +223,20 @@ int32_t Sampler::sample(std::span<float> logits) {
   return best;
 }
 
+void apply_token_bitmask(std::span<float> logits, std::span<const int32_t> bitmask) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const size_t n = logits.size();
+  for (size_t w = 0; w < bitmask.size() && 32 * w < n; ++w) {
+    const auto bits = static_cast<uint32_t>(bitmask[w]);
+    if (bits == 0xFFFFFFFFu) continue;  // the common case in free text: a whole word allowed
+    const size_t end = std::min(n, 32 * w + 32);
+    for (size_t t = 32 * w; t < end; ++t) {
+      if (((bits >> (t - 32 * w)) & 1u) == 0) logits[t] = kMasked;
+    }
+  }
+  for (size_t t = 32 * bitmask.size(); t < n; ++t) logits[t] = kMasked;
+}
+
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int top_n) {
   require_logits(logits);
   if (token < 0 || static_cast<size_t>(token) >= logits.size()) {

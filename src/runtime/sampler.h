@@ -96,6 +96,12 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;
 };
 
+/// Constrained decoding's mask (runtime/structured_output.h): sets logits[t] = −inf for every token t whose bit
+/// is clear in `bitmask` (bit t % 32 of word t / 32, xgrammar's layout); tokens past the bitmask's
+/// 32 · bitmask.size() are masked too. Applied to a sequence's row before Sampler::sample, so every filter and
+/// penalty sees only allowed tokens (vLLM applies the grammar bitmask to the logits before its sampler).
+void apply_token_bitmask(std::span<float> logits, std::span<const int32_t> bitmask);
+
 /// A token's log-probability under the model's raw logits and the best alternatives, as the OpenAI API reports
 /// them (vLLM's default: before penalties, temperature and filtering).
 struct TokenLogprobs {

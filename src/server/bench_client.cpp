@@ -43,9 +43,10 @@ RequestRecord send_one(httplib::Client& cli, const BenchConfig& config, const st
                        const std::vector<int32_t>& prompt) {
   RequestRecord rec;
   rec.prompt_len = static_cast<int64_t>(prompt.size());
-  const json body = {{"model", model},         {"prompt", prompt},      {"max_tokens", config.output_len},
-                     {"temperature", 0.0},     {"ignore_eos", true},    {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  json body = {{"model", model},         {"prompt", prompt},      {"max_tokens", config.output_len},
+               {"temperature", 0.0},     {"ignore_eos", true},    {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  for (const auto& [key, value] : config.extra_body.items()) body[key] = value;
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";

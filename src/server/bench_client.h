@@ -24,6 +24,8 @@ struct BenchConfig {
   uint64_t seed = 0;
   std::optional<int64_t> vocab_size;  ///< token ids are drawn from [0, vocab); default: /v1/models `vocab_size`
   int timeout_seconds = 600;    ///< per request (connect, read, write)
+  /// Fields merged into every request body (vllm bench serve's --extra-body), e.g. a structured-output field.
+  nlohmann::json extra_body = nlohmann::json::object();
 };
 
 /// One request as the client saw it.

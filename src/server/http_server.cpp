@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <unordered_map>
 
 #include "fp4serve/error.h"
+#include "server/chat_output.h"
 #include "server/http_connection.h"
 #include "server/output_text.h"
 #include "server/tokenize_api.h"
@@ -155,10 +157,13 @@ struct HttpServer::Impl final : Routes {
   void accept();
   void on_accept(beast::error_code ec, tcp::socket socket);
   void generate(const std::shared_ptr<Connection>& conn, Endpoint endpoint, const StringRequest& req);
-  void respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
-                     const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens);
-  void respond_stream(Connection& conn, const StringRequest& req, const ApiRequest& api,
-                      const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens);
+  using Channels = std::vector<std::shared_ptr<RequestChannel>>;
+  void respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api, const Channels& channels,
+                     int64_t prompt_tokens);
+  json collect_choice(Connection& conn, const ApiRequest& api, RequestChannel& channel, int index,
+                      int64_t& completion_tokens);
+  void respond_stream(Connection& conn, const StringRequest& req, const ApiRequest& api, const Channels& channels,
+                      int64_t prompt_tokens);
   void shutdown();
 };
 
@@ -278,15 +283,20 @@ void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoin
     const ApiRequest api = parse_request(endpoint, std::string_view(req.body()));
     SequenceRequest seq = to_sequence_request(api, codec, serve_limits, conn->request_started());
     const auto prompt_tokens = static_cast<int64_t>(seq.prompt.size());
-    auto channel = scheduler.submit(std::move(seq));
-    if (channel == nullptr) {
+    Channels channels;
+    try {
+      channels = scheduler.submit_n(std::move(seq), api.n);
+    } catch (const UsageError& e) {
+      throw ApiError(400, e.what(), "n");
+    }
+    if (channels.empty()) {
       throw ApiError(429, "the server is at capacity (request queue full); retry later", {}, "rate_limit_exceeded");
     }
     if (api.stream) {
-      respond_stream(*conn, req, api, channel, prompt_tokens);
+      respond_stream(*conn, req, api, channels, prompt_tokens);
       keep_alive = keep_alive && req.version() >= 11;
     } else {
-      respond_whole(*conn, req, api, channel, prompt_tokens);
+      respond_whole(*conn, req, api, channels, prompt_tokens);
     }
   } catch (const ApiError& e) {
     keep_alive = keep_alive && !draining.load();
@@ -300,16 +310,18 @@ void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoin
   conn->finish(keep_alive && !draining.load());
 }
 
-void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
-                                     const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens) {
-  OutputText out(codec, api);
+// One choice of a whole (non-streamed) response: waits for its channel to end and returns the choice object.
+json HttpServer::Impl::collect_choice(Connection& conn, const ApiRequest& api, RequestChannel& channel, int index,
+                                      int64_t& completion_tokens) {
+  ChoiceParser parsed(api, serve_limits);
+  OutputText out(codec, api, parsed.keeps_special_tokens());
   std::string text;
   std::string reason;
   for (;;) {
-    const ChannelUpdate update = channel->wait(kPoll);
+    const ChannelUpdate update = channel.wait(kPoll);
     text += out.push(update);
     if (out.stopped()) {
-      channel->cancel(FinishReason::kStop);
+      channel.cancel(FinishReason::kStop);
       reason = "stop";
       break;
     }
@@ -320,85 +332,146 @@ void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req,
       text += out.finish();
       break;
     }
-    if (conn.client_gone()) {  // nobody will read the answer: free the batch slot now
-      channel->cancel();
-      throw ApiError(499, "the client closed the connection");
-    }
+    if (conn.client_gone()) throw ApiError(499, "the client closed the connection");
     if (aborting.load()) {  // the grace period is over
-      channel->cancel();
       throw ApiError(503, fmt::format("{}: the request was aborted after the {} s grace period", kShuttingDown,
                                       config.shutdown_timeout_seconds));
     }
   }
-  const Usage usage{prompt_tokens, out.tokens(), channel->cached_tokens()};
+  completion_tokens += out.tokens();
+  json choice = response_json(api.endpoint, {}, {}, 0, text, reason, {}, api.return_token_ids ? &out.ids() : nullptr)
+      ["choices"][0];
+  choice["index"] = index;
+  if (parsed.active()) {  // content, reasoning_content and tool_calls
+    choice["message"] = parsed.message(text);
+    choice["finish_reason"] = parsed.finish_reason(reason);
+  }
+  if (api.logprobs) choice["logprobs"] = logprobs_json(api.endpoint, out.take_logprobs(), 0);
+  return choice;
+}
+
+void HttpServer::Impl::respond_whole(Connection& conn, const StringRequest& req, const ApiRequest& api,
+                                     const Channels& channels, int64_t prompt_tokens) {
+  json choices = json::array();
+  int64_t completion_tokens = 0;
+  try {
+    for (size_t i = 0; i < channels.size(); ++i) {
+      choices.push_back(collect_choice(conn, api, *channels[i], static_cast<int>(i), completion_tokens));
+    }
+  } catch (...) {
+    for (const auto& ch : channels) ch->cancel();  // nobody will read the rest: free their batch slots now
+    throw;
+  }
   json body = response_json(api.endpoint, make_id(api.endpoint), serve_limits.model_name,
-                            static_cast<int64_t>(std::time(nullptr)), text, reason, usage,
-                            api.return_token_ids ? &out.ids() : nullptr);
-  if (api.logprobs) body["choices"][0]["logprobs"] = logprobs_json(api.endpoint, out.take_logprobs(), 0);
+                            static_cast<int64_t>(std::time(nullptr)), "", "",
+                            {prompt_tokens, completion_tokens, channels.front()->cached_tokens()}, nullptr);
+  body["choices"] = std::move(choices);
   StringResponse res = json_response(200, body, req.version(), req.keep_alive() && !draining.load());
   conn.write_response(res);
 }
 
 void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req, const ApiRequest& api,
-                                      const std::shared_ptr<RequestChannel>& channel, int64_t prompt_tokens) {
-  OutputText out(codec, api);
+                                      const Channels& channels, int64_t prompt_tokens) {
   const std::string id = make_id(api.endpoint);
   const auto created = static_cast<int64_t>(std::time(nullptr));
   const std::string& model = serve_limits.model_name;
+  auto cancel_all = [&] {
+    for (const auto& ch : channels) ch->cancel();
+  };
   http::response<http::empty_body> header{http::status::ok, req.version()};
   header.set(http::field::content_type, "text/event-stream");
   header.set(http::field::cache_control, "no-cache");
   header.set(http::field::server, "fp4serve");
   header.keep_alive(req.keep_alive() && !draining.load());  // a drain closes the connection after it
   if (!conn.write_stream_header(header)) {
-    channel->cancel();
+    cancel_all();
     return;
   }
-  bool first = true;
-  int64_t text_offset = 0;
-  auto chunk = [&](std::string piece, const std::optional<std::string>& reason) {
-    auto ids = out.take_ids();
-    json c = chunk_json(api.endpoint, id, model, created, piece, reason, first,
+  // Each choice streams on its own (n > 1: chunks of different choices interleave, told apart by `index`).
+  struct Choice {
+    std::shared_ptr<RequestChannel> channel;
+    ChoiceParser parsed;
+    OutputText out;
+    bool first = true;
+    bool done = false;
+    int64_t text_offset = 0;
+  };
+  std::vector<Choice> choices;
+  for (const auto& ch : channels) {
+    ChoiceParser parsed(api, serve_limits);
+    const bool keep_special = parsed.keeps_special_tokens();
+    choices.push_back(Choice{ch, std::move(parsed), OutputText(codec, api, keep_special)});
+  }
+  auto chunk = [&](Choice& c, int index, std::string piece, const std::optional<std::string>& reason) {
+    auto ids = c.out.take_ids();
+    json j = chunk_json(api.endpoint, id, model, created, piece, reason, c.first,
                         api.return_token_ids ? &ids : nullptr);
-    if (api.logprobs) {
-      auto entries = out.take_logprobs();
-      c["choices"][0]["logprobs"] = logprobs_json(api.endpoint, entries, text_offset);
-      for (const auto& e : entries) text_offset += static_cast<int64_t>(e.token.size());
+    j["choices"][0]["index"] = index;
+    if (c.parsed.active()) {  // the text becomes content / reasoning_content / tool_calls deltas
+      json delta = c.parsed.delta(piece);
+      if (reason) {
+        merge_delta(delta, c.parsed.finish_delta());
+        j["choices"][0]["finish_reason"] = c.parsed.finish_reason(*reason);
+      }
+      if (c.first) delta["role"] = "assistant";
+      if (delta.empty() && !reason && ids.empty() && !api.logprobs) return std::string();
+      j["choices"][0]["delta"] = delta;
     }
-    first = false;
-    return sse_event(c);
+    if (api.logprobs) {
+      auto entries = c.out.take_logprobs();
+      j["choices"][0]["logprobs"] = logprobs_json(api.endpoint, entries, c.text_offset);
+      for (const auto& e : entries) c.text_offset += static_cast<int64_t>(e.token.size());
+    }
+    c.first = false;
+    return sse_event(j);
   };
   for (;;) {
-    const ChannelUpdate update = channel->wait(kPoll);
-    std::string piece = out.push(update);
-    bool finished = update.finished;
-    std::string reason = finish_reason_name(update.reason);
-    if (out.stopped()) {
-      if (!finished) channel->cancel(FinishReason::kStop);
-      finished = true;
-      reason = "stop";
-    }
     std::string data;
-    if (finished && update.reason == FinishReason::kError && !out.stopped()) {
-      data += sse_event(ApiError(draining.load() ? 503 : 500, update.error).body());
-    } else if (finished) {
-      piece += out.finish();
-      data += chunk(piece, reason);
-      if (api.include_usage) {
-        data += sse_event(usage_chunk_json(api.endpoint, id, model, created, {prompt_tokens, out.tokens(), channel->cached_tokens()}));
+    bool failed = false;
+    bool waited = false;
+    for (size_t i = 0; i < choices.size() && !failed; ++i) {
+      Choice& c = choices[i];
+      if (c.done) continue;
+      // One choice: block up to a poll; several: the first unfinished one briefly, the others not at all.
+      const auto timeout = choices.size() == 1 ? kPoll : waited ? std::chrono::milliseconds(0) : std::chrono::milliseconds(20);
+      waited = true;
+      const ChannelUpdate update = c.channel->wait(timeout);
+      std::string piece = c.out.push(update);
+      bool finished = update.finished;
+      std::string reason = finish_reason_name(update.reason);
+      if (c.out.stopped()) {
+        if (!finished) c.channel->cancel(FinishReason::kStop);
+        finished = true;
+        reason = "stop";
       }
-    } else if (!piece.empty() || out.has_pending()) {
-      data += chunk(piece, std::nullopt);
+      if (finished && update.reason == FinishReason::kError && !c.out.stopped()) {
+        data += sse_event(ApiError(draining.load() ? 503 : 500, update.error).body());
+        failed = true;
+      } else if (finished) {
+        piece += c.out.finish();
+        data += chunk(c, static_cast<int>(i), piece, reason);
+      } else if (!piece.empty() || c.out.has_pending()) {
+        data += chunk(c, static_cast<int>(i), piece, std::nullopt);
+      }
+      c.done = finished;
     }
+    bool finished = failed || std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.done; });
+    if (finished && !failed && api.include_usage) {
+      int64_t completion_tokens = 0;
+      for (const auto& c : choices) completion_tokens += c.out.tokens();
+      data += sse_event(usage_chunk_json(api.endpoint, id, model, created,
+                                         {prompt_tokens, completion_tokens, choices.front().channel->cached_tokens()}));
+    }
+    if (failed) cancel_all();
     if (!finished && aborting.load()) {  // the grace period is over: what was generated, then an error event
-      channel->cancel();
+      cancel_all();
       data += sse_event(ApiError(503, fmt::format("{}: the request was aborted after the {} s grace period",
                                                   kShuttingDown, config.shutdown_timeout_seconds)).body());
       finished = true;
     }
     if (finished) data += kSseDone;
     if (data.empty() ? conn.client_gone() : !conn.write_stream_data(data)) {
-      channel->cancel();
+      cancel_all();
       return;
     }
     if (finished) {

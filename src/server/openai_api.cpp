@@ -151,38 +151,16 @@ void parse_stop(const json& body, ApiRequest& req) {
 
 // Options with no implementation here are refused rather than silently ignored.
 void refuse_unsupported(const json& body) {
-  if (const json* n = field(body, "n"); n != nullptr && get_int(*n, "n") != 1) bad("n", "only n = 1 is supported");
   if (const json* b = field(body, "best_of"); b != nullptr && get_int(*b, "best_of") != 1) {
     bad("best_of", "only best_of = 1 is supported");
   }
   if (const json* e = field(body, "echo"); e != nullptr && get_bool(*e, "echo")) bad("echo", "is not supported");
   if (const json* s = field(body, "suffix"); s != nullptr) bad("suffix", "is not supported");
-  // Without a tool-call parser a reply never carries tool_calls, so tools would at most change the prompt:
-  // refused (an empty list means none, as clients send it). /tokenize still renders them for inspection.
-  for (const char* name : {"tools", "functions"}) {
-    if (const json* t = field(body, name); t != nullptr && !(t->is_array() && t->empty())) {
-      bad(name, "is not supported: fp4serve does not parse tool calls yet, so the reply could never call a tool; "
-                "send the request without it");
-    }
+  // The deprecated function-calling fields: OpenAI replaced them with tools / tool_choice, which work.
+  if (const json* f = field(body, "functions"); f != nullptr && !(f->is_array() && f->empty())) {
+    bad("functions", "is deprecated and not supported: send 'tools' instead");
   }
-  if (const json* rf = field(body, "response_format")) {
-    const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
-    if (type == nullptr || !type->is_string()) bad("response_format", "must be an object with a string 'type'");
-    if (type->get<std::string>() != "text") {
-      bad("response_format", fmt::format("type '{}' needs constrained decoding, which fp4serve does not implement; "
-                                         "only 'text' is accepted", type->get<std::string>()));
-    }
-  }
-  for (const auto& [name, value] : body.items()) {
-    if (!value.is_null() && (name.rfind("guided_", 0) == 0 || name == "structured_outputs")) {
-      throw ApiError(400, fmt::format("'{}' needs constrained decoding, which fp4serve does not implement", name), name);
-    }
-  }
-  if (const json* tc = field(body, "tool_choice"); tc != nullptr && !tc->is_null()) {
-    if (!tc->is_string() || (tc->get<std::string>() != "auto" && tc->get<std::string>() != "none")) {
-      bad("tool_choice", "only \"auto\" and \"none\" are supported (no constrained tool calls)");
-    }
-  }
+  if (field(body, "function_call") != nullptr) bad("function_call", "is deprecated and not supported: send 'tool_choice'");
 }
 
 // Every field a request may carry. Anything else is refused by name, so no option is silently ignored.
@@ -191,7 +169,7 @@ void refuse_unknown(const json& body, Endpoint endpoint) {
   static const std::vector<std::string_view> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
       "frequency_penalty", "seed", "stop", "stream", "stream_options", "ignore_eos", "return_token_ids", "n",
-      "best_of", "logprobs", "logit_bias", "min_tokens", "stop_token_ids", "user", "response_format", "echo"};
+      "best_of", "logprobs", "logit_bias", "min_tokens", "stop_token_ids", "user", "echo"};
   static const std::vector<std::string_view> completions = {"prompt", "suffix"};
   static const std::vector<std::string_view> chat = {
       "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
@@ -201,7 +179,7 @@ void refuse_unknown(const json& body, Endpoint endpoint) {
     const auto known = [&](const std::vector<std::string_view>& list) {
       return std::find(list.begin(), list.end(), name) != list.end();
     };
-    if (known(common) || known(own) || name.rfind("guided_", 0) == 0 || name == "structured_outputs") continue;
+    if (known(common) || known(own) || is_output_constraint_field(name)) continue;
     throw ApiError(400, fmt::format("'{}' is not a field fp4serve implements for {}", name,
                                     endpoint == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions"),
                    name);
@@ -209,6 +187,7 @@ void refuse_unknown(const json& body, Endpoint endpoint) {
 }
 
 constexpr int64_t kMaxTopLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's top_logprobs limit
+constexpr int64_t kMaxChoices = 128;     // OpenAI's bound on n; the scheduler's batch bounds it further
 
 // logprobs / top_logprobs, logit_bias, min_tokens, stop_token_ids (vLLM's sampling extensions).
 void parse_sampling_extensions(const json& body, ApiRequest& req) {
@@ -356,6 +335,11 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
     if (!s->is_number_integer()) bad("seed", fmt::format("must be an integer, got {}", type_name(*s)));
     req.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
+  if (const json* n = field(doc, "n")) {
+    const int64_t choices = get_int(*n, "n");
+    if (choices < 1 || choices > kMaxChoices) bad("n", fmt::format("must be in [1, {}], got {}", kMaxChoices, choices));
+    req.n = static_cast<int>(choices);
+  }
   parse_stop(doc, req);
   if (const json* s = field(doc, "stream")) req.stream = get_bool(*s, "stream");
   if (const json* so = field(doc, "stream_options")) {
@@ -366,6 +350,20 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   if (const json* x = field(doc, "return_token_ids")) req.return_token_ids = get_bool(*x, "return_token_ids");
   if (const json* u = field(doc, "user")) get_string(*u, "user");
   parse_sampling_extensions(doc, req);
+  // Schemas keep the client's key order (the order the engine writes properties in): read from an ordered parse.
+  const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  req.constraint = parse_output_constraint(ordered);
+  if (endpoint == Endpoint::kChatCompletions) {
+    req.tools = parse_tool_request(ordered);
+    if (req.tools && (req.tools->choice == ToolRequest::Choice::kRequired ||
+                      req.tools->choice == ToolRequest::Choice::kNamed)) {
+      if (req.constraint) {
+        bad("tool_choice", fmt::format("forces a tool call, which is itself a structured output: it cannot be "
+                                       "combined with '{}'", req.constraint->param));
+      }
+      req.constraint = forced_tool_constraint(*req.tools);
+    }
+  }
   return req;
 }
 
@@ -437,6 +435,38 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
     if (!request.ignore_eos) sp.min_tokens_blocked.insert(sp.min_tokens_blocked.end(), seq.eos_token_ids.begin(), seq.eos_token_ids.end());
   }
   seq.top_logprobs = request.logprobs ? *request.logprobs : -1;
+  if (request.tools && request.tools->choice == ToolRequest::Choice::kAuto && !limits.tool_parser) {
+    throw ApiError(400, "tool_choice 'auto' needs the model's tool-call format, and none is known for this model: "
+                        "start the server with --tool-call-parser NAME (hermes, llama3_json, mistral, granite, openai), "
+                        "or send tool_choice 'none', 'required' or a named function", "tool_choice");
+  }
+  if (request.constraint) {
+    const std::string& param = request.constraint->param;
+    if (limits.grammars == nullptr) {
+      throw ApiError(400, fmt::format("'{}' needs the grammar engine, which this server runs without ({})", param,
+                                      runtime::grammar_engine_description()), param);
+    }
+    runtime::GrammarSpec spec = request.constraint->spec;
+    if (limits.disable_any_whitespace) spec.any_whitespace = false;
+    try {
+      seq.grammar = limits.grammars->compile(spec);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("'{}' cannot be compiled: {}", param, e.what()), param);
+    }
+  }
+  if (seq.grammar != nullptr && request.endpoint == Endpoint::kChatCompletions &&
+      (limits.reasoning_parser == ReasoningParser::kQwen3 || limits.reasoning_parser == ReasoningParser::kDeepSeekR1)) {
+    // A reasoning model thinks freely and answers under the constraint (vLLM applies structured outputs once the
+    // reasoning has ended), unless the prompt already closed the block (Qwen3 with enable_thinking false).
+    const auto close = codec.token_id("</think>");
+    const auto open = codec.token_id("<think>");
+    auto last = [&](std::optional<int32_t> id) -> int64_t {
+      if (!id) return -1;
+      const auto it = std::find(seq.prompt.rbegin(), seq.prompt.rend(), *id);
+      return it == seq.prompt.rend() ? -1 : static_cast<int64_t>(seq.prompt.rend() - it) - 1;
+    };
+    if (close && !(last(close) >= 0 && last(close) > last(open))) seq.grammar_after_token = *close;
+  }
   return seq;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -16,6 +17,9 @@
 #include "runtime/sampler.h"
 #include "server/request_channel.h"
 #include "server/sse.h"
+#include "server/structured_request.h"
+#include "server/tool_calls.h"
+#include "server/tool_request.h"
 #include "server/text_codec.h"
 
 namespace fp4serve::server {
@@ -68,14 +72,22 @@ struct ApiRequest {
   /// Logprobs wanted, with this many top alternatives per token: completions `logprobs: N`, chat
   /// `logprobs: true` + `top_logprobs: N` (0 … 20). Absent: none.
   std::optional<int> logprobs;
+  /// Structured output (response_format json_object / json_schema / structural_tag, structured_outputs,
+  /// guided_*): compiled against the served vocabulary by to_sequence_request.
+  std::optional<OutputConstraint> constraint;
+  /// Choices (OpenAI's n, 1 … 128): sampled independently from one prompt (Scheduler::submit_n).
+  int n = 1;
+  /// Chat with tools (tool_request.h); a forced choice (required, named) is also `constraint`.
+  std::optional<ToolRequest> tools;
 };
 
 /// Parses and checks a request body. Throws ApiError(400) naming the field on invalid JSON, a non-object body,
-/// wrong types, out-of-range values (max_tokens ≤ 0, temperature ∉ [0, 2], top_p ∉ (0, 1], n ≠ 1, …), an empty
-/// prompt or message list, content parts other than text (the message names the part's type), options fp4serve
-/// does not implement (n > 1, best_of, echo, suffix, non-empty tools or functions: no tool-call parsing yet, a
-/// tool_choice other than "auto" / "none", constrained decoding: response_format other than text, guided_*), and
-/// any field the API does not define: every field either takes effect or is refused.
+/// wrong types, out-of-range values (max_tokens ≤ 0, temperature ∉ [0, 2], top_p ∉ (0, 1], n ∉ [1, 128], …), an empty
+/// prompt or message list, content parts other than text (the message names the part's type), malformed
+/// structured-output or tool fields (structured_request.h, tool_request.h; a forced tool_choice together with
+/// another constraint), options fp4serve does not implement (best_of > 1, echo, suffix, the deprecated
+/// functions / function_call), and any field the API does not define: every field either takes effect or is
+/// refused.
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
 /// The template inputs of a chat body, keys in the order the client sent them (as transformers sees them):
@@ -90,13 +102,23 @@ struct ServeLimits {
   runtime::SamplingParams defaults;  ///< the sampling a request's fields override (runtime::serving_defaults)
   std::optional<int64_t> default_max_tokens;  ///< max_tokens when a request has none (generation config), capped by
                                               ///< the context left; none: the context left
+  /// Compiles structured-output constraints against the served vocabulary; null: constrained requests get 400.
+  std::shared_ptr<const runtime::GrammarCompiler> grammars;
+  /// How the model writes tool calls (--tool-call-parser, or detected); none: tool_choice auto is refused.
+  std::optional<ToolParser> tool_parser = std::nullopt;
+  /// --reasoning-parser: chat replies split reasoning_content from content.
+  std::optional<ReasoningParser> reasoning_parser = std::nullopt;
+  /// --structured-outputs-config.disable_any_whitespace: JSON constraints allow no whitespace between tokens
+  /// (small models otherwise may loop on newlines), as if every request set disable_any_whitespace.
+  bool disable_any_whitespace = false;
 };
 
 /// Tokenizes `request` (chat: template rendered, then encoded without adding special tokens again) and builds
 /// what the scheduler runs. Throws ApiError(404, code model_not_found) for an unknown model name; ApiError(400)
 /// for a token id outside the vocabulary (prompt, logit_bias, stop_token_ids), or a prompt + max_tokens beyond
 /// the context, with vLLM's message ("This model's maximum context length is N tokens. However, you requested
-/// M tokens (P in the messages, C in the completion). …"). A request without a seed gets one drawn here, at
+/// M tokens (P in the messages, C in the completion). …"), or a structured-output constraint the grammar engine
+/// rejects (param: the field it came from; the engine's message). A request without a seed gets one drawn here, at
 /// arrival, so that its random stream is its own whatever runs beside it.
 SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& codec, const ServeLimits& limits,
                                     Clock::time_point arrival);
@@ -110,7 +132,8 @@ struct Usage {
 
 nlohmann::json usage_json(const Usage& usage);
 
-/// A complete (non-streamed) response: object text_completion or chat.completion with one choice.
+/// A complete (non-streamed) response: object text_completion or chat.completion with one choice (n > 1: the
+/// server replaces `choices` with one such object per choice, each with its `index`).
 nlohmann::json response_json(Endpoint endpoint, const std::string& id, const std::string& model, int64_t created,
                              const std::string& text, const std::string& finish_reason, const Usage& usage,
                              const std::vector<int32_t>* token_ids);

@@ -18,8 +18,10 @@ namespace fp4serve::server {
 
 class OutputText {
  public:
-  OutputText(const TextCodec& codec, const ApiRequest& api)
-      : codec_(codec), detok_(codec.detokenizer()), stops_(api.stop), keep_ids_(api.return_token_ids),
+  /// `keep_special_tokens`: the text keeps special tokens (a tool-call parser reads them as markers).
+  OutputText(const TextCodec& codec, const ApiRequest& api, bool keep_special_tokens = false)
+      : codec_(codec), detok_(keep_special_tokens ? codec.detokenizer_keeping_special() : codec.detokenizer()),
+        stops_(api.stop), keep_ids_(api.return_token_ids),
         keep_logprobs_(api.logprobs.has_value()) {}
 
   /// Text that became final with `update`'s tokens.

@@ -8,15 +8,19 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/structured_output.h"
 
 namespace fp4serve::server {
 
 using Clock = std::chrono::steady_clock;
+
+class RequestChannel;
 
 /// A tokenized, validated request as the scheduler runs it.
 struct SequenceRequest {
@@ -27,6 +31,12 @@ struct SequenceRequest {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  ///< sampled, one of these ends the sequence (not emitted), ignore_eos or not
   int top_logprobs = -1;                ///< ≥ 0: each token comes with its logprob and this many alternatives
+  /// Constrained decoding: each token is sampled from the tokens this grammar allows next; the sequence ends
+  /// (kStop) when the grammar accepts a stop token, which is not emitted. Null: unconstrained.
+  std::shared_ptr<const runtime::CompiledGrammar> grammar;
+  /// ≥ 0: the grammar applies only after this token has been generated (a reasoning model's </think>: the
+  /// reasoning is free, the answer constrained, as vLLM applies structured outputs after the reasoning ends).
+  int32_t grammar_after_token = -1;
   Clock::time_point arrival = Clock::now();  ///< when the HTTP request arrived (TTFT is measured from here)
 };
 

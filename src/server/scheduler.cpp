@@ -71,6 +71,32 @@ std::shared_ptr<RequestChannel> Scheduler::submit(SequenceRequest request) {
   return channel;
 }
 
+int Scheduler::max_running() const { return std::min(config_.max_num_seqs, model_.max_slots()); }
+
+std::vector<std::shared_ptr<RequestChannel>> Scheduler::submit_n(SequenceRequest request, int n) {
+  if (n < 1 || n > max_running()) {
+    throw UsageError(fmt::format("n = {} choices need as many sequences running at once; this server runs at most {} "
+                                 "(--max-num-seqs and the KV-cache slots)", n, max_running()));
+  }
+  // n sequences queued together (one lock: nothing comes between them); choice i > 0 samples with seed + i. Each
+  // is admitted like any request, and a later choice finds the prompt's full blocks in the prefix cache once an
+  // earlier one has computed them.
+  std::vector<std::shared_ptr<RequestChannel>> all;
+  for (int i = 0; i < n; ++i) {
+    SequenceRequest copy = request;
+    if (copy.sampling.seed) *copy.sampling.seed += static_cast<uint64_t>(i);
+    all.push_back(std::make_shared<RequestChannel>(std::move(copy)));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || static_cast<int>(queue_.size()) + n > config_.max_queue) return {};
+    for (const auto& ch : all) queue_.push_back(ch);
+    metrics_.set_waiting(static_cast<int>(queue_.size()));
+  }
+  cv_.notify_all();
+  return all;
+}
+
 void Scheduler::run() {
   for (;;) {
     {
@@ -178,6 +204,8 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
       seq.prompt_len = static_cast<int64_t>(req.prompt.size());
       seq.sampler.emplace(req.sampling);
       seq.sampler->observe_prompt(req.prompt);
+      if (req.grammar != nullptr) seq.grammar.emplace(req.grammar);
+      seq.grammar_waits = req.grammar != nullptr && req.grammar_after_token >= 0;
       seq.admitted = Clock::now();
       seq.channel->set_cached_tokens(hit);
       metrics_.add_prompt_tokens(seq.prompt_len);
@@ -259,38 +287,57 @@ void Scheduler::step() {
     seq.computed += static_cast<int64_t>(chunks[c].tokens.size());
     seq.take = 0;
     if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt (or recomputation) not finished
-    const SequenceRequest& req = seq.channel->request();
     const std::span<float> row(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab),
                                static_cast<size_t>(vocab));
-    // Logprobs are of the raw logits; the sampler rewrites the row in place.
-    if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
-    const int32_t token = seq.sampler->sample(row);
-    if (seq.generated == 0) {
-      metrics_.observe_ttft(seconds_between(req.arrival, now));
-      seq.first_token = now;
-    } else {
-      metrics_.observe_inter_token(seconds_between(seq.last_token, now));
-    }
-    seq.last_token = now;
-    const bool eos = std::find(req.eos_token_ids.begin(), req.eos_token_ids.end(), token) != req.eos_token_ids.end();
-    const bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
-    if ((eos && !req.ignore_eos) || stop_id) {
-      finish(seq, FinishReason::kStop);
-      continue;
-    }
-    seq.sampler->observe(token);
-    seq.tokens.push_back(token);
-    ++seq.generated;
-    metrics_.add_generation_tokens(1);
-    if (req.top_logprobs >= 0) {
-      runtime::TokenLogprobs lp = runtime::token_logprobs(raw_row_, token, req.top_logprobs);
-      seq.channel->push_token(token, &lp);
-    } else {
-      seq.channel->push_token(token);
-    }
-    if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
+    emit(seq, row, now);
   }
   std::erase_if(running_, [](const Sequence& s) { return s.done; });
+}
+
+void Scheduler::emit(Sequence& seq, std::span<float> row, Clock::time_point now) {
+  const SequenceRequest& req = seq.channel->request();
+  // Logprobs are of the raw logits; the sampler rewrites the row in place.
+  if (req.top_logprobs >= 0) raw_row_.assign(row.begin(), row.end());
+  // Constrained decoding: only the tokens the grammar allows next can be sampled.
+  const bool constrained = seq.grammar && !seq.grammar_waits;
+  if (constrained) runtime::apply_token_bitmask(row, seq.grammar->next_token_bitmask());
+  const int32_t token = seq.sampler->sample(row);
+  if (seq.generated == 0) {
+    metrics_.observe_ttft(seconds_between(req.arrival, now));
+    seq.first_token = now;
+  } else {
+    metrics_.observe_inter_token(seconds_between(seq.last_token, now));
+  }
+  seq.last_token = now;
+  if (seq.grammar_waits && token == req.grammar_after_token) {
+    seq.grammar_waits = false;  // the reasoning ended: the next token is the first the grammar constrains
+  } else if (constrained) {
+    if (!seq.grammar->accept(token)) {  // only when nothing was allowed (min_tokens blocking the only stop token)
+      finish(seq, FinishReason::kError, fmt::format("the grammar does not allow the sampled token {}", token));
+      return;
+    }
+    if (seq.grammar->terminated()) {  // a stop token ended the grammar: not emitted, as EOS is not
+      finish(seq, FinishReason::kStop);
+      return;
+    }
+  }
+  const bool eos = std::find(req.eos_token_ids.begin(), req.eos_token_ids.end(), token) != req.eos_token_ids.end();
+  const bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
+  if ((eos && !req.ignore_eos) || stop_id) {
+    finish(seq, FinishReason::kStop);
+    return;
+  }
+  seq.sampler->observe(token);
+  seq.tokens.push_back(token);
+  ++seq.generated;
+  metrics_.add_generation_tokens(1);
+  if (req.top_logprobs >= 0) {
+    runtime::TokenLogprobs lp = runtime::token_logprobs(raw_row_, token, req.top_logprobs);
+    seq.channel->push_token(token, &lp);
+  } else {
+    seq.channel->push_token(token);
+  }
+  if (seq.generated >= req.max_new_tokens) finish(seq, FinishReason::kLength);
 }
 
 void Scheduler::finish(Sequence& seq, FinishReason reason, const std::string& error) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/structured_output.h"
 #include "server/metrics.h"
 #include "server/request_channel.h"
 #include "server/step_model.h"
@@ -48,6 +49,14 @@ class Scheduler {
   /// Queues `request` (prompt non-empty, prompt + max_new_tokens ≤ context: the caller validates). Returns
   /// nullptr when the queue is full or the scheduler is stopped.
   std::shared_ptr<RequestChannel> submit(SequenceRequest request);
+  /// n choices of one request (OpenAI's `n`): `n` channels queued together, each its own sequence. Choice i > 0
+  /// samples with seed + i (vLLM's child requests), so seeded choices differ and greedy ones are identical; a choice
+  /// admitted after another computed the prompt's full blocks reuses them (prefix caching). Empty when the queue
+  /// has no room for all n or the scheduler is stopped. Throws UsageError when n < 1 or n exceeds the running batch
+  /// (max_num_seqs and the model's slots).
+  std::vector<std::shared_ptr<RequestChannel>> submit_n(SequenceRequest request, int n);
+  /// The most sequences that run at once (max_num_seqs capped by the model's slots): the bound on n.
+  int max_running() const;
 
   int64_t context_length() const { return model_.max_seq_len(); }
 
@@ -62,9 +71,14 @@ class Scheduler {
     int64_t take = 0;             // tokens this step runs
     bool done = false;            // finished: its channel is closed, its blocks freed
     std::optional<runtime::Sampler> sampler;
+    std::optional<runtime::GrammarMatcher> grammar;  // the request's grammar, when constrained
+    bool grammar_waits = false;  // until the request's grammar_after_token is generated
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
   };
+
+  // Samples the next token of `seq` from `row` (modified) and pushes it or ends the sequence.
+  void emit(Sequence& seq, std::span<float> row, Clock::time_point now);
 
   void run();
   /// Admits waiting sequences (preempted ones first) while slots, blocks and the token budget last.

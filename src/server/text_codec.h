@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,7 +76,15 @@ class TextCodec {
     throw UnsupportedError("this text codec cannot decode");
   }
   virtual std::unique_ptr<Detokenizer> detokenizer() const = 0;
+  /// A detokenizer that keeps special tokens in the text (tool-call parsers whose markers are special tokens:
+  /// Mistral's [TOOL_CALLS], GPT-OSS's harmony). Default: detokenizer().
+  virtual std::unique_ptr<Detokenizer> detokenizer_keeping_special() const { return detokenizer(); }
   virtual int64_t vocab_size() const = 0;
+  /// The id of a token spelled exactly `token` ("</think>"), or nullopt. Default: none.
+  virtual std::optional<int32_t> token_id(std::string_view token) const {
+    (void)token;
+    return std::nullopt;
+  }
   /// Ids that end generation unless the request sets ignore_eos.
   virtual std::vector<int32_t> eos_token_ids() const = 0;
 };

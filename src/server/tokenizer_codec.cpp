@@ -8,7 +8,8 @@ namespace {
 
 class StreamDetokenizer final : public Detokenizer {
  public:
-  explicit StreamDetokenizer(const text::Tokenizer& tokenizer) : decoder_(tokenizer, /*skip_special_tokens=*/true) {}
+  StreamDetokenizer(const text::Tokenizer& tokenizer, bool skip_special_tokens)
+      : decoder_(tokenizer, skip_special_tokens) {}
   std::string push(int32_t id) override { return decoder_.push(id); }
   std::string flush() override { return decoder_.flush(); }
 
@@ -85,7 +86,11 @@ std::string TokenizerCodec::decode(const std::vector<int32_t>& ids, bool skip_sp
 }
 
 std::unique_ptr<Detokenizer> TokenizerCodec::detokenizer() const {
-  return std::make_unique<StreamDetokenizer>(tokenizer_);
+  return std::make_unique<StreamDetokenizer>(tokenizer_, /*skip_special_tokens=*/true);
+}
+
+std::unique_ptr<Detokenizer> TokenizerCodec::detokenizer_keeping_special() const {
+  return std::make_unique<StreamDetokenizer>(tokenizer_, /*skip_special_tokens=*/false);
 }
 
 }  // namespace fp4serve::server

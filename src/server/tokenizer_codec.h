@@ -31,7 +31,9 @@ class TokenizerCodec final : public TextCodec {
   std::string render_chat_prompt(const ChatPrompt& prompt) const override;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const override;
   std::unique_ptr<Detokenizer> detokenizer() const override;
+  std::unique_ptr<Detokenizer> detokenizer_keeping_special() const override;
   int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
+  std::optional<int32_t> token_id(std::string_view token) const override { return tokenizer_.token_to_id(token); }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
   /// The content format plain chat requests are rendered with and where it comes from, for the startup log:
   /// "string (detected from the template)", "openai (--chat-template-content-format)"; empty without templates.

@@ -74,8 +74,7 @@ std::string body_of(const ojson& c, bool with_kwargs) {
 TEST(ChatPrompt, KwargsReachTheTemplateAsTransformersRendersThem) {
   const Fixture fx;
   const TokenizerCodec codec = fx.codec();
-  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
-  // (Tools reach the template through /tokenize below; chat completions refuse them until tool calls are parsed.)
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt, nullptr};
   for (const char* name : {"reasoning+kwargs0", "system_multi_turn+kwargs1", "system_multi_turn"}) {
     const ojson& c = golden_case(name, true);
     ASSERT_TRUE(c.contains("text")) << name;
@@ -165,7 +164,7 @@ ApiError chat_error(const std::string& body) {
 // (Granite 4.0) gets the list, as vLLM's detected content format does.
 TEST(ChatPrompt, TextPartsWorkWithStringAndListTemplates) {
   const Fixture fx;
-  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt, nullptr};
   auto prompt_of = [&](const TokenizerCodec& codec, const ojson& messages) {
     const ApiRequest req = parse_request(Endpoint::kChatCompletions, ojson{{"messages", messages}}.dump());
     return to_sequence_request(req, codec, limits, Clock::now()).prompt;
@@ -208,7 +207,7 @@ TEST(ChatPrompt, TextPartsWorkWithStringAndListTemplates) {
 // transformers).
 TEST(ChatPrompt, ContentFormatFlagOverridesTheDetection) {
   const Fixture fx;
-  const ServeLimits limits{"test-model", 4096, {}, std::nullopt};
+  const ServeLimits limits{"test-model", 4096, {}, std::nullopt, nullptr};
   const auto path = std::filesystem::temp_directory_path() / ("fp4serve_parts_" + std::to_string(::getpid()) + ".jinja");
   {
     std::ofstream out(path);
@@ -252,21 +251,21 @@ TEST(ChatPrompt, NonTextPartsAreRefusedNamingTheirType) {
   }
 }
 
-// Issue 43 item 3: without a tool-call parser, tools would change the prompt at most and never the reply's
-// shape, so they are refused with the field named rather than answered 200 with no effect.
-TEST(ChatPrompt, ToolsAreRefusedUntilToolCallsAreParsed) {
+// Issue 43 item 3 made tools a 400 until tool calls were parsed (issue 41 parses them): a server that knows no
+// tool-call format for its model refuses tool_choice auto with the field named, rather than answering 200 with
+// calls it could never return; the deprecated functions field stays refused.
+TEST(ChatPrompt, ToolsNeedAKnownCallFormatForAutoChoice) {
   const std::string msgs = R"("messages": [{"role": "user", "content": "What is the weather in Paris?"}])";
   const std::string tool = R"({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}})";
-  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"tools", "[" + tool + "]"}, {"functions", R"([{"name": "get_weather", "parameters": {}}])"}}) {
-    const ApiError e = chat_error("{" + msgs + ", \"" + field + "\": " + value + "}");
-    EXPECT_EQ(e.status(), 400) << field;
-    EXPECT_EQ(e.param(), field);
-    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
-  }
+  const ApiError functions = chat_error("{" + msgs + R"(, "functions": [{"name": "get_weather", "parameters": {}}]})");
+  EXPECT_EQ(functions.status(), 400);
+  EXPECT_EQ(functions.param(), "functions");
+  EXPECT_EQ(chat_error("{" + msgs + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [)" +
+                       tool + "]}").param(), "tool_choice");
   // An empty list means none, as clients send it; tool_choice "none" / "auto" alone asks for nothing.
   EXPECT_EQ(chat_error("{" + msgs + R"(, "tools": [], "tool_choice": "none"})").status(), 200);
-  // Through HTTP with the real codec (whose template would take the tools): 400, not 200.
+  // Through HTTP with the real codec (whose template takes the tools): 400 naming tool_choice without a parser,
+  // 200 with tool_choice none (the template sees the tools, the reply is text).
   const Fixture fx;
   const TokenizerCodec codec = fx.codec();
   FakeModel model(2, 4096);
@@ -278,7 +277,11 @@ TEST(ChatPrompt, ToolsAreRefusedUntilToolCallsAreParsed) {
                      "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
-  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tools") << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tool_choice") << r->body;
+  r = cli->Post("/v1/chat/completions", "{" + msgs + R"(, "max_tokens": 2, "tool_choice": "none", "tools": [)" + tool + "]}",
+                "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 }  // namespace

@@ -102,6 +102,49 @@ TEST(HttpServer, CompletionMatchesReferenceWithUsage) {
   EXPECT_EQ(r["usage"]["total_tokens"], prompt.size() + 12);
 }
 
+// n = 3: three choices (index 0, 1, 2); greedy ones are identical; usage counts the prompt once.
+// Streamed, each choice's chunks carry its index and concatenate to the same text.
+TEST(HttpServer, SeveralChoicesWholeAndStreamed) {
+  FakeModel model(4, 256);
+  ByteCodec codec;
+  RunningServer server(model, codec, {});
+  auto cli = server.client();
+  const std::string prompt = "Three of them";
+  const auto expect = bytes_text(reference_greedy(codec.encode(prompt, true), 10, true));
+  int status = 0;
+  json body = {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}, {"n", 3}};
+  const json r = post_json(*cli, "/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_EQ(r["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], expect);
+    EXPECT_EQ(r["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 30);
+
+  json chat = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 8},
+               {"temperature", 0}, {"n", 2}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  const StreamResult s = post_stream(*cli, "/v1/chat/completions", chat);
+  ASSERT_TRUE(s.done) << s.raw;
+  std::string text[2];
+  int finishes = 0;
+  for (const auto& c : s.chunks) {
+    if (c["choices"].empty()) {
+      EXPECT_EQ(c["usage"]["completion_tokens"].get<int>() % 2, 0) << c.dump();  // both choices counted
+      continue;
+    }
+    const int index = c["choices"][0]["index"];
+    ASSERT_TRUE(index == 0 || index == 1) << c.dump();
+    text[index] += c["choices"][0]["delta"].value("content", "");
+    if (!c["choices"][0]["finish_reason"].is_null()) ++finishes;
+  }
+  EXPECT_EQ(finishes, 2);
+  EXPECT_FALSE(text[0].empty());
+  EXPECT_EQ(text[0], text[1]);
+}
+
 TEST(HttpServer, ChatUsesTemplateAndStreamsSse) {
   FakeModel model(4, 256);
   ByteCodec codec;
@@ -227,7 +270,9 @@ std::vector<BadCase> malformed_corpus() {
       {"top_p above one", c, R"({"prompt": "a", "top_p": 1.5})", 400},
       {"top_k string", c, R"({"prompt": "a", "top_k": "a"})", 400},
       {"presence_penalty range", c, R"({"prompt": "a", "presence_penalty": 3})", 400},
-      {"n two", c, R"({"prompt": "a", "n": 2})", 400},
+      {"n zero", c, R"({"prompt": "a", "n": 0})", 400},
+      {"n beyond 128", c, R"({"prompt": "a", "n": 129})", 400},
+      {"n beyond the batch", c, R"({"prompt": "a", "n": 17})", 400},
       {"best_of", c, R"({"prompt": "a", "best_of": 3})", 400},
       {"stream string", c, R"({"prompt": "a", "stream": "yes"})", 400},
       {"stream_options number", c, R"({"prompt": "a", "stream": true, "stream_options": 5})", 400},

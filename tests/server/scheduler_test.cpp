@@ -188,6 +188,95 @@ TEST(Scheduler, StopFailsUnfinished) {
   EXPECT_EQ(sched.submit(greedy(random_prompt(rng, 4), 4)), nullptr);
 }
 
+// n > 1: n sequences queued together; greedy choices are identical and equal the sequential reference, with
+// prefix caching off and on (a choice admitted after another computed the prompt's blocks may reuse them).
+TEST(Scheduler, ChoicesOfOneRequestGiveIdenticalGreedyTokens) {
+  std::mt19937 rng(41);
+  const auto prompt = random_prompt(rng, 37);
+  const auto expected = testing::reference_greedy(prompt, 20, true);
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+    FakeModel model(4, 256, 0, 16, caching);
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_queue = 8}, metrics);
+    sched.start();
+    auto channels = sched.submit_n(greedy(prompt, 20, true), 3);
+    ASSERT_EQ(channels.size(), 3u);
+    for (auto& ch : channels) {
+      std::vector<int32_t> t;
+      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+      EXPECT_EQ(t, expected);
+    }
+  }
+}
+
+// Seeded choices sample with seed + i, as vLLM's child requests do: choice i is the lone request with that seed.
+TEST(Scheduler, SeededChoicesFollowSeedPlusIndex) {
+  std::mt19937 rng(7);
+  const auto prompt = random_prompt(rng, 9);
+  auto sampled = [&](uint64_t seed) {
+    SequenceRequest r = greedy(prompt, 12, true);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  FakeModel model(4, 256);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_queue = 8}, metrics);
+  sched.start();
+  auto channels = sched.submit_n(sampled(100), 3);
+  ASSERT_EQ(channels.size(), 3u);
+  std::vector<std::vector<int32_t>> outs;
+  for (auto& ch : channels) {
+    std::vector<int32_t> t;
+    drain(*ch, t);
+    outs.push_back(t);
+  }
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto lone = sched.submit(sampled(100 + i));
+    std::vector<int32_t> t;
+    drain(*lone, t);
+    EXPECT_EQ(t, outs[i]) << "choice " << i;
+  }
+  EXPECT_NE(outs[0], outs[1]);
+  EXPECT_THROW(sched.submit_n(sampled(1), 5), UsageError);  // more choices than the batch runs
+}
+
+// Choices cancelled while queued, and mid-prefill (steps slowed so the cancel lands there), end as aborted and
+// free every slot.
+TEST(Scheduler, CancelledChoicesFreeTheirSlots) {
+  std::mt19937 rng(3);
+  FakeModel model(3, 256);
+  model.before_forward = [] { std::this_thread::sleep_for(2ms); };
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 3, .max_num_batched_tokens = 4, .max_queue = 8}, metrics);
+  auto queued = sched.submit_n(greedy(random_prompt(rng, 20), 5, true), 3);  // not started: stays queued
+  ASSERT_EQ(queued.size(), 3u);
+  for (auto& ch : queued) ch->cancel();
+  sched.start();
+  for (auto& ch : queued) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kAbort);
+  }
+  auto channels = sched.submit_n(greedy(random_prompt(rng, 120), 5, true), 3);  // 30 prefill steps of ≥ 2 ms
+  ASSERT_EQ(channels.size(), 3u);
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 2000 && model.steps.load() < 3; ++i) std::this_thread::sleep_for(1ms);
+    return model.steps.load() >= 3;
+  }());
+  for (auto& ch : channels) ch->cancel();
+  for (auto& ch : channels) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kAbort);
+  }
+  auto again = sched.submit_n(greedy(random_prompt(rng, 6), 4, true), 3);  // needs all three slots
+  ASSERT_EQ(again.size(), 3u);
+  for (auto& ch : again) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+  }
+}
+
 TEST(Scheduler, RejectsBadConfig) {
   FakeModel model(1, 64);
   Metrics metrics;

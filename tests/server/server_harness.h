@@ -23,6 +23,9 @@ struct ServerSetup {
   HttpConfig http{.host = "127.0.0.1", .port = 0, .api_key = {}, .max_body_bytes = 64 * 1024, .threads = 48,
                   .io_timeout_seconds = 10};
   int64_t context_length = 256;
+  std::shared_ptr<const runtime::GrammarCompiler> grammars = nullptr;  ///< structured outputs; null: refused (400)
+  std::optional<ToolParser> tool_parser = std::nullopt;        ///< tool_choice auto's parser
+  std::optional<ReasoningParser> reasoning_parser = std::nullopt;
 };
 
 class RunningServer {
@@ -31,7 +34,8 @@ class RunningServer {
       : scheduler_(model, setup.scheduler, metrics_) {
     runtime::SamplingParams defaults;
     defaults.temperature = 0.0f;
-    http_ = std::make_unique<HttpServer>(setup.http, ServeLimits{name, setup.context_length, defaults, std::nullopt}, codec,
+    http_ = std::make_unique<HttpServer>(setup.http, ServeLimits{name, setup.context_length, defaults, std::nullopt, setup.grammars,
+                                                                    setup.tool_parser, setup.reasoning_parser}, codec,
                                          scheduler_, metrics_);
     port_ = http_->bind();
     scheduler_.start();
@@ -60,6 +64,14 @@ class RunningServer {
   std::thread thread_;
   int port_ = 0;
 };
+
+/// POSTs `body` as JSON; `status` gets the HTTP status (−1 on a transport error). The parsed body, or a discarded
+/// value when it is not JSON.
+inline nlohmann::json post_json(httplib::Client& cli, const std::string& path, const nlohmann::json& body, int* status) {
+  auto r = cli.Post(path, body.dump(), "application/json");
+  *status = r ? r->status : -1;
+  return r ? nlohmann::json::parse(r->body, nullptr, false) : nlohmann::json();
+}
 
 struct StreamResult {
   int status = 0;

@@ -70,7 +70,7 @@ double drain_round(int round) {
   Scheduler scheduler(model, setup.scheduler, metrics);
   runtime::SamplingParams defaults;
   defaults.temperature = 0.0f;
-  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt}, codec, scheduler, metrics);
+  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt, nullptr}, codec, scheduler, metrics);
   const int port = http.bind();
   scheduler.start();
   std::thread serving([&] { http.serve(); });
@@ -198,7 +198,7 @@ TEST(Shutdown, NewRequestOnAKeepAliveConnectionDuringTheDrainGets503) {
   Scheduler scheduler(model, setup.scheduler, metrics);
   runtime::SamplingParams defaults;
   defaults.temperature = 0.0f;
-  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt}, codec, scheduler,
+  HttpServer http(setup.http, ServeLimits{"test-model", setup.context_length, defaults, std::nullopt, nullptr}, codec, scheduler,
                   metrics);
   const int port = http.bind();
   scheduler.start();

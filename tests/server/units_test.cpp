@@ -79,7 +79,7 @@ TEST(OpenAiApi, MapsToSequenceRequestWithinContext) {
   runtime::SamplingParams defaults;
   defaults.temperature = 0.7f;
   defaults.top_k = 20;
-  const ServeLimits limits{"m", 16, defaults, std::nullopt};
+  const ServeLimits limits{"m", 16, defaults, std::nullopt, nullptr};
   const auto now = Clock::now();
   auto seq = to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd", "temperature": 0})"),
                                  codec, limits, now);
@@ -100,7 +100,7 @@ TEST(OpenAiApi, MapsToSequenceRequestWithinContext) {
 // left; a request's max_tokens overrides it either way.
 TEST(OpenAiApi, DefaultMaxTokensFromTheGenerationConfig) {
   testing::ByteCodec codec;
-  ServeLimits limits{"m", 16, {}, 5};
+  ServeLimits limits{"m", 16, {}, 5, nullptr};
   const auto now = Clock::now();
   EXPECT_EQ(to_sequence_request(parse_request(Endpoint::kCompletions, R"({"prompt": "abcd"})"), codec, limits, now)
                 .max_new_tokens,

@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+// Constrained decoding: the sampler's bitmask against a per-bit reference, and the whole loop (engine bitmask →
+// apply_token_bitmask → Sampler → accept) against the engine's own matcher on random walks over the real SmolLM2
+// vocabulary; the texts the walks end with are checked by independent code (nlohmann's JSON parser, std::regex).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "fp4serve/error.h"
+#include "runtime/sampler.h"
+#include "runtime/structured_output.h"
+#include "text/tokenizer.h"
+
+namespace fp4serve::runtime {
+namespace {
+
+using nlohmann::json;
+
+TEST(TokenBitmask, MasksExactlyTheClearedBits) {
+  std::mt19937_64 rng(41);
+  for (const size_t vocab : {1u, 31u, 32u, 33u, 1000u, 49157u}) {
+    for (const bool short_mask : {false, true}) {
+      const size_t words = (vocab + 31) / 32 - (short_mask && vocab > 32 ? 1 : 0);
+      std::vector<int32_t> mask(words);
+      for (auto& w : mask) {
+        const int kind = static_cast<int>(rng() % 3);  // all allowed, none, random
+        w = kind == 0 ? -1 : kind == 1 ? 0 : static_cast<int32_t>(rng());
+      }
+      std::vector<float> logits(vocab);
+      for (auto& x : logits) x = std::uniform_real_distribution<float>(-5, 5)(rng);
+      const std::vector<float> before = logits;
+      apply_token_bitmask(logits, mask);
+      for (size_t t = 0; t < vocab; ++t) {
+        const bool allowed = t / 32 < words && ((static_cast<uint32_t>(mask[t / 32]) >> (t % 32)) & 1u) != 0;
+        if (allowed) {
+          EXPECT_EQ(logits[t], before[t]) << "vocab " << vocab << " token " << t;
+        } else {
+          EXPECT_TRUE(std::isinf(logits[t]) && logits[t] < 0) << "vocab " << vocab << " token " << t;
+        }
+      }
+    }
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Smollm2 {
+  text::Tokenizer tokenizer;
+  VocabularyInfo vocab;
+  int32_t eos;
+};
+
+const Smollm2& smollm2() {
+  static const Smollm2 fixture = [] {
+    const std::string dir = std::string(FP4SERVE_TEST_DATA) + "/tokenizers/smollm2-real/";
+    const std::string text = read_text(dir + "tokenizer.json");
+    const json config = json::parse(read_text(dir + "tokenizer_config.json"));
+    text::Tokenizer tok = text::Tokenizer::from_json(json::parse(text), config);
+    const int32_t eos = *tok.eos_id();
+    // A logits row wider than the tokenizer, as models pad theirs: the extra ids must never be allowed.
+    VocabularyInfo vocab = vocabulary_info(tok, text, tok.vocab_size() + 64, {eos});
+    return Smollm2{std::move(tok), std::move(vocab), eos};
+  }();
+  return fixture;
+}
+
+class StructuredOutput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!grammar_engine_available()) GTEST_SKIP() << grammar_engine_description();
+  }
+};
+
+TEST_F(StructuredOutput, VocabularyIsReadAsByteLevel) {
+  const Smollm2& f = smollm2();
+  EXPECT_EQ(f.vocab.encoding, VocabEncoding::kByteLevel);  // tokenizer.json's decoder is ByteLevel
+  EXPECT_FALSE(f.vocab.add_prefix_space);
+  EXPECT_EQ(f.vocab.tokens.size(), static_cast<size_t>(f.tokenizer.vocab_size()));
+  EXPECT_EQ(f.vocab.tokens[static_cast<size_t>(*f.tokenizer.token_to_id("Ġthe"))], "Ġthe");
+}
+
+// Walks `spec` with random logits: at every step the sampled token must be one the bitmask allows and the
+// engine's matcher must accept it; a few tokens the mask forbids must be rejected (leaving the state alone) and a
+// few it allows must be accepted by a second matcher that replays the same prefix. Returns the text once the
+// grammar terminates (the stop token is favoured whenever allowed), or nullopt after `max_steps`.
+std::optional<std::string> random_walk(const GrammarCompiler& compiler, const GrammarSpec& spec, uint64_t seed,
+                                       int max_steps) {
+  const Smollm2& f = smollm2();
+  const auto grammar = compiler.compile(spec);
+  GrammarMatcher matcher(grammar);
+  std::mt19937_64 rng(seed);
+  SamplingParams params;
+  params.seed = seed;
+  Sampler sampler(params);
+  std::vector<int32_t> prefix;
+  const auto vocab = static_cast<size_t>(compiler.vocab_size());
+  for (int step = 0; step < max_steps; ++step) {
+    const auto mask = matcher.next_token_bitmask();
+    EXPECT_EQ(mask.size(), static_cast<size_t>(bitmask_words(static_cast<int64_t>(vocab))));
+    auto allowed = [&](size_t t) { return ((static_cast<uint32_t>(mask[t / 32]) >> (t % 32)) & 1u) != 0; };
+    std::vector<int32_t> yes, no;
+    for (size_t t = 0; t < vocab; ++t) (allowed(t) ? yes : no).push_back(static_cast<int32_t>(t));
+    EXPECT_FALSE(yes.empty());
+    for (size_t t = f.vocab.tokens.size(); t < vocab; ++t) EXPECT_FALSE(allowed(t)) << "padding id " << t;
+    // Forbidden tokens: rejected, state unchanged.
+    for (int k = 0; k < 4 && !no.empty(); ++k) {
+      const int32_t t = no[rng() % no.size()];
+      EXPECT_FALSE(matcher.accept(t)) << "token " << t << " is masked but accepted after " << prefix.size();
+    }
+    // Allowed tokens: a twin matcher fed the same prefix accepts each.
+    for (int k = 0; k < 2; ++k) {
+      const int32_t t = yes[rng() % yes.size()];
+      GrammarMatcher twin(grammar);
+      for (const int32_t p : prefix) EXPECT_TRUE(twin.accept(p));
+      EXPECT_TRUE(twin.accept(t)) << "token " << t << " is allowed but rejected";
+    }
+    std::vector<float> logits(vocab);
+    for (auto& x : logits) x = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    logits[static_cast<size_t>(f.eos)] += 30.0f;  // end as soon as the grammar allows
+    apply_token_bitmask(logits, mask);
+    const int32_t token = sampler.sample(logits);
+    EXPECT_TRUE(allowed(static_cast<size_t>(token))) << "sampled a masked token " << token;
+    EXPECT_TRUE(matcher.accept(token));
+    if (matcher.terminated()) {
+      EXPECT_EQ(token, f.eos);
+      return f.tokenizer.decode(prefix, /*skip_special_tokens=*/false);
+    }
+    prefix.push_back(token);
+  }
+  return std::nullopt;
+}
+
+TEST_F(StructuredOutput, RandomWalksFollowJsonSchema) {
+  const GrammarCompiler compiler(smollm2().vocab);
+  GrammarSpec spec;
+  spec.kind = GrammarSpec::Kind::kJsonSchema;
+  spec.any_whitespace = false;
+  spec.source = R"({"type": "object", "properties": {
+      "n": {"type": "integer", "minimum": 3, "maximum": 42},
+      "color": {"enum": ["red", "green", "blue"]},
+      "ok": {"type": "boolean"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}},
+    "required": ["n", "color", "ok", "tags"]})";
+  int finished = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const auto text = random_walk(compiler, spec, seed, 80);
+    if (!text) continue;
+    ++finished;
+    const json v = json::parse(*text);  // throws (fails the test) when not JSON
+    ASSERT_TRUE(v.is_object()) << *text;
+    EXPECT_EQ(v.size(), 4u) << *text;  // strict: no properties beyond the schema's
+    ASSERT_TRUE(v["n"].is_number_integer()) << *text;
+    EXPECT_GE(v["n"].get<int>(), 3);
+    EXPECT_LE(v["n"].get<int>(), 42);
+    const std::string color = v["color"].get<std::string>();
+    EXPECT_TRUE(color == "red" || color == "green" || color == "blue") << *text;
+    EXPECT_TRUE(v["ok"].is_boolean());
+    ASSERT_TRUE(v["tags"].is_array());
+    EXPECT_GE(v["tags"].size(), 1u);
+    EXPECT_LE(v["tags"].size(), 3u);
+  }
+  EXPECT_GE(finished, 4);
+}
+
+TEST_F(StructuredOutput, RandomWalksFollowRegexChoiceAndGrammar) {
+  const GrammarCompiler compiler(smollm2().vocab);
+  GrammarSpec regex;
+  regex.kind = GrammarSpec::Kind::kRegex;
+  regex.source = "[a-z]{2,4}-[0-9]{3}( ok)?";
+  GrammarSpec choice;
+  choice.kind = GrammarSpec::Kind::kChoice;
+  choice.choices = {"yes", "no", "maybe \"so\"", "né\n"};
+  GrammarSpec ebnf;
+  ebnf.kind = GrammarSpec::Kind::kGrammar;
+  ebnf.source = "root ::= \"(\" item (\",\" item)* \")\"\nitem ::= [0-9] | \"x\"";
+  GrammarSpec lark;
+  lark.kind = GrammarSpec::Kind::kGrammar;
+  lark.source = "start: \"<\" WORD \">\"\nWORD: /[A-Z]{1,3}/";
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    auto text = random_walk(compiler, regex, seed, 40);
+    ASSERT_TRUE(text.has_value());
+    EXPECT_TRUE(std::regex_match(*text, std::regex("[a-z]{2,4}-[0-9]{3}( ok)?"))) << *text;
+    text = random_walk(compiler, choice, seed, 40);
+    ASSERT_TRUE(text.has_value());
+    EXPECT_TRUE(std::find(choice.choices.begin(), choice.choices.end(), *text) != choice.choices.end()) << *text;
+    text = random_walk(compiler, ebnf, seed, 60);
+    if (text) {
+      EXPECT_TRUE(std::regex_match(*text, std::regex(R"(\(([0-9]|x)(,([0-9]|x))*\))"))) << *text;
+    }
+    text = random_walk(compiler, lark, seed, 40);
+    ASSERT_TRUE(text.has_value());
+    EXPECT_TRUE(std::regex_match(*text, std::regex("<[A-Z]{1,3}>"))) << *text;
+  }
+}
+
+TEST_F(StructuredOutput, InvalidSpecsAreUsageErrors) {
+  const GrammarCompiler compiler(smollm2().vocab);
+  auto compile = [&](GrammarSpec::Kind kind, std::string source) {
+    GrammarSpec s;
+    s.kind = kind;
+    s.source = std::move(source);
+    return compiler.compile(s);
+  };
+  EXPECT_THROW(compile(GrammarSpec::Kind::kRegex, "(ab"), UsageError);
+  EXPECT_THROW(compile(GrammarSpec::Kind::kGrammar, "root ::= undefined_rule"), UsageError);
+  EXPECT_THROW(compile(GrammarSpec::Kind::kJsonSchema, "{not json"), UsageError);
+  EXPECT_THROW(compile(GrammarSpec::Kind::kStructuralTag, R"({"type": "structural_tag", "format": {"type": "nope"}})"),
+               UsageError);
+  EXPECT_THROW(compile(GrammarSpec::Kind::kChoice, ""), UsageError);  // no choices
+}
+
+TEST_F(StructuredOutput, CompiledGrammarsAreCached) {
+  const GrammarCompiler compiler(smollm2().vocab);
+  GrammarSpec spec;
+  spec.kind = GrammarSpec::Kind::kJsonSchema;
+  spec.source = R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})";
+  const int64_t empty = compiler.cache_size_bytes();
+  compiler.compile(spec);
+  const int64_t once = compiler.cache_size_bytes();
+  EXPECT_GT(once, empty);
+  compiler.compile(spec);
+  EXPECT_EQ(compiler.cache_size_bytes(), once);  // the second compile came from the cache
+  spec.any_whitespace = false;                   // another option is another grammar
+  compiler.compile(spec);
+  EXPECT_GT(compiler.cache_size_bytes(), once);
+}
+
+}  // namespace
+}  // namespace fp4serve::runtime
