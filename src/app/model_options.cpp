@@ -135,10 +135,11 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                     "auto (follow the scheme table), weight-only, or emulate (W4A4 emulation, the numerical reference)",
                     std::string(plan::activation_quant_name(load.activation_quant)));
   add_parsed_option(cmd, "--activation-precision", load.activation_precision, parse_activation_precision,
-                    "auto (bf16 for a bfloat16 checkpoint on a CPU with AVX512-BF16, else fp32); fp32; bf16: "
+                    "auto (for a bfloat16 checkpoint on a CPU with AVX512-BF16: bf16, or bf16-decode-int8 where a "
+                    "short probe at load measures int8 clearly faster for prefill; else fp32); fp32; bf16: "
                     "NVFP4/MXFP4 linears round their input to bf16 (bf16 dot products where the CPU has them); int8: "
                     "they quantize it to int8 per weight group and use integer dot products; int8-decode: int8 for "
-                    "decode steps, fp32 for prefill",
+                    "decode steps, fp32 for prefill; bf16-decode-int8: bf16 for decode steps, int8 for prefill",
                     activation_precision_text(load.activation_precision));
   add_parsed_option(cmd, "--lm-head-dtype", load.lm_head_dtype, parse_lm_head_dtype,
                     "bf16 (as stored), fp8 or int8 (per-row scaled copy in memory): how an unquantized lm_head / tied "
