@@ -83,13 +83,17 @@ LinearWeights fp4_view_weights(BlockFormat format, const core::TensorView& weigh
   return w;
 }
 
-void set_input_global_scale(LinearWeights& w, float value, GlobalScaleConvention convention) {
+float input_global_scale_divisor(float value, GlobalScaleConvention convention) {
   if (!std::isfinite(value) || value <= 0.f) {
     throw FormatError(fmt::format("{} is {}, expected a finite value > 0",
                                   convention == GlobalScaleConvention::Divisor ? "input_global_scale" : "input_scale",
                                   value));
   }
-  w.input_global_scale = convention == GlobalScaleConvention::Divisor ? value : 1.f / value;
+  return convention == GlobalScaleConvention::Divisor ? value : 1.f / value;
+}
+
+void set_input_global_scale(LinearWeights& w, float value, GlobalScaleConvention convention) {
+  w.input_global_scale = input_global_scale_divisor(value, convention);
 }
 
 LinearWeights stack_rows(std::vector<LinearWeights> parts) {

@@ -108,8 +108,10 @@ LinearWeights fp4_view_weights(BlockFormat format, const core::TensorView& weigh
                                const core::TensorView& weight_scale, float global_scale,
                                GlobalScaleConvention convention, std::string name);
 
-/// Records a W4A4 checkpoint's activation global scale in the compressed-tensors divisor form (Multiplier →
-/// 1/value in fp32, FORMATS.md §3.2). Throws FormatError unless value is finite and > 0.
+/// A W4A4 checkpoint's activation global scale in the compressed-tensors divisor form (Multiplier → 1/value in
+/// fp32, FORMATS.md §3.2). Throws FormatError unless value is finite and > 0.
+float input_global_scale_divisor(float value, GlobalScaleConvention convention);
+/// Records it on `w` (input_global_scale_divisor). Throws as that.
 void set_input_global_scale(LinearWeights& w, float value, GlobalScaleConvention convention);
 
 /// The row blocks of `parts` stacked in order into one layer (fused q|k|v, gate|up): each keeps its own tensors,

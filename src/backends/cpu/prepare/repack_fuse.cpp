@@ -17,12 +17,7 @@ void attach_bias(PreparedLinear& w, const core::TensorView& bias, std::string_vi
 }
 
 void set_input_global_scale(PreparedLinear& w, float value, GlobalScaleConvention convention) {
-  if (!std::isfinite(value) || value <= 0.f) {
-    throw FormatError(fmt::format("{} is {}, expected a finite value > 0",
-                                  convention == GlobalScaleConvention::Divisor ? "input_global_scale" : "input_scale",
-                                  value));
-  }
-  w.input_global_scale = convention == GlobalScaleConvention::Divisor ? value : 1.f / value;
+  w.input_global_scale = quant::input_global_scale_divisor(value, convention);
 }
 
 PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
