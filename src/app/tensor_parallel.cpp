@@ -6,8 +6,10 @@
 
 #include <CLI/CLI.hpp>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "app/log.h"
 #include "backends/registry.h"
@@ -98,7 +100,13 @@ TensorParallelRun::TensorParallelRun(ModelOptions& opts) {
     check_model_splits(opts.model, opts.load);
     dist::check_tensor_parallel_size(parallel.tensor_parallel_size, launch, hint);
   } catch (const Error&) {  // a refused size, or a model that cannot be read (FormatError, IoError, ...)
-    if (launch.launched && launch.rank != 0) throw CLI::RuntimeError(2);  // rank 0 prints the refusal once
+    if (launch.launched && launch.rank != 0) {
+      // Rank 0 prints the refusal once. mpirun ends the whole job at the first non-zero exit, so a rank that left
+      // at once could take rank 0 down before its message was written (seen under load: printed 0 times). The
+      // other ranks wait, and mpirun ends them when rank 0 exits with the same code.
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      throw CLI::RuntimeError(2);
+    }
     throw;
   }
   if (parallel.tensor_parallel_size == 1) {
