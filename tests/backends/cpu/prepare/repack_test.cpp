@@ -467,11 +467,13 @@ TEST(PrepareLinear, StackedRowBlocksGiveTheirPartsConcatenated) {
 
 TEST(PrepareLinear, EachEncodingReachesItsRepack) {
   std::mt19937 rng(43);
-  const auto same = [](const PreparedLinear& x, const PreparedLinear& y) {
-    return x.layout == y.layout && x.codes.size() == y.codes.size() &&
-           std::memcmp(x.codes.data(), y.codes.data(), x.codes.size()) == 0 && x.scales.size() == y.scales.size() &&
-           std::memcmp(x.scales.data(), y.scales.data(), x.scales.size()) == 0 && x.offsets.size() == y.offsets.size() &&
-           std::memcmp(x.offsets.data(), y.offsets.data(), x.offsets.size()) == 0 && x.k_perm == y.k_perm;
+  // Equal bytes; an empty buffer has a null data() (memcmp must not see it, even for 0 bytes).
+  const auto same_bytes = [](const AlignedBuffer& a, const AlignedBuffer& b) {
+    return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0);
+  };
+  const auto same = [&](const PreparedLinear& x, const PreparedLinear& y) {
+    return x.layout == y.layout && same_bytes(x.codes, y.codes) && same_bytes(x.scales, y.scales) &&
+           same_bytes(x.offsets, y.offsets) && x.k_perm == y.k_perm;
   };
   const auto one_block = [](quant::WeightEncoding e, const Layer& l, int64_t k) {
     quant::LinearWeights w;
