@@ -42,37 +42,6 @@ float round_to(KvElement element, float x) {
   return x;
 }
 
-// Contiguous float64 reference: k[(p · KVH + kvh) · D + e].
-std::vector<double> reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                              const PagedCase& c, float scale, const std::vector<float>& sinks) {
-  const int64_t H = c.heads, D = c.head_dim, G = c.heads / c.kv_heads, KVH = c.kv_heads;
-  std::vector<double> out(static_cast<size_t>(c.t * H * D), 0.0);
-  for (int64_t i = 0; i < c.t; ++i) {
-    const int64_t qpos = c.start_pos + i;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t kvh = h / G;
-      std::vector<double> logit;
-      std::vector<int64_t> pos;
-      for (int64_t p = 0; p <= qpos; ++p) {
-        if (c.window > 0 && qpos - p >= c.window) continue;
-        double s = 0;
-        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[(p * KVH + kvh) * D + e];
-        logit.push_back(s * scale);
-        pos.push_back(p);
-      }
-      double m = *std::max_element(logit.begin(), logit.end());
-      if (c.sinks) m = std::max(m, double(sinks[h]));
-      double denom = c.sinks ? std::exp(double(sinks[h]) - m) : 0.0;
-      for (double l : logit) denom += std::exp(l - m);
-      for (size_t j = 0; j < pos.size(); ++j) {
-        const double w = std::exp(logit[j] - m) / denom;
-        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[(pos[j] * KVH + kvh) * D + e];
-      }
-    }
-  }
-  return out;
-}
-
 void store(std::vector<uint16_t>& pool, KvElement element, int64_t at, float x) {
   switch (element) {
     case KvElement::F32: reinterpret_cast<float*>(pool.data())[at] = x; return;
@@ -126,7 +95,8 @@ void run_paged(const PagedCase& c) {
   }
   const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
   const float scale = 1.0f / std::sqrt(float(D));
-  const std::vector<double> ref = reference(q, k, v, c, scale, sinks);
+  // The same positions contiguous: k[(p · KVH + kvh) · D + e].
+  const std::vector<double> ref = testing::attention_reference(q, k, v, c.kv_heads * c.head_dim, c.head_dim, c, scale, sinks);
   KvRows rows{k_pool.data(), v_pool.data(), row_stride, head_stride, c.element};
   rows.block_table = table.data();
   rows.block_table_size = table_size;

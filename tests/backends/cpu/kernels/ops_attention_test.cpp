@@ -60,38 +60,6 @@ std::vector<uint16_t> as_cache(const std::vector<float>& x, KvElement element) {
   return out;
 }
 
-// k[p · row_stride + kvh · head_stride + e] is element e of KV head kvh's key at position p, likewise v.
-std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                                  int64_t row_stride, int64_t head_stride, const Case& c, float scale,
-                                  const std::vector<float>& sinks) {
-  const int64_t H = c.heads, D = c.head_dim, G = c.heads / c.kv_heads;
-  std::vector<double> out(c.t * H * D, 0.0);
-  for (int64_t i = 0; i < c.t; ++i) {
-    const int64_t qpos = c.start_pos + i;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t kvh = h / G;
-      std::vector<double> logit;
-      std::vector<int64_t> pos;
-      for (int64_t p = 0; p <= qpos; ++p) {
-        if (c.window > 0 && qpos - p >= c.window) continue;  // keep the last W positions, self included
-        double s = 0;
-        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[p * row_stride + kvh * head_stride + e];
-        logit.push_back(s * scale);
-        pos.push_back(p);
-      }
-      double m = *std::max_element(logit.begin(), logit.end());
-      if (c.sinks) m = std::max(m, double(sinks[h]));
-      double denom = c.sinks ? std::exp(double(sinks[h]) - m) : 0.0;
-      for (double l : logit) denom += std::exp(l - m);
-      for (size_t j = 0; j < pos.size(); ++j) {
-        const double w = std::exp(logit[j] - m) / denom;
-        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[pos[j] * row_stride + kvh * head_stride + e];
-      }
-    }
-  }
-  return out;
-}
-
 void run_case(const Case& c) {
   SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " t " << c.t
                                     << " start " << c.start_pos << " window " << c.window << " sinks " << c.sinks
@@ -121,7 +89,7 @@ void run_case(const Case& c) {
   const std::vector<uint16_t> k_cache = as_cache(k, c.element), v_cache = as_cache(v, c.element);
   const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
   const float scale = 1.0f / std::sqrt(float(D));
-  const std::vector<double> ref = attention_ref(q, k, v, row_stride, head_stride, c, scale, sinks);
+  const std::vector<double> ref = testing::attention_reference(q, k, v, row_stride, head_stride, c, scale, sinks);
   AttentionParams params{H, KVH, D, scale, c.window, c.sinks ? sinks.data() : nullptr};
   for_each_simd_target([&] {
     std::vector<float> out = poisoned(c.t * H * D);

@@ -4,6 +4,7 @@
 // float64 references, not only the one the test machine would pick).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -38,6 +39,43 @@ void for_each_simd_target(Fn fn) {
     fn();
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+/// Attention in float64 over a contiguous cache, the oracle of the attention kernels: queries q [t, H, D] at
+/// positions start_pos …; causal, GQA (H / KVH query heads per KV head), an optional sliding window (the last
+/// `window` positions, self included) and sinks (one extra logit per head in the softmax). `Case` has heads,
+/// kv_heads, head_dim, t, start_pos, window and sinks.
+/// k[p · row_stride + kvh · head_stride + e] is element e of KV head kvh's key at position p, likewise v.
+template <class Case>
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t row_stride, int64_t head_stride,
+                                        const Case& c, float scale, const std::vector<float>& sinks) {
+  const int64_t H = c.heads, D = c.head_dim, G = c.heads / c.kv_heads;
+  std::vector<double> out(static_cast<size_t>(c.t * H * D), 0.0);
+  for (int64_t i = 0; i < c.t; ++i) {
+    const int64_t qpos = c.start_pos + i;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / G;
+      std::vector<double> logit;
+      std::vector<int64_t> pos;
+      for (int64_t p = 0; p <= qpos; ++p) {
+        if (c.window > 0 && qpos - p >= c.window) continue;  // keep the last W positions, self included
+        double s = 0;
+        for (int64_t e = 0; e < D; ++e) s += double(q[(i * H + h) * D + e]) * k[p * row_stride + kvh * head_stride + e];
+        logit.push_back(s * scale);
+        pos.push_back(p);
+      }
+      double m = *std::max_element(logit.begin(), logit.end());
+      if (c.sinks) m = std::max(m, double(sinks[h]));
+      double denom = c.sinks ? std::exp(double(sinks[h]) - m) : 0.0;
+      for (double l : logit) denom += std::exp(l - m);
+      for (size_t j = 0; j < pos.size(); ++j) {
+        const double w = std::exp(logit[j] - m) / denom;
+        for (int64_t e = 0; e < D; ++e) out[(i * H + h) * D + e] += w * v[pos[j] * row_stride + kvh * head_stride + e];
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace fp4serve::kernels::testing
