@@ -19,6 +19,7 @@ Fp4Rows::Fp4Rows(const quant::LinearWeights& w) {
                            " layer is not an FP4 block format (NVFP4, MXFP4)");
   }
   const quant::BlockFormatTraits& f = quant::block_format_traits(w.block_format);
+  format_ = w.block_format;
   in_features_ = w.in_features;
   groups_ = w.in_features / f.group_size;
   for (const quant::WeightRows& r : w.rows) {
@@ -38,11 +39,13 @@ Fp4Rows::Fp4Rows(const quant::LinearWeights& w) {
   if (codes_.empty()) throw UsageError("CUDA FP4 GEMM: a layer with no rows");
 }
 
-PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w) {
-  const Fp4Rows rows(w);
-  const int64_t group_size = quant::block_format_traits(w.block_format).group_size;
+PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w) { return pack_fp4_for_gpu(Fp4Rows(w)); }
+
+PackedFp4 pack_fp4_for_gpu(const Fp4Rows& rows) {
+  const quant::BlockFormat format = rows.block_format();
+  const int64_t group_size = quant::block_format_traits(format).group_size;
   if (!gpu_layout_supports(group_size)) {
-    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(quant::block_format_name(w.block_format)) + " groups of " +
+    throw UnsupportedError("CUDA FP4 GEMM: " + std::string(quant::block_format_name(format)) + " groups of " +
                            std::to_string(group_size) + " columns do not fit the GPU layout (a multiple of " +
                            std::to_string(kGpuLaneCols) + " dividing " + std::to_string(kGpuColChunk) + ")");
   }
@@ -52,7 +55,7 @@ PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w) {
   p.in_features = k;
   p.padded_rows = round_up(n, kGpuRowTile);
   p.padded_cols = round_up(k, kGpuColChunk);
-  p.block_format = w.block_format;
+  p.block_format = format;
   p.group_size = group_size;
   const int64_t tiles = p.row_tiles(), chunks = p.col_chunks(), slots = p.scale_slots();
   const int64_t groups_per_chunk = kGpuColChunk / group_size;

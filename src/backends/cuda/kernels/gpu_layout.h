@@ -68,6 +68,7 @@ class Fp4Rows {
   /// Throws UnsupportedError unless `w` is an FP4 (block-format) layer, FormatError for a malformed row block
   /// (quant::check_fp4_rows) or one whose K differs from w.in_features.
   explicit Fp4Rows(const quant::LinearWeights& w);
+  quant::BlockFormat block_format() const { return format_; }
   int64_t out_features() const { return static_cast<int64_t>(codes_.size()); }
   int64_t in_features() const { return in_features_; }
   int64_t groups() const { return groups_; }
@@ -82,6 +83,7 @@ class Fp4Rows {
   float global_scale(int64_t row) const { return global_[static_cast<size_t>(row)]; }
 
  private:
+  quant::BlockFormat format_ = quant::BlockFormat::Nvfp4;
   int64_t in_features_ = 0, groups_ = 0;
   std::vector<const uint8_t*> codes_;   // per row: K/2 bytes
   std::vector<const uint8_t*> scales_;  // per row: K/g bytes
@@ -93,5 +95,7 @@ class Fp4Rows {
 /// Throws what Fp4Rows throws, and UnsupportedError for a block format whose group size the layout cannot hold
 /// (gpu_layout_supports).
 PackedFp4 pack_fp4_for_gpu(const quant::LinearWeights& w);
+/// The same from rows already read and validated (upload_linear reads a layer once for all its repacks).
+PackedFp4 pack_fp4_for_gpu(const Fp4Rows& rows);
 
 }  // namespace fp4serve::kernels::cuda

@@ -253,8 +253,8 @@ DeviceLinear upload_linear(const quant::LinearWeights& w, Stream& /*stream*/, bo
   shape += "]";
   switch (w.encoding) {
     case WeightEncoding::Fp4: {
-      const Fp4Rows rows(w);
-      const PackedFp4 p = pack_fp4_for_gpu(w);
+      const Fp4Rows rows(w);  // read and validated once for the repacks below
+      const PackedFp4 p = pack_fp4_for_gpu(rows);
       d.padded_rows = p.padded_rows;
       d.padded_cols = p.padded_cols;
       d.group_size = p.group_size;
@@ -269,7 +269,7 @@ DeviceLinear upload_linear(const quant::LinearWeights& w, Stream& /*stream*/, bo
       }
       if (is_w4a4(d) && has_native && native_fp4_supports(w.block_format) &&
           native_fp4_runs_on(w.block_format, info->sm)) {
-        const NativeFp4Weight native = pack_native_fp4(w);
+        const NativeFp4Weight native = pack_native_fp4(rows);
         d.native_codes = DeviceBuffer<uint8_t>::from_host(native.codes);
         d.native_scales = DeviceBuffer<uint8_t>::from_host(native.scales);
       }

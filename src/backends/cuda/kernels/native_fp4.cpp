@@ -72,9 +72,10 @@ void ensure(DeviceBuffer<T>& buffer, size_t count) {
 
 }  // namespace
 
-NativeFp4Weight pack_native_fp4(const quant::LinearWeights& w) {
-  const Fp4Rows rows(w);
-  lt_scale_mode(w.block_format);  // a format cuBLASLt cannot scale fails at upload, not at the first call
+NativeFp4Weight pack_native_fp4(const quant::LinearWeights& w) { return pack_native_fp4(Fp4Rows(w)); }
+
+NativeFp4Weight pack_native_fp4(const Fp4Rows& rows) {
+  lt_scale_mode(rows.block_format());  // a format cuBLASLt cannot scale fails at upload, not at the first call
   const int64_t n = rows.out_features(), k = rows.in_features(), groups = rows.groups();
   NativeFp4Weight out;
   out.codes.assign(static_cast<size_t>(n * k / 2), uint8_t{0});

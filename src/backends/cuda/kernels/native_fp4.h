@@ -44,6 +44,9 @@ struct NativeFp4Weight {
   std::vector<uint8_t> scales;
 };
 NativeFp4Weight pack_native_fp4(const quant::LinearWeights& w);
+class Fp4Rows;
+/// The same from rows already read and validated (gpu_layout.h).
+NativeFp4Weight pack_native_fp4(const Fp4Rows& rows);
 
 /// True when cuBLASLt has a block-scale mode for `format` (one E4M3 per 16 or one E8M0 per 32: NVFP4, MXFP4);
 /// layers of other formats run the W4A4 emulation.
