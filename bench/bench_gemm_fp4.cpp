@@ -3,7 +3,11 @@
 // SmolLM2 (576×1536) and Llama-7B (4096, 11008) shapes. Weights rotate through copies totalling > LLC so M = 1 reads
 // them from DRAM. Counters: weight GB/s, GFLOP/s; on M ≤ 8 rows bw_ratio, against a streaming read of the same
 // bytes interleaved with the calls (BM_Linear), and bw_ratio_1g, against the 1 GiB read probe of start-up; on
-// M = 256 rows fma_ratio, against the FMA peak measured at start-up. Baselines at M = 256:
+// M = 256 rows fma_ratio, against the fp32 FMA peak measured at start-up; on M ≥ 16 rows roof_ratio, against the
+// compute roof measured at start-up: the best of the fp32 FMA, AVX512-BF16 and AVX512-VNNI loops this CPU has
+// (roofline.h ComputeRoofs; a multiply-add counts 2 ops whatever its type). linear_auto rows run what a bfloat16
+// model runs under `--activation-precision auto` (kernels::probe_activation_precision at that shape, its choice in
+// the label). Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
 // OpenBLAS: FP4SERVE_HAVE_OPENBLAS). For NVFP4/MXFP4, M ≤ 4
 // (AVX2) / 8 (AVX-512) run the fused decode GEMV (gemm_gemv.cpp), larger M the panel GEMM. linear_invariant /
@@ -47,6 +51,7 @@ size_t cold_bytes() {
 
 double g_read_bw = 0;   // bytes/s
 double g_fma_peak = 0;  // FLOP/s
+double g_compute_roof = 0;  // ops/s: ComputeRoofs::best()
 bool g_roofs = true;    // false: FP4SERVE_BENCH_NO_ROOFS (no probes at all)
 
 core::TensorView view(core::DType dtype, std::vector<int64_t> shape, const std::vector<uint8_t>& bytes) {
@@ -154,6 +159,7 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   if (m <= 8) state.counters["bw_ratio_1g"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
+  if (m >= 16) state.counters["roof_ratio"] = benchmark::Counter(flops / g_compute_roof, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // bf16_pairs false: the fused FP4 GEMV's FMA kernel on a CPU whose default is the AVX512-BF16 one
@@ -198,7 +204,8 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
     state.counters["stream_GB/s"] = stream_bw / 1e9;
     state.counters["bw_ratio"] = weight_bytes * static_cast<double>(state.iterations()) / kernel_seconds / stream_bw;
   }
-  state.SetLabel(kernels::gemm_target_name());
+  state.SetLabel(std::string(kernels::gemm_target_name()) + " " +
+                 std::string(prepare::activation_precision_name(kernels::precision_for_rows(precision, m))));
   kernels::set_bf16_dot_allowed(true);
   kernels::set_batch_invariant(false);
 }
@@ -240,14 +247,20 @@ void register_all() {
           benchmark::RegisterBenchmark(("linear_fma/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, false, false)
               ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseManualTime()->Unit(benchmark::kMicrosecond);
         }
+        // What `auto` runs for a bfloat16 checkpoint at this shape (load_model's resolve_activation_precision):
+        // the probe's choice where the CPU has bf16 dot products, else fp32.
+        const ActivationPrecision chosen =
+            kernels::bf16_dot_active() ? kernels::probe_activation_precision(n, k).choice : ActivationPrecision::Fp32;
+        benchmark::RegisterBenchmark(("linear_auto/" + shape).c_str(), BM_Linear, f, n, k, chosen, true, false)
+            ->ArgName("M")->Arg(1)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
         // ActivationPrecision::Bf16: x rounded to bf16, bf16 dot products where the CPU has them.
         benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, false)
-            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("linear_bf16_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, true)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
         // ActivationPrecision::Int8: int8 activations and integer dot products.
         benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true, false)
-            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+            ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
       }
     }
   }
@@ -277,11 +290,18 @@ int main(int argc, char** argv) {
   const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
   bench::g_roofs = roofs;
   bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
-  bench::g_fma_peak = roofs ? bench::measure_fma_peak(5) : 1.0;
-  std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming read), fp32 FMA peak %.1f GFLOP/s\n",
-              kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, bench::g_fma_peak / 1e9);
+  const bench::ComputeRoofs compute = roofs ? bench::measure_compute_roofs(5) : bench::ComputeRoofs{1.0, 0, 0};
+  bench::g_fma_peak = compute.fma;
+  bench::g_compute_roof = compute.best();
+  std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming read); compute roofs "
+              "(Gop/s, multiply-add = 2): fp32 FMA %.1f, bf16 dot %.1f, int8 dot %.1f (0: not on this CPU/target)\n",
+              kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, compute.fma / 1e9, compute.bf16_dot / 1e9,
+              compute.int8_dot / 1e9);
   benchmark::AddCustomContext("read_GB/s", std::to_string(bench::g_read_bw / 1e9));
-  benchmark::AddCustomContext("fma_peak_GFLOP/s", std::to_string(bench::g_fma_peak / 1e9));
+  benchmark::AddCustomContext("fma_peak_GFLOP/s", std::to_string(compute.fma / 1e9));
+  benchmark::AddCustomContext("bf16_dot_peak_GFLOP/s", std::to_string(compute.bf16_dot / 1e9));
+  benchmark::AddCustomContext("int8_dot_peak_Gop/s", std::to_string(compute.int8_dot / 1e9));
+  benchmark::AddCustomContext("compute_roof_Gop/s", std::to_string(compute.best() / 1e9));
   bench::register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

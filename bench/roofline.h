@@ -19,4 +19,16 @@ size_t stream_read(const std::byte* p, size_t bytes);
 /// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`.
 double measure_fma_peak(int repeats);
 
+/// The compute roofs of the loops this CPU has, in multiply-add ops/s (a multiply-add counts 2, whatever the
+/// element type), each from independent chains in registers on all engine threads, best of `repeats`; 0 where the
+/// CPU or the dispatched target lacks the instruction. AMX tiles are not probed (no AMX kernel yet).
+struct ComputeRoofs {
+  double fma = 0;       ///< fp32 FMA (the Fp32 panel GEMM)
+  double bf16_dot = 0;  ///< AVX512-BF16 vdpbf16ps (ActivationPrecision::Bf16)
+  double int8_dot = 0;  ///< AVX512-VNNI vpdpbusd, u8·s8 → s32 (ActivationPrecision::Int8)
+  /// The compute roof: the best of the loops, the ceiling any of the kernels could reach.
+  double best() const { return fma > bf16_dot ? (fma > int8_dot ? fma : int8_dot) : (bf16_dot > int8_dot ? bf16_dot : int8_dot); }
+};
+ComputeRoofs measure_compute_roofs(int repeats);
+
 }  // namespace fp4serve::bench
