@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/model_options.h"
 #include "app/option_values.h"
+#include "backends/load_model.h"
 #include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
 #include "plan/explain.h"
@@ -21,16 +22,29 @@ struct ExplainOptions {
   std::string model;
   std::string device = "auto";  // parse_plan_device: detection runs when the command does, not while parsing
   plan::ActivationQuant activation_quant = plan::ActivationQuant::Auto;
+  std::optional<prepare::ActivationPrecision> activation_precision;  // nullopt: auto
   bool json = false;
   bool verbose = false;
   bool check_scales = false;
   plan::ParallelConfig parallel;  // sizes only: explain shows every rank's split
 };
 
+// What the CPU backend would run the FP4 linears' activations with, and why (the same choice, and for auto the
+// same measurement, as loading on this CPU): one line, or nothing for a GPU (real or dry run).
+std::optional<model::ActivationPrecisionChoice> cpu_activation_precision(const ExplainOptions& opts,
+                                                                            const plan::DeviceCaps& device,
+                                                                            const checkpoint::Checkpoint& ckpt) {
+  if (device.kind != plan::DeviceKind::Cpu) return std::nullopt;
+  const model::ModelConfig config = model::parse_model_config(ckpt.config());
+  return model::choose_activation_precision(opts.activation_precision, device.kind, config.dtype,
+                                               model::activation_probe_shape(config));
+}
+
 // Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
 void run_explain(const ExplainOptions& opts) {
+  const plan::DeviceCaps device = parse_plan_device(opts.device);
   // The catalogue the loader would use for this device: explain and loading give one answer.
-  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(parse_plan_device(opts.device));
+  const std::unique_ptr<plan::KernelCatalogue> catalogue = backends::catalogue_for(device);
   plan::PlanOptions options;
   options.catalogue = catalogue.get();
   options.activation_quant = opts.activation_quant;
@@ -45,12 +59,21 @@ void run_explain(const ExplainOptions& opts) {
         plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
     tp_text = plan::render_tensor_parallel_text(layer_plan, tp);
   }
+  const auto precision = layer_plan.complete() ? cpu_activation_precision(opts, device, ckpt) : std::nullopt;
   if (opts.json) {
     nlohmann::json j = plan::render_explain_json(layer_plan, opts.model);
     if (!tp_text.empty()) j["tensor_parallel"] = tp_text;
+    if (precision) {
+      j["activation_precision"] = {{"precision", prepare::activation_precision_name(precision->precision)},
+                                   {"reason", precision->reason}};
+    }
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
+    if (precision) {
+      fmt::print("\nCPU activation precision of the FP4 linears: {}. Why: {}.\n",
+                 prepare::activation_precision_name(precision->precision), precision->reason);
+    }
     if (!tp_text.empty()) fmt::print("\n{}", tp_text);
   }
   if (!layer_plan.complete()) throw CLI::RuntimeError(1);
@@ -67,6 +90,10 @@ void register_explain(CLI::App& root) {
       ->capture_default_str();
   add_parsed_option(*cmd, "--activation-quant", opts->activation_quant, parse_activation_quant,
                     "auto | weight-only | emulate", "auto");
+  add_parsed_option(*cmd, "--activation-precision", opts->activation_precision, parse_activation_precision,
+                    "CPU: how FP4 linears take activations (auto measures bf16 against int8 on this CPU, as loading "
+                    "does) | fp32 | bf16 | int8 | int8-decode | bf16-decode-int8",
+                    "auto");
   cmd->add_flag("--json", opts->json, "print JSON (rows, notices, every module with its tensors) instead of a table");
   cmd->add_flag("-v,--verbose", opts->verbose,
                 "also list rejected candidates and mark kernels that have never run on this kind of device");

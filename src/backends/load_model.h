@@ -81,6 +81,21 @@ prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare:
                                                           plan::DeviceKind device, const std::string& model_dtype,
                                                           std::array<int64_t, 2> probe_shape = {1536, 576});
 
+/// resolve_activation_precision's answer with the reason for it, for `explain` and the start-up line: "set by
+/// --activation-precision", the rule that made auto fp32, or the probe's measurement (CPU milliseconds per call of
+/// the bf16 and int8 paths at 64 rows on the probe shape, their ratio against the 0.8 margin, the thread count).
+/// The same cached measurement as resolve_activation_precision: asking both probes once.
+struct ActivationPrecisionChoice {
+  prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32;
+  std::string reason;
+};
+ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::ActivationPrecision> choice,
+                                                      plan::DeviceKind device, const std::string& model_dtype,
+                                                      std::array<int64_t, 2> probe_shape);
+
+/// The probe shape load_model passes for a model: its MLP, [max(intermediate, hidden), hidden].
+std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);
+
 /// The KV cache element `choice` means on `device`. Auto (std::nullopt) follows the checkpoint's `model_dtype` as
 /// vLLM's `auto` does: bfloat16 → Bf16, float16 → F16, anything else (float32, absent) → F32; the GPU backend's
 /// cache is fp32, so auto is F32 there and Bf16 / F16 on the GPU are refused (UsageError naming the option).

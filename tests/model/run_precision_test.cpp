@@ -206,9 +206,29 @@ TEST(RunPrecision, ActivationPrecisionChoices) {
             ActivationPrecision::Int8Decode);
   EXPECT_EQ(prepare::activation_precision_name(ActivationPrecision::Bf16), "bf16");
   EXPECT_EQ(prepare::activation_precision_name(ActivationPrecision::Int8Decode), "int8-decode");
+  // The reasons explain prints: each rule by name, and for auto the measurement behind the choice.
+  EXPECT_EQ(choose_activation_precision(kInt8, DeviceKind::Cpu, "", shape).reason, "set by --activation-precision");
+  EXPECT_NE(choose_activation_precision(kAutoPrecision, DeviceKind::Cuda, "bfloat16", shape).reason.find("GPU"),
+            std::string::npos);
+  const ActivationPrecisionChoice f16 = choose_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float16", shape);
+  EXPECT_EQ(f16.precision, ActivationPrecision::Fp32);
+  if (kernels::bf16_dot_active()) {
+    EXPECT_NE(f16.reason.find("dtype is float16"), std::string::npos) << f16.reason;
+    const ActivationPrecisionChoice measured = choose_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape);
+    EXPECT_EQ(measured.precision, resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape));
+    if (measured.reason.find("no SIMD int8 kernel") == std::string::npos) {
+      EXPECT_NE(measured.reason.find("[1536, 576]"), std::string::npos) << measured.reason;
+      // "within" the margin exactly when the batched rows run int8.
+      EXPECT_EQ(measured.reason.find("within the 0.80 margin") != std::string::npos,
+                measured.precision == ActivationPrecision::Bf16DecodeInt8)
+          << measured.reason;
+    }
+  }
   // Without bf16 dot products auto falls back to fp32 on the same CPU.
   kernels::set_bf16_dot_allowed(false);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16"), ActivationPrecision::Fp32);
+  EXPECT_NE(choose_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape).reason.find("AVX512-BF16"),
+            std::string::npos);
   kernels::set_bf16_dot_allowed(true);
   // The loaded model says what its linears take: auto resolved for its shape.
   const LoadedModel loaded = load_model(kRef / "llama-nvfp4a16", LoadOptions{});

@@ -61,6 +61,7 @@ struct PrecisionProbe {
   /// CPU seconds (all threads) per call, the least of a few, on the probe layer at the decode rows (4) and at 64.
   double bf16_decode_s = 0, int8_decode_s = 0, bf16_batched_s = 0, int8_batched_s = 0;
   bool measured = false;  ///< false: no SIMD int8 or bf16-dot kernel here, so nothing to compare (choice Bf16)
+  int64_t out_features = 0, in_features = 0;  ///< the shape measured (the one asked for, at least 256 × 256)
 };
 /// `auto`'s choice between the bf16 and the int8 activation paths of FP4 layers, by measurement: both run an NVFP4
 /// layer of the model's own shape [out_features, in_features] (the caller passes its MLP's; at least 256 × 256) at

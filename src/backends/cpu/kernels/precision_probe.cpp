@@ -81,6 +81,8 @@ PrecisionProbe probe_activation_precision(int64_t out_features, int64_t in_featu
   probe.bf16_batched_s = best[2];
   probe.int8_batched_s = best[3];
   probe.measured = true;
+  probe.out_features = n;
+  probe.in_features = k;
   probe.choice = best[3] <= kInt8Margin * best[2] ? prepare::ActivationPrecision::Bf16DecodeInt8
                                                   : prepare::ActivationPrecision::Bf16;
   return probe;
