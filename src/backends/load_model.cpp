@@ -5,8 +5,6 @@
 
 #include <array>
 #include <chrono>
-#include <map>
-#include <mutex>
 
 #include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/linear.h"
@@ -63,47 +61,6 @@ void refuse_cpu_only_choices(const LoadOptions& options) {
 }
 
 }  // namespace
-
-ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                      plan::DeviceKind device, const std::string& model_dtype,
-                                                      std::array<int64_t, 2> probe_shape) {
-  using prepare::ActivationPrecision;
-  if (choice) return {*choice, "set by --activation-precision"};
-  if (device != plan::DeviceKind::Cpu) return {ActivationPrecision::Fp32, "auto: the GPU runs fp32 activations"};
-  if (!kernels::bf16_dot_active()) {
-    return {ActivationPrecision::Fp32, "auto: this CPU has no AVX512-BF16 dot products (bf16 would only add a rounding)"};
-  }
-  if (model_dtype != "bfloat16") {
-    return {ActivationPrecision::Fp32,
-            fmt::format("auto: the checkpoint's dtype is {}, not bfloat16", model_dtype.empty() ? "unset" : model_dtype)};
-  }
-  // The CPU does not change within a process: measure once per thread count and shape.
-  static std::mutex mutex;
-  static std::map<std::array<int64_t, 3>, kernels::PrecisionProbe> measured;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const int threads = core::num_threads();
-  const std::array<int64_t, 3> key{threads, probe_shape[0], probe_shape[1]};
-  auto it = measured.find(key);
-  if (it == measured.end()) it = measured.emplace(key, kernels::probe_activation_precision(probe_shape[0], probe_shape[1])).first;
-  const kernels::PrecisionProbe& probe = it->second;
-  if (!probe.measured) return {probe.choice, "auto: this CPU has no SIMD int8 kernel to compare with bf16"};
-  return {probe.choice,
-          fmt::format("auto, measured on this CPU ({} thread{}, an NVFP4 layer [{}, {}], 64 rows, CPU time): int8 "
-                      "{:.3f} ms against bf16 {:.3f} ms, ratio {:.2f} ({} the 0.80 margin); decode rows stay bf16",
-                      threads, threads == 1 ? "" : "s", probe.out_features, probe.in_features, 1e3 * probe.int8_batched_s,
-                      1e3 * probe.bf16_batched_s, probe.int8_batched_s / probe.bf16_batched_s,
-                      probe.choice == ActivationPrecision::Bf16DecodeInt8 ? "within" : "above")};
-}
-
-prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                          plan::DeviceKind device, const std::string& model_dtype,
-                                                          std::array<int64_t, 2> probe_shape) {
-  return choose_activation_precision(choice, device, model_dtype, probe_shape).precision;
-}
-
-std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config) {
-  return {std::max(config.intermediate_size, config.hidden_size), config.hidden_size};
-}
 
 KvCacheDtype resolve_kv_cache_dtype(std::optional<KvCacheDtype> choice, plan::DeviceKind device,
                                     const std::string& model_dtype) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/activation_precision.h"
 #include "backends/cpu/prepare/prepared_linear.h"
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
@@ -67,34 +68,6 @@ struct LoadedModel {
   /// How the FP4 linears take their activations (LoadOptions::activation_precision resolved).
   prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
 };
-
-/// The activation precision `choice` means on `device` for a checkpoint whose dtype is `model_dtype`
-/// (ModelConfig::dtype). A given choice is itself. Auto (std::nullopt) on a bfloat16 checkpoint, on a CPU whose
-/// kernels run bf16 dot products (kernels::bf16_dot_active(): AVX512-BF16), is chosen by measurement: bf16, whose
-/// prefill runs as the checkpoint's own dtype at twice the fp32 FMA's products per instruction, against int8 dot
-/// products where the SIMD int8 kernel exists (kernels::probe_activation_precision, once per process and thread
-/// count and `probe_shape`, the model's [intermediate, hidden]): Bf16, or Bf16DecodeInt8 where int8 is clearly
-/// faster for batched rows.
-/// Anything else (another dtype, a CPU without AVX512-BF16,
-/// where bf16 would only add a rounding pass, or the GPU) is Fp32.
-prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                          plan::DeviceKind device, const std::string& model_dtype,
-                                                          std::array<int64_t, 2> probe_shape = {1536, 576});
-
-/// resolve_activation_precision's answer with the reason for it, for `explain` and the start-up line: "set by
-/// --activation-precision", the rule that made auto fp32, or the probe's measurement (CPU milliseconds per call of
-/// the bf16 and int8 paths at 64 rows on the probe shape, their ratio against the 0.8 margin, the thread count).
-/// The same cached measurement as resolve_activation_precision: asking both probes once.
-struct ActivationPrecisionChoice {
-  prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32;
-  std::string reason;
-};
-ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::ActivationPrecision> choice,
-                                                      plan::DeviceKind device, const std::string& model_dtype,
-                                                      std::array<int64_t, 2> probe_shape);
-
-/// The probe shape load_model passes for a model: its MLP, [max(intermediate, hidden), hidden].
-std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);
 
 /// The KV cache element `choice` means on `device`. Auto (std::nullopt) follows the checkpoint's `model_dtype` as
 /// vLLM's `auto` does: bfloat16 → Bf16, float16 → F16, anything else (float32, absent) → F32; the GPU backend's

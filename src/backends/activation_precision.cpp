@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backends/activation_precision.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "backends/cpu/kernels/linear.h"
+#include "core/threading.h"
+
+namespace fp4serve::model {
+namespace {
+
+using prepare::ActivationPrecision;
+
+// What a measurement is valid for: the CPU, the executable (its kernels), the thread count and the shape.
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    for (const char* field : {"model name", "Model", "CPU part"}) {
+      if (line.rfind(field, 0) == 0) {
+        const size_t colon = line.find(':');
+        if (colon != std::string::npos) return line.substr(std::min(colon + 2, line.size()));
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string executable_identity() {
+  struct stat st{};
+  if (stat("/proc/self/exe", &st) != 0) return "unknown executable";
+  return fmt::format("{} bytes, modified {}", static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtime));
+}
+
+std::string measurement_key(int threads, std::array<int64_t, 2> shape) {
+  static const std::string machine = cpu_model_name() + " | " + executable_identity() + " | " +
+                                     kernels::gemm_target_name();
+  return fmt::format("{} | {} threads | [{}, {}]", machine, threads, shape[0], shape[1]);
+}
+
+nlohmann::json probe_to_json(const kernels::PrecisionProbe& p) {
+  return {{"choice", prepare::activation_precision_name(p.choice)},
+          {"measured", p.measured},
+          {"out_features", p.out_features},
+          {"in_features", p.in_features},
+          {"bf16_decode_s", p.bf16_decode_s},
+          {"int8_decode_s", p.int8_decode_s},
+          {"bf16_batched_s", p.bf16_batched_s},
+          {"int8_batched_s", p.int8_batched_s}};
+}
+
+// A cached entry, or nullopt when it is malformed (then the probe runs again and replaces it).
+std::optional<kernels::PrecisionProbe> probe_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return std::nullopt;
+  try {
+    kernels::PrecisionProbe p;
+    const std::string choice = j.at("choice").get<std::string>();
+    if (choice == prepare::activation_precision_name(ActivationPrecision::Bf16)) {
+      p.choice = ActivationPrecision::Bf16;
+    } else if (choice == prepare::activation_precision_name(ActivationPrecision::Bf16DecodeInt8)) {
+      p.choice = ActivationPrecision::Bf16DecodeInt8;
+    } else {
+      return std::nullopt;
+    }
+    p.measured = j.at("measured").get<bool>();
+    p.out_features = j.at("out_features").get<int64_t>();
+    p.in_features = j.at("in_features").get<int64_t>();
+    p.bf16_decode_s = j.at("bf16_decode_s").get<double>();
+    p.int8_decode_s = j.at("int8_decode_s").get<double>();
+    p.bf16_batched_s = j.at("bf16_batched_s").get<double>();
+    p.int8_batched_s = j.at("int8_batched_s").get<double>();
+    return p;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+nlohmann::json read_cache(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json::object();
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+// Best effort: a temporary in the same folder, then a rename, so a reader never sees half a file.
+void write_cache(const std::filesystem::path& file, const nlohmann::json& entries) {
+  std::error_code ec;
+  std::filesystem::create_directories(file.parent_path(), ec);
+  if (ec) return;
+  const std::filesystem::path tmp = file.string() + fmt::format(".tmp{}", static_cast<long>(getpid()));
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return;
+    out << entries.dump(2) << '\n';
+    if (!out.flush()) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+struct Measured {
+  kernels::PrecisionProbe probe;
+  bool from_cache = false;
+};
+
+Measured measure_or_recall(int threads, std::array<int64_t, 2> shape) {
+  static std::mutex mutex;
+  static std::map<std::string, Measured> in_process;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const std::string key = measurement_key(threads, shape);
+  if (const auto it = in_process.find(key); it != in_process.end()) return it->second;
+  const std::filesystem::path file = precision_cache_file();
+  nlohmann::json entries = file.empty() ? nlohmann::json::object() : read_cache(file);
+  if (entries.contains(key)) {
+    if (const auto cached = probe_from_json(entries[key])) return in_process[key] = Measured{*cached, true};
+  }
+  const kernels::PrecisionProbe probe = kernels::probe_activation_precision(shape[0], shape[1]);
+  if (!file.empty()) {
+    entries[key] = probe_to_json(probe);
+    write_cache(file, entries);
+  }
+  return in_process[key] = Measured{probe, false};
+}
+
+}  // namespace
+
+std::filesystem::path precision_cache_file() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  std::filesystem::path dir;
+  if (!env("FP4SERVE_CACHE_DIR").empty()) {
+    dir = env("FP4SERVE_CACHE_DIR");
+  } else if (!env("XDG_CACHE_HOME").empty()) {
+    dir = std::filesystem::path(env("XDG_CACHE_HOME")) / "fp4serve";
+  } else if (!env("HOME").empty()) {
+    dir = std::filesystem::path(env("HOME")) / ".cache" / "fp4serve";
+  } else {
+    return {};
+  }
+  return dir / "activation-precision.json";
+}
+
+ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
+                                                      const std::string& model_dtype, std::array<int64_t, 2> probe_shape) {
+  if (choice) return {*choice, "set by --activation-precision"};
+  if (device != plan::DeviceKind::Cpu) return {ActivationPrecision::Fp32, "auto: the GPU runs fp32 activations"};
+  if (!kernels::bf16_dot_active()) {
+    return {ActivationPrecision::Fp32, "auto: this CPU has no AVX512-BF16 dot products (bf16 would only add a rounding)"};
+  }
+  if (model_dtype != "bfloat16") {
+    return {ActivationPrecision::Fp32,
+            fmt::format("auto: the checkpoint's dtype is {}, not bfloat16", model_dtype.empty() ? "unset" : model_dtype)};
+  }
+  const int threads = core::num_threads();
+  const Measured m = measure_or_recall(threads, probe_shape);
+  const kernels::PrecisionProbe& probe = m.probe;
+  if (!probe.measured) return {probe.choice, "auto: this CPU has no SIMD int8 kernel to compare with bf16"};
+  return {probe.choice,
+          fmt::format("auto, measured on this CPU ({} thread{}, an NVFP4 layer [{}, {}], 64 rows, CPU time): int8 "
+                      "{:.3f} ms against bf16 {:.3f} ms, ratio {:.2f} ({} the 0.80 margin); decode rows stay bf16{}",
+                      threads, threads == 1 ? "" : "s", probe.out_features, probe.in_features,
+                      1e3 * probe.int8_batched_s, 1e3 * probe.bf16_batched_s,
+                      probe.int8_batched_s / probe.bf16_batched_s,
+                      probe.choice == ActivationPrecision::Bf16DecodeInt8 ? "within" : "above",
+                      m.from_cache ? fmt::format("; kept from an earlier run in {} (delete it to measure again)",
+                                                 precision_cache_file().string())
+                                   : "")};
+}
+
+ActivationPrecision resolve_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
+                                                 const std::string& model_dtype, std::array<int64_t, 2> probe_shape) {
+  return choose_activation_precision(choice, device, model_dtype, probe_shape).precision;
+}
+
+std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config) {
+  return {std::max(config.intermediate_size, config.hidden_size), config.hidden_size};
+}
+
+}  // namespace fp4serve::model

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// `--activation-precision auto` on the CPU: how the FP4 linears take their activations, decided by a measurement
+// that is kept per machine so that two runs of one binary on one machine choose alike (and give the same tokens).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "backends/cpu/prepare/prepared_linear.h"
+#include "model/model_config.h"
+#include "plan/device_caps.h"
+
+namespace fp4serve::model {
+
+/// The activation precision `choice` means on `device` for a checkpoint whose dtype is `model_dtype`
+/// (ModelConfig::dtype), with the reason (for `explain` and the start-up line). A given choice is itself ("set by
+/// --activation-precision"). Auto (std::nullopt) on a bfloat16 checkpoint, on a CPU whose kernels run bf16 dot
+/// products (kernels::bf16_dot_active(): AVX512-BF16), is chosen by measurement: bf16, whose prefill runs as the
+/// checkpoint's own dtype at twice the fp32 FMA's products per instruction, against int8 dot products where the SIMD
+/// int8 kernel exists (kernels::probe_activation_precision on `probe_shape`, the model's [intermediate, hidden]):
+/// Bf16, or Bf16DecodeInt8 where int8 is clearly faster for batched rows; the reason gives the CPU times, their
+/// ratio against the 0.8 margin and the thread count. Anything else (another dtype, a CPU without AVX512-BF16,
+/// where bf16 would only add a rounding pass, or the GPU) is Fp32.
+///
+/// The measurement is made once per CPU model, thread count, shape and fp4serve executable, and kept in
+/// precision_cache_file() (read at the first use in a process, rewritten through a temporary file and a rename):
+/// a near-tie measured again on a loaded machine could otherwise choose the other path, and the two paths round
+/// differently. A cache that cannot be read or written is ignored (the probe runs, its answer is kept in memory).
+struct ActivationPrecisionChoice {
+  prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32;
+  std::string reason;
+};
+ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::ActivationPrecision> choice,
+                                                      plan::DeviceKind device, const std::string& model_dtype,
+                                                      std::array<int64_t, 2> probe_shape);
+
+/// choose_activation_precision's precision alone.
+prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
+                                                          plan::DeviceKind device, const std::string& model_dtype,
+                                                          std::array<int64_t, 2> probe_shape = {1536, 576});
+
+/// The probe shape load_model passes for a model: its MLP, [max(intermediate, hidden), hidden].
+std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);
+
+/// Where auto's measurements are kept: $FP4SERVE_CACHE_DIR, else $XDG_CACHE_HOME/fp4serve, else
+/// $HOME/.cache/fp4serve, with the file name activation-precision.json; empty when none of them is set.
+std::filesystem::path precision_cache_file();
+
+}  // namespace fp4serve::model
