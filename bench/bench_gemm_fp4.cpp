@@ -159,7 +159,7 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   if (m <= 8) state.counters["bw_ratio_1g"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
   if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
-  if (m >= 16) state.counters["roof_ratio"] = benchmark::Counter(flops / g_compute_roof, benchmark::Counter::kIsIterationInvariantRate);
+  if (m >= 16 && g_roofs) state.counters["roof_ratio"] = benchmark::Counter(flops / g_compute_roof, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // bf16_pairs false: the fused FP4 GEMV's FMA kernel on a CPU whose default is the AVX512-BF16 one

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -112,6 +113,22 @@ void write_cache(const std::filesystem::path& file, const nlohmann::json& entrie
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
+// Each rebuilt executable adds its own entries: the file keeps the newest kMaxEntries ("written", seconds).
+constexpr size_t kMaxEntries = 64;
+void prune_oldest(nlohmann::json& entries) {
+  const auto written = [](const nlohmann::json& entry) {
+    const auto it = entry.is_object() ? entry.find("written") : entry.end();
+    return it != entry.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
+  };
+  while (entries.size() > kMaxEntries) {
+    auto oldest = entries.begin();
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (written(it.value()) < written(oldest.value())) oldest = it;
+    }
+    entries.erase(oldest);
+  }
+}
+
 struct Measured {
   kernels::PrecisionProbe probe;
   bool from_cache = false;
@@ -131,6 +148,8 @@ Measured measure_or_recall(int threads, std::array<int64_t, 2> shape) {
   const kernels::PrecisionProbe probe = kernels::probe_activation_precision(shape[0], shape[1]);
   if (!file.empty()) {
     entries[key] = probe_to_json(probe);
+    entries[key]["written"] = static_cast<int64_t>(std::time(nullptr));
+    prune_oldest(entries);
     write_cache(file, entries);
   }
   return in_process[key] = Measured{probe, false};

@@ -15,7 +15,7 @@ namespace fp4serve::kernels {
 namespace {
 
 constexpr int64_t kDecodeRows = 4, kBatchedRows = 64;
-constexpr int kRounds = 5;
+constexpr int kRounds = 3;
 constexpr double kInt8Margin = 0.8;
 
 prepare::PreparedLinear probe_layer(int64_t n, int64_t k) {
@@ -38,14 +38,23 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// CPU seconds of all threads, not wall time: on a shared machine a descheduled OpenMP thread makes a call's wall
-// time a scheduler time slice (≈ 10 ms against 50 µs of work, seen on a loaded 2-core VM), which CPU time does not
-// count (the engine's threads wait passively). Comparing two kernels' work needs the CPU time.
+// CPU seconds of all threads per call, not wall time: on a shared machine a descheduled OpenMP thread makes a
+// call's wall time a scheduler time slice (≈ 10 ms against 50 µs of work, seen on a loaded 2-core VM), which CPU
+// time does not count. A sample runs calls until kMinSampleSeconds of CPU time have passed: Linux adds another
+// thread's run time to the process clock when that thread sleeps or at a scheduler tick, so a single short call
+// can be counted without part of its workers' time.
+constexpr double kMinSampleSeconds = 0.02;
 double seconds_per_call(const prepare::PreparedLinear& w, const std::vector<float>& x, int64_t m,
                         std::vector<float>& y) {
   const double t0 = process_cpu_seconds();
-  linear(w, x.data(), m, y.data());
-  return process_cpu_seconds() - t0;
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    linear(w, x.data(), m, y.data());
+    ++calls;
+    elapsed = process_cpu_seconds() - t0;
+  } while (elapsed < kMinSampleSeconds);
+  return elapsed / static_cast<double>(calls);
 }
 
 }  // namespace
