@@ -5,7 +5,10 @@
 // bytes interleaved with the calls (BM_Linear), and bw_ratio_1g, against the 1 GiB read probe of start-up; on
 // M = 256 rows fma_ratio, against the fp32 FMA peak measured at start-up; on M ≥ 16 rows roof_ratio, against the
 // compute roof measured at start-up: the best of the fp32 FMA, AVX512-BF16 and AVX512-VNNI loops this CPU has
-// (roofline.h ComputeRoofs; a multiply-add counts 2 ops whatever its type). linear_auto rows run what a bfloat16
+// (roofline.h ComputeRoofs; a multiply-add counts 2 ops whatever its type). Both sides of these ratios are rated by
+// CPU time (the kernel: 2·M·N·K · threads / the process's CPU seconds per call; the roofs: per thread), so that it
+// holds on a shared machine; run with OMP_WAIT_POLICY=passive there, or the time idle workers spin counts as the
+// kernel's (roof_ratio then reads low). linear_auto rows run what a bfloat16
 // model runs under `--activation-precision auto` (kernels::probe_activation_precision at that shape, its choice in
 // the label). Baselines at M = 256:
 // dequantize-to-fp32 + OpenBLAS sgemm, and sgemm alone on pre-dequantized weights (only when CMake found
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -136,6 +140,12 @@ std::vector<PreparedLinear>& cold_copies(Format f, int64_t n, int64_t k) {
   return g_cold.copies;
 }
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::vector<float> random_x(int64_t m, int64_t k) {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.f, 1.f);
@@ -158,8 +168,6 @@ void set_counters(benchmark::State& state, double weight_bytes, int64_t m, int64
   state.counters["weight_GB/s"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   if (m <= 8) state.counters["bw_ratio_1g"] = benchmark::Counter(weight_bytes / g_read_bw, benchmark::Counter::kIsIterationInvariantRate);
-  if (m == 256) state.counters["fma_ratio"] = benchmark::Counter(flops / g_fma_peak, benchmark::Counter::kIsIterationInvariantRate);
-  if (m >= 16 && g_roofs) state.counters["roof_ratio"] = benchmark::Counter(flops / g_compute_roof, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // bf16_pairs false: the fused FP4 GEMV's FMA kernel on a CPU whose default is the AVX512-BF16 one
@@ -180,14 +188,16 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   // (36.0–39.9 GB/s at one thread in three runs of one session), more than the effects measured here.
   const bool probe = g_roofs && m <= 8;
   using Clock = std::chrono::steady_clock;
-  double kernel_seconds = 0, probe_seconds = 0, probe_bytes = 0;
+  double kernel_seconds = 0, probe_seconds = 0, probe_bytes = 0, kernel_cpu_seconds = 0;
   size_t i = 0;
   for (auto _ : state) {
+    const double cpu0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     kernels::linear(copies[i], x.data(), m, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
     const auto t1 = Clock::now();
+    kernel_cpu_seconds += process_cpu_seconds() - cpu0;
     const double seconds = std::chrono::duration<double>(t1 - t0).count();
     state.SetIterationTime(seconds);
     kernel_seconds += seconds;
@@ -199,6 +209,13 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
   }
   const double weight_bytes = static_cast<double>(prepare::weight_bytes(copies[0]));
   set_counters(state, weight_bytes, m, n, k);
+  if (m >= 16 && g_roofs && kernel_cpu_seconds > 0) {
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const double cpu_rate = flops * static_cast<double>(state.iterations()) * core::num_threads() / kernel_cpu_seconds;
+    state.counters["cpu_GFLOP/s"] = cpu_rate / 1e9;
+    state.counters["roof_ratio"] = cpu_rate / g_compute_roof;
+    if (m == 256) state.counters["fma_ratio"] = cpu_rate / g_fma_peak;
+  }
   if (probe && probe_seconds > 0 && kernel_seconds > 0) {
     const double stream_bw = probe_bytes / probe_seconds;
     state.counters["stream_GB/s"] = stream_bw / 1e9;

@@ -16,12 +16,15 @@ double measure_read_bandwidth(size_t bytes, int repeats);
 /// calls. Returns the bytes read (each thread's share rounded down to 1 KiB).
 size_t stream_read(const std::byte* p, size_t bytes);
 
-/// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`.
+/// fp32 FLOP/s (an FMA counts 2) of independent FMA chains in registers, all engine threads, best of `repeats`;
+/// each thread's rate over its own CPU time, summed (the threads' rate while they run, whatever else the machine
+/// runs).
 double measure_fma_peak(int repeats);
 
 /// The compute roofs of the loops this CPU has, in multiply-add ops/s (a multiply-add counts 2, whatever the
-/// element type), each from independent chains in registers on all engine threads, best of `repeats`; 0 where the
-/// CPU or the dispatched target lacks the instruction. AMX tiles are not probed (no AMX kernel yet).
+/// element type), each from independent chains in registers on all engine threads, best of `repeats`, rated by
+/// CPU time as measure_fma_peak; 0 where the CPU or the dispatched target lacks the instruction. AMX tiles are not
+/// probed (no AMX kernel yet).
 struct ComputeRoofs {
   double fma = 0;       ///< fp32 FMA (the Fp32 panel GEMM)
   double bf16_dot = 0;  ///< AVX512-BF16 vdpbf16ps (ActivationPrecision::Bf16)
