@@ -40,7 +40,8 @@ namespace {
 // -DFP4SERVE_XGRAMMAR=OFF, or a tokenizer it cannot read) the server still runs and constrained requests get 400.
 std::shared_ptr<const runtime::GrammarCompiler> make_grammar_compiler(const text::Tokenizer& tokenizer,
                                                                       const checkpoint::Checkpoint& ckpt,
-                                                                      int64_t vocab_size, std::vector<int32_t> stop_ids) {
+                                                                      int64_t vocab_size, std::vector<int32_t> stop_ids,
+                                                                      const runtime::GrammarLimits& limits) {
   if (!runtime::grammar_engine_available()) {
     log_info("structured outputs: off ({})\n", runtime::grammar_engine_description());
     return nullptr;
@@ -52,7 +53,7 @@ std::shared_ptr<const runtime::GrammarCompiler> make_grammar_compiler(const text
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto start = std::chrono::steady_clock::now();
     auto compiler = std::make_shared<const runtime::GrammarCompiler>(
-        runtime::vocabulary_info(tokenizer, text, vocab_size, std::move(stop_ids)), 2);
+        runtime::vocabulary_info(tokenizer, text, vocab_size, std::move(stop_ids)), 2, int64_t{256} << 20, limits);
     log_info("structured outputs: {} ({} ms to index the vocabulary)\n", runtime::grammar_engine_description(),
              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
     return compiler;
@@ -74,6 +75,7 @@ struct ServeOptions {
   ToolCallParserChoice tool_call_parser;                ///< --tool-call-parser
   std::optional<server::ReasoningParser> reasoning_parser;  ///< --reasoning-parser
   bool disable_any_whitespace = false;  ///< --structured-outputs-config.disable_any_whitespace
+  runtime::GrammarLimits grammar_limits;  ///< --max-grammar-bytes, --max-grammar-nesting, --grammar-compile-timeout
   std::string generation_config = "auto";              ///< --generation-config: auto | vllm | FOLDER
 };
 
@@ -194,7 +196,8 @@ void run_serve(ServeOptions opts) {
   }
   const auto variables = template_variables(runtime::template_context(tokenizer, loaded.checkpoint), opts.chat_template);
   std::vector<int32_t> eos = runtime::eos_token_ids(loaded.config, loaded.checkpoint, tokenizer);
-  const auto grammars = make_grammar_compiler(tokenizer, loaded.checkpoint, loaded.config.vocab_size, eos);
+  const auto grammars = make_grammar_compiler(tokenizer, loaded.checkpoint, loaded.config.vocab_size, eos,
+                                              opts.grammar_limits);
   std::optional<server::ToolParser> tool_parser = opts.tool_call_parser.parser;
   if (opts.tool_call_parser.automatic) {
     tool_parser = server::detect_tool_parser(
@@ -301,6 +304,16 @@ void register_serve(CLI::App& root) {
   cmd->add_flag("--structured-outputs-config.disable_any_whitespace", opts->disable_any_whitespace,
                 "JSON constraints (json_schema, json_object, forced tool calls) allow no whitespace between tokens, "
                 "as vLLM's flag: small models may otherwise write newlines until max_tokens");
+  add_number_option(*cmd, "--max-grammar-bytes", opts->grammar_limits.max_source_bytes, NumberRange{1, 1 << 30},
+                    "bytes a structured-output constraint may have (a JSON schema, regex, grammar, structural tag, "
+                    "or a choice list's strings together); larger ones get 400");
+  add_number_option(*cmd, "--max-grammar-nesting", opts->grammar_limits.max_nesting, NumberRange{1, 512},
+                    "nesting levels a constraint may have (a JSON schema's objects and arrays; a regex's or grammar's "
+                    "brackets); deeper ones get 400");
+  add_number_option(*cmd, "--grammar-compile-timeout", opts->grammar_limits.compile_timeout_seconds,
+                    NumberRange{0, 3600, false, false, "0 = no deadline"},
+                    "seconds a constraint may take to compile; slower ones get 400 (the compile finishes in the "
+                    "background and is cached; while 2 such compiles run, new constraints get 503)");
   cmd->add_option("--generation-config", opts->generation_config,
                   "where the defaults of omitted sampling fields come from, as vLLM's flag: auto (the model's "
                   "generation_config.json), vllm (neutral: temperature 1, no top-k/top-p), or a folder holding a "

@@ -243,6 +243,40 @@ int64_t KvCache::match_prefix(int slot, std::span<const int32_t> tokens) {
   return matched;
 }
 
+int64_t KvCache::fork(int src, int dst, std::span<const int32_t> tokens) {
+  const Slot& from = slot_at(src, "fork");
+  Slot& to = slot_at(dst, "fork");
+  if (src == dst || !to.table.empty() || !to.tokens.empty() || to.mirrored || from.mirrored) {
+    throw UsageError(fmt::format("KvCache::fork: slot {} cannot take slot {}'s blocks (it holds positions, is the same "
+                                 "slot or a mirror)",
+                                 dst, src));
+  }
+  if (tokens.empty()) return 0;
+  const int64_t bs = block_size();
+  const int64_t held = std::min<int64_t>(static_cast<int64_t>(from.tokens.size()), static_cast<int64_t>(from.table.size()) * bs);
+  // The longest run of whole blocks whose tokens agree (choices share their prompt, not what they generated).
+  const int64_t max_blocks = std::min(held, static_cast<int64_t>(tokens.size()) - 1) / bs;
+  int64_t blocks = 0;
+  while (blocks < max_blocks && std::equal(tokens.begin() + blocks * bs, tokens.begin() + (blocks + 1) * bs,
+                                           from.tokens.begin() + blocks * bs)) {
+    ++blocks;
+  }
+  const int64_t shared = blocks * bs;
+  if (blocks == 0) return 0;
+  // The next position dst computes (shared) reads keys from shared − W + 1 on: those blocks must still be there.
+  if (spec_.sliding_window > 0 && from.released_below > std::max<int64_t>(0, shared - spec_.sliding_window + 1) / bs) {
+    return 0;
+  }
+  to.table.assign(from.table.begin(), from.table.begin() + blocks);
+  for (const int32_t b : to.table) {
+    if (b != kNoBlock) pool_.add_ref(b);
+  }
+  to.tokens.assign(tokens.begin(), tokens.begin() + shared);
+  to.keys.assign(from.keys.begin(), from.keys.begin() + std::min<int64_t>(blocks, static_cast<int64_t>(from.keys.size())));
+  to.released_below = std::min(from.released_below, blocks);
+  return shared;
+}
+
 void KvCache::assign_table(int slot, std::span<const int32_t> table) {
   if (slot < 0 || slot >= max_slots()) {
     throw UsageError(fmt::format("KvCache::assign_table: slot {} is outside [0, {})", slot, max_slots()));

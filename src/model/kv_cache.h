@@ -129,6 +129,13 @@ class KvCache {
   /// positions it covers (a multiple of block_size; 0 with prefix caching off). Counts tokens.size() prefix-cache
   /// queries and the returned positions as hits.
   int64_t match_prefix(int slot, std::span<const int32_t> tokens);
+  /// Parallel sampling (n > 1): on a slot `dst` that holds nothing yet, shares the longest run of `src`'s full
+  /// blocks whose tokens equal `tokens`' first positions, at most tokens.size() − 1 positions (the last token is
+  /// always computed, for its logits), taking one more reference on each (no copy, no prefix cache needed: the
+  /// blocks are never written again, since both sequences only append after them). Returns the positions shared
+  /// (a multiple of block_size), 0 when not one block agrees, or when a sliding window already released a block
+  /// that `dst`'s next position still reads. Throws UsageError when a slot is not in use, `dst` holds positions, or either is mirrored.
+  int64_t fork(int src, int dst, std::span<const int32_t> tokens);
   /// Tokens queried and found by match_prefix since the cache was made (vLLM's prefix_cache_queries / _hits).
   int64_t prefix_cache_queries() const { return prefix_queries_; }
   int64_t prefix_cache_hits() const { return prefix_hits_; }

@@ -9,7 +9,14 @@
 #include <xgrammar/xgrammar.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "fp4serve/error.h"
 #include "text/tokenizer.h"
@@ -97,19 +104,59 @@ struct GrammarCompiler::Impl {
   xgrammar::TokenizerInfo tokenizer_info;
   mutable xgrammar::GrammarCompiler compiler;
   int64_t vocab_size;
+  GrammarLimits limits;
+  // Compiles past their deadline, still running; shared with the workers, which may outlive the compiler.
+  std::shared_ptr<std::atomic<int>> overdue = std::make_shared<std::atomic<int>>(0);
 };
 
-GrammarCompiler::GrammarCompiler(const VocabularyInfo& vocabulary, int threads, int64_t cache_bytes) {
+namespace {
+
+// The engine's compile of one spec (on a worker thread).
+xgrammar::CompiledGrammar run_compile(xgrammar::GrammarCompiler& c, const GrammarSpec& spec) {
+  switch (spec.kind) {
+    case GrammarSpec::Kind::kJsonSchema: return c.CompileJSONSchema(spec.source, spec.any_whitespace);
+    case GrammarSpec::Kind::kJsonObject:
+      // vLLM's json_object: any JSON object (xgrammar's builtin grammar also admits arrays and scalars).
+      return c.CompileJSONSchema(R"({"type": "object"})", spec.any_whitespace, std::nullopt, std::nullopt, false);
+    case GrammarSpec::Kind::kRegex: return c.CompileRegex(spec.source);
+    case GrammarSpec::Kind::kChoice: return c.CompileGrammar(choice_grammar(spec.choices), "root");
+    case GrammarSpec::Kind::kGrammar:
+      if (spec.source.find("::=") == std::string::npos) return c.CompileLark(spec.source);  // as vLLM tells them apart
+      return c.CompileGrammar(spec.source, "root");
+    case GrammarSpec::Kind::kStructuralTag: return c.CompileStructuralTag(spec.source);
+  }
+  throw UsageError("unknown grammar kind");
+}
+
+// What a worker hands back: the grammar or the engine's error, once done.
+struct CompileResult {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  bool overdue = false;  // the caller stopped waiting: the worker counts itself out of Impl::overdue
+  std::optional<xgrammar::CompiledGrammar> grammar;
+  std::exception_ptr error;
+};
+
+}  // namespace
+
+GrammarCompiler::GrammarCompiler(const VocabularyInfo& vocabulary, int threads, int64_t cache_bytes,
+                                 const GrammarLimits& limits) {
   if (vocabulary.tokens.empty() || vocabulary.vocab_size < static_cast<int64_t>(vocabulary.tokens.size())) {
     throw UsageError(fmt::format("grammar compiler: a vocabulary of {} tokens for logits rows of {}",
                                  vocabulary.tokens.size(), vocabulary.vocab_size));
+  }
+  if (limits.max_source_bytes <= 0 || limits.max_nesting <= 0 || limits.max_overdue_compiles < 0) {
+    throw UsageError(fmt::format("grammar compiler: limits must be positive (max bytes {}, max nesting {}, overdue "
+                                 "compiles {})",
+                                 limits.max_source_bytes, limits.max_nesting, limits.max_overdue_compiles));
   }
   try {
     xgrammar::TokenizerInfo info(vocabulary.tokens, vocab_type(vocabulary.encoding),
                                  static_cast<int>(vocabulary.vocab_size), vocabulary.stop_token_ids,
                                  vocabulary.add_prefix_space);
     impl_ = std::make_unique<Impl>(Impl{info, xgrammar::GrammarCompiler(info, std::max(threads, 1), true, cache_bytes),
-                                        vocabulary.vocab_size});
+                                        vocabulary.vocab_size, limits});
   } catch (const std::exception& e) {
     throw UsageError(fmt::format("grammar compiler: {}", e.what()));
   }
@@ -118,34 +165,56 @@ GrammarCompiler::GrammarCompiler(const VocabularyInfo& vocabulary, int threads, 
 GrammarCompiler::~GrammarCompiler() = default;
 
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) const {
-  xgrammar::GrammarCompiler& c = impl_->compiler;
-  try {
-    switch (spec.kind) {
-      case GrammarSpec::Kind::kJsonSchema:
-        return std::make_shared<CompiledGrammar>(c.CompileJSONSchema(spec.source, spec.any_whitespace));
-      case GrammarSpec::Kind::kJsonObject:
-        // vLLM's json_object: any JSON object (xgrammar's builtin grammar also admits arrays and scalars).
-        return std::make_shared<CompiledGrammar>(
-            c.CompileJSONSchema(R"({"type": "object"})", spec.any_whitespace, std::nullopt, std::nullopt, false));
-      case GrammarSpec::Kind::kRegex:
-        return std::make_shared<CompiledGrammar>(c.CompileRegex(spec.source));
-      case GrammarSpec::Kind::kChoice:
-        return std::make_shared<CompiledGrammar>(c.CompileGrammar(choice_grammar(spec.choices), "root"));
-      case GrammarSpec::Kind::kGrammar:
-        if (spec.source.find("::=") == std::string::npos) {  // Lark, as vLLM tells the two apart
-          return std::make_shared<CompiledGrammar>(c.CompileLark(spec.source));
-        }
-        return std::make_shared<CompiledGrammar>(c.CompileGrammar(spec.source, "root"));
-      case GrammarSpec::Kind::kStructuralTag:
-        return std::make_shared<CompiledGrammar>(c.CompileStructuralTag(spec.source));
-    }
-  } catch (const UsageError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
+  const GrammarLimits& limits = impl_->limits;
+  check_grammar_limits(spec, limits);
+  if (impl_->overdue->load() >= std::max(limits.max_overdue_compiles, 1)) {
+    throw GrammarBusyError(fmt::format("{} grammar compiles that ran past their {} s deadline are still running; "
+                                       "retry later",
+                                       impl_->overdue->load(), limits.compile_timeout_seconds));
   }
-  throw UsageError("unknown grammar kind");
+  // The engine cannot be interrupted: it runs on a worker of its own, and the caller waits up to the deadline.
+  auto result = std::make_shared<CompileResult>();
+  std::thread([result, compiler = impl_->compiler, overdue = impl_->overdue, spec]() mutable {
+    std::optional<xgrammar::CompiledGrammar> grammar;
+    std::exception_ptr error;
+    try {
+      grammar.emplace(run_compile(compiler, spec));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard lock(result->mutex);
+    result->grammar = std::move(grammar);
+    result->error = error;
+    result->done = true;
+    if (result->overdue) --*overdue;
+    result->done_cv.notify_all();
+  }).detach();
+  std::unique_lock lock(result->mutex);
+  if (limits.compile_timeout_seconds > 0) {
+    const auto deadline = std::chrono::duration<double>(limits.compile_timeout_seconds);
+    if (!result->done_cv.wait_for(lock, deadline, [&] { return result->done; })) {
+      result->overdue = true;
+      ++*impl_->overdue;
+      throw UsageError(fmt::format("{} did not compile within {} s (--grammar-compile-timeout): simplify it",
+                                   grammar_spec_description(spec.kind), limits.compile_timeout_seconds));
+    }
+  } else {
+    result->done_cv.wait(lock, [&] { return result->done; });
+  }
+  if (result->error) {
+    try {
+      std::rethrow_exception(result->error);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw UsageError(e.what());
+    }
+  }
+  return std::make_shared<CompiledGrammar>(std::move(*result->grammar));
 }
+
+const GrammarLimits& GrammarCompiler::limits() const { return impl_->limits; }
+int GrammarCompiler::overdue_compiles() const { return impl_->overdue->load(); }
 
 int64_t GrammarCompiler::vocab_size() const { return impl_->vocab_size; }
 int64_t GrammarCompiler::cache_size_bytes() const { return impl_->compiler.GetCacheSizeBytes(); }

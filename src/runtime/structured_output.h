@@ -15,7 +15,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "fp4serve/error.h"
 
 namespace fp4serve::text {
 class Tokenizer;
@@ -40,6 +43,42 @@ struct GrammarSpec {
   /// (vLLM's disable_any_whitespace).
   bool any_whitespace = true;
 };
+
+/// Bounds on what a request may ask the grammar engine to compile (grammar_limits.cpp). xgrammar has no compile
+/// deadline and parses schemas, regexes and EBNF by recursive descent, so a hostile constraint (a schema nested
+/// 100 000 levels deep, a megabyte of alternatives, a regex whose repetitions multiply out) could overflow a
+/// thread's stack or keep the compiler busy for minutes. Sizes and nesting are checked before the engine sees the
+/// text; the time a compile may take is bounded by GrammarCompiler, which runs each compile on a worker and stops
+/// waiting at the deadline.
+struct GrammarLimits {
+  /// Bytes of a schema, regex, grammar or structural tag (a choice list: all strings together). OpenAI caps a
+  /// strict schema's strings at 120 000 characters; vLLM has no cap.
+  int64_t max_source_bytes = int64_t{128} << 10;
+  /// Nesting levels: objects and arrays of a JSON schema or structural tag; parentheses, brackets and braces of
+  /// a regex or grammar (outside its string literals and character classes).
+  int max_nesting = 64;
+  /// Seconds a compile may take; a compile still running then is answered with UsageError and finishes in the
+  /// background (the engine cannot be stopped; its result is cached, so the same request is then fast). ≤ 0: no
+  /// deadline.
+  double compile_timeout_seconds = 10.0;
+  /// Compiles past their deadline that may still run in the background; beyond, compile() refuses new
+  /// constraints (GrammarBusyError) until one ends, so a client cannot stack slow compiles.
+  int max_overdue_compiles = 2;
+};
+
+/// Nesting depth of the JSON text `text` (objects and arrays, outside strings), without parsing it: a scan with a
+/// counter, so any depth is safe to measure.
+int json_nesting(std::string_view text);
+/// Nesting depth of a regex or EBNF / Lark grammar: (), [] and {} outside "…" / '…' literals, character classes
+/// and backslash escapes.
+int grammar_nesting(std::string_view text);
+
+/// "the JSON schema", "the regex", "the grammar", … (for messages).
+const char* grammar_spec_description(GrammarSpec::Kind kind);
+
+/// Throws UsageError naming what `spec` is (the JSON schema, the regex, …), its size or nesting and the limit,
+/// when it exceeds `limits`.
+void check_grammar_limits(const GrammarSpec& spec, const GrammarLimits& limits);
 
 /// How tokenizer.json spells its tokens (xgrammar's VocabType): raw bytes, SentencePiece with <0xXX> byte
 /// fallback and ▁ for space, or GPT-2's byte-level alphabet (Ġ for space).
@@ -68,20 +107,34 @@ std::string grammar_engine_description();
 
 class CompiledGrammar;  // immutable, shared by every sequence that uses it
 
+/// compile() refused a constraint because GrammarLimits::max_overdue_compiles compiles that ran past their
+/// deadline are still running: the server is busy, not the request wrong (HTTP 503).
+class GrammarBusyError : public Error {
+ public:
+  using Error::Error;
+};
+
 class GrammarCompiler {
  public:
   /// Builds the engine's tokenizer info (sorts and indexes the vocabulary: tens of milliseconds for 150k tokens).
-  /// `threads`: the engine's compile threads; `cache_bytes`: bound of the compiled-grammar cache (−1: none).
-  /// Throws UnsupportedError without the engine, UsageError for an empty vocabulary.
-  explicit GrammarCompiler(const VocabularyInfo& vocabulary, int threads = 2, int64_t cache_bytes = int64_t{256} << 20);
+  /// `threads`: the engine's compile threads; `cache_bytes`: bound of the compiled-grammar cache (−1: none);
+  /// `limits`: what one constraint may cost (grammar_limits.h). Throws UnsupportedError without the engine,
+  /// UsageError for an empty vocabulary or limits that are not positive.
+  explicit GrammarCompiler(const VocabularyInfo& vocabulary, int threads = 2, int64_t cache_bytes = int64_t{256} << 20,
+                           const GrammarLimits& limits = {});
   ~GrammarCompiler();
   GrammarCompiler(const GrammarCompiler&) = delete;
   GrammarCompiler& operator=(const GrammarCompiler&) = delete;
 
-  /// The compiled grammar of `spec` (from the cache when the same spec was compiled before). Thread-safe.
-  /// Throws UsageError with the engine's message for an invalid or unsatisfiable schema, regex, grammar or
-  /// structural tag, or an empty choice list.
+  /// The compiled grammar of `spec` (from the cache when the same spec was compiled before). Thread-safe. The
+  /// engine runs on a worker thread; the caller waits at most limits().compile_timeout_seconds. Throws
+  /// UsageError with the engine's message for an invalid or unsatisfiable schema, regex, grammar or structural
+  /// tag, or an empty choice list; UsageError naming the limit for a spec over limits() or a compile past its
+  /// deadline; GrammarBusyError while limits().max_overdue_compiles overdue compiles still run.
   std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec) const;
+  const GrammarLimits& limits() const;
+  /// Compiles past their deadline still running in the background.
+  int overdue_compiles() const;
 
   int64_t vocab_size() const;
   /// Bytes the compiled-grammar cache holds now.

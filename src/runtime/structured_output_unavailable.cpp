@@ -22,10 +22,15 @@ struct GrammarMatcher::Impl {};
 bool grammar_engine_available() { return false; }
 std::string grammar_engine_description() { return "none (built with -DFP4SERVE_XGRAMMAR=OFF)"; }
 VocabularyInfo vocabulary_info(const text::Tokenizer&, const std::string&, int64_t, std::vector<int32_t>) { refuse(); }
-GrammarCompiler::GrammarCompiler(const VocabularyInfo&, int, int64_t) { refuse(); }
+GrammarCompiler::GrammarCompiler(const VocabularyInfo&, int, int64_t, const GrammarLimits&) { refuse(); }
 GrammarCompiler::~GrammarCompiler() = default;
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec&) const { refuse(); }
 int64_t GrammarCompiler::vocab_size() const { return 0; }
+const GrammarLimits& GrammarCompiler::limits() const {
+  static const GrammarLimits kNone;
+  return kNone;
+}
+int GrammarCompiler::overdue_compiles() const { return 0; }
 int64_t GrammarCompiler::cache_size_bytes() const { return 0; }
 int64_t bitmask_words(int64_t vocab_size) { return (vocab_size + 31) / 32; }
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>) { refuse(); }

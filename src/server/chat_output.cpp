@@ -25,14 +25,22 @@ void merge_delta(json& into, const json& more) {
   for (const auto& [key, value] : more.items()) {
     if (key == "tool_calls") {
       if (!into.contains(key)) into[key] = json::array();
-      for (const auto& c : value) into[key].push_back(c);
+      for (const auto& c : value) {
+        json& calls = into[key];
+        if (!c.contains("id") && !calls.empty() && calls.back().value("index", -1) == c.value("index", -2)) {
+          json& fn = calls.back()["function"];
+          fn["arguments"] = fn.value("arguments", std::string()) + c["function"]["arguments"].get<std::string>();
+        } else {
+          calls.push_back(c);
+        }
+      }
     } else {
       into[key] = into.value(key, std::string()) + value.get<std::string>();
     }
   }
 }
 
-ChoiceParser::ChoiceParser(const ApiRequest& api, const ServeLimits& limits) {
+ChoiceParser::ChoiceParser(const ApiRequest& api, const ServeLimits& limits, CallOutput calls) : mode_(calls) {
   if (api.endpoint != Endpoint::kChatCompletions) return;
   reasoning_ = limits.reasoning_parser.has_value();
   std::optional<ToolParser> tools;
@@ -45,7 +53,10 @@ ChoiceParser::ChoiceParser(const ApiRequest& api, const ServeLimits& limits) {
   const bool forced = choice_ == Choice::kRequired || choice_ == Choice::kNamed;
   active_ = reasoning_ || tools.has_value() || forced;
   if (!active_) return;
-  if (!forced) parser_.emplace(tools, limits.reasoning_parser);
+  if (!forced) parser_.emplace(tools, limits.reasoning_parser, mode_);
+  if (forced && mode_ == CallOutput::kStreamed) {
+    forced_stream_.emplace(choice_ == Choice::kNamed ? std::optional(function_) : std::nullopt);
+  }
   keep_special_ = (tools && needs_special_tokens(*tools)) ||
                   (limits.reasoning_parser && needs_special_tokens(*limits.reasoning_parser));
 }
@@ -54,6 +65,20 @@ json ChoiceParser::tool_call_json(const ToolCall& call, std::optional<int> index
   json j = {{"id", call_id()}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
   if (index) j["index"] = *index;
   return j;
+}
+
+void ChoiceParser::add_deltas(json& calls, const std::vector<ToolCallDelta>& deltas) {
+  for (const auto& d : deltas) {
+    if (!parallel_ && d.index >= 1) continue;  // parallel_tool_calls false: the first call only
+    json entry;
+    if (!d.name.empty()) {  // a call's first piece
+      ++calls_;
+      entry = tool_call_json({d.name, d.arguments}, d.index);
+    } else {
+      entry = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+    }
+    merge_delta(calls, json{{"tool_calls", json::array({entry})}});
+  }
 }
 
 json ChoiceParser::to_delta(ParsedOutput out) {
@@ -65,6 +90,11 @@ json ChoiceParser::to_delta(ParsedOutput out) {
     if (!parallel_ && calls_ >= 1) break;  // parallel_tool_calls false: the first call only
     calls.push_back(tool_call_json(c, calls_++));
   }
+  json streamed = json::object();
+  add_deltas(streamed, out.deltas);
+  if (streamed.contains("tool_calls")) {
+    for (auto& c : streamed["tool_calls"]) calls.push_back(std::move(c));
+  }
   if (!calls.empty()) d["tool_calls"] = calls;
   return d;
 }
@@ -72,12 +102,21 @@ json ChoiceParser::to_delta(ParsedOutput out) {
 json ChoiceParser::delta(std::string_view text) {
   if (parser_) return to_delta(parser_->push(text));
   forced_text_ += text;
+  if (forced_stream_) {
+    ParsedOutput out;
+    out.deltas = forced_stream_->push(text);
+    return to_delta(std::move(out));
+  }
   return json::object();
 }
 
 json ChoiceParser::finish_delta() {
   if (parser_) return to_delta(parser_->finish());
   ParsedOutput out;
+  if (forced_stream_) {  // what was streamed stays: the calls as far as the model wrote them
+    out.deltas = forced_stream_->finish();
+    return to_delta(std::move(out));
+  }
   try {
     out.calls = forced_tool_calls(forced_text_, choice_ == Choice::kNamed ? std::optional(function_) : std::nullopt);
   } catch (const UsageError&) {

@@ -15,20 +15,24 @@
 
 namespace fp4serve::server {
 
-/// Appends the delta fields of `more` to `into` (strings concatenated, tool_calls appended).
+/// Appends the delta fields of `more` to `into` (strings concatenated, tool_calls appended; a piece that continues
+/// the last call's arguments is joined to it).
 void merge_delta(nlohmann::json& into, const nlohmann::json& more);
 
 class ChoiceParser {
  public:
-  ChoiceParser(const ApiRequest& api, const ServeLimits& limits);
+  /// `calls`: kStreamed for a stream (delta()), kWhole for a whole reply (message()).
+  ChoiceParser(const ApiRequest& api, const ServeLimits& limits, CallOutput calls);
 
   /// False: plain text, the reply is built as without tools.
   bool active() const { return active_; }
   /// Whether the detokenizer must keep special tokens (the family's markers are special tokens).
   bool keeps_special_tokens() const { return keep_special_; }
 
-  /// Streaming: the delta fields ({"content"}, {"reasoning_content"}, {"tool_calls": [{index, id, type,
-  /// function: {name, arguments}}]}) for the next piece of text; an empty object when nothing is final yet.
+  /// Streaming: the delta fields ({"content"}, {"reasoning_content"}, {"tool_calls": [...]}) for the next piece
+  /// of text; an empty object when nothing is final yet. A call streams as OpenAI's do: its first entry {index, id,
+  /// type: "function", function: {name, arguments: ""}} once the model has written the name, then entries {index,
+  /// function: {arguments}} with the arguments' text as it is generated.
   nlohmann::json delta(std::string_view text);
   /// The rest, at the end of the output.
   nlohmann::json finish_delta();
@@ -43,6 +47,7 @@ class ChoiceParser {
  private:
   nlohmann::json to_delta(ParsedOutput out);
   nlohmann::json tool_call_json(const ToolCall& call, std::optional<int> index) const;
+  void add_deltas(nlohmann::json& calls, const std::vector<ToolCallDelta>& deltas);
 
   bool active_ = false;
   bool keep_special_ = false;
@@ -51,7 +56,9 @@ class ChoiceParser {
   std::string function_;  // kNamed
   bool parallel_ = true;
   std::optional<OutputParser> parser_;
+  CallOutput mode_ = CallOutput::kWhole;
   std::string forced_text_;  // required / named: the whole output is the calls
+  std::optional<ForcedCallStream> forced_stream_;
   int calls_ = 0;
 };
 

@@ -313,7 +313,7 @@ void HttpServer::Impl::generate(const std::shared_ptr<Connection>& conn, Endpoin
 // One choice of a whole (non-streamed) response: waits for its channel to end and returns the choice object.
 json HttpServer::Impl::collect_choice(Connection& conn, const ApiRequest& api, RequestChannel& channel, int index,
                                       int64_t& completion_tokens) {
-  ChoiceParser parsed(api, serve_limits);
+  ChoiceParser parsed(api, serve_limits, CallOutput::kWhole);
   OutputText out(codec, api, parsed.keeps_special_tokens());
   std::string text;
   std::string reason;
@@ -398,7 +398,7 @@ void HttpServer::Impl::respond_stream(Connection& conn, const StringRequest& req
   };
   std::vector<Choice> choices;
   for (const auto& ch : channels) {
-    ChoiceParser parsed(api, serve_limits);
+    ChoiceParser parsed(api, serve_limits, CallOutput::kStreamed);
     const bool keep_special = parsed.keeps_special_tokens();
     choices.push_back(Choice{ch, std::move(parsed), OutputText(codec, api, keep_special)});
   }

@@ -105,6 +105,11 @@ void Metrics::add_prompt_tokens(int64_t n) {
   prompt_tokens_ += static_cast<uint64_t>(n);
 }
 
+void Metrics::add_prompt_tokens_computed(int64_t n) {
+  std::lock_guard lock(mutex_);
+  prompt_tokens_computed_ += static_cast<uint64_t>(n);
+}
+
 void Metrics::add_generation_tokens(int64_t n) {
   std::lock_guard lock(mutex_);
   generation_tokens_ += static_cast<uint64_t>(n);
@@ -185,6 +190,10 @@ std::string Metrics::render() const {
   }
   header(out, "fp4serve_prompt_tokens_total", "counter", "Prompt tokens admitted to the batch.");
   value("fp4serve_prompt_tokens_total", prompt_tokens_);
+  header(out, "fp4serve_prompt_tokens_computed_total", "counter",
+         "Prompt tokens the model computed on admission (not taken from the prefix cache or another choice of an n > 1 "
+         "request).");
+  value("fp4serve_prompt_tokens_computed_total", prompt_tokens_computed_);
   header(out, "fp4serve_generation_tokens_total", "counter", "Generated tokens.");
   value("fp4serve_generation_tokens_total", generation_tokens_);
   header(out, "fp4serve_num_preemptions_total", "counter",

@@ -51,6 +51,9 @@ class Metrics {
   void count_finished(const std::string& reason);
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
+  /// Prompt positions the model computed on admission: a prompt's tokens less those taken from the prefix cache
+  /// or, for the choices of an n > 1 request, from another choice (recomputation after preemption not counted).
+  void add_prompt_tokens_computed(int64_t n);
   void observe_ttft(double seconds);
   void observe_inter_token(double seconds);
   void observe_e2e(double seconds);
@@ -82,6 +85,7 @@ class Metrics {
   std::map<int, uint64_t> requests_by_status_;
   std::map<std::string, uint64_t> finished_by_reason_;
   uint64_t prompt_tokens_ = 0;
+  uint64_t prompt_tokens_computed_ = 0;
   uint64_t generation_tokens_ = 0;
   Histogram ttft_;
   Histogram itl_;

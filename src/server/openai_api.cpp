@@ -10,6 +10,7 @@
 #include <random>
 
 #include "fp4serve/error.h"
+#include "runtime/structured_output.h"
 
 namespace fp4serve::server {
 namespace {
@@ -257,8 +258,17 @@ nlohmann::json ApiError::body() const {
   return {{"error", err}};
 }
 
+void check_body_nesting(std::string_view body) {
+  const int depth = runtime::json_nesting(body);
+  if (depth > kMaxRequestNesting) {
+    throw ApiError(400, fmt::format("the request body nests {} levels deep; at most {} are accepted", depth,
+                                    kMaxRequestNesting));
+  }
+}
+
 ChatPrompt parse_chat_prompt(std::string_view body) {
   using ojson = nlohmann::ordered_json;
+  check_body_nesting(body);
   ojson doc = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
   if (!doc.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", doc.type_name()));
@@ -289,6 +299,7 @@ ChatPrompt parse_chat_prompt(std::string_view body) {
 }
 
 ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
+  check_body_nesting(body);  // before anything walks the document recursively (dump, the chat template's values)
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
   if (!doc.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", doc.type_name()));
@@ -450,6 +461,8 @@ SequenceRequest to_sequence_request(const ApiRequest& request, const TextCodec& 
     if (limits.disable_any_whitespace) spec.any_whitespace = false;
     try {
       seq.grammar = limits.grammars->compile(spec);
+    } catch (const runtime::GrammarBusyError& e) {
+      throw ApiError(503, e.what(), param);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("'{}' cannot be compiled: {}", param, e.what()), param);
     }

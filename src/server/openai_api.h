@@ -113,6 +113,12 @@ struct ServeLimits {
   bool disable_any_whitespace = false;
 };
 
+/// Nesting levels (objects and arrays) a request body, or a JSON schema given as text inside it, may have: the
+/// server's own code walks documents recursively (serializing a schema, a chat template's values).
+inline constexpr int kMaxRequestNesting = 512;
+/// Throws ApiError(400) when `body` nests deeper than kMaxRequestNesting (measured without parsing it).
+void check_body_nesting(std::string_view body);
+
 /// Tokenizes `request` (chat: template rendered, then encoded without adding special tokens again) and builds
 /// what the scheduler runs. Throws ApiError(404, code model_not_found) for an unknown model name; ApiError(400)
 /// for a token id outside the vocabulary (prompt, logit_bias, stop_token_ids), or a prompt + max_tokens beyond

@@ -38,6 +38,9 @@ struct SequenceRequest {
   /// reasoning is free, the answer constrained, as vLLM applies structured outputs after the reasoning ends).
   int32_t grammar_after_token = -1;
   Clock::time_point arrival = Clock::now();  ///< when the HTTP request arrived (TTFT is measured from here)
+  /// Non-zero for the choices of one request with n > 1 (Scheduler::submit_n sets it): the scheduler computes
+  /// their shared prompt once.
+  uint64_t choice_group = 0;
 };
 
 enum class FinishReason {

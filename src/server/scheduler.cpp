@@ -78,18 +78,19 @@ std::vector<std::shared_ptr<RequestChannel>> Scheduler::submit_n(SequenceRequest
     throw UsageError(fmt::format("n = {} choices need as many sequences running at once; this server runs at most {} "
                                  "(--max-num-seqs and the KV-cache slots)", n, max_running()));
   }
-  // n sequences queued together (one lock: nothing comes between them); choice i > 0 samples with seed + i. Each
-  // is admitted like any request, and a later choice finds the prompt's full blocks in the prefix cache once an
-  // earlier one has computed them.
+  // n sequences queued together (one lock: nothing comes between them); choice i > 0 samples with seed + i. The
+  // group id lets admit() and unpark() compute their prompt once.
   std::vector<std::shared_ptr<RequestChannel>> all;
-  for (int i = 0; i < n; ++i) {
-    SequenceRequest copy = request;
-    if (copy.sampling.seed) *copy.sampling.seed += static_cast<uint64_t>(i);
-    all.push_back(std::make_shared<RequestChannel>(std::move(copy)));
-  }
   {
     std::lock_guard lock(mutex_);
     if (stopping_ || static_cast<int>(queue_.size()) + n > config_.max_queue) return {};
+    const uint64_t group = n > 1 ? next_group_++ : 0;
+    for (int i = 0; i < n; ++i) {
+      SequenceRequest copy = request;
+      if (copy.sampling.seed) *copy.sampling.seed += static_cast<uint64_t>(i);
+      copy.choice_group = group;
+      all.push_back(std::make_shared<RequestChannel>(std::move(copy)));
+    }
     for (const auto& ch : all) queue_.push_back(ch);
     metrics_.set_waiting(static_cast<int>(queue_.size()));
   }
@@ -105,6 +106,7 @@ void Scheduler::run() {
       if (stopping_) return;
     }
     drop_cancelled();
+    unpark();
     step();
     publish_state();
   }
@@ -151,6 +153,55 @@ void Scheduler::preempt(Sequence& seq) {
   ++preemptions_;
 }
 
+// Positions of `prompt` a choice can take from another instead of computing (the full blocks before its last
+// token); 0: the prompt is too short to share.
+static int64_t shareable(int64_t prompt_len, int64_t block_size) { return (prompt_len - 1) / block_size * block_size; }
+
+const Scheduler::Sequence* Scheduler::fork_donor(const Sequence& seq, bool& computing) const {
+  computing = false;
+  const model::KvCache& cache = model_.cache();
+  const int64_t need = shareable(seq.prompt_len, cache.block_size());
+  const Sequence* donor = nullptr;
+  for (const Sequence& other : running_) {
+    if (&other == &seq || other.group != seq.group || other.parked || other.slot < 0 || other.done) continue;
+    if (cache.num_tokens(other.slot) >= need) {
+      donor = &other;
+    } else {
+      computing = true;
+    }
+  }
+  return need > 0 ? donor : nullptr;
+}
+
+void Scheduler::lead(Sequence& seq) {
+  const int64_t hit = model_.cache().match_prefix(seq.slot, std::span<const int32_t>(seq.tokens));
+  seq.parked = false;
+  seq.computed = hit;
+  seq.channel->set_cached_tokens(hit);
+  metrics_.add_prompt_tokens_computed(seq.prompt_len - hit);
+}
+
+void Scheduler::unpark() {
+  model::KvCache& cache = model_.cache();
+  for (Sequence& seq : running_) {
+    if (!seq.parked) continue;
+    bool computing = false;
+    if (const Sequence* donor = fork_donor(seq, computing)) {
+      const int64_t shared = cache.fork(donor->slot, seq.slot, std::span<const int32_t>(seq.tokens));
+      if (shared == 0) {
+        lead(seq);  // a sliding window already released what it would read: compute it (from the cache, if held)
+        continue;
+      }
+      seq.parked = false;
+      seq.computed = shared;
+      seq.channel->set_cached_tokens(shared);
+      metrics_.add_prompt_tokens_computed(seq.prompt_len - shared);
+    } else if (!computing) {
+      lead(seq);  // no choice of its request computes the prompt any more: this one does
+    }
+  }
+}
+
 void Scheduler::admit(int64_t& budget, bool& first_chunk) {
   model::KvCache& cache = model_.cache();
   const int limit = std::min(config_.max_num_seqs, model_.max_slots());
@@ -180,11 +231,20 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
         resumed ? std::span<const int32_t>(preempted_.front().tokens) : std::span<const int32_t>(channel->request().prompt);
     const int slot = cache.acquire();
     if (slot < 0) return;
-    const int64_t hit = cache.match_prefix(slot, tokens);
+    // A choice of an n > 1 request waits for (parks) or forks its group's prompt instead of computing it again.
+    Sequence probe;
+    probe.group = resumed ? preempted_.front().group : channel->request().choice_group;
+    probe.prompt_len = static_cast<int64_t>(tokens.size());
+    bool computing = false;
+    const Sequence* donor = probe.group != 0 ? fork_donor(probe, computing) : nullptr;
+    const bool park = !resumed && donor == nullptr && computing;
+    int64_t hit = 0;
+    if (donor != nullptr) hit = cache.fork(donor->slot, slot, tokens);
+    if (hit == 0 && !park) hit = cache.match_prefix(slot, tokens);
     // Blocks for the first chunk decide admission: without them the sequence keeps its place.
     const auto pending = static_cast<int64_t>(tokens.size()) - hit;
-    const int64_t take = std::min(pending, std::max<int64_t>(budget, first_chunk ? 1 : 0));
-    if (!cache.reserve(slot, hit + take)) {
+    const int64_t take = park ? 0 : std::min(pending, std::max<int64_t>(budget, first_chunk ? 1 : 0));
+    if (!park && !cache.reserve(slot, hit + take)) {
       cache.release(slot);
       return;
     }
@@ -207,7 +267,12 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
       if (req.grammar != nullptr) seq.grammar.emplace(req.grammar);
       seq.grammar_waits = req.grammar != nullptr && req.grammar_after_token >= 0;
       seq.admitted = Clock::now();
-      seq.channel->set_cached_tokens(hit);
+      seq.group = req.choice_group;
+      seq.parked = park;
+      if (!park) {
+        seq.channel->set_cached_tokens(hit);
+        metrics_.add_prompt_tokens_computed(seq.prompt_len - hit);
+      }
       metrics_.add_prompt_tokens(seq.prompt_len);
       metrics_.observe_queue_time(seconds_between(req.arrival, seq.admitted));
     }
@@ -215,7 +280,7 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
     seq.computed = hit;
     seq.take = take;
     budget -= take;
-    first_chunk = false;
+    first_chunk = first_chunk && take == 0;
     running_.push_back(std::move(seq));
   }
 }
@@ -238,12 +303,13 @@ void Scheduler::step() {
   for (const size_t i : order) {
     Sequence& seq = running_[i];
     seq.take = 0;
-    if (seq.slot < 0) continue;  // preempted by an earlier sequence of this step
+    if (seq.slot < 0 || seq.parked) continue;  // preempted by an earlier sequence of this step, or parked
     const int64_t take = tokens_to_run(seq, budget, first_chunk);
     if (take <= 0) continue;
     while (seq.slot >= 0 && !cache.reserve(seq.slot, seq.computed + take)) {
       size_t victim = running_.size();
-      while (victim > 0 && running_[victim - 1].slot < 0) --victim;
+      // Parked choices hold no blocks: preempting them frees nothing.
+      while (victim > 0 && (running_[victim - 1].slot < 0 || running_[victim - 1].parked)) --victim;
       budget += running_[victim - 1].take;  // a victim scheduled earlier in this step gives its tokens back
       preempt(running_[victim - 1]);
       preempted = true;
@@ -286,6 +352,10 @@ void Scheduler::step() {
     Sequence& seq = running_[owners[c]];
     seq.computed += static_cast<int64_t>(chunks[c].tokens.size());
     seq.take = 0;
+  }
+  unpark();  // before a leader that just computed its prompt can finish (and free its blocks) in emit()
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    Sequence& seq = running_[owners[c]];
     if (seq.computed < static_cast<int64_t>(seq.tokens.size())) continue;  // prompt (or recomputation) not finished
     const std::span<float> row(logits_.data() + static_cast<size_t>(c) * static_cast<size_t>(vocab),
                                static_cast<size_t>(vocab));

@@ -8,6 +8,14 @@
 // (its full ones stay in the prefix cache), and it waits ahead of the queue to be recomputed from its prompt and
 // the tokens it generated so far; no new request is admitted in a step that preempted. A cancelled sequence
 // (client gone) is dropped and its blocks freed at the next step.
+//
+// n > 1 (parallel sampling) computes the prompt once. vLLM V1 fans the request out into n child requests and
+// lets the prefix cache share the prompt; here the choices share it whether prefix caching is on or not: the
+// first choice admitted (the leader) prefills the prompt, the others take a slot and wait ("parked", no blocks,
+// no tokens) until a choice of their request holds the prompt's full blocks, then fork its block table
+// (KvCache::fork: one more reference per block, nothing copied) and compute only the prompt's last partial
+// block (1 … block_size tokens) for their own first logits. If the leader ends or is preempted before its
+// prompt is computed, the first parked choice takes over as leader (with the prefix cache's blocks if any).
 #pragma once
 
 #include <condition_variable>
@@ -50,10 +58,10 @@ class Scheduler {
   /// nullptr when the queue is full or the scheduler is stopped.
   std::shared_ptr<RequestChannel> submit(SequenceRequest request);
   /// n choices of one request (OpenAI's `n`): `n` channels queued together, each its own sequence. Choice i > 0
-  /// samples with seed + i (vLLM's child requests), so seeded choices differ and greedy ones are identical; a choice
-  /// admitted after another computed the prompt's full blocks reuses them (prefix caching). Empty when the queue
-  /// has no room for all n or the scheduler is stopped. Throws UsageError when n < 1 or n exceeds the running batch
-  /// (max_num_seqs and the model's slots).
+  /// samples with seed + i (vLLM's child requests), so seeded choices differ and greedy ones are identical; the
+  /// prompt is computed once (see the top of this file) and each choice reports the positions it did not compute
+  /// as cached_tokens. Empty when the queue has no room for all n or the scheduler is stopped. Throws UsageError
+  /// when n < 1 or n exceeds the running batch (max_num_seqs and the model's slots).
   std::vector<std::shared_ptr<RequestChannel>> submit_n(SequenceRequest request, int n);
   /// The most sequences that run at once (max_num_seqs capped by the model's slots): the bound on n.
   int max_running() const;
@@ -73,6 +81,8 @@ class Scheduler {
     std::optional<runtime::Sampler> sampler;
     std::optional<runtime::GrammarMatcher> grammar;  // the request's grammar, when constrained
     bool grammar_waits = false;  // until the request's grammar_after_token is generated
+    uint64_t group = 0;          // n > 1: the request's choice group (SequenceRequest::choice_group)
+    bool parked = false;         // holds a slot and nothing else until a choice of its group holds the prompt
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
   };
@@ -84,6 +94,14 @@ class Scheduler {
   /// Admits waiting sequences (preempted ones first) while slots, blocks and the token budget last.
   void admit(int64_t& budget, bool& first_chunk);
   void drop_cancelled();
+  /// Parked choices of an n > 1 request: those whose group holds the prompt's full blocks fork them; those whose
+  /// group no longer computes the prompt (its leader ended or was preempted) take over as leader.
+  void unpark();
+  /// A running choice of `seq`'s group whose cache holds `seq`'s prompt blocks (null when none), and whether a
+  /// choice of the group is computing the prompt now.
+  const Sequence* fork_donor(const Sequence& seq, bool& computing) const;
+  /// Starts computing `seq`'s prompt on its (empty) slot with what the prefix cache holds of it.
+  void lead(Sequence& seq);
   void step();
   /// Frees `seq`'s blocks and puts it ahead of the queue (recomputed on resumption).
   void preempt(Sequence& seq);
@@ -105,6 +123,7 @@ class Scheduler {
   std::vector<Sequence> running_;
   std::deque<Sequence> preempted_;  // waiting to resume, ahead of queue_
   int64_t preemptions_ = 0;
+  uint64_t next_group_ = 1;  // under mutex_ (submit_n)
   std::vector<float> logits_;
   std::vector<float> raw_row_;  // one row before sampling, for logprobs
   std::thread thread_;

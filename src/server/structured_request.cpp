@@ -55,6 +55,10 @@ void close_objects(json& schema) {
 std::string schema_text(const json& v, const std::string& param, bool close) {
   json schema = v;
   if (v.is_string()) {
+    // Measured before parsing: close_objects and dump() walk the document recursively.
+    if (const int depth = runtime::json_nesting(v.get_ref<const std::string&>()); depth > kMaxRequestNesting) {
+      bad(param, fmt::format("holds a schema nested {} levels deep; at most {} are accepted", depth, kMaxRequestNesting));
+    }
     schema = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
     if (schema.is_discarded()) bad(param, "holds a schema that is not valid JSON");
   }

@@ -11,6 +11,7 @@ namespace {
 using json = nlohmann::json;
 
 json parse_body(std::string_view body) {
+  check_body_nesting(body);
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON (UTF-8)");
   if (!doc.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", doc.type_name()));

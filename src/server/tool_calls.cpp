@@ -8,19 +8,13 @@
 #include <array>
 
 #include "fp4serve/error.h"
+#include "server/tool_call_scan.h"
 
 namespace fp4serve::server {
 namespace {
 
 using nlohmann::json;
-
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
+using namespace scan;
 
 // Length of the longest suffix of `s` that is a proper prefix of `marker` (text that may still become it).
 size_t partial_suffix(std::string_view s, std::string_view marker) {
@@ -28,46 +22,6 @@ size_t partial_suffix(std::string_view s, std::string_view marker) {
     if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
   }
   return 0;
-}
-
-// End (one past) of the JSON value starting at s[start] ('{' or '['), by bracket depth outside strings; npos when
-// it does not end within s.
-size_t json_value_end(std::string_view s, size_t start) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = start; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
-
-// {"name": string, "arguments" | "parameters": object or its JSON text} → a call; nullopt for anything else.
-std::optional<ToolCall> call_of(const json& obj) {
-  if (!obj.is_object()) return std::nullopt;
-  const auto name = obj.find("name");
-  if (name == obj.end() || !name->is_string()) return std::nullopt;
-  auto args = obj.find("arguments");
-  if (args == obj.end()) args = obj.find("parameters");
-  if (args == obj.end() || args->is_null()) return ToolCall{name->get<std::string>(), "{}"};
-  if (args->is_object()) return ToolCall{name->get<std::string>(), args->dump()};
-  if (args->is_string()) {
-    const json parsed = json::parse(args->get<std::string>(), nullptr, false);
-    if (parsed.is_object()) return ToolCall{name->get<std::string>(), parsed.dump()};
-  }
-  return std::nullopt;
 }
 
 // One object or an array of objects, each a call; nullopt when any is not.
@@ -150,7 +104,19 @@ ParsedOutput& ParsedOutput::operator+=(ParsedOutput other) {
   content += other.content;
   reasoning += other.reasoning;
   for (auto& c : other.calls) calls.push_back(std::move(c));
+  for (auto& d : other.deltas) deltas.push_back(std::move(d));
   return *this;
+}
+
+std::vector<ToolCall> assemble_calls(const std::vector<ToolCallDelta>& deltas) {
+  std::vector<ToolCall> calls;
+  for (const auto& d : deltas) {
+    if (d.index < 0) continue;
+    if (static_cast<size_t>(d.index) >= calls.size()) calls.resize(static_cast<size_t>(d.index) + 1);
+    if (!d.name.empty()) calls[static_cast<size_t>(d.index)].name = d.name;
+    calls[static_cast<size_t>(d.index)].arguments += d.arguments;
+  }
+  return calls;
 }
 
 std::optional<ToolParser> tool_parser_from_name(std::string_view name) {
@@ -213,7 +179,20 @@ bool needs_special_tokens(ReasoningParser parser) { return parser == ReasoningPa
 struct OutputParser::State {
   std::optional<ToolParser> tools;
   std::optional<ReasoningParser> reasoning;
+  CallOutput mode = CallOutput::kWhole;
   bool harmony = false;
+  // Streamed calls: the next call's index; the calls of the body being written (their index, the bytes of
+  // their arguments sent so far, whether all were); a harmony call's state.
+  struct BodyCall {
+    int index = 0;
+    size_t sent = 0;
+    bool finished = false;
+  };
+  int next_index = 0;
+  std::vector<BodyCall> body_calls;
+  bool harmony_call_started = false;
+  bool harmony_leading = true;
+  std::string harmony_space;  // a streamed harmony call's trailing whitespace, held
   std::string buffer;  // text received but not yet turned into output
 
   // qwen3 reasoning: 0 undecided (text so far is whitespace + a prefix of <think>), 1 thinking, 2 done.
@@ -242,6 +221,14 @@ struct OutputParser::State {
     pending_space += text.substr(keep);
   }
 
+  std::vector<CallSpan> spans_of(std::string_view body) const {
+    if (*tools == ToolParser::kMistral) {
+      const std::string_view t = trim(body);
+      if (t.empty() || (t.front() != '[' && t.front() != '{')) return scan_mistral_v11(body);
+    }
+    return scan_call_objects(body);
+  }
+
   void call_body(ParsedOutput& out, std::string_view body, std::string_view raw) {
     std::optional<std::vector<ToolCall>> calls;
     switch (*tools) {
@@ -255,9 +242,60 @@ struct OutputParser::State {
       content(out, raw);
       return;
     }
+    // The arguments as the model wrote them (what streaming sends), where the scan finds every call.
+    const std::vector<CallSpan> spans = spans_of(body);
+    if (spans.size() == calls->size() && std::ranges::all_of(spans, [](const CallSpan& c) { return c.complete; })) {
+      for (size_t i = 0; i < spans.size(); ++i) (*calls)[i].arguments = arguments_text(body, spans[i]);
+    }
     pending_space.clear();
     any_call = true;
-    for (auto& c : *calls) out.calls.push_back(std::move(c));
+    for (auto& c : *calls) {
+      if (mode == CallOutput::kStreamed) {
+        out.deltas.push_back({next_index++, std::move(c.name), std::move(c.arguments)});
+      } else {
+        out.calls.push_back(std::move(c));
+      }
+    }
+  }
+
+  // Streaming: sends what `body` (a call body so far; `done`: complete) adds to its calls: a call's first piece
+  // once its name is written, then the arguments' bytes (an object as it is written; anything else whole).
+  void stream_body(ParsedOutput& out, std::string_view body, bool done) {
+    const std::vector<CallSpan> spans = spans_of(body);
+    for (size_t k = 0; k < spans.size(); ++k) {
+      const CallSpan& sp = spans[k];
+      if (k >= body_calls.size()) {
+        if (!sp.name) return;
+        body_calls.push_back({next_index++, 0, false});
+        out.deltas.push_back({body_calls.back().index, *sp.name, ""});
+        pending_space.clear();
+        any_call = true;
+      }
+      BodyCall& call = body_calls[k];
+      if (call.finished) continue;
+      const bool ended = sp.complete || done;
+      if (sp.args_begin != std::string_view::npos && body[sp.args_begin] == '{') {
+        const size_t end = sp.args_end != std::string_view::npos ? sp.args_end : body.size();
+        const size_t from = std::max(call.sent, sp.args_begin);
+        if (end > from) out.deltas.push_back({call.index, "", std::string(body.substr(from, end - from))});
+        call.sent = std::max(call.sent, end);
+        call.finished = sp.args_end != std::string_view::npos;
+      } else if (ended && (sp.args_begin == std::string_view::npos || sp.args_end != std::string_view::npos)) {
+        out.deltas.push_back({call.index, "", arguments_text(body, sp)});  // a string, null or none: whole
+        call.finished = true;
+      }
+    }
+  }
+
+  // A call body is complete: whole, or the rest of what streaming sent (a body that never showed a name is
+  // parsed whole: its calls, or content).
+  void end_body(ParsedOutput& out, std::string_view body, std::string_view raw) {
+    if (mode == CallOutput::kStreamed && !body_calls.empty()) {
+      stream_body(out, body, true);
+    } else {
+      call_body(out, body, raw);
+    }
+    body_calls.clear();
   }
 
   // The tool stage over `buffer`; `final`: the output has ended.
@@ -281,8 +319,10 @@ struct OutputParser::State {
         content(out, buffer);
         buffer.clear();
       } else if (final) {
-        call_body(out, buffer, buffer);
+        end_body(out, buffer, buffer);
         buffer.clear();
+      } else if (mode == CallOutput::kStreamed) {
+        stream_body(out, buffer, false);
       }
       return;
     }
@@ -301,21 +341,25 @@ struct OutputParser::State {
       }
       if (m.end.empty()) {  // the call runs to the end of the output
         if (final) {
-          call_body(out, buffer, std::string(m.start) + buffer);
+          end_body(out, buffer, std::string(m.start) + buffer);
           buffer.clear();
+        } else if (mode == CallOutput::kStreamed) {
+          stream_body(out, buffer, false);
         }
         return;
       }
       const size_t end = buffer.find(m.end);
       if (end == std::string::npos) {
         if (final) {  // never closed: what the model wrote
-          call_body(out, buffer, std::string(m.start) + buffer);
+          end_body(out, buffer, std::string(m.start) + buffer);
           buffer.clear();
+        } else if (mode == CallOutput::kStreamed) {
+          // Text that may be the start of the end marker is not part of the call.
+          stream_body(out, std::string_view(buffer).substr(0, buffer.size() - partial_suffix(buffer, m.end)), false);
         }
         return;
       }
-      call_body(out, std::string_view(buffer).substr(0, end),
-                std::string(m.start) + buffer.substr(0, end + m.end.size()));
+      end_body(out, std::string_view(buffer).substr(0, end), std::string(m.start) + buffer.substr(0, end + m.end.size()));
       buffer.erase(0, end + m.end.size());
       in_call = false;
     }
@@ -400,6 +444,13 @@ struct OutputParser::State {
       }
       const bool is_call = channel == "commentary" && recipient.rfind("functions.", 0) == 0;
       if (end == std::string::npos && !final) {
+        if (is_call && mode == CallOutput::kStreamed) {
+          size_t hold = 0;
+          for (const auto e : kEnds) hold = std::max(hold, partial_suffix(buffer, e));
+          stream_harmony_call(out, std::string_view(buffer).substr(0, buffer.size() - hold), false);
+          buffer.erase(0, buffer.size() - hold);
+          return;
+        }
         if (is_call) return;  // a call is returned whole
         size_t hold = 0;
         for (const auto e : kEnds) hold = std::max(hold, partial_suffix(buffer, e));
@@ -410,10 +461,17 @@ struct OutputParser::State {
       }
       const std::string body = buffer.substr(0, end == std::string::npos ? buffer.size() : end);
       buffer.erase(0, end == std::string::npos ? buffer.size() : end + end_len);
-      if (is_call) {
+      if (is_call && harmony_call_started) {
+        stream_harmony_call(out, body, true);
+      } else if (is_call) {
         const json args = json::parse(trim(body), nullptr, false);
         if (args.is_object()) {
-          out.calls.push_back({recipient.substr(10), args.dump()});
+          ToolCall call{recipient.substr(10), std::string(trim(body))};
+          if (mode == CallOutput::kStreamed) {
+            out.deltas.push_back({next_index++, std::move(call.name), std::move(call.arguments)});
+          } else {
+            out.calls.push_back(std::move(call));
+          }
           any_call = true;
         } else {
           out.content += body;
@@ -424,6 +482,35 @@ struct OutputParser::State {
       in_body = false;
       if (const size_t start = buffer.find("<|start|>"); start != std::string::npos) buffer.erase(0, start + 9);
       if (end == std::string::npos) return;
+    }
+  }
+
+  // Streaming a harmony call: its first piece (the recipient's name) at once, then the body as the arguments,
+  // without leading and (until more follows) trailing whitespace. `text` is consumed; `done`: the body ended.
+  void stream_harmony_call(ParsedOutput& out, std::string_view text, bool done) {
+    if (!harmony_call_started) {
+      out.deltas.push_back({next_index++, recipient.substr(10), ""});
+      harmony_call_started = true;
+      harmony_leading = true;
+      any_call = true;
+    }
+    if (harmony_leading) {
+      const size_t first = skip_space(text, 0);
+      text.remove_prefix(first);
+      if (!text.empty()) harmony_leading = false;
+    }
+    // Trailing whitespace waits: sent when more of the body follows, dropped at its end.
+    size_t keep = text.size();
+    while (keep > 0 && is_space(text[keep - 1])) --keep;
+    if (keep > 0) {
+      out.deltas.push_back({next_index - 1, "", harmony_space + std::string(text.substr(0, keep))});
+      harmony_space.assign(text.substr(keep));
+    } else {
+      harmony_space.append(text);
+    }
+    if (done) {
+      harmony_space.clear();
+      harmony_call_started = false;
     }
   }
 
@@ -452,8 +539,9 @@ struct OutputParser::State {
   }
 };
 
-OutputParser::OutputParser(std::optional<ToolParser> tools, std::optional<ReasoningParser> reasoning)
+OutputParser::OutputParser(std::optional<ToolParser> tools, std::optional<ReasoningParser> reasoning, CallOutput calls)
     : state_(std::make_unique<State>()) {
+  state_->mode = calls;
   state_->harmony = tools == ToolParser::kOpenAi || reasoning == ReasoningParser::kGptOss;
   state_->tools = tools;
   state_->reasoning = reasoning;
@@ -468,21 +556,5 @@ ParsedOutput OutputParser::push(std::string_view text) {
 }
 
 ParsedOutput OutputParser::finish() { return state_->run(true); }
-
-std::vector<ToolCall> forced_tool_calls(const std::string& text, const std::optional<std::string>& named_function) {
-  const json v = json::parse(text, nullptr, false);
-  if (named_function) {
-    if (!v.is_object()) throw UsageError("the forced tool call's arguments are not a complete JSON object");
-    return {{*named_function, v.dump()}};
-  }
-  if (!v.is_array() || v.empty()) throw UsageError("the required tool calls are not a complete JSON array");
-  std::vector<ToolCall> out;
-  for (const auto& item : v) {
-    auto call = call_of(item);
-    if (!call) throw UsageError("a required tool call is not {\"name\", \"parameters\"}");
-    out.push_back(std::move(*call));
-  }
-  return out;
-}
 
 }  // namespace fp4serve::server

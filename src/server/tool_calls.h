@@ -11,8 +11,15 @@
 // Reasoning parsers: qwen3 (<think>…</think> at the start), deepseek_r1 (everything before </think>, the prompt
 // having opened the block), openai_gptoss (harmony's analysis channel).
 // The parsers are incremental, for streaming: text goes in as it is generated, and what comes out is final
-// (content never includes a prefix of a marker that may still complete; a call is returned once whole), so the
-// concatenation of every push() and finish() is the same however the text was split.
+// (content never includes a prefix of a marker that may still complete), so the concatenation of every push()
+// and finish() is the same however the text was split. A call comes out whole (CallOutput::kWhole: checked to be
+// the family's JSON first, else it stays content) or, for streaming, as OpenAI streams it (kStreamed): a first
+// piece with the call's name once the model has written it, then the arguments' JSON text in the fragments the
+// model writes them. Both give a call's arguments as the model wrote them (the JSON text of its arguments value;
+// the decoded string when the model wrote them as a JSON string; "{}" when it wrote none), so the streamed
+// fragments of a call concatenate to the whole call's arguments. What a streamed call cannot do is take back a
+// name already sent: a call whose arguments turn out not to be JSON stays a call (the whole form makes it
+// content), as vLLM's streaming parsers do.
 #pragma once
 
 #include <memory>
@@ -47,23 +54,37 @@ bool needs_special_tokens(ReasoningParser parser);
 
 struct ToolCall {
   std::string name;
-  std::string arguments;  ///< JSON text of an object
+  std::string arguments;  ///< JSON text of an object, as the model wrote it
+};
+
+/// One piece of a streamed call (OpenAI's delta.tool_calls[i]).
+struct ToolCallDelta {
+  int index = 0;          ///< the call's position among the output's calls (0, 1, …)
+  std::string name;       ///< set on the call's first piece only
+  std::string arguments;  ///< the next bytes of the arguments' JSON text (may be empty)
 };
 
 /// What a piece of output became.
 struct ParsedOutput {
   std::string content;
   std::string reasoning;
-  std::vector<ToolCall> calls;
+  std::vector<ToolCall> calls;        ///< CallOutput::kWhole
+  std::vector<ToolCallDelta> deltas;  ///< CallOutput::kStreamed
   ParsedOutput& operator+=(ParsedOutput other);
 };
+
+/// The calls streamed pieces make: names from the first pieces, arguments concatenated, in index order.
+std::vector<ToolCall> assemble_calls(const std::vector<ToolCallDelta>& deltas);
+
+enum class CallOutput { kWhole, kStreamed };
 
 /// Splits a model's output into content, reasoning and tool calls, incrementally. `tools`: nullopt parses no
 /// calls (tool_choice none, or no tools); `reasoning`: nullopt parses no reasoning. A call whose body is not the
 /// JSON the family writes stays in the content as the model wrote it (as vLLM returns it).
 class OutputParser {
  public:
-  OutputParser(std::optional<ToolParser> tools, std::optional<ReasoningParser> reasoning);
+  OutputParser(std::optional<ToolParser> tools, std::optional<ReasoningParser> reasoning,
+               CallOutput calls = CallOutput::kWhole);
   ~OutputParser();
   OutputParser(OutputParser&&) noexcept;
   OutputParser& operator=(OutputParser&&) noexcept;
@@ -79,8 +100,25 @@ class OutputParser {
 };
 
 /// The calls in `text` when it is the output of a forced tool choice (structured output): `required` → a JSON
-/// array of {"name", "parameters"}; a named function → the arguments object itself. Throws UsageError when the
-/// text is not that JSON (a reply cut by max_tokens).
+/// array of {"name", "parameters"}; a named function → the arguments object itself. Arguments as the model wrote
+/// them. Throws UsageError when the text is not that JSON (a reply cut by max_tokens).
 std::vector<ToolCall> forced_tool_calls(const std::string& text, const std::optional<std::string>& named_function);
+
+/// Streams the output of a forced tool choice as it is generated: `required` → each call's name once written,
+/// then its parameters' text; a named function → the call at once, then the output as its arguments. The pieces
+/// concatenate to forced_tool_calls() of the whole output.
+class ForcedCallStream {
+ public:
+  explicit ForcedCallStream(std::optional<std::string> named_function);
+  std::vector<ToolCallDelta> push(std::string_view text);
+  std::vector<ToolCallDelta> finish();
+
+ private:
+  std::optional<std::string> named_;
+  std::string text_;
+  int started_ = 0;
+  std::vector<size_t> sent_;  // per call: bytes of text_ its arguments were sent up to
+  std::string held_space_;    // named: trailing whitespace, sent only if more arguments follow
+};
 
 }  // namespace fp4serve::server

@@ -3,7 +3,7 @@
 // of allocate / add_ref / release against a reference model of the reference counts (no leak, no double free,
 // the free queue in LRU order), prefix registration and lookup with a hash that always collides (the tokens and
 // the parent decide), eviction of a cached block and of its now unreachable children, and the cache's prefix
-// matching, rewinds, sliding-window release and mirrored tables.
+// matching, rewinds, sliding-window release, mirrored tables, and forks of a block table (n > 1 choices).
 #include <algorithm>
 #include <map>
 #include <random>
@@ -208,6 +208,78 @@ TEST(PagedKvCache, MirroredTablesHoldNoReferences) {
   EXPECT_THROW(cache.assign_table(0, std::vector<int32_t>{8}), UsageError);
   cache.release(1);
   EXPECT_EQ(cache.free_blocks(), 8);
+}
+
+// n > 1: a choice takes the leader's full prompt blocks by reference, with prefix caching off; only whole blocks
+// whose tokens agree are shared, never the block holding the last prompt token; releasing either side keeps the
+// other's blocks, releasing both returns every block.
+TEST(PagedKvCache, ForkSharesFullBlocksWithoutThePrefixCache) {
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+    KvCache cache(1, 1, 4, KvCacheSpec{64, 4, 16, 4});
+    cache.set_prefix_caching(caching);
+    const std::vector<int32_t> prompt = tokens(10, 100);
+    const int leader = cache.acquire();
+    cache.prepare(leader, 0, 10);
+    cache.commit(leader, 0, prompt);
+    const int a = cache.acquire();
+    EXPECT_EQ(cache.fork(leader, a, prompt), 8);  // blocks 0, 1; positions 8, 9 are computed by the choice
+    EXPECT_EQ(cache.num_tokens(a), 8);
+    EXPECT_EQ(cache.block_table(a)[1], cache.block_table(leader)[1]);
+    EXPECT_EQ(cache.pool().ref_count(cache.block_table(leader)[0]), 2);
+    EXPECT_EQ(cache.free_blocks(), 16 - 3);
+    // The choice appends after the shared blocks: position 8 starts a block of its own.
+    cache.prepare(a, 8, 2);
+    cache.commit(a, 8, std::vector<int32_t>{108, 109});
+    EXPECT_NE(cache.block_table(a)[2], cache.block_table(leader)[2]);
+    // A prompt of exactly two blocks shares one (its last token is computed); one differing in block 1 shares one.
+    const int b = cache.acquire();
+    EXPECT_EQ(cache.fork(leader, b, std::span(prompt).first(8)), 4);
+    std::vector<int32_t> other = prompt;
+    other[5] = 7;
+    const int c = cache.acquire();
+    EXPECT_EQ(cache.fork(leader, c, other), 4);
+    EXPECT_THROW(cache.fork(leader, c, prompt), UsageError);  // c already holds positions
+    EXPECT_THROW(cache.fork(leader, leader, prompt), UsageError);
+    EXPECT_EQ(cache.pool().ref_count(cache.block_table(leader)[0]), 4);
+    cache.release(leader);
+    EXPECT_EQ(cache.pool().ref_count(cache.block_table(a)[0]), 3);
+    cache.release(b);
+    cache.release(c);
+    cache.release(a);
+    EXPECT_EQ(cache.free_blocks(), 16);
+    cache.pool().check_invariants();
+  }
+}
+
+// A fork never hands over a block that a sliding window released but the choice's first position still reads.
+TEST(PagedKvCache, ForkRefusesBlocksASlidingWindowReleased) {
+  KvCache cache(1, 1, 4, KvCacheSpec{100, 3, 30, 4, /*sliding_window=*/6});
+  const std::vector<int32_t> prompt = tokens(20, 0);
+  const int leader = cache.acquire();
+  cache.prepare(leader, 0, 20);
+  cache.commit(leader, 0, prompt);  // blocks 0 … 2 released: position 16 reads 11 … 16, block 2 is gone
+  const int a = cache.acquire();
+  EXPECT_EQ(cache.fork(leader, a, prompt), 0);
+  EXPECT_EQ(cache.num_tokens(a), 0);
+  // A window the first computed position fits in: shares the blocks, the released ones as kNoBlock.
+  KvCache wide(1, 1, 4, KvCacheSpec{100, 2, 30, 4, /*sliding_window=*/8});
+  const std::vector<int32_t> odd = tokens(17, 0);
+  const int l2 = wide.acquire();
+  wide.prepare(l2, 0, 17);
+  wide.commit(l2, 0, odd);  // position 17 reads 10 … 17: blocks 0, 1 released; the fork's position 16 reads 9 …
+  const int b = wide.acquire();
+  EXPECT_EQ(wide.fork(l2, b, odd), 16);
+  EXPECT_EQ(wide.block_table(b)[1], kNoBlock);
+  EXPECT_EQ(wide.block_table(b)[2], wide.block_table(l2)[2]);
+  wide.prepare(b, 16, 1);
+  wide.commit(b, 16, std::span(odd).subspan(16));
+  cache.release(a);
+  cache.release(leader);
+  wide.release(b);
+  wide.release(l2);
+  EXPECT_EQ(cache.free_blocks(), 30);
+  EXPECT_EQ(wide.free_blocks(), 30);
 }
 
 }  // namespace

@@ -4,11 +4,15 @@
 // vocabulary; the texts the walks end with are checked by independent code (nlohmann's JSON parser, std::regex).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <random>
 #include <regex>
 #include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "fp4serve/error.h"
 #include "runtime/sampler.h"
@@ -232,6 +236,117 @@ TEST_F(StructuredOutput, CompiledGrammarsAreCached) {
   spec.any_whitespace = false;                   // another option is another grammar
   compiler.compile(spec);
   EXPECT_GT(compiler.cache_size_bytes(), once);
+}
+
+// Hostile constraints end fast with a UsageError that says what was too big, before the engine sees them: a
+// schema nested 100 000 levels (the engine's recursive descent would overflow the stack), a 1 MB schema, a regex
+// and a grammar with 20 000 nested groups.
+TEST_F(StructuredOutput, OversizedAndDeeplyNestedConstraintsAreRefused) {
+  const GrammarCompiler compiler(smollm2().vocab);
+  auto refusal = [&](GrammarSpec::Kind kind, std::string source) -> std::string {
+    GrammarSpec s;
+    s.kind = kind;
+    s.source = std::move(source);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      compiler.compile(s);
+    } catch (const UsageError& e) {
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+      return e.what();
+    }
+    ADD_FAILURE() << "compiled";
+    return {};
+  };
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type": "object", "properties": {"a": )";
+  deep += "{}";
+  for (int i = 0; i < 100000; ++i) deep += "}}";
+  EXPECT_NE(refusal(GrammarSpec::Kind::kJsonSchema, deep).find("the JSON schema is"), std::string::npos);  // bytes first
+  std::string nested = R"({"type": "object", "properties": {"a": )";
+  std::string tail = "}}";
+  std::string schema = "{}";
+  for (int i = 0; i < 40; ++i) schema = nested + schema + tail;  // 81 levels, a few KB
+  EXPECT_NE(refusal(GrammarSpec::Kind::kJsonSchema, schema).find("the JSON schema nests 81 levels deep; at most 64"),
+            std::string::npos);
+  std::string big = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 40000; ++i) big += (i ? ", " : "") + fmt::format(R"("p{}": {{"type": "string"}})", i);
+  big += "}}";
+  EXPECT_NE(refusal(GrammarSpec::Kind::kJsonSchema, big).find("at most 131072 are accepted"), std::string::npos);
+  const std::string groups = std::string(20000, '(') + "a" + std::string(20000, ')');
+  EXPECT_NE(refusal(GrammarSpec::Kind::kRegex, groups).find("the regex nests 20000 levels deep"), std::string::npos);
+  EXPECT_NE(refusal(GrammarSpec::Kind::kGrammar, "root ::= " + groups).find("the grammar nests 20000 levels deep"),
+            std::string::npos);
+  GrammarSpec choices;
+  choices.kind = GrammarSpec::Kind::kChoice;
+  choices.choices.assign(3000, std::string(50, 'x'));
+  EXPECT_THROW(compiler.compile(choices), UsageError);
+  // Brackets inside literals, classes and escapes do not count.
+  EXPECT_EQ(grammar_nesting(R"(root ::= "((((" [(\[] "\"(" ( "a" ))"), 1);
+  EXPECT_EQ(grammar_nesting(R"(\((a[)]b)\))"), 2);
+  EXPECT_EQ(json_nesting(R"({"a": "[[[[", "b": [{"c": "\"{"}]})"), 3);
+}
+
+// Catastrophic-backtracking regexes are no threat to the engine (it matches by automaton and Earley parsing, not
+// backtracking): each compiles, or is refused, well within the deadline.
+TEST_F(StructuredOutput, CatastrophicRegexesCompileFast) {
+  GrammarLimits limits;
+  limits.compile_timeout_seconds = 5;
+  const GrammarCompiler compiler(smollm2().vocab, 2, int64_t{256} << 20, limits);
+  for (const char* re : {"(a+)+b", "(a|a)*c", "(a*)*b", "((a+)+)+b", "(x+x+)+y", "(.*a){12}", "([a-z]+)*@"}) {
+    GrammarSpec s;
+    s.kind = GrammarSpec::Kind::kRegex;
+    s.source = re;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_NO_THROW(compiler.compile(s)) << re;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << re;
+  }
+}
+
+// A schema whose string patterns nest bounded repetitions, which the engine unrolls: seconds to compile (8 of
+// them: 2–7 s on the 2-core test machine, depending on its load), so a deadline of 0.2 s is far below it.
+std::string slow_schema() {
+  json props = json::object();
+  json required = json::array();
+  const std::string letters = "abcdefghijklmnopqrstuvwxyz";
+  for (int i = 0; i < 8; ++i) {
+    const std::string a(1, letters[static_cast<size_t>(3 * i)]), b(1, letters[static_cast<size_t>(3 * i + 1)]),
+        c(1, letters[static_cast<size_t>(3 * i + 2)]);
+    props["p" + std::to_string(i)] = {{"type", "string"}, {"pattern", "((" + a + "|" + b + "){1,100}" + c + "){1,100}"}};
+    required.push_back("p" + std::to_string(i));
+  }
+  return json{{"type", "object"}, {"properties", props}, {"required", required}}.dump();
+}
+
+// A constraint that takes seconds to compile (slow_schema) is answered at the deadline; while it finishes in the background, a new constraint is
+// refused as busy (max_overdue_compiles 1); once it has finished, its result is in the cache and the same request
+// compiles at once.
+TEST_F(StructuredOutput, SlowCompilesEndAtTheDeadline) {
+  GrammarLimits limits;
+  limits.compile_timeout_seconds = 0.2;
+  limits.max_overdue_compiles = 1;
+  const GrammarCompiler compiler(smollm2().vocab, 2, int64_t{256} << 20, limits);
+  GrammarSpec slow;
+  slow.kind = GrammarSpec::Kind::kJsonSchema;
+  slow.source = slow_schema();
+  auto start = std::chrono::steady_clock::now();
+  try {
+    compiler.compile(slow);
+    ADD_FAILURE() << "the slow schema compiled within 0.2 s: the test needs a slower one";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the JSON schema did not compile within 0.2 s"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(compiler.overdue_compiles(), 1);
+  GrammarSpec other;
+  other.kind = GrammarSpec::Kind::kRegex;
+  other.source = "[0-9]+";
+  EXPECT_THROW(compiler.compile(other), GrammarBusyError);
+  for (int i = 0; i < 600 && compiler.overdue_compiles() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(compiler.overdue_compiles(), 0) << "the background compile did not end within 60 s";
+  start = std::chrono::steady_clock::now();
+  EXPECT_NE(compiler.compile(slow), nullptr);  // from the cache
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  EXPECT_NE(compiler.compile(other), nullptr);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "fp4serve/error.h"
 #include "server/fakes.h"
 
@@ -340,6 +342,126 @@ TEST(Scheduler, PrefixCacheHitComputesOnlyTheRestAndGivesTheSameTokens) {
   sched.stop();
   EXPECT_EQ(model.cache().prefix_cache_hits(), 96);
   EXPECT_EQ(model.cache().prefix_cache_queries(), 200);
+}
+
+int64_t metric_value(const std::string& text, const std::string& name) {
+  const auto at = text.find(name + "{");
+  if (at == std::string::npos) return -1;
+  return std::stoll(text.substr(text.find("} ", at) + 2));
+}
+
+// n = 3 computes the prompt once, with prefix caching off and on: the leader prefills 100 tokens, each other choice
+// forks its 6 full blocks and computes the last 4 (the block holding the last prompt token), so 108 prompt
+// positions in all instead of 300; greedy choices equal the sequential reference; every block comes back. With a
+// budget of 32 tokens per step the other choices are admitted once the leader's prompt is computed; with 256 they
+// are admitted in the leader's step and wait parked until it has computed the prompt.
+TEST(Scheduler, ChoicesComputeThePromptOnce) {
+  std::mt19937 rng(17);
+  const auto prompt = random_prompt(rng, 100);
+  const auto expected = testing::reference_greedy(prompt, 10, true);
+  for (const auto& [caching, budget] : {std::pair{false, 32}, std::pair{true, 32}, std::pair{false, 256},
+                                        std::pair{true, 256}}) {
+    SCOPED_TRACE(fmt::format("prefix caching {}, {} tokens per step", caching, budget));
+    FakeModel model(/*slots=*/4, /*max_len=*/256, /*num_blocks=*/0, /*block_size=*/16, caching);
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = budget, .max_queue = 8}, metrics);
+    sched.start();
+    auto channels = sched.submit_n(greedy(prompt, 10, true), 3);
+    ASSERT_EQ(channels.size(), 3u);
+    for (auto& ch : channels) {
+      std::vector<int32_t> t;
+      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+      EXPECT_EQ(t, expected);
+    }
+    EXPECT_EQ(channels[0]->cached_tokens(), 0);
+    EXPECT_EQ(channels[1]->cached_tokens(), 96);
+    EXPECT_EQ(channels[2]->cached_tokens(), 96);
+    // Prompt positions 100 + 2 · 4, then 9 decode steps per choice (the 10th token is never fed back).
+    EXPECT_EQ(model.computed_tokens.load(), 108 + 3 * 9);
+    sched.stop();
+    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_computed_total"), 108);
+    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_total"), 300);
+    EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
+    model.cache().pool().check_invariants();
+  }
+}
+
+// Seeded choices that fork a long prompt sample exactly what a lone request with seed + i samples (which computes
+// the whole prompt itself), and differ from each other.
+TEST(Scheduler, ForkedSeededChoicesMatchLoneRequests) {
+  std::mt19937 rng(71);
+  const auto prompt = random_prompt(rng, 53);
+  auto sampled = [&](uint64_t seed) {
+    SequenceRequest r = greedy(prompt, 12, true);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  FakeModel model(4, 256);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_queue = 8}, metrics);
+  sched.start();
+  auto channels = sched.submit_n(sampled(500), 3);
+  ASSERT_EQ(channels.size(), 3u);
+  std::vector<std::vector<int32_t>> outs;
+  for (auto& ch : channels) {
+    std::vector<int32_t> t;
+    drain(*ch, t);
+    outs.push_back(t);
+  }
+  EXPECT_EQ(channels[2]->cached_tokens(), 48);
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto lone = sched.submit(sampled(500 + i));
+    std::vector<int32_t> t;
+    drain(*lone, t);
+    EXPECT_EQ(t, outs[i]) << "choice " << i;
+  }
+  EXPECT_NE(outs[0], outs[1]);
+  EXPECT_NE(outs[1], outs[2]);
+}
+
+// The leader cancelled while it prefills: a parked choice takes over and computes the prompt, the third forks it,
+// both still give the reference tokens. A forked choice cancelled while decoding frees its own blocks only. No
+// block leaks, with prefix caching off and on.
+TEST(Scheduler, CancelledChoicesOfAForkedPromptLeakNothing) {
+  std::mt19937 rng(23);
+  const auto prompt = random_prompt(rng, 120);
+  const auto expected = testing::reference_greedy(prompt, 40, true);
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+    FakeModel model(3, 256, 0, 16, caching);
+    model.before_forward = [] { std::this_thread::sleep_for(1ms); };
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 3, .max_num_batched_tokens = 8, .max_queue = 8}, metrics);
+    sched.start();
+    auto channels = sched.submit_n(greedy(prompt, 40, true), 3);  // 15 prefill steps of ≥ 1 ms
+    ASSERT_EQ(channels.size(), 3u);
+    ASSERT_TRUE([&] {
+      for (int i = 0; i < 2000 && model.steps.load() < 3; ++i) std::this_thread::sleep_for(1ms);
+      return model.steps.load() >= 3;
+    }());
+    channels[0]->cancel();
+    std::vector<int32_t> t0;
+    EXPECT_EQ(drain(*channels[0], t0).reason, FinishReason::kAbort);
+    // Choice 2 forks choice 1's prompt; once it decodes, cancel it.
+    ASSERT_TRUE([&] {
+      for (int i = 0; i < 5000 && channels[2]->cached_tokens() == 0; ++i) std::this_thread::sleep_for(1ms);
+      return channels[2]->cached_tokens() > 0;
+    }());
+    std::vector<int32_t> t1, t2;
+    const auto u = channels[2]->wait(5s);
+    t2.insert(t2.end(), u.tokens.begin(), u.tokens.end());
+    channels[2]->cancel();
+    drain(*channels[2], t2);
+    EXPECT_LT(t2.size(), expected.size());
+    EXPECT_TRUE(std::equal(t2.begin(), t2.end(), expected.begin()));
+    EXPECT_EQ(drain(*channels[1], t1).reason, FinishReason::kLength);
+    EXPECT_EQ(t1, expected);
+    EXPECT_EQ(channels[2]->cached_tokens(), 112);
+    sched.stop();
+    EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
+    model.cache().pool().check_invariants();
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // Structured outputs through the HTTP server over the fake model (one token per byte): every request form
 // (response_format, structured_outputs, guided_*) constrains the reply, constrained and free sequences share a
 // batch without their masks leaking into each other, and bad constraints are 400s naming the field.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,14 +21,14 @@ namespace {
 using nlohmann::json;
 
 // The byte codec's vocabulary as the grammar engine sees it: ids 0…255 are their byte, the rest special.
-std::shared_ptr<const runtime::GrammarCompiler> byte_grammars() {
+std::shared_ptr<const runtime::GrammarCompiler> byte_grammars(const runtime::GrammarLimits& limits = {}) {
   runtime::VocabularyInfo v;
   for (int b = 0; b < 256; ++b) v.tokens.emplace_back(1, static_cast<char>(b));
   v.tokens.resize(kVocab);
   v.encoding = runtime::VocabEncoding::kRaw;
   v.vocab_size = kVocab;
   v.stop_token_ids = {kEos};
-  return std::make_shared<const runtime::GrammarCompiler>(v, 1);
+  return std::make_shared<const runtime::GrammarCompiler>(v, 1, int64_t{256} << 20, limits);
 }
 
 class StructuredServer : public ::testing::Test {
@@ -235,6 +236,72 @@ TEST_F(StructuredServer, BadConstraintsAre400NamingTheField) {
     EXPECT_EQ(status, 400) << body.dump() << " → " << r.dump();
     EXPECT_EQ(r["error"]["param"], param) << body.dump() << " → " << r.dump();
   }
+}
+
+// Hostile constraints end fast with a 400 naming the field, and the server keeps serving: a body nested 400 000
+// levels (before the check, copying the parsed schema recursed once per level and overflowed the handler's stack:
+// the process died), a schema given as text nested 5 000 levels, a schema over the nesting limit,
+// a regex of 5 000 nested groups, an oversized choice list; a compile past the deadline (0.3 s here) is a 400 too.
+TEST(StructuredServerLimits, HostileConstraintsAre400Fast) {
+  if (!runtime::grammar_engine_available()) GTEST_SKIP() << runtime::grammar_engine_description();
+  FakeModel model{4, 512};
+  ByteCodec codec;
+  ServerSetup setup{.context_length = 512};
+  setup.http.max_body_bytes = size_t{1} << 20;  // the server's default
+  runtime::GrammarLimits limits;
+  limits.compile_timeout_seconds = 0.3;
+  limits.max_source_bytes = 16384;
+  setup.grammars = byte_grammars(limits);
+  RunningServer server(model, codec, setup);
+  const std::string head = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, )";
+  auto post = [&](const std::string& body, const std::string& param, const std::string& says) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = server.client()->Post("/v1/chat/completions", body, "application/json");
+    ASSERT_TRUE(r) << param;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << param;
+    EXPECT_EQ(r->status, 400) << r->body.substr(0, 300);
+    const json j = json::parse(r->body, nullptr, false);
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << r->body.substr(0, 300);
+    }
+    EXPECT_NE(r->body.find(says), std::string::npos) << r->body.substr(0, 300);
+  };
+  post(head + R"("guided_json": )" + std::string(400000, '[') + std::string(400000, ']') + "}", "",
+       "the request body nests 400001 levels deep; at most 512");
+  std::string deep_text;
+  for (int i = 0; i < 5000; ++i) deep_text += R"({\"a\": )";
+  deep_text += "1" + std::string(5000, '}');
+  post(head + R"("guided_json": ")" + deep_text + R"("})", "guided_json", "nested 5000 levels deep; at most 512");
+  json schema = json::object();
+  for (int i = 0; i < 40; ++i) schema = {{"type", "object"}, {"properties", {{"a", schema}}}};
+  post(head + R"("guided_json": )" + schema.dump() + "}", "guided_json", "nests 81 levels deep; at most 64");
+  post(head + R"("guided_regex": ")" + std::string(5000, '(') + "a" + std::string(5000, ')') + R"("})",
+       "guided_regex", "the regex nests 5000 levels deep");
+  post(head + R"("guided_choice": [)" + [] {
+    std::string c;
+    for (int i = 0; i < 400; ++i) c += (i ? ", \"" : "\"") + std::string(50, 'x') + "\"";
+    return c;
+  }() + "]}", "guided_choice", "the choice list is 20000 bytes; at most 16384");
+  // Patterns with nested repetitions, which the engine unrolls for seconds: answered at the deadline.
+  json slow = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 8; ++i) {
+    const char a = static_cast<char>('a' + 3 * i), b = static_cast<char>(a + 1), c = static_cast<char>(a + 2);
+    slow["properties"]["p" + std::to_string(i)] = {
+        {"type", "string"}, {"pattern", fmt::format("(({}|{}){{1,100}}{}){{1,100}}", a, b, c)}};
+  }
+  post(head + R"("guided_json": )" + slow.dump() + "}", "guided_json", "did not compile within 0.3 s");
+  int status = 0;
+  const json ok = post_json(*server.client(), "/v1/chat/completions",
+                            {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                             {"max_tokens", 8}, {"guided_regex", "[0-9]{3}"}},
+                            &status);
+  EXPECT_EQ(status, 200) << ok.dump();
+  EXPECT_TRUE(std::regex_match(ok["choices"][0]["message"]["content"].get<std::string>(), std::regex("[0-9]{3}")));
+  // The overdue compile ends in the background (nothing is left running when the test ends).
+  for (int i = 0; i < 600 && setup.grammars->overdue_compiles() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(setup.grammars->overdue_compiles(), 0);
 }
 
 }  // namespace

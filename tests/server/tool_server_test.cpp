@@ -5,7 +5,9 @@
 // OpenAI's tool_call deltas; reasoning_content with --reasoning-parser.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <regex>
+#include <thread>
 
 #include "server/fakes.h"
 #include "server/server_harness.h"
@@ -92,6 +94,33 @@ void expect_valid_arguments(const std::string& name, const std::string& argument
   }
 }
 
+// The calls of a stream's tool_calls deltas, as an OpenAI client assembles them: per index, the first entry
+// carries id, type and name, the following ones more of the arguments. `pieces`: the entries seen.
+json assemble_streamed_calls(const std::vector<json>& chunks, size_t* pieces = nullptr) {
+  json calls = json::array();
+  size_t n = 0;
+  for (const auto& c : chunks) {
+    const json& d = c["choices"][0]["delta"];
+    if (!d.contains("tool_calls")) continue;
+    for (const auto& t : d["tool_calls"]) {
+      ++n;
+      const size_t index = t["index"].get<size_t>();
+      if (index == calls.size()) {
+        EXPECT_TRUE(t.contains("id") && t["type"] == "function" && t["function"].contains("name")) << t.dump();
+        calls.push_back({{"id", t.value("id", "")}, {"name", t["function"].value("name", "")}, {"arguments", ""}});
+      } else {
+        EXPECT_LT(index, calls.size()) << t.dump();
+        EXPECT_FALSE(t.contains("id") || t["function"].contains("name")) << "a later piece repeats the call: " << t.dump();
+      }
+      if (index < calls.size()) {
+        calls[index]["arguments"] = calls[index]["arguments"].get<std::string>() + t["function"].value("arguments", "");
+      }
+    }
+  }
+  if (pieces != nullptr) *pieces = n;
+  return calls;
+}
+
 class ToolServer : public ::testing::Test {
  protected:
   void start(std::optional<ToolParser> parser, std::optional<ReasoningParser> reasoning = std::nullopt) {
@@ -142,7 +171,9 @@ TEST_F(ToolServer, RequiredAndNamedChoicesGiveValidArguments) {
   ASSERT_EQ(status, 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u);
 
-  // Streamed: the calls arrive as tool_calls deltas with index, id, type, name and arguments.
+  // Streamed: the calls arrive as tool_calls deltas: index, id, type and name first, then the arguments in
+  // fragments (steps slowed so that the handler sees the output as it is generated).
+  model_.before_forward = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
   json body = {{"tool_choice", "required"}, {"stream", true}};
   body["messages"] = json::array({{{"role", "user"}, {"content", "Weather in Oslo, and 2 + 3?"}}});
   body["tools"] = kTools;
@@ -150,21 +181,17 @@ TEST_F(ToolServer, RequiredAndNamedChoicesGiveValidArguments) {
   body["temperature"] = 0;
   const StreamResult s = post_stream(*server_->client(), "/v1/chat/completions", body);
   ASSERT_TRUE(s.done) << s.raw;
-  json streamed = json::array();
   std::string finish;
   for (const auto& c : s.chunks) {
     const json& d = c["choices"][0]["delta"];
-    if (d.contains("tool_calls")) {
-      for (const auto& t : d["tool_calls"]) streamed.push_back(t);
-    }
     EXPECT_FALSE(d.contains("content") && !d["content"].get<std::string>().empty()) << c.dump();
     if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
   }
+  size_t pieces = 0;
+  const json streamed = assemble_streamed_calls(s.chunks, &pieces);
   ASSERT_GE(streamed.size(), 1u) << s.raw;
-  for (size_t i = 0; i < streamed.size(); ++i) {
-    EXPECT_EQ(streamed[i]["index"], i);
-    expect_valid_arguments(streamed[i]["function"]["name"], streamed[i]["function"]["arguments"]);
-  }
+  EXPECT_GT(pieces, 2 * streamed.size()) << "the arguments were not streamed in fragments";
+  for (const auto& c : streamed) expect_valid_arguments(c["name"], c["arguments"]);
   EXPECT_EQ(finish, "tool_calls");
 }
 
@@ -182,21 +209,22 @@ TEST_F(ToolServer, AutoChoiceParsesTheModelsFormatWholeAndStreamed) {
   expect_valid_arguments("get_weather", msg["tool_calls"][0]["function"]["arguments"]);
   EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
 
+  model_.before_forward = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
   json body = {{"structured_outputs", {{"regex", regex}}}, {"stream", true}, {"tools", kTools}, {"temperature", 0},
                {"max_tokens", 400}};
   body["messages"] = json::array({{{"role", "user"}, {"content", "Weather in Oslo, and 2 + 3?"}}});
   const StreamResult s = post_stream(*server_->client(), "/v1/chat/completions", body);
   ASSERT_TRUE(s.done) << s.raw;
   std::string content;
-  json calls = json::array();
-  for (const auto& c : s.chunks) {
-    const json& d = c["choices"][0]["delta"];
-    content += d.value("content", "");
-    if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
-  }
+  for (const auto& c : s.chunks) content += c["choices"][0]["delta"].value("content", "");
   EXPECT_EQ(content, "I will check.");
+  size_t pieces = 0;
+  const json calls = assemble_streamed_calls(s.chunks, &pieces);
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0]["function"]["arguments"], msg["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(calls[0]["name"], "get_weather");
+  EXPECT_GT(pieces, 10u) << "the arguments came in one piece: " << s.raw;  // one token per byte here
+  EXPECT_EQ(calls[0]["arguments"], msg["tool_calls"][0]["function"]["arguments"]);  // byte for byte
+  EXPECT_EQ(calls[0]["arguments"].get<std::string>().rfind(R"({"city": ")", 0), 0u);  // as the model wrote it
 
   // tool_choice none: the same output stays text.
   const json none = chat({{"structured_outputs", {{"regex", regex}}}, {"tool_choice", "none"}}, &status);
