@@ -66,8 +66,9 @@ struct AttentionParams {
 /// q: [t, H, D] f32, row i at position start_pos + i. cache: rows 0 … start_pos + t − 1 must be filled
 /// (including this call's own keys/values). out: [t, H, D] f32, must not alias q or the caches.
 /// A call of t ≥ kMinBlockedPrefillRows rows whose keys are not split (below) runs blocked: a block of rows × the
-/// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel
-/// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
+/// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel over tiles of keys
+/// with an online softmax (flash attention's rescaled running max and sum), so its scratch is one tile of scores
+/// per thread whatever the prompt's length (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
 /// reads each key/value row once for all H/KVH query heads that share it. When there are fewer such items than
 /// twice the threads (a decode step with few KV heads), each item's keys are split into attention_key_splits()
 /// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
