@@ -9,10 +9,9 @@
 //   windowed) keys of the tile (a running max m and Σ exp(s − m); a larger max rescales the sum and the output
 //   so far), masked keys getting P = 0, and O += P · V with the value rows read straight from an fp32 cache (row
 //   stride = the cache row stride) or from a 16-bit cache's rows widened once per call.
-// Scratch per thread is one tile of scores ([query vectors][kKeyTile]) and the block's O: nothing grows with the
-// square of the prompt, and a tile's keys, values and scores stay in L2 for all the block's query vectors (the
-// previous kernel kept each row's scores over all its keys: at 8192 keys 32 KiB per query vector, and re-read all
-// keys and values from L3 for every kMR query vectors).
+// Scratch per thread is one tile of scores ([query vectors][kKeyTile]) and the block's O whatever the prompt's
+// length, and a tile's keys, values and scores stay in L2 while all the block's query vectors use them (tile sizes
+// measured: docs/performance.md "Long-prompt prefill attention").
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/kernels/attention_prefill.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
