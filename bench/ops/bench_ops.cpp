@@ -254,6 +254,11 @@ BENCHMARK(BM_Attention)
     ->Args({8, 2000, 9, 3, 64, 0})
     ->Args({15, 497, 9, 3, 64, 0})
     ->Args({16, 496, 9, 3, 64, 0})
+    // Long prompts in one call (the flash-style tiles of attention_prefill.cpp), the default model's heads.
+    ->Args({2048, 0, 9, 3, 64, 1})
+    ->Args({8192, 0, 9, 3, 64, 1})
+    // A 256-row chunk of a long prompt (serve's --max-num-batched-tokens) after 7936 cached positions.
+    ->Args({256, 7936, 9, 3, 64, 1})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -187,6 +187,19 @@ void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, i
   kernels::attention(q, t, start_pos, kv_->rows(cache_->block_table(slot), layer), params, out);
 }
 
+void CpuBackend::decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) {
+  const FlatBatch& s = step();
+  const kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
+                                        op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
+  const int64_t width = op.num_heads * op.head_dim;
+  decode_rows_.clear();
+  for (size_t r = 0; r < s.ids.size(); ++r) {
+    const auto offset = static_cast<int64_t>(r) * width;
+    decode_rows_.push_back({q + offset, s.positions[r], kv_->rows(cache_->block_table(s.slots[r]), layer), out + offset});
+  }
+  kernels::decode_attention(decode_rows_, params);
+}
+
 void CpuBackend::activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,
                             float* y) {
   switch (kind) {

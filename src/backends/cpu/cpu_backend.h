@@ -67,6 +67,8 @@ class CpuBackend final : public Backend {
   void write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) override;
   void attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
                  float* out) override;
+  /// All rows of the decode step in one kernels::decode_attention call (one parallel region per layer).
+  void decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) override;
   void activation(ExpertActivation kind, float alpha, float limit, const float* x, int64_t m, int64_t inter,
                   float* y) override;
   void add_scaled(float* x, const float* delta, float alpha, int64_t n) override;
@@ -84,6 +86,7 @@ class CpuBackend final : public Backend {
  private:
   std::vector<std::vector<float>> workspace_;
   std::vector<float> linear_scratch_;  // linear_forward's part buffer
+  std::vector<kernels::DecodeQuery> decode_rows_;  // decode_attention's rows, kept to reuse the allocation
   const FlatBatch* step_ = nullptr;
   KvCache* cache_ = nullptr;
   CpuKvStorage* kv_ = nullptr;  // cache_'s storage during a step

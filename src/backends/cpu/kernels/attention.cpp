@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -45,16 +46,20 @@ void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cach
   attention(q, t, start_pos, KvRows{k_cache, v_cache, cache_row_stride, params.head_dim, KvElement::F32}, params, out);
 }
 
-void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
-               float* out) {
+namespace {
+
+void check_heads(const AttentionParams& p) {
+  if (p.num_heads < 1 || p.num_kv_heads < 1 || p.num_heads % p.num_kv_heads != 0 || p.head_dim < 1) {
+    throw UsageError(fmt::format("attention: num_heads {} must be a positive multiple of num_kv_heads {}, head_dim {} >= 1",
+                                 p.num_heads, p.num_kv_heads, p.head_dim));
+  }
+}
+
+// Throws UsageError unless `cache` lays out the positions t rows from start_pos read (see attention.h).
+void check_cache(const KvRows& cache, int64_t t, int64_t start_pos, const AttentionParams& p) {
   const int64_t cache_row_stride = cache.row_stride;
-  const int64_t heads = p.num_heads;
   const int64_t kv_heads = p.num_kv_heads;
   const int64_t d = p.head_dim;
-  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || d < 1) {
-    throw UsageError(fmt::format("attention: num_heads {} must be a positive multiple of num_kv_heads {}, head_dim {} >= 1",
-                                 heads, kv_heads, d));
-  }
   // The heads' rows must not overlap: rows of all heads together, or each head's positions together (of a block).
   const bool paged = cache.block_table != nullptr;
   const int64_t positions = paged ? cache.block_size : std::max<int64_t>(start_pos + t, 1);
@@ -82,46 +87,52 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
       }
     }
   }
-  if (t == 0) return;
-  if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
-    throw UsageError("attention: null pointer");
-  }
-  const int64_t group = heads / kv_heads;
-  const int64_t total = start_pos + t;
-  const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
-  const auto keys_of = [&](int64_t i) {
-    const int64_t hi = start_pos + i;
-    const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, hi - p.sliding_window + 1) : 0;
-    return std::pair{lo, hi};
+}
+
+// One query row: its H heads [H, D] at position `pos` over `cache`, its output [H, D].
+struct QueryRow {
+  const float* q;
+  int64_t pos;
+  const KvRows* cache;
+  float* out;
+};
+
+// Attention of n query rows, row i = row_of(i) (a QueryRow), each attending to its own keys, in one parallel
+// region: work items are (row, KV head), each reading each key/value row once for the H/KVH query heads that
+// share it; with fewer items than 2 · threads each item's keys are split into ranges merged afterwards
+// (flash-decoding). max_len: the most keys any row reads. The arithmetic of an item depends only on the number of
+// key ranges (attention_key_splits of n rows), so a row gets the same bits in any call with as many ranges.
+template <class RowOf>
+void attend_rows(int64_t n, const RowOf& row_of, int64_t max_len, const AttentionParams& p) {
+  const int64_t heads = p.num_heads, kv_heads = p.num_kv_heads, d = p.head_dim, group = heads / kv_heads;
+  const auto keys_of = [&](int64_t pos) {
+    const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+    return std::pair{lo, pos};
   };
-  // Batch-invariant mode (batch_invariant.h): every row by itself (attend_group), never blocked (a prefill's rows
-  // would get other arithmetic than a decode step's) and with no key split (it depends on the threads and rows).
-  const bool invariant = batch_invariant();
-  const int64_t splits = invariant ? 1 : attention_key_splits(t, kv_heads, max_len, omp_get_max_threads());
-  if (!invariant && splits == 1 && t >= kMinBlockedPrefillRows && cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
-    return;
-  }
+  // Batch-invariant mode (batch_invariant.h): no key split (it depends on the threads and rows).
+  const int64_t splits = batch_invariant() ? 1 : attention_key_splits(n, kv_heads, max_len, omp_get_max_threads());
   if (splits == 1) {
-    // Work items are (query row, KV head). Rows near the end of a prefill attend to more keys, hence dynamic.
+    // Rows with more keys cost more (the end of a prefill, the longer sequences of a decode step), hence dynamic.
 #pragma omp parallel
     {
       std::vector<float> scores(static_cast<size_t>(group * max_len));
 #pragma omp for schedule(dynamic, 1) collapse(2)
-      for (int64_t i = 0; i < t; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-          const auto [lo, hi] = keys_of(i);
+          const QueryRow row = row_of(i);
+          const auto [lo, hi] = keys_of(row.pos);
           const int64_t h0 = kvh * group;
-          cpu::attend_group(q + (i * heads + h0) * d, group, d, cache, kvh, lo, hi, p.scale,
-                            p.sinks != nullptr ? p.sinks + h0 : nullptr, scores.data(), out + (i * heads + h0) * d);
+          cpu::attend_group(row.q + h0 * d, group, d, *row.cache, kvh, lo, hi, p.scale,
+                            p.sinks != nullptr ? p.sinks + h0 : nullptr, scores.data(), row.out + h0 * d);
         }
       }
     }
     return;
   }
-  // Few (row, KV head) items for the threads (decode with few KV heads): each item's keys are split into
-  // `splits` ranges, each range gives per head its max score m_c, Σ exp(s − m_c) and Σ exp(s − m_c)·v, and the
-  // ranges merge as out = Σ_c e^(m_c − M)·o_c / (Σ_c e^(m_c − M)·l_c + e^(sink − M)), M = max(max_c m_c, sink).
-  const int64_t items = t * kv_heads;
+  // Each item's keys are split into `splits` ranges, each range gives per head its max score m_c,
+  // Σ exp(s − m_c) and Σ exp(s − m_c)·v, and the ranges merge as
+  // out = Σ_c e^(m_c − M)·o_c / (Σ_c e^(m_c − M)·l_c + e^(sink − M)), M = max(max_c m_c, sink).
+  const int64_t items = n * kv_heads;
   const int64_t stats_size = 2 * group, part_size = group * d + stats_size;
   std::vector<float> parts(static_cast<size_t>(items * splits * part_size));
 #pragma omp parallel
@@ -131,7 +142,8 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
     for (int64_t item = 0; item < items; ++item) {
       for (int64_t c = 0; c < splits; ++c) {
         const int64_t i = item / kv_heads, kvh = item % kv_heads;
-        const auto [lo, hi] = keys_of(i);
+        const QueryRow row = row_of(i);
+        const auto [lo, hi] = keys_of(row.pos);
         const int64_t len = hi - lo + 1;
         // Range c of `splits` near-equal ranges; a row with fewer keys than splits leaves some ranges empty.
         const int64_t c_lo = lo + len * c / splits, c_hi = lo + len * (c + 1) / splits - 1;
@@ -141,13 +153,14 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
           continue;
         }
         const int64_t h0 = kvh * group;
-        cpu::attend_group(q + (i * heads + h0) * d, group, d, cache, kvh, c_lo, c_hi, p.scale, nullptr, scores.data(),
+        cpu::attend_group(row.q + h0 * d, group, d, *row.cache, kvh, c_lo, c_hi, p.scale, nullptr, scores.data(),
                           part, part + group * d);
       }
     }
   }
   for (int64_t item = 0; item < items; ++item) {
     const int64_t i = item / kv_heads, kvh = item % kv_heads;
+    const QueryRow row = row_of(i);
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kvh * group + g;
       const auto stat = [&](int64_t c, int64_t which) {
@@ -156,7 +169,7 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
       float m = p.sinks != nullptr ? p.sinks[h] : -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < splits; ++c) m = std::max(m, stat(c, 0));
       float denom = p.sinks != nullptr ? std::exp(p.sinks[h] - m) : 0.f;
-      float* o = out + (i * heads + h) * d;
+      float* o = row.out + h * d;
       std::fill(o, o + d, 0.f);
       for (int64_t c = 0; c < splits; ++c) {
         if (stat(c, 0) == -std::numeric_limits<float>::infinity()) continue;  // an empty range
@@ -169,6 +182,50 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
       for (int64_t e = 0; e < d; ++e) o[e] *= inv;
     }
   }
+}
+
+}  // namespace
+
+void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& p,
+               float* out) {
+  check_heads(p);
+  check_cache(cache, t, start_pos, p);
+  if (t == 0) return;
+  if (q == nullptr || cache.keys == nullptr || cache.values == nullptr || out == nullptr) {
+    throw UsageError("attention: null pointer");
+  }
+  const int64_t row_width = p.num_heads * p.head_dim;
+  const int64_t total = start_pos + t;
+  const int64_t max_len = p.sliding_window > 0 ? std::min(p.sliding_window, total) : total;
+  // Batch-invariant mode: every row by itself (attend_rows), never blocked (a prefill's rows would get other
+  // arithmetic than a decode step's).
+  const int64_t splits = attention_key_splits(t, p.num_kv_heads, max_len, omp_get_max_threads());
+  if (!batch_invariant() && splits == 1 && t >= kMinBlockedPrefillRows &&
+      cpu::prefill_attention(q, t, start_pos, cache, p, out)) {
+    return;
+  }
+  attend_rows(
+      t, [&](int64_t i) { return QueryRow{q + i * row_width, start_pos + i, &cache, out + i * row_width}; }, max_len, p);
+}
+
+void decode_attention(std::span<const DecodeQuery> rows, const AttentionParams& p) {
+  check_heads(p);
+  int64_t max_len = 1;
+  for (const DecodeQuery& r : rows) {
+    check_cache(r.cache, 1, r.pos, p);
+    if (r.q == nullptr || r.cache.keys == nullptr || r.cache.values == nullptr || r.out == nullptr) {
+      throw UsageError("decode_attention: null pointer");
+    }
+    max_len = std::max(max_len, p.sliding_window > 0 ? std::min(p.sliding_window, r.pos + 1) : r.pos + 1);
+  }
+  if (rows.empty()) return;
+  attend_rows(
+      static_cast<int64_t>(rows.size()),
+      [&](int64_t i) {
+        const DecodeQuery& r = rows[static_cast<size_t>(i)];
+        return QueryRow{r.q, r.pos, &r.cache, r.out};
+      },
+      max_len, p);
 }
 
 int64_t attention_key_splits(int64_t t, int64_t kv_heads, int64_t keys, int64_t threads) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace fp4serve::kernels {
@@ -65,8 +66,9 @@ struct AttentionParams {
 /// q: [t, H, D] f32, row i at position start_pos + i. cache: rows 0 … start_pos + t − 1 must be filled
 /// (including this call's own keys/values). out: [t, H, D] f32, must not alias q or the caches.
 /// A call of t ≥ kMinBlockedPrefillRows rows whose keys are not split (below) runs blocked: a block of rows × the
-/// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel
-/// (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
+/// heads of one KV head is a matrix, and S = Q·Kᵀ, O = P·V run on the panel GEMM's micro-kernel over tiles of keys
+/// with an online softmax (flash attention's rescaled running max and sum), so its scratch is one tile of scores
+/// per thread whatever the prompt's length (cpu/attention_prefill.cpp). Otherwise work runs in parallel over (query row, KV head) with OpenMP; each item
 /// reads each key/value row once for all H/KVH query heads that share it. When there are fewer such items than
 /// twice the threads (a decode step with few KV heads), each item's keys are split into attention_key_splits()
 /// ranges whose partial softmax sums are merged afterwards (flash-decoding), so that every thread has keys to read.
@@ -82,6 +84,23 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
 /// The same over an fp32 cache of [position][KVH · D] rows, cache_row_stride floats apart.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
+
+/// One row of a batched decode step: a sequence's query at position `pos` over that sequence's own keys.
+struct DecodeQuery {
+  const float* q;  ///< [H, D] f32
+  int64_t pos;     ///< the query's position; keys pos − W + 1 … pos (W: sliding_window, else 0 … pos) are read
+  KvRows cache;    ///< the sequence's rows, its own keys/values at `pos` included
+  float* out;      ///< [H, D] f32, must not alias any q or cache
+};
+
+/// attention() with t = 1 for every row of `rows` (different sequences, positions and block tables) in one
+/// parallel region: the work items are (row, KV head) over all rows at once, so a decode step of many sequences
+/// costs one fork/join per layer instead of one per sequence, and the threads share out the sequences' keys. When
+/// there are fewer items than twice the threads, each item's keys are split into attention_key_splits(rows,
+/// KV heads, the most keys a row reads, threads) ranges as in attention(). A row's output is bit for bit that of
+/// attention(q, 1, pos, cache, params, out) whenever both split its keys alike (always in batch-invariant mode,
+/// where neither splits), and equal to it up to fp32 rounding otherwise. Throws UsageError as attention() per row.
+void decode_attention(std::span<const DecodeQuery> rows, const AttentionParams& params);
 
 /// Rows of a call from which attention() runs blocked (unless its keys are split across threads). Packing the
 /// keys costs about one row's attention: bench_ops BM_Attention, 9 heads / 3 KV heads / D 64 after 2000 keys, one

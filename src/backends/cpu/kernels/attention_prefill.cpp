@@ -3,11 +3,15 @@
 // attend_group (simd_ops.cpp) computes one query row at a time with a dot product and a horizontal sum per key
 // and head, then one axpy per key and head through memory: ~35 GFLOP/s on an AVX-512 core, a fifth of what the
 // panel GEMM's micro-kernel reaches. Here a block of query rows × the heads of one KV head is a small matrix Q,
-// and both products of attention are GEMMs on the shared micro-kernel (gemm_micro-inl.h):
-//   S = Q · Kᵀ   with the keys of the KV head packed once per call as panels [D][kNR] (K transposed),
-//   O = P · V    with the value rows read straight from an fp32 cache (row stride = the cache row stride), or
-//                from a 16-bit cache's rows widened once per call,
-// the softmax between them over each row's own causal (or windowed) key range, masked keys getting P = 0.
+// and both products of attention are GEMMs on the shared micro-kernel (gemm_micro-inl.h), tiled flash-style:
+//   keys of the KV head packed once per call as panels [D][kNR] (K transposed); then per block of query rows,
+//   per tile of kKeyTile keys: S = Q · Kᵀ of the tile, each row's online softmax over its own causal (or
+//   windowed) keys of the tile (a running max m and Σ exp(s − m); a larger max rescales the sum and the output
+//   so far), masked keys getting P = 0, and O += P · V with the value rows read straight from an fp32 cache (row
+//   stride = the cache row stride) or from a 16-bit cache's rows widened once per call.
+// Scratch per thread is one tile of scores ([query vectors][kKeyTile]) and the block's O whatever the prompt's
+// length, and a tile's keys, values and scores stay in L2 while all the block's query vectors use them (tile sizes
+// measured: docs/performance.md "Long-prompt prefill attention").
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/kernels/attention_prefill.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -45,7 +49,12 @@ using kernels::HWY_NAMESPACE::micro::MicroDispatch;
 using kernels::HWY_NAMESPACE::micro::Scratch;
 namespace kv = kernels::HWY_NAMESPACE::kv;
 
-int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+// Keys per tile of the online softmax (a multiple of kNR): a tile's scores ([query vectors][kKeyTile]) and its keys
+// and values stay in L2 while every query vector of the block uses them.
+constexpr int64_t kKeyTile = 256;
+// Query vectors (rows × heads of one KV head) per block: several micro-kernel calls per key panel read.
+constexpr int64_t kMaxBlockVectors = 4 * kMR;
+static_assert(kKeyTile % kNR == 0, "key tiles are whole panels");
 
 // Packs `keys` keys of a paged cache from position p0 on into `panel` ([d][kNR], key l in column l) and their
 // values into `values` ([keys][d] fp32), widening 16-bit rows through `row` (d floats). Positions before
@@ -87,10 +96,10 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
   const bool in_place = cache.element == KvElement::F32 && !paged;
   const auto* k16 = static_cast<const uint16_t*>(cache.keys);
   const auto* v16 = static_cast<const uint16_t*>(cache.values);
-  // Query rows per block: as many as keep rows × group ≤ kMR, so that one micro-kernel call covers the block, but
-  // fewer when that would leave less than two blocks × KV heads per thread.
+  // Query rows per block: as many as keep rows × group ≤ kMaxBlockVectors, so that each key tile (in L2) serves
+  // several micro-kernel calls, but fewer when that would leave less than two blocks × KV heads per thread.
   const int64_t threads = omp_get_max_threads();
-  const int64_t rows_per_block = std::max<int64_t>(1, std::min(kMR / group, t * kv_heads / (2 * threads)));
+  const int64_t rows_per_block = std::max<int64_t>(1, std::min(kMaxBlockVectors / group, t * kv_heads / (2 * threads)));
   const int64_t vectors = rows_per_block * group;
   const int64_t blocks = (t + rows_per_block - 1) / rows_per_block;
   const int64_t window = p.sliding_window;
@@ -99,9 +108,6 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
   // the first row's window.
   const int64_t first_panel = lo_of(start_pos) / kNR;
   const int64_t key_panels = (total + kNR - 1) / kNR - first_panel;
-  // Widest score row of a block: from its first row's first key (rounded down to a panel) to its last row's key.
-  const int64_t max_span = window > 0 ? std::min(total, window + rows_per_block - 1) + kNR : RoundUp(total, kNR);
-  const int64_t lds = RoundUp(max_span + kNR, kNR);
 
   // The packed keys, kept by the calling thread between calls: as large as one layer's keys of the sequence
   // (KV heads × keys × D floats), i.e. 1/(2·layers) of its KV cache.
@@ -155,9 +161,10 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
     static thread_local hwy::AlignedFreeUniquePtr<float[]> q_buf, s_buf, o_buf;
     static thread_local size_t q_cap = 0, s_cap = 0, o_cap = 0;
     float* qp = Scratch(q_buf, q_cap, static_cast<size_t>(vectors * d));
-    float* s = Scratch(s_buf, s_cap, static_cast<size_t>(vectors * lds));
-    float* o = Scratch(o_buf, o_cap, static_cast<size_t>(vectors * (d + 1)));
-    float* inv_sum = o + vectors * d;  // [vectors]: 1 / the softmax denominator of each row
+    float* s = Scratch(s_buf, s_cap, static_cast<size_t>(vectors * kKeyTile));
+    float* o = Scratch(o_buf, o_cap, static_cast<size_t>(vectors * (d + 2)));
+    float* row_max = o + vectors * d;        // [vectors]: the running max score m of each row
+    float* row_sum = row_max + vectors;      // [vectors]: Σ exp(s − m) over the keys so far
 
     // Later blocks attend to more keys: hand them out first (longest first balances the dynamic schedule).
 #pragma omp for schedule(dynamic, 1)
@@ -166,73 +173,88 @@ bool PrefillAttentionImpl(const float* q, int64_t t, int64_t start_pos, const Kv
       const int64_t i0 = blk * rows_per_block, rows = std::min(rows_per_block, t - i0), nq = rows * group;
       const int64_t h0 = kvh * group;
       const int64_t hi_max = start_pos + i0 + rows - 1, lo_min = lo_of(start_pos + i0);
-      const int64_t b0 = lo_min / kNR, b1 = hi_max / kNR;  // key panels of the block
-      const int64_t j0 = b0 * kNR;                         // key of score column 0
       for (int64_t r = 0; r < rows; ++r) {
         std::memcpy(qp + r * group * d, q + ((i0 + r) * heads + h0) * d, sizeof(float) * static_cast<size_t>(group * d));
       }
-      // S[n][key − j0] = q_n · k_key for every key of the block's panels.
-      for (int64_t b = b0; b <= b1; ++b) {
-        for (int64_t n0 = 0; n0 < nq; n0 += kMR) {
-          MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), qp + n0 * d, d, panel_of(kvh, b), kNR, d,
-                        s + n0 * lds + (b - b0) * kNR, lds, /*load_c=*/false);
+      std::fill(o, o + nq * d, 0.0f);
+      std::fill(row_max, row_max + nq, -INFINITY);
+      std::fill(row_sum, row_sum + nq, 0.0f);
+      // Key tiles of kKeyTile keys from the block's first key panel to its last row's key: S = Q·Kᵀ of the tile,
+      // the online softmax (each row's max so far; what was summed before a larger max is rescaled), O += P·V.
+      for (int64_t j0 = lo_min / kNR * kNR; j0 <= hi_max; j0 += kKeyTile) {
+        const int64_t j_end = std::min(j0 + kKeyTile, hi_max + 1);  // keys [j0, j_end) of the tile
+        // S[n][key − j0] = q_n · k_key for every key of the tile's panels.
+        for (int64_t b = j0 / kNR; b <= (j_end - 1) / kNR; ++b) {
+          for (int64_t n0 = 0; n0 < nq; n0 += kMR) {
+            MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), qp + n0 * d, d, panel_of(kvh, b), kNR, d,
+                          s + n0 * kKeyTile + (b * kNR - j0), kKeyTile, /*load_c=*/false);
+          }
         }
-      }
-      // Softmax of row n over its own keys [lo, hi]; P = 0 outside them (the causal and window mask).
-      for (int64_t n = 0; n < nq; ++n) {
-        const int64_t pos = start_pos + i0 + n / group, g = n % group;
-        const int64_t lo = lo_of(pos) - j0, len = pos - lo_of(pos) + 1;
-        float* sn = s + n * lds;
-        const auto vscale = hn::Set(df, p.scale);
-        auto vmax = hn::Set(df, -INFINITY);
-        int64_t j = 0;
-        for (; j + kLanes <= len; j += kLanes) {
-          const auto x = hn::Mul(hn::LoadU(df, sn + lo + j), vscale);
-          hn::StoreU(x, df, sn + lo + j);
-          vmax = hn::Max(vmax, x);
+        // Values are read from v_lo on (never before the block's first key: a window's earlier blocks may be gone).
+        const int64_t v_lo = std::max(j0, lo_min), span = j_end - v_lo;
+        for (int64_t n = 0; n < nq; ++n) {
+          const int64_t pos = start_pos + i0 + n / group;
+          // This row's keys in the tile: [lo, hi] (its window and causal limit); P = 0 for the tile's others.
+          const int64_t lo = std::max(lo_of(pos), j0), hi = std::min(pos, j_end - 1);
+          float* sn = s + n * kKeyTile - j0;  // sn[key]
+          if (hi < lo) {
+            std::fill(sn + v_lo, sn + j_end, 0.0f);
+            continue;
+          }
+          const int64_t len = hi - lo + 1;
+          const auto vscale = hn::Set(df, p.scale);
+          auto vmax = hn::Set(df, -INFINITY);
+          int64_t j = 0;
+          for (; j + kLanes <= len; j += kLanes) {
+            const auto x = hn::Mul(hn::LoadU(df, sn + lo + j), vscale);
+            hn::StoreU(x, df, sn + lo + j);
+            vmax = hn::Max(vmax, x);
+          }
+          float m = hn::GetLane(hn::MaxOfLanes(df, vmax));
+          for (; j < len; ++j) m = std::max(m, sn[lo + j] *= p.scale);
+          m = std::max(m, row_max[n]);
+          if (m > row_max[n] && row_max[n] != -INFINITY) {  // a larger max: rescale what was summed (−inf: nothing yet)
+            const float correction = std::exp(row_max[n] - m);
+            row_sum[n] *= correction;
+            for (int64_t e = 0; e < d; ++e) o[n * d + e] *= correction;
+          }
+          row_max[n] = m;
+          row_sum[n] += exp_shifted_sum(sn + lo, len, m);  // simd_ops.cpp's, as attend_group's softmax
+          std::fill(sn + v_lo, sn + lo, 0.0f);
+          std::fill(sn + hi + 1, sn + j_end, 0.0f);
         }
-        float m = hn::GetLane(hn::MaxOfLanes(df, vmax));
-        for (; j < len; ++j) m = std::max(m, sn[lo + j] *= p.scale);
-        // The sink joins the max and the denominator only (GPT-OSS: an extra logit whose probability is dropped).
-        const float sink = p.sinks != nullptr ? p.sinks[h0 + g] : -INFINITY;
-        m = std::max(m, sink);
-        float sum = exp_shifted_sum(sn + lo, len, m);  // simd_ops.cpp's, as attend_group's softmax
-        if (p.sinks != nullptr) sum += std::exp(sink - m);
-        inv_sum[n] = 1.0f / sum;
-        // Keys of the block this row does not see: before its window, after its position.
-        const int64_t span = hi_max - lo_min + 1, first = lo_min - j0;
-        std::fill(sn + first, sn + lo, 0.0f);
-        std::fill(sn + lo + len, sn + first + span, 0.0f);
-      }
-      // O = P · V over the block's keys [lo_min, hi_max]; full kNR-wide column chunks on the micro-kernel.
-      const int64_t span = hi_max - lo_min + 1;
-      const float* pv = s + (lo_min - j0);
-      const float* v0 = in_place ? static_cast<const float*>(cache.values) + lo_min * stride + kvh * head_stride
-                                 : widened_value(kvh, lo_min);
-      const int64_t v_stride = in_place ? stride : d;
-      int64_t e0 = 0;
-      for (; e0 + kNR <= d; e0 += kNR) {
-        for (int64_t n0 = 0; n0 < nq; n0 += kMR) {
-          MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), pv + n0 * lds, lds, v0 + e0, v_stride, span,
-                        o + n0 * d + e0, d, /*load_c=*/false);
+        // O += P · V over keys [v_lo, j_end); full kNR-wide column chunks on the micro-kernel.
+        const float* pv = s + (v_lo - j0);
+        const float* v0 = in_place ? static_cast<const float*>(cache.values) + v_lo * stride + kvh * head_stride
+                                   : widened_value(kvh, v_lo);
+        const int64_t v_stride = in_place ? stride : d;
+        int64_t e0 = 0;
+        for (; e0 + kNR <= d; e0 += kNR) {
+          for (int64_t n0 = 0; n0 < nq; n0 += kMR) {
+            MicroDispatch(static_cast<int>(std::min(kMR, nq - n0)), pv + n0 * kKeyTile, kKeyTile, v0 + e0, v_stride,
+                          span, o + n0 * d + e0, d, /*load_c=*/true);
+          }
         }
-      }
-      if (e0 < d) {  // head dims that are not a multiple of kNR: the last columns one value row at a time
-        for (int64_t n = 0; n < nq; ++n) std::fill(o + n * d + e0, o + n * d + d, 0.0f);
-        for (int64_t j = 0; j < span; ++j) {
+        for (int64_t j = 0; e0 < d && j < span; ++j) {  // head dims not a multiple of kNR: the last columns by row
           const float* vj = v0 + j * v_stride;
           for (int64_t n = 0; n < nq; ++n) {
-            const float w = pv[n * lds + j];
+            const float w = pv[n * kKeyTile + j];
             for (int64_t e = e0; e < d; ++e) o[n * d + e] += w * vj[e];
           }
         }
       }
+      // out = O / (Σ exp(s − m) + e^(sink − m)) with M = max(m, sink) as the common shift: the sink joins the max
+      // and the denominator only (GPT-OSS: an extra logit whose probability is dropped).
       for (int64_t n = 0; n < nq; ++n) {
         float* dst = out + ((i0 + n / group) * heads + h0 + n % group) * d;
-        const auto vinv = hn::Set(df, inv_sum[n]);
+        const float sink = p.sinks != nullptr ? p.sinks[h0 + n % group] : -INFINITY;
+        const float big = std::max(row_max[n], sink);
+        const float keep = std::exp(row_max[n] - big);
+        const float denom = row_sum[n] * keep + (p.sinks != nullptr ? std::exp(sink - big) : 0.0f);
+        const auto vinv = hn::Set(df, keep / denom);
         int64_t e = 0;
         for (; e + kLanes <= d; e += kLanes) hn::StoreU(hn::Mul(hn::LoadU(df, o + n * d + e), vinv), df, dst + e);
-        for (; e < d; ++e) dst[e] = o[n * d + e] * inv_sum[n];
+        for (; e < d; ++e) dst[e] = o[n * d + e] * (keep / denom);
       }
     }
   }

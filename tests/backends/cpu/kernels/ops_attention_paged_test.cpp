@@ -127,6 +127,12 @@ TEST(PagedAttention, BlockedPrefillFromZeroAndAfterCachedPrefix) {
   }
 }
 
+TEST(PagedAttention, BlockedPrefillOverManyKeyTiles) {  // the flash-style prefill's tiles of 256 keys
+  run_paged({9, 3, 64, 280, 0, 0, 16});                      // a prompt over two tiles in one call
+  run_paged({6, 2, 64, 37, 600, 0, 7, true});                // a chunk after 600 cached keys, sinks
+  run_paged({4, 2, 80, 45, 700, 300, 16, true, KvElement::Bf16});  // window over tiles, released blocks
+}
+
 TEST(PagedAttention, SlidingWindowWithReleasedBlocksAndSinks) {
   run_paged({4, 2, 64, 1, 200, 40, 16, true});    // decode: blocks before the window released
   run_paged({4, 2, 64, 24, 100, 40, 16, true});   // blocked prefill chunk past released blocks

@@ -137,6 +137,15 @@ TEST(Attention, BlockedPrefillChunkAfterCachedPrefixWindowAndSinks) {
   run_case({9, 3, 64, 40, 300, 50, true});  // the first row's window starts past many key panels
 }
 
+// Prompts over several key tiles of the flash-style prefill (attention_prefill.cpp kKeyTile = 256 keys): each
+// row's running max and sum are rescaled when a later tile holds a larger score.
+TEST(Attention, BlockedPrefillOverManyKeyTiles) {
+  run_case({9, 3, 64, 300, 0, 0, false});   // rows from 1 to 300 keys: one and two tiles
+  run_case({8, 2, 80, 64, 700, 0, true});   // a chunk after 700 cached keys, column tail, sinks
+  run_case({6, 3, 72, 50, 900, 333, true}); // a window over tile boundaries
+  run_case({5, 5, 40, 33, 1100, 0, false}); // MHA, odd head_dim
+}
+
 // Eight threads on few rows: fewer rows per block, so that every thread has a block.
 TEST(Attention, BlockedPrefillManyThreads) {
   const int saved = omp_get_max_threads();
