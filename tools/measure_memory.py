@@ -5,7 +5,8 @@
 Every --interval seconds it reads /proc/PID/status (RssAnon, RssFile, VmHWM) of the command; every line the
 command writes to stderr is stamped with the memory at that moment, so load stages (the lines fp4serve logs) can be
 told apart. At the end it prints the peak RssAnon and RssFile seen, the final VmHWM (peak RSS as the kernel counts
-it) and the wall time, in GiB and seconds:
+it), the wall time and the command's user and system CPU time (less sensitive to a busy machine than wall time), in
+GiB and seconds:
 
     python3 tools/measure_memory.py -- build/release/fp4serve generate -m DIR -c 4096 -t 2 -n 4 -p Hello
 
@@ -75,9 +76,10 @@ def main():
     peak = {k: 0 for k in FIELDS}
     last = {}
     lock = threading.Lock()
+    done = threading.Event()  # the main thread reaps the command (os.wait4, for its CPU time): no poll() here
 
     def sample():
-        while proc.poll() is None:
+        while not done.is_set():
             s = read_status(proc.pid)
             with lock:
                 if s:
@@ -98,13 +100,17 @@ def main():
     sampler.start()
     stamper.start()
     stdout = proc.stdout.read()  # stderr is the stamper's
-    proc.wait()
+    _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
+    proc.returncode = os.waitstatus_to_exitcode(status)
     stamper.join()
     wall = time.monotonic() - start
     sys.stdout.write(stdout)
     summary.update({
         "rc": proc.returncode,
         "wall_seconds": round(wall, 3),
+        "cpu_user_seconds": round(usage.ru_utime, 3),
+        "cpu_system_seconds": round(usage.ru_stime, 3),
         "peak_rss_anon_gib": round(gib(peak["RssAnon"]), 3),
         "peak_rss_file_gib": round(gib(peak["RssFile"]), 3),
         "vm_hwm_gib": round(gib(max(peak["VmHWM"], last.get("VmHWM", 0))), 3),

@@ -82,7 +82,9 @@ TEST(MemoryStats, ParsesProcFieldsInKibibytes) {
     EXPECT_EQ(std::count(big.begin(), big.end(), 1), static_cast<std::ptrdiff_t>(big.size()));
     EXPECT_GE(process_memory().peak_rss, static_cast<int64_t>(big.size()));
   }
-  if (reset_peak_rss()) EXPECT_LT(process_memory().peak_rss, m.peak_rss + (int64_t{128} << 20));
+  if (reset_peak_rss()) {
+    EXPECT_LT(process_memory().peak_rss, m.peak_rss + (int64_t{128} << 20));
+  }
 }
 
 }  // namespace
