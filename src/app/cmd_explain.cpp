@@ -12,6 +12,7 @@
 #include "backends/registry.h"
 #include "backends/load_model.h"
 #include "checkpoint/checkpoint.h"
+#include "fp4serve/error.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "plan/explain.h"
@@ -79,9 +80,18 @@ void run_explain(const ExplainOptions& opts) {
         plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
     tp_text = plan::render_tensor_parallel_text(layer_plan, tp);
   }
-  // A plan without a scheme for some layer still prints; its memory plan then has nothing to load.
-  const std::optional<MemoryPlanText> memory =
-      layer_plan.complete() ? std::optional(memory_plan(opts, ckpt, layer_plan)) : std::nullopt;
+  // A plan without a scheme for some layer still prints; its memory plan then has nothing to load. explain also
+  // reads configs that the plan accepts but loading would refuse (a GPT-OSS config without layer_types): the plan
+  // is printed, and the memory plan says why it is missing.
+  std::optional<MemoryPlanText> memory;
+  if (layer_plan.complete()) {
+    try {
+      memory = memory_plan(opts, ckpt, layer_plan);
+    } catch (const Error& e) {
+      memory = MemoryPlanText{fmt::format("memory plan: not available ({})\n", e.what()),
+                              nlohmann::json{{"error", e.what()}}};
+    }
+  }
   if (opts.json) {
     nlohmann::json j = plan::render_explain_json(layer_plan, opts.model);
     if (!tp_text.empty()) j["tensor_parallel"] = tp_text;
