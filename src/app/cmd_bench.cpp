@@ -4,6 +4,8 @@
 // of one or more checkpoints in one interleaved run (runtime/model_bench.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +16,7 @@
 #include "app/option_values.h"
 #include "app/tensor_parallel.h"
 #include "backends/load_model.h"
+#include "core/memory_stats.h"
 #include "runtime/model_bench.h"
 #include "server/bench_client.h"
 
@@ -68,17 +71,41 @@ void run_bench_model(const ModelBenchOptions& opts) {
     }
   }
   if (!tp.leader()) return tp.follow(per_model);
+  // Per model and repetition: the load's seconds, the anonymous memory right after it (the weights as loaded and
+  // the runtime's buffers, no KV cache yet) and the peak RSS of the load and run (VmHWM, reset before each load).
+  struct Memory {
+    std::vector<double> load_seconds;
+    int64_t anon_after_load = 0, peak_rss = 0;
+  };
+  std::vector<Memory> memory(targets.size());
   const auto loader = [&](size_t i, const runtime::ModelBenchTarget&) {
+    core::reset_peak_rss();
+    const auto start = std::chrono::steady_clock::now();
     RankModel loaded = tp.load(per_model[i], i);
+    memory[i].load_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    memory[i].anon_after_load = std::max(memory[i].anon_after_load, core::process_memory().anon);
     return runtime::BenchModel{std::move(loaded.loaded), std::move(loaded.tp)};
   };
   const auto samples = runtime::run_model_bench(targets, opts.bench, [&](size_t m, int r, const runtime::ModelBenchSample& s) {
+    memory[m].peak_rss = std::max(memory[m].peak_rss, core::process_memory().peak_rss);
     log_info("bench model: repetition {} {}: prefill {:.3f} s, decode {:.3f} s\n", r + 1, names[m],
                s.prefill_seconds, s.decode_seconds);
   }, loader);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  const auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 30); };
   const auto rows = runtime::summarize_model_bench(names, samples, opts.bench);
   if (!opts.json) {
     fmt::print("{}", runtime::format_model_bench(rows, opts.bench));
+    fmt::print("\n| model | load s | anonymous after load GiB | peak RSS GiB |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      fmt::print("| {} | {:.2f} [{:.2f}–{:.2f}] | {:.2f} | {:.2f} |\n", rows[i].name, median(memory[i].load_seconds),
+                 *std::min_element(memory[i].load_seconds.begin(), memory[i].load_seconds.end()),
+                 *std::max_element(memory[i].load_seconds.begin(), memory[i].load_seconds.end()),
+                 gib(memory[i].anon_after_load), gib(memory[i].peak_rss));
+    }
     return;
   }
   nlohmann::json out = {{"prompt_tokens", opts.bench.prompt_tokens},
@@ -96,6 +123,9 @@ void run_bench_model(const ModelBenchOptions& opts) {
                              {"tpot_ms", rows[i].tpot_ms},
                              {"prefill_vs_first", rows[i].prefill_vs_first},
                              {"decode_vs_first", rows[i].decode_vs_first},
+                             {"load_seconds", memory[i].load_seconds},
+                             {"anonymous_bytes_after_load", memory[i].anon_after_load},
+                             {"peak_rss_bytes", memory[i].peak_rss},
                              {"seconds", seconds}});
   }
   fmt::print("{}\n", out.dump(2));

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 
 #include "app/commands.h"
 #include "app/model_options.h"
@@ -11,6 +12,9 @@
 #include "backends/load_model.h"
 #include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
+#include "fp4serve/error.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
 #include "plan/explain.h"
 #include "plan/layer_plan.h"
 #include "plan/shard.h"
@@ -27,17 +31,47 @@ struct ExplainOptions {
   bool verbose = false;
   bool check_scales = false;
   plan::ParallelConfig parallel;  // sizes only: explain shows every rank's split
+  double kv_cache_gib = 4.0;      // the KV budget the memory plan divides into blocks (serve's default)
+  std::optional<model::KvCacheDtype> kv_cache_dtype;  // nullopt: auto, the checkpoint's dtype on this device
 };
 
 // What the CPU backend would run the FP4 linears' activations with, and why (the same choice, and for auto the
 // same measurement, as loading on this CPU): one line, or nothing for a GPU (real or dry run).
 std::optional<model::ActivationPrecisionChoice> cpu_activation_precision(const ExplainOptions& opts,
-                                                                            const plan::DeviceCaps& device,
-                                                                            const checkpoint::Checkpoint& ckpt) {
+                                                                         const plan::DeviceCaps& device,
+                                                                         const checkpoint::Checkpoint& ckpt) {
   if (device.kind != plan::DeviceKind::Cpu) return std::nullopt;
   const model::ModelConfig config = model::parse_model_config(ckpt.config());
   return model::choose_activation_precision(opts.activation_precision, device.kind, config.dtype,
-                                               model::activation_probe_shape(config));
+                                            model::activation_probe_shape(config));
+}
+
+// The memory plan: the weights as loaded (the plan's resident bytes) and how the KV budget divides into blocks of
+// the model's layers and KV heads (model::kv_memory_plan, the numbers serve allocates).
+struct MemoryPlanText {
+  std::string text;
+  nlohmann::json json;
+};
+MemoryPlanText memory_plan(const ExplainOptions& opts, const checkpoint::Checkpoint& ckpt,
+                           const plan::LayerPlan& layer_plan) {
+  const uint64_t weights = plan::resident_bytes(layer_plan);
+  const model::ModelConfig config = model::parse_model_config(ckpt.config());
+  const model::KvCacheDtype element =
+      model::resolve_kv_cache_dtype(opts.kv_cache_dtype, layer_plan.device.kind, config.dtype);
+  const auto budget = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  const model::KvMemoryPlan kv =
+      model::kv_memory_plan(config.num_layers, config.num_kv_heads, config.head_dim, element, budget);
+  MemoryPlanText out;
+  out.text = fmt::format(
+      "memory plan:\n  weights as loaded {:>10.2f} MiB ({} bytes)\n  KV cache {:>10.2f} GiB budget, {} elements, blocks "
+      "of {} positions × {} bytes: {} blocks, {} tokens (all sequences together; --kv-cache-memory, as serve)\n",
+      static_cast<double>(weights) / (1 << 20), weights, opts.kv_cache_gib, model::kv_cache_dtype_name(element),
+      kv.block_size, kv.bytes_per_block, kv.blocks, kv.tokens);
+  out.json = {{"weights_bytes", weights},        {"kv_budget_bytes", kv.budget_bytes},
+              {"kv_cache_dtype", std::string(model::kv_cache_dtype_name(element))},
+              {"kv_block_size", kv.block_size},  {"kv_bytes_per_block", kv.bytes_per_block},
+              {"kv_blocks", kv.blocks},          {"kv_tokens", kv.tokens}};
+  return out;
 }
 
 // Exit code 1 when a layer has no scheme (the plan is printed first so the reason is visible).
@@ -59,10 +93,24 @@ void run_explain(const ExplainOptions& opts) {
         plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
     tp_text = plan::render_tensor_parallel_text(layer_plan, tp);
   }
-  const auto precision = layer_plan.complete() ? cpu_activation_precision(opts, device, ckpt) : std::nullopt;
+  // A plan without a scheme for some layer still prints; its memory plan then has nothing to load. explain also
+  // reads configs that the plan accepts but loading would refuse (a GPT-OSS config without layer_types): the plan
+  // is printed, and the memory plan says why it is missing (and the activation precision line is left out).
+  std::optional<MemoryPlanText> memory;
+  std::optional<model::ActivationPrecisionChoice> precision;
+  if (layer_plan.complete()) {
+    try {
+      memory = memory_plan(opts, ckpt, layer_plan);
+      precision = cpu_activation_precision(opts, device, ckpt);
+    } catch (const Error& e) {
+      memory = MemoryPlanText{fmt::format("memory plan: not available ({})\n", e.what()),
+                              nlohmann::json{{"error", e.what()}}};
+    }
+  }
   if (opts.json) {
     nlohmann::json j = plan::render_explain_json(layer_plan, opts.model);
     if (!tp_text.empty()) j["tensor_parallel"] = tp_text;
+    if (memory) j["memory_plan"] = memory->json;
     if (precision) {
       j["activation_precision"] = {{"precision", prepare::activation_precision_name(precision->precision)},
                                    {"reason", precision->reason}};
@@ -70,6 +118,7 @@ void run_explain(const ExplainOptions& opts) {
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
+    if (memory) fmt::print("\n{}", memory->text);
     if (precision) {
       fmt::print("\nCPU activation precision of the FP4 linears: {}. Why: {}.\n",
                  prepare::activation_precision_name(precision->precision), precision->reason);
@@ -103,6 +152,11 @@ void register_explain(CLI::App& root) {
                   "also show how N ranks split every layer, and the valid sizes (no MPI needed)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--expert-parallel", opts->parallel.expert_parallel, "MoE layers: whole experts per rank instead of split experts");
+  cmd->add_option("--kv-cache-memory", opts->kv_cache_gib,
+                  "GiB of KV cache the memory plan divides into blocks (serve's --kv-cache-memory)")
+      ->capture_default_str()->check(CLI::Range(1.0 / 1024, 1048576.0));
+  add_parsed_option(*cmd, "--kv-cache-dtype", opts->kv_cache_dtype, parse_kv_cache_dtype,
+                    "the KV element of the memory plan: auto | fp32 | bf16 | fp16", "auto");
   cmd->callback([opts] { run_explain(*opts); });
 }
 

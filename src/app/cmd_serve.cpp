@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "app/chat_options.h"
@@ -69,6 +70,9 @@ struct ServeOptions {
   server::HttpConfig http;
   server::SchedulerConfig scheduler;
   double kv_cache_gib = 4.0;          ///< --kv-cache-memory: the block pool's bytes, in GiB
+  /// --gpu-memory-utilization: the KV budget as the fraction of the device's memory the process may fill
+  /// (server::kv_budget_for_utilization); unset: --kv-cache-memory's GiB.
+  std::optional<double> gpu_memory_utilization;
   bool prefix_caching = true;         ///< --enable-prefix-caching / --no-enable-prefix-caching
   ChatTemplateOptions chat_template;
   std::optional<text::ContentFormat> content_format;  ///< --chat-template-content-format; nullopt: auto
@@ -212,7 +216,18 @@ void run_serve(ServeOptions opts) {
     log_info("chat template content format: {}\n", format);
   }
 
-  const auto budget_bytes = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  // The budget: --kv-cache-memory GiB (4 by default, as vLLM's CPU backend's VLLM_CPU_KVCACHE_SPACE), or the part
+  // of --gpu-memory-utilization's share of the device that the loaded model leaves.
+  int64_t budget_bytes = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  std::string budget_source = fmt::format("--kv-cache-memory {}", opts.kv_cache_gib);
+  if (opts.gpu_memory_utilization) {
+    const model::Backend::MemoryUse use = loaded.decoder->backend().memory_use();
+    budget_bytes = server::kv_budget_for_utilization(*opts.gpu_memory_utilization, use.total, use.used);
+    budget_source = fmt::format("--gpu-memory-utilization {}: {:.2f} of {:.2f} GiB, {:.2f} GiB in use after loading",
+                                *opts.gpu_memory_utilization,
+                                *opts.gpu_memory_utilization * static_cast<double>(use.total) / (1 << 30),
+                                static_cast<double>(use.total) / (1 << 30), static_cast<double>(use.used) / (1 << 30));
+  }
   const int64_t blocks = server::kv_blocks_for_budget(loaded.config, context_length, budget_bytes, loaded.kv_element);
   server::DecoderStepModel step_model(run.model(),
                                       model::KvCacheSpec{context_length, opts.scheduler.max_num_seqs, blocks});
@@ -232,13 +247,15 @@ void run_serve(ServeOptions opts) {
   scheduler.start();
   // The address is printed even with -q: with --port 0 it is the only way to learn the port.
   fmt::print(stderr, "serving '{}' on http://{}:{}\n", name, opts.http.host, port);
-  log_info("context {} | KV cache {} blocks of {} positions ({:.2f} GiB, {}; prefix caching {}) | up to {} sequences | "
-           "activations {} | {} tokens per step | queue {} | {}\n",
-           context_length, blocks, step_model.cache().block_size(), opts.kv_cache_gib,
+  log_info("context {} | KV cache {} blocks of {} positions ({:.2f} GiB from {}, {}; prefix caching {}) | up to {} "
+           "sequences | activations {} | {} tokens per step | queue {} | {}\n",
+           context_length, blocks, step_model.cache().block_size(),
+           static_cast<double>(budget_bytes) / (int64_t{1} << 30), budget_source,
            model::kv_cache_dtype_name(loaded.kv_element), opts.prefix_caching ? "on" : "off",
            opts.scheduler.max_num_seqs,
            prepare::activation_precision_name(loaded.activation_precision), opts.scheduler.max_num_batched_tokens,
            opts.scheduler.max_queue, thread_summary());
+  log_info("{}\n", memory_summary("memory after start-up"));
 
   std::thread waiter([&] {
     int sig = 0;
@@ -259,6 +276,7 @@ void run_serve(ServeOptions opts) {
   // serve() also returns if the listener fails; wake the waiter so it can finish.
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  log_info("{}\n", memory_summary("memory at exit"));
 }
 
 }  // namespace
@@ -284,6 +302,25 @@ void register_serve(CLI::App& root) {
                   "GiB of keys and values in the KV block pool (blocks of 16 positions, taken as sequences grow); "
                   "how many sequences run at once depends on how long they are")
       ->capture_default_str()->check(CLI::Range(1.0 / 1024, 1048576.0));
+  cmd->add_option("--gpu-memory-utilization", opts->gpu_memory_utilization,
+                  "instead of --kv-cache-memory: the fraction (0, 1] of the device's memory (the GPU's, or RAM with "
+                  "--device cpu) this process may fill; the KV pool gets what the loaded model leaves of it (vLLM's flag)")
+      ->excludes("--kv-cache-memory")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            // Refused before the model loads; server::kv_budget_for_utilization checks it again with the sizes.
+            double f = 0;
+            try {
+              size_t used = 0;
+              f = std::stod(value, &used);
+              if (used != value.size()) f = -1;
+            } catch (const std::exception&) {
+              f = -1;
+            }
+            if (f > 0.0 && f <= 1.0) return {};
+            return "expected a fraction of the device's memory in (0, 1], e.g. 0.9; found '" + value + "'";
+          },
+          "FRACTION in (0, 1]"));
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->prefix_caching,
                 "automatic prefix caching: full KV blocks are found again by their tokens and shared (default on)");
   cmd->add_option("--max-body-bytes", opts->http.max_body_bytes, "larger request bodies get 400")->capture_default_str();

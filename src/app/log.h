@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace fp4serve::app {
@@ -37,5 +38,9 @@ void log_debug(fmt::format_string<Args...> f, Args&&... args) {
   if (!log_enabled(LogLevel::Debug)) return;
   fmt::print(stderr, f, std::forward<Args>(args)...);
 }
+
+/// "<what>: 3.21 GiB resident (2.90 GiB anonymous, 0.31 GiB mapped files), peak 3.40 GiB": the process's memory
+/// now (core::process_memory), for the start-up and exit lines of serve and bench model's report.
+std::string memory_summary(std::string_view what);
 
 }  // namespace fp4serve::app

@@ -46,8 +46,8 @@ constexpr std::array<ForeignFlag, 21> kForeignFlags{{
      "fp4serve runs the checkpoint's weights in their stored format; choose the activations' precision with "
      "--activation-precision and the KV cache's with --kv-cache-dtype (`fp4serve quantize` makes an FP4 checkpoint)"},
     {{"--gpu-memory-utilization"}, "vLLM",
-     "fp4serve takes no memory fraction: the weights take their size, and the KV cache what `serve --kv-cache-memory GIB` "
-     "budgets (generate and chat allocate what the request needs)"},
+     "only `serve` takes --gpu-memory-utilization F (or --kv-cache-memory GIB): the KV block pool's share of the "
+     "device; generate and chat allocate what the request needs"},
     {{"--tp"}, nullptr,
      "tensor parallelism is -tp N or --tensor-parallel-size N (one process per rank, under mpirun), as in vLLM"},
     {{"--trust-remote-code"}, "vLLM/transformers",

@@ -158,6 +158,13 @@ core::TensorView Checkpoint::tensor(std::string_view name) const {
   return loc->shard->view(*loc->entry);
 }
 
+bool Checkpoint::release_pages(std::span<const std::byte> bytes) const noexcept {
+  for (const auto& shard : shards_) {
+    if (shard->release_pages(bytes)) return true;
+  }
+  return false;
+}
+
 std::optional<fs::path> Checkpoint::tokenizer_json() const {
   const fs::path p = root_ / "tokenizer.json";
   std::error_code ec;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,6 +44,11 @@ class Checkpoint {
   bool contains(std::string_view name) const { return find(name).has_value(); }
   /// The tensor named `name`; throws FormatError naming the checkpoint when it is absent.
   core::TensorView tensor(std::string_view name) const;
+  /// Drops this process's resident pages of `bytes` (a tensor view, or part of one) from the shard mapping they
+  /// lie in, once the weights they hold were repacked (core::MappedFile::release_pages): views stay valid and
+  /// fault the bytes in again when read. Bytes outside every shard (owned copies) are left alone; returns
+  /// whether a shard held them.
+  bool release_pages(std::span<const std::byte> bytes) const noexcept;
 
   /// Parsed side files; null json when the file is absent (a single .safetensors file has none of them).
   const nlohmann::json& config() const { return config_; }

@@ -68,6 +68,10 @@ class SafetensorsFile {
   /// A view of `entry`'s bytes (which must belong to this file). Touches no data page.
   core::TensorView view(const TensorEntry& entry) const;
 
+  /// Drops the resident pages of `bytes` when they lie in this file's mapping (core::MappedFile::release_pages);
+  /// returns whether they did.
+  bool release_pages(std::span<const std::byte> bytes) const noexcept { return file_.release_pages(bytes); }
+
  private:
   core::MappedFile file_;
   SafetensorsHeader header_;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -60,6 +61,18 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+bool MappedFile::release_pages(std::span<const std::byte> range) const noexcept {
+  if (range.empty() || data_ == nullptr || range.data() < data_ || range.data() + range.size() > data_ + size_) {
+    return false;
+  }
+  // Whole pages only: the partial pages at either end may hold a neighbouring tensor that is still read.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(range.data()) + page - 1) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(range.data() + range.size()) / page * page;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  return true;
 }
 
 void MappedFile::release() noexcept {

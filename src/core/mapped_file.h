@@ -23,6 +23,12 @@ class MappedFile {
   std::span<const std::byte> bytes() const { return {data_, size_}; }
   const std::filesystem::path& path() const { return path_; }
 
+  /// Drops this process's resident pages of the whole pages inside `range` (madvise MADV_DONTNEED): for weights
+  /// that were repacked into the device's own copy, so that the checkpoint does not stay resident beside it.
+  /// Views stay valid: a later read faults the bytes in again from the file (the mapping is private and
+  /// read-only, so nothing is lost). Returns false, and does nothing, when `range` is not inside this mapping.
+  bool release_pages(std::span<const std::byte> range) const noexcept;
+
  private:
   void release() noexcept;
 

@@ -116,6 +116,15 @@ class Backend {
   /// True when this backend's arrays are host memory, so that a caller may hand it host buffers directly (the
   /// decoder writes the logits into its result without a copy).
   virtual bool host_memory() const = 0;
+  /// The memory of the device this backend computes on, in bytes: `total` (RAM for the CPU, the GPU's memory for
+  /// a GPU) and `used` (what this process holds there now: its resident set on the CPU; the GPU's total − free,
+  /// as cudaMemGetInfo reports it, on a GPU). For a KV budget given as a fraction of the device's memory
+  /// (--gpu-memory-utilization). Zeros where the system does not report them.
+  struct MemoryUse {
+    int64_t total = 0;
+    int64_t used = 0;
+  };
+  virtual MemoryUse memory_use() const = 0;
 
   // ---- load time ------------------------------------------------------------------------------------------
   /// Uploads a prepared linear group (all parts, biases, online input/output transforms). Throws

@@ -142,6 +142,7 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
     if (c.is_moe_layer(l)) {
       layer.ffn = make_moe_block(c, weights, l, &b);
       layers_.push_back(std::move(layer));
+      weights.release_read();  // the layer is in the backend's layout now: its checkpoint pages may go
       continue;
     }
     LinearGroup gate_up = group({ModuleRole::GateProj, ModuleRole::UpProj}, l);
@@ -154,6 +155,7 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
     }
     layer.ffn = std::make_unique<DenseMlp>(b, b.upload_linear(std::move(gate_up)), b.upload_linear(std::move(down)));
     layers_.push_back(std::move(layer));
+    weights.release_read();
   }
   final_norm_ = vector(TensorRole::FinalNorm, -1, c.hidden_size);
   // The plan resolves lm_head: its own (possibly quantized) weight, or the embedding when tied.
@@ -163,6 +165,8 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
                                   lm_head.out_features(), lm_head.in_features(), c.vocab_size, c.hidden_size));
   }
   lm_head_ = b.upload_linear(std::move(lm_head));
+  // Also the embedding's pages: a backend that gathers from the mapping in place faults in the rows it reads.
+  weights.release_read();
   // MoE blocks route on the host (Backend::route copies the router logits back), so their decode steps cannot
   // be captured; dense models run every op on the backend.
   // Tensor parallelism: the all-reduces wait on the stream and call the communicator, outside any graph.

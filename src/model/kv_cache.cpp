@@ -25,6 +25,22 @@ int64_t kv_block_bytes(int64_t layers, int64_t kv_heads, int64_t head_dim, int64
   return 2 * layers * kv_heads * head_dim * block_size * kv_cache_dtype_bytes(element);
 }
 
+KvMemoryPlan kv_memory_plan(int64_t layers, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
+                            int64_t budget_bytes, int64_t block_size) {
+  if (layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || budget_bytes < 0) {
+    throw UsageError(fmt::format("kv_memory_plan: {} layers, {} KV heads, head_dim {}, block size {} must be positive "
+                                 "and the budget {} not negative",
+                                 layers, kv_heads, head_dim, block_size, budget_bytes));
+  }
+  KvMemoryPlan plan;
+  plan.budget_bytes = budget_bytes;
+  plan.block_size = block_size;
+  plan.bytes_per_block = kv_block_bytes(layers, kv_heads, head_dim, block_size, element);
+  plan.blocks = budget_bytes / plan.bytes_per_block;
+  plan.tokens = plan.blocks * block_size;
+  return plan;
+}
+
 KvCacheSpec resolved_spec(KvCacheSpec spec) {
   if (spec.max_seq_len <= 0 || spec.max_slots <= 0 || spec.block_size <= 0 || spec.num_blocks < 0 ||
       spec.sliding_window < 0) {

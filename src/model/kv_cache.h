@@ -53,6 +53,23 @@ inline int64_t kv_blocks_for(int64_t positions, int64_t block_size) { return (po
 /// Bytes of keys and values one block takes for `layers` layers × `kv_heads` × `head_dim` of `element`s.
 int64_t kv_block_bytes(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t block_size, KvCacheDtype element);
 
+/// How a KV budget in bytes becomes blocks (what `explain` prints and `serve` allocates): blocks = ⌊budget /
+/// bytes_per_block⌋, bytes_per_block = kv_block_bytes(layers, kv_heads, head_dim, block_size, element), tokens =
+/// blocks · block_size (positions the pool holds across all sequences; every layer keeps its keys and values in
+/// the same block).
+struct KvMemoryPlan {
+  int64_t budget_bytes = 0;
+  int64_t block_size = 0;
+  int64_t bytes_per_block = 0;
+  int64_t blocks = 0;
+  int64_t tokens = 0;
+  /// Bytes the blocks take (blocks · bytes_per_block ≤ budget_bytes).
+  int64_t pool_bytes() const { return blocks * bytes_per_block; }
+};
+/// Throws UsageError for a negative budget or non-positive sizes.
+KvMemoryPlan kv_memory_plan(int64_t layers, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
+                            int64_t budget_bytes, int64_t block_size = kDefaultKvBlockSize);
+
 /// Keys and values kept by a backend; KvCache only owns it. The backend that made it recognises its own type
 /// (ForwardModel::forward throws UsageError for a cache made by another backend).
 class KvStorage {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "fp4serve/error.h"
 
@@ -34,23 +35,37 @@ std::vector<std::string> by_expert(const std::vector<checkpoint::ModuleInfo>& mo
 
 MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
                    std::optional<SharedExpertWeights> shared, Backend* backend)
+    : MoeBlock(std::move(name), settings, std::move(router), static_cast<int64_t>(experts.size()),
+               [&experts](int64_t i) { return std::move(experts[static_cast<size_t>(i)]); }, std::move(shared),
+               backend) {}
+
+MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, int64_t expert_count,
+                   const std::function<ExpertWeights(int64_t)>& load_expert, std::optional<SharedExpertWeights> shared,
+                   Backend* backend)
     : name_(std::move(name)), settings_(settings) {
   const int64_t e = settings_.router.num_experts;
-  if (router.out_features() != e || static_cast<int64_t>(experts.size()) != e) {
+  if (router.out_features() != e || expert_count != e) {
     throw FormatError(fmt::format("{}: router has {} outputs and there are {} experts where config.json has {}", name_,
-                                  router.out_features(), experts.size(), e));
+                                  router.out_features(), expert_count, e));
   }
   if (settings_.router.top_k < 1 || settings_.router.top_k > e) {
     throw FormatError(fmt::format("{}: num_experts_per_tok {} outside 1 … {}", name_, settings_.router.top_k, e));
   }
+  if (backend == nullptr) throw UsageError(fmt::format("{}: no backend", name_));
   hidden_ = router.in_features();
-  // Under expert parallelism the experts of other ranks are empty groups: not run here.
-  const auto local = std::find_if(experts.begin(), experts.end(), [](const ExpertWeights& x) { return !x.down.empty(); });
-  if (local == experts.end()) throw FormatError(fmt::format("{}: no expert of this block is loaded", name_));
-  intermediate_ = local->down.in_features();
-  for (size_t i = 0; i < experts.size(); ++i) {
-    const ExpertWeights& x = experts[i];
-    if (x.w13.empty() && x.down.empty()) continue;
+  backend_ = backend;
+  router_ = backend_->upload_linear(std::move(router));
+  // One expert at a time: its checkpoint-order weights (and any reordered copy of them) are gone once it is
+  // uploaded, so a layer's experts never sit in memory twice.
+  experts_.reserve(static_cast<size_t>(e));
+  for (int64_t i = 0; i < e; ++i) {
+    ExpertWeights x = load_expert(i);
+    // Under expert parallelism the experts of other ranks are empty groups: not run here.
+    if (x.w13.empty() && x.down.empty()) {
+      experts_.push_back({nullptr, nullptr});
+      continue;
+    }
+    if (intermediate_ == 0) intermediate_ = x.down.in_features();  // the first expert loaded sets I
     if (x.w13.in_features() != hidden_ || x.w13.out_features() != 2 * intermediate_ ||
         x.down.in_features() != intermediate_ || x.down.out_features() != hidden_) {
       throw FormatError(fmt::format(
@@ -59,7 +74,9 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
           name_, i, x.w13.out_features(), x.w13.in_features(), x.down.out_features(), x.down.in_features(),
           2 * intermediate_, hidden_, hidden_, intermediate_, intermediate_));
     }
+    experts_.push_back({backend_->upload_linear(std::move(x.w13)), backend_->upload_linear(std::move(x.down))});
   }
+  if (intermediate_ == 0) throw FormatError(fmt::format("{}: no expert of this block is loaded", name_));
   if (shared) {
     const int64_t si = shared->down.in_features();
     if (shared->w13.in_features() != hidden_ || shared->w13.out_features() != 2 * si ||
@@ -69,20 +86,7 @@ MoeBlock::MoeBlock(std::string name, MoeSettings settings, LinearGroup router, s
                                     shared->down.out_features(), si, shared->gate.out_features(),
                                     shared->gate.in_features(), hidden_));
     }
-  }
-  if (backend == nullptr) throw UsageError(fmt::format("{}: no backend", name_));
-  backend_ = backend;
-  router_ = backend_->upload_linear(std::move(router));
-  experts_.reserve(experts.size());
-  for (ExpertWeights& x : experts) {
-    if (x.down.empty()) {
-      experts_.push_back({nullptr, nullptr});
-      continue;
-    }
-    experts_.push_back({backend_->upload_linear(std::move(x.w13)), backend_->upload_linear(std::move(x.down))});
-  }
-  if (shared) {
-    shared_intermediate_ = shared->down.in_features();
+    shared_intermediate_ = si;
     shared_w13_ = backend_->upload_linear(std::move(shared->w13));
     shared_down_ = backend_->upload_linear(std::move(shared->down));
     shared_gate_ = backend_->upload_linear(std::move(shared->gate));
@@ -169,7 +173,7 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
   if (routers.size() != 1) throw FormatError(fmt::format("{}: {} router modules where one was expected", where, routers.size()));
   LinearGroup router = weights.linear_group({routers.front().name});
 
-  std::vector<ExpertWeights> experts;
+  std::function<ExpertWeights(int64_t)> load_expert;  // called once per expert, in order, by the block
   const auto gates = weights.modules(layer, ModuleRole::ExpertGate);
   const auto ups = weights.modules(layer, ModuleRole::ExpertUp);
   const auto downs = weights.modules(layer, ModuleRole::ExpertDown);
@@ -177,12 +181,11 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
     const std::vector<std::string> up = by_expert(ups, mc.num_experts, where, "expert up");
     const std::vector<std::string> down = by_expert(downs, mc.num_experts, where, "expert down");
     const std::vector<std::string> gate = by_expert(gates, mc.num_experts, where, "expert gate");
-    for (int64_t e = 0; e < mc.num_experts; ++e) {
+    load_expert = [&weights, up, down, gate](int64_t e) {
       const auto i = static_cast<size_t>(e);
       // Gate and up run as one w13 GEMM when the plan fuses them; each shard keeps its own global scale.
-      ExpertWeights x{weights.linear_group({gate[i], up[i]}), weights.linear_group({down[i]})};
-      experts.push_back(std::move(x));
-    }
+      return ExpertWeights{weights.linear_group({gate[i], up[i]}), weights.linear_group({down[i]})};
+    };
   } else {
     const auto gate_up = weights.modules(layer, ModuleRole::ExpertsGateUp);
     const auto down = weights.modules(layer, ModuleRole::ExpertsDown);
@@ -195,10 +198,10 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
       }
     }
     const bool interleaved = spec.gate_up == checkpoint::GateUpLayout::InterleavedRows;
-    for (int64_t e = 0; e < mc.num_experts; ++e) {
-      experts.push_back({weights.fused_expert(gate_up.front().name, e, interleaved),
-                         weights.fused_expert(down.front().name, e, false)});
-    }
+    load_expert = [&weights, gate_up_name = gate_up.front().name, down_name = down.front().name,
+                   interleaved](int64_t e) {
+      return ExpertWeights{weights.fused_expert(gate_up_name, e, interleaved), weights.fused_expert(down_name, e, false)};
+    };
   }
 
   std::optional<SharedExpertWeights> shared;
@@ -213,8 +216,8 @@ std::unique_ptr<MoeBlock> make_moe_block(const ModelConfig& config, const Weight
     shared = SharedExpertWeights{weights.linear_group({sg.front().name, su.front().name}),
                                  weights.linear_group({sd.front().name}), weights.linear_group({sr.front().name})};
   }
-  auto block = std::make_unique<MoeBlock>(where, settings, std::move(router), std::move(experts), std::move(shared),
-                                          backend);
+  auto block = std::make_unique<MoeBlock>(where, settings, std::move(router), mc.num_experts, load_expert,
+                                          std::move(shared), backend);
   // A tensor-parallel shard holds a slice of each expert's intermediate (plan/shard.h checked it against the headers).
   const bool sharded = weights.attention_heads().has_value();
   if ((!sharded && block->intermediate_size() != mc.intermediate_size) || block->hidden_size() != config.hidden_size) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,12 @@ class MoeBlock final : public FeedForward {
   /// what Backend::upload_linear throws.
   MoeBlock(std::string name, MoeSettings settings, LinearGroup router, std::vector<ExpertWeights> experts,
            std::optional<SharedExpertWeights> shared, Backend* backend);
+  /// The same with the experts read one at a time: `load_expert(i)` for i = 0 … expert_count − 1, in order, each
+  /// uploaded before the next is read, so only one expert's checkpoint-order weights (and reordered copies of them)
+  /// are alive at once. Throws as above and what `load_expert` throws.
+  MoeBlock(std::string name, MoeSettings settings, LinearGroup router, int64_t expert_count,
+           const std::function<ExpertWeights(int64_t)>& load_expert, std::optional<SharedExpertWeights> shared,
+           Backend* backend);
   ~MoeBlock() override;
 
   /// out[m, H] = Σ_k weight_k · expert_k(h) (+ sigmoid(gate(h)) · shared(h)). h, out: [m, H] fp32 in the

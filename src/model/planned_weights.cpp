@@ -55,7 +55,11 @@ ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinter
   const std::byte* src = t.bytes.data() + static_cast<size_t>(expert) * per_expert;
   ExpertSlice out;
   std::vector<int64_t> shape(t.shape.begin() + 1, t.shape.end());
-  out.bytes.assign(src, src + per_expert);
+  if (!transpose && !deinterleave) {  // the expert's bytes as they lie in `t`: no copy
+    out.view = core::TensorView{t.dtype, shape, std::span<const std::byte>(src, per_expert)};
+    return out;
+  }
+  out.bytes.resize(per_expert);
   if (transpose) {  // [K, N] → [N, K] element by element
     const int64_t k = shape[0], n = shape[1];
     const size_t elem = per_expert / static_cast<size_t>(k * n);
@@ -70,10 +74,13 @@ ExpertSlice slice_expert(const core::TensorView& t, int64_t expert, bool deinter
     const int64_t rows = shape[0];
     if (rows % 2 != 0) throw FormatError(fmt::format("{}: {} interleaved gate/up rows is odd", name, rows));
     const size_t row_bytes = per_expert / static_cast<size_t>(rows);
-    const std::vector<std::byte> in = out.bytes;
+    // Reorder from the source directly, or from a copy of the transposed rows.
+    std::vector<std::byte> transposed;
+    if (transpose) transposed = out.bytes;
+    const std::byte* in = transpose ? transposed.data() : src;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t dst = r % 2 == 0 ? r / 2 : rows / 2 + r / 2;
-      std::memcpy(out.bytes.data() + static_cast<size_t>(dst) * row_bytes, in.data() + static_cast<size_t>(r) * row_bytes, row_bytes);
+      std::memcpy(out.bytes.data() + static_cast<size_t>(dst) * row_bytes, in + static_cast<size_t>(r) * row_bytes, row_bytes);
     }
   }
   out.view = core::TensorView{t.dtype, shape, std::span<const std::byte>(out.bytes)};
@@ -124,8 +131,19 @@ PlannedWeights::PlannedWeights(const checkpoint::Checkpoint& ckpt, const plan::L
   for (const plan::ModulePlan& m : plan.modules) modules_.emplace(m.module.name, &m);
 }
 
+core::TensorView PlannedWeights::read(const std::string& name) const {
+  core::TensorView view = ckpt_.tensor(name);
+  read_.push_back(view.bytes);
+  return view;
+}
+
+void PlannedWeights::release_read() const {
+  for (const std::span<const std::byte> bytes : read_) ckpt_.release_pages(bytes);
+  read_.clear();
+}
+
 core::TensorView PlannedWeights::tensor(const std::string& name) const {
-  const core::TensorView view = ckpt_.tensor(name);
+  const core::TensorView view = read(name);
   progress_.add(1, view.bytes.size());
   return view;
 }
@@ -224,7 +242,7 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
       throw FormatError(fmt::format("{}: the plan lists no {} tensor for scheme {}", name, plan::tensor_role_name(role),
                                     plan::scheme_name(*m.scheme)));
     }
-    return slice(ckpt_.tensor(use->name), role);
+    return slice(read(use->name), role);
   };
   auto scalar = [&](TensorRole role) { return view(role).load<float>(0); };
   quant::LinearWeights& w = part.weight;
@@ -279,8 +297,8 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     case plan::WeightKind::Int4: {
       const plan::TensorUse* zp = m.tensor(TensorRole::WeightZeroPoint);
       const plan::TensorUse* gidx = m.tensor(TensorRole::WeightGIdx);
-      const core::TensorView zp_view = zp ? slice(ckpt_.tensor(zp->name), TensorRole::WeightZeroPoint) : core::TensorView{};
-      const core::TensorView gidx_view = gidx ? slice(ckpt_.tensor(gidx->name), TensorRole::WeightGIdx) : core::TensorView{};
+      const core::TensorView zp_view = zp ? slice(read(zp->name), TensorRole::WeightZeroPoint) : core::TensorView{};
+      const core::TensorView gidx_view = gidx ? slice(read(gidx->name), TensorRole::WeightGIdx) : core::TensorView{};
       w.encoding = quant::WeightEncoding::Int4;
       w.group_size = m.quant.weights && m.quant.weights->group_size ? *m.quant.weights->group_size : -1;
       rows.weight = view(TensorRole::WeightPacked);
@@ -300,13 +318,13 @@ LinearPart PlannedWeights::prepare_module(const plan::ModulePlan& m) const {
     }
     case plan::WeightKind::Unquantized: {
       w.encoding = quant::WeightEncoding::Dense;
-      rows.weight = slice(ckpt_.tensor(m.module.dense_weight), TensorRole::Weight);
+      rows.weight = slice(read(m.module.dense_weight), TensorRole::Weight);
       if (m.module.role == checkpoint::ModuleRole::LmHead) w.requant = requant_of(options_.lm_head_dtype);
       break;
     }
   }
   if (const plan::TensorUse* bias = m.tensor(TensorRole::Bias); bias != nullptr && shard.bias) {
-    rows.bias = slice(ckpt_.tensor(bias->name), TensorRole::Bias);
+    rows.bias = slice(read(bias->name), TensorRole::Bias);
     rows.has_bias = true;
   }
   w.rows.push_back(std::move(rows));
@@ -376,8 +394,8 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
   auto slice = [&](TensorRole role, bool transpose) {
     const plan::TensorUse* use = m->tensor(role);
     if (use == nullptr) throw FormatError(fmt::format("{}: the plan lists no {} tensor", name, plan::tensor_role_name(role)));
-    ExpertSlice e = slice_expert(ckpt_.tensor(use->name), expert, deinterleave, transpose, name);
-    return hold(std::move(e.bytes), e.view, e.view.shape);
+    ExpertSlice e = slice_expert(read(use->name), expert, deinterleave, transpose, name);
+    return e.bytes.empty() ? e.view : hold(std::move(e.bytes), e.view, e.view.shape);
   };
   quant::WeightRows rows;
   rows.name = name;
@@ -395,9 +413,9 @@ LinearGroup PlannedWeights::fused_expert(const std::string& module, int64_t expe
     rows.weight_scale = cut(scales, f.group_size);
     w.in_features = rows.weight.shape.size() == 2 ? rows.weight.shape[1] * 2 : 0;
   } else if (scheme.weights == plan::WeightKind::Unquantized) {
-    ExpertSlice e = slice_expert(ckpt_.tensor(m->module.dense_weight), expert, deinterleave,
+    ExpertSlice e = slice_expert(read(m->module.dense_weight), expert, deinterleave,
                                  m->module.dense_weight_in_out, name);
-    const core::TensorView whole = hold(std::move(e.bytes), e.view, e.view.shape);
+    const core::TensorView whole = e.bytes.empty() ? e.view : hold(std::move(e.bytes), e.view, e.view.shape);
     w.encoding = quant::WeightEncoding::Dense;
     rows.weight = cut(whole, 1);
     w.in_features = rows.weight.shape.size() == 2 ? rows.weight.shape[1] : 0;
@@ -434,8 +452,8 @@ std::shared_ptr<const OnlineTransform> PlannedWeights::transform(const std::stri
     throw FormatError(fmt::format("{}: the plan lists no {} tensor for online transform {} at `{}`", owner,
                                   matrix == nullptr ? "matrix" : "perm", t.group, t.location));
   }
-  TransformSource source{matrix->name, t.type, t.inverse, ckpt_.tensor(matrix->name), std::nullopt};
-  if (perm) source.perm = ckpt_.tensor(perm->name);
+  TransformSource source{matrix->name, t.type, t.inverse, read(matrix->name), std::nullopt};
+  if (perm) source.perm = read(perm->name);
   return transforms_.get(source);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -45,10 +46,11 @@ class LoadProgress {
   int last_percent_ = -1;
 };
 
-/// One expert of a fused 3-D tensor, as owned bytes and a view over them.
+/// One expert of a fused 3-D tensor: a view of its bytes in the tensor when they need no reordering (`bytes`
+/// empty), else the reordered copy in `bytes` and a view over it.
 struct ExpertSlice {
   std::vector<std::byte> bytes;
-  core::TensorView view;  ///< points into `bytes`: moving the slice keeps it valid, copying does not
+  core::TensorView view;  ///< into `bytes` when not empty (moving the slice keeps it valid, copying does not)
 };
 
 /// Expert `expert` of `t` [E, R, ...] as [R, ...]. With `transpose` (a dense [E, K, N] weight, GPT-OSS's
@@ -94,8 +96,13 @@ class PlannedWeights final : public WeightSource {
   /// The plan's q_attn / k_cache transforms of `layer`. Throws FormatError for malformed matrices or perms.
   AttentionTransforms attention_transforms(int64_t layer) const override;
   std::optional<AttentionHeads> attention_heads() const override;
+  /// Drops the resident checkpoint pages of every tensor read since the last call (checkpoint::Checkpoint::
+  /// release_pages): the Decoder calls it once a layer's groups are uploaded, when the backend holds its own copy.
+  void release_read() const override;
 
  private:
+  /// ckpt_.tensor(name), remembered for release_read.
+  core::TensorView read(const std::string& name) const;
   LinearPart prepare_module(const plan::ModulePlan& module) const;
   /// The module's online transform at `location` ("input" or "output"; null when it has none). Throws
   /// UnsupportedError for an online transform at a location a Linear cannot take or two at one location,
@@ -116,6 +123,7 @@ class PlannedWeights final : public WeightSource {
   mutable TransformCache transforms_;  // identical transform matrices are built once and shared
   const plan::TensorParallelPlan* tp_ = nullptr;  // null: the whole model
   int rank_ = 0;
+  mutable std::vector<std::span<const std::byte>> read_;  // checkpoint bytes read since the last release_read
 };
 
 }  // namespace fp4serve::model

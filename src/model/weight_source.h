@@ -53,6 +53,11 @@ class WeightSource {
   /// returns linear groups with this rank's rows / columns only, and an empty group for an expert of another
   /// rank (expert parallelism).
   virtual std::optional<AttentionHeads> attention_heads() const { return std::nullopt; }
+  /// Called once the backend has uploaded (repacked into its own memory) everything read so far: a source over
+  /// a mapped checkpoint drops those pages from the process's resident memory, so the checkpoint does not stay
+  /// resident beside the backend's copy. Views handed out stay valid (they fault in again when read). Nothing by
+  /// default.
+  virtual void release_read() const {}
 };
 
 }  // namespace fp4serve::model

@@ -25,6 +25,30 @@ int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_l
   return blocks;
 }
 
+int64_t kv_budget_for_utilization(double fraction, int64_t total, int64_t used) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw UsageError(fmt::format("--gpu-memory-utilization {}: expected a fraction of the device's memory in (0, 1], "
+                                 "e.g. 0.9",
+                                 fraction));
+  }
+  if (total <= 0) {
+    throw UsageError("--gpu-memory-utilization: this system does not report the device's total memory; give the KV "
+                     "budget in GiB with --kv-cache-memory");
+  }
+  const auto allowed = static_cast<int64_t>(fraction * static_cast<double>(total));
+  const int64_t budget = allowed - used;
+  if (budget <= 0) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const double needed = std::min(1.0, (static_cast<double>(used) + kGiB) / static_cast<double>(total));
+    throw UsageError(fmt::format("--gpu-memory-utilization {}: {:.2f} GiB of the device's {:.2f} GiB, but the process "
+                                 "already holds {:.2f} GiB after loading, which leaves nothing for the KV cache (about "
+                                 "{:.2f} leaves 1 GiB; or give the budget with --kv-cache-memory)",
+                                 fraction, static_cast<double>(allowed) / kGiB, static_cast<double>(total) / kGiB,
+                                 static_cast<double>(used) / kGiB, needed));
+  }
+  return budget;
+}
+
 DecoderStepModel::DecoderStepModel(const model::ForwardModel& decoder, const model::KvCacheSpec& spec)
     : decoder_(decoder), cache_(decoder.make_cache(spec)) {}
 

@@ -18,6 +18,13 @@ namespace fp4serve::server {
 int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
                              model::KvCacheDtype element, int64_t block_size = model::kDefaultKvBlockSize);
 
+/// The KV budget in bytes of `--gpu-memory-utilization fraction`, vLLM's flag on either device: this process may
+/// fill `fraction` of the device's `total` memory (RAM on the CPU, the GPU's memory), and what it holds there after
+/// loading (`used`: the weights as loaded, buffers) comes off: budget = ⌊fraction · total⌋ − used. Throws
+/// UsageError naming the flag when fraction is not in (0, 1], when total is unknown (0), or when nothing is left
+/// for the cache (with the sizes and the fraction that would leave 1 GiB).
+int64_t kv_budget_for_utilization(double fraction, int64_t total, int64_t used);
+
 class DecoderStepModel final : public StepModel {
  public:
   /// A cache of `spec` made by `decoder` (its pool's memory is committed as blocks are first used).

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "core/memory_stats.h"
+
 namespace fp4serve::server {
 namespace {
 
@@ -244,6 +246,17 @@ std::string Metrics::render() const {
   value("fp4serve_kv_cache_slots_total", slots_total_);
   header(out, "fp4serve_kv_cache_tokens", "gauge", "Positions filled in the KV-cache slots in use.");
   value("fp4serve_kv_cache_tokens", cached_tokens_);
+  // Read at each scrape: the process's memory now, and its peak since start (weights, KV pool and the load's
+  // transients together).
+  const core::ProcessMemory memory = core::process_memory();
+  header(out, "fp4serve_process_resident_memory_bytes", "gauge", "Resident memory of the server process (VmRSS).");
+  value("fp4serve_process_resident_memory_bytes", memory.rss);
+  header(out, "fp4serve_process_peak_resident_memory_bytes", "gauge",
+         "Peak resident memory of the server process since it started (VmHWM).");
+  value("fp4serve_process_peak_resident_memory_bytes", memory.peak_rss);
+  header(out, "fp4serve_process_anonymous_memory_bytes", "gauge",
+         "Resident anonymous memory (RssAnon): the weights as loaded, the KV pool, buffers; not the mapped checkpoint.");
+  value("fp4serve_process_anonymous_memory_bytes", memory.anon);
   return out;
 }
 

@@ -128,6 +128,31 @@ std::vector<int32_t> tokens(int64_t n, int32_t first) {
   return t;
 }
 
+// explain's and serve's memory plan, worked out by hand: gpt-oss-20b's 24 layers × 8 KV heads × 64, bf16 keys and
+// values in blocks of 16 positions = 2 · 24 · 8 · 64 · 16 · 2 = 786,432 bytes a block; 4 GiB hold 5,461 blocks
+// (4,294,967,296 / 786,432 = 5461.33), 87,376 positions. The default model (30 × 3 × 64): 368,640 bytes, 11,650.
+TEST(KvMemoryPlan, BlocksAndTokensFollowFromTheConfigAndBudget) {
+  const int64_t gib4 = int64_t{4} << 30;
+  const KvMemoryPlan gptoss = kv_memory_plan(24, 8, 64, KvCacheDtype::Bf16, gib4);
+  EXPECT_EQ(gptoss.bytes_per_block, 786432);
+  EXPECT_EQ(gptoss.blocks, 5461);
+  EXPECT_EQ(gptoss.tokens, 87376);
+  EXPECT_EQ(gptoss.block_size, 16);
+  EXPECT_EQ(gptoss.budget_bytes, gib4);
+  EXPECT_LE(gptoss.pool_bytes(), gib4);
+  EXPECT_GT(gptoss.pool_bytes() + gptoss.bytes_per_block, gib4);
+  const KvMemoryPlan smol = kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, gib4);
+  EXPECT_EQ(smol.bytes_per_block, 368640);
+  EXPECT_EQ(smol.blocks, 11650);
+  // fp32 doubles a block; a block of 32 positions too; a budget below one block holds none.
+  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::F32, gib4).blocks, 5825);
+  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::F16, gib4, 32).tokens, 5825 * 32);
+  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, 368639).blocks, 0);
+  EXPECT_THROW(kv_memory_plan(0, 3, 64, KvCacheDtype::Bf16, gib4), UsageError);
+  EXPECT_THROW(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, -1), UsageError);
+  EXPECT_THROW(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, gib4, 0), UsageError);
+}
+
 TEST(PagedKvCache, BlocksGrowWithTheSequenceAndReturnOnRelease) {
   KvCache cache(2, 1, 4, KvCacheSpec{64, 3, 10, 4});
   const int s = cache.acquire();

@@ -204,8 +204,9 @@ TEST_P(MoeBlockTest, MatchesFloat64Reference) {
     lw.in_features = h;
     quant::WeightRows r;
     r.name = "w13";
-    r.weight = lw.keep(std::move(w.bytes), w.view.dtype, w.view.shape);
-    r.bias = lw.keep(std::move(b.bytes), b.view.dtype, b.view.shape);
+    // A slice without reordering views the source (which outlives the block); a reordered one is owned.
+    r.weight = w.bytes.empty() ? w.view : lw.keep(std::move(w.bytes), w.view.dtype, w.view.shape);
+    r.bias = b.bytes.empty() ? b.view : lw.keep(std::move(b.bytes), b.view.dtype, b.view.shape);
     r.has_bias = true;
     lw.rows.push_back(std::move(r));
     std::vector<float> down(down_all.begin() + i * h * inter, down_all.begin() + (i + 1) * h * inter);
@@ -290,6 +291,37 @@ TEST(MoeBlock, W13MustHoldGateAndUpRows) {
                FormatError);
 }
 
+// The checkpoint-order weights of an expert (owned copies here, as a reordered GPT-OSS gate|up slice is) are freed
+// once it is uploaded and before the next expert is read: a layer's experts never sit in memory twice (the backend's
+// repacked copy is the only one), and the block gives the same output as one built from a list.
+TEST(MoeBlock, LoadsOneExpertAtATimeAndFreesItsCheckpointOrderCopies) {
+  const int64_t e = 4, k = 2, h = 8, inter = 8, m = 3;
+  const std::vector<float> router = random_vector(e * h, 41, 0.5f);
+  const std::vector<float> w13 = random_vector(2 * inter * h, 42, 0.3f), down = random_vector(h * inter, 43, 0.3f);
+  const std::vector<float> x = random_vector(m * h, 44);
+  MoeSettings s;
+  s.router = {RouterKind::SoftmaxTopK, e, k, true, 1.0f};
+  std::vector<std::weak_ptr<const void>> copies;
+  int64_t calls = 0;
+  const auto load = [&](int64_t i) {
+    EXPECT_EQ(i, calls++);
+    for (const auto& c : copies) EXPECT_TRUE(c.expired()) << "an earlier expert's copy is alive when expert " << i << " is read";
+    ExpertWeights w{dense_group(w13, 2 * inter, h), dense_group(down, h, inter)};
+    for (LinearGroup* g : {&w.w13, &w.down}) copies.push_back(g->parts().at(0).weight.owned.at(0));
+    return w;
+  };
+  const MoeBlock lazy("lazy", s, dense_group(router, e, h), e, load, std::nullopt, block_backend());
+  EXPECT_EQ(calls, e);
+  for (const auto& c : copies) EXPECT_TRUE(c.expired());
+  std::vector<ExpertWeights> list;
+  for (int64_t i = 0; i < e; ++i) list.push_back({dense_group(w13, 2 * inter, h), dense_group(down, h, inter)});
+  const MoeBlock listed("listed", s, dense_group(router, e, h), std::move(list), std::nullopt, block_backend());
+  std::vector<float> a(static_cast<size_t>(m * h)), b(a.size());
+  lazy.forward(x.data(), m, a.data(), nullptr);
+  listed.forward(x.data(), m, b.data(), nullptr);
+  EXPECT_EQ(a, b);
+}
+
 // Qwen2-MoE: routed experts (softmax → top-k, no renormalization) plus sigmoid(gate(h)) · shared_expert(h).
 TEST(MoeBlock, SharedExpertWithSigmoidGateMatchesFloat64Reference) {
   const int64_t e = 4, k = 2, h = 16, inter = 8, si = 24, m = 7;
@@ -351,6 +383,18 @@ TEST(SliceExpert, DeinterleavesAndTransposes) {
   ASSERT_EQ(tr.view.shape, (std::vector<int64_t>{4, 6}));
   for (int n = 0; n < 4; ++n)
     for (int k = 0; k < 6; ++k) EXPECT_EQ(tr.view.load<float>(n * 6 + k), 100 + 10 * k + n);
+  // Both: transposed to [4, 6], then its rows deinterleaved (0, 2, 1, 3).
+  const ExpertSlice both = slice_expert(t, 1, true, true, "t");
+  ASSERT_EQ(both.view.shape, (std::vector<int64_t>{4, 6}));
+  const int want_n[4] = {0, 2, 1, 3};
+  for (int n = 0; n < 4; ++n)
+    for (int k = 0; k < 6; ++k) EXPECT_EQ(both.view.load<float>(n * 6 + k), 100 + 10 * k + want_n[n]);
+  // Neither: a view of the expert's bytes in the tensor, no copy (the checkpoint's pages, not a second copy).
+  const ExpertSlice plain = slice_expert(t, 1, false, false, "t");
+  EXPECT_TRUE(plain.bytes.empty());
+  ASSERT_EQ(plain.view.shape, (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(plain.view.bytes.data(), t.bytes.data() + 24 * sizeof(float));
+  EXPECT_EQ(plain.view.bytes.size(), 24 * sizeof(float));
   EXPECT_THROW(slice_expert(t, 3, false, false, "t"), FormatError);
   EXPECT_THROW(slice_expert(f32_view(v, {3, 3, 8}), 0, true, false, "t"), FormatError);
 }

@@ -3,6 +3,9 @@
 // rendering, and the bench report statistics (against numpy.percentile values worked out by hand).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+
 #include "fp4serve/error.h"
 #include "server/bench_client.h"
 #include "server/decoder_step_model.h"
@@ -31,6 +34,36 @@ TEST(KvBudget, BlocksFollowTheCacheElement) {
   // 50 MiB: 71 fp32 blocks cannot hold one 2048-position sequence (128 blocks), 142 bf16 ones can.
   EXPECT_THROW(kv_blocks_for_budget(config, 2048, int64_t{50} << 20, model::KvCacheDtype::F32), UsageError);
   EXPECT_EQ(kv_blocks_for_budget(config, 2048, int64_t{50} << 20, model::KvCacheDtype::Bf16), 142);
+}
+
+// --gpu-memory-utilization F: ⌊F · total⌋ − used, worked out by hand; F outside (0, 1], an unknown total and a
+// fraction the process already fills are refused naming the flag.
+std::string budget_error(double fraction, int64_t total, int64_t used) {
+  try {
+    (void)kv_budget_for_utilization(fraction, total, used);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(KvBudget, FractionOfTheDeviceLessWhatTheModelHolds) {
+  const int64_t gib = int64_t{1} << 30;
+  EXPECT_EQ(kv_budget_for_utilization(0.5, 24 * gib, 3 * gib), 9 * gib);
+  EXPECT_EQ(kv_budget_for_utilization(1.0, 80 * gib, 0), 80 * gib);
+  EXPECT_EQ(kv_budget_for_utilization(0.9, 1000, 100), 800);
+  for (const double bad : {0.0, -0.1, 1.01, 2.0, std::nan("")}) {
+    EXPECT_NE(budget_error(bad, 24 * gib, gib).find("expected a fraction of the device's memory in (0, 1]"),
+              std::string::npos) << bad;
+  }
+  EXPECT_NE(budget_error(0.5, 0, 0).find("does not report the device's total memory"), std::string::npos);
+  // 0.1 of 24 GiB is 2.4 GiB, less than the 3 GiB already held: 4 GiB of 24 (0.17) would leave 1 GiB.
+  EXPECT_NE(budget_error(0.1, 24 * gib, 3 * gib)
+                .find("--gpu-memory-utilization 0.1: 2.40 GiB of the device's 24.00 GiB, but the process already "
+                      "holds 3.00 GiB after loading, which leaves nothing for the KV cache (about 0.17 leaves 1 GiB"),
+            std::string::npos)
+      << budget_error(0.1, 24 * gib, 3 * gib);
+  EXPECT_THROW(kv_budget_for_utilization(0.125, 24 * gib, 3 * gib), UsageError);  // exactly 3 GiB: nothing left
 }
 
 TEST(OpenAiApi, ParsesCompletionFields) {
@@ -184,6 +217,13 @@ TEST(Metrics, RenderHasEveryFamilyOnce) {
   EXPECT_NE(text.find("fp4serve_request_prompt_tokens_bucket{" + l + ",le=\"10\"} 0\n"), std::string::npos);
   EXPECT_NE(text.find("fp4serve_request_generation_tokens_sum{" + l + "} 7\n"), std::string::npos);
   EXPECT_NE(text.find("fp4serve_iteration_tokens_total_bucket{" + l + ",le=\"64\"} 1\n"), std::string::npos);
+  // The process's memory (read at render time): resident, peak (≥ resident) and anonymous, all above zero here.
+  for (const char* gauge : {"fp4serve_process_resident_memory_bytes", "fp4serve_process_peak_resident_memory_bytes",
+                            "fp4serve_process_anonymous_memory_bytes"}) {
+    const auto at = text.find(std::string(gauge) + "{" + l + "} ");
+    ASSERT_NE(at, std::string::npos) << gauge;
+    EXPECT_GT(std::stoll(text.substr(text.find("} ", at) + 2)), 0) << gauge;
+  }
   for (const char* family : {"fp4serve_requests_total", "fp4serve_time_to_first_token_seconds",
                              "fp4serve_inter_token_latency_seconds", "fp4serve_kv_cache_usage_perc",
                              "fp4serve_request_queue_time_seconds", "fp4serve_iteration_tokens_total"}) {

@@ -13,6 +13,7 @@
 #include "backends/cpu/kernels/norm.h"
 #include "backends/cpu/kernels/rope.h"
 #include "backends/cpu/kernels/softmax.h"
+#include "core/memory_stats.h"
 #include "fp4serve/error.h"
 
 namespace fp4serve::backends::cpu {
@@ -45,6 +46,10 @@ const T& as(const B& handle, const char* what) {
 }
 
 }  // namespace
+
+Backend::MemoryUse CpuBackend::memory_use() const {
+  return {core::system_memory().total, core::process_memory().rss};
+}
 
 model::RouterMath router_math() { return model::RouterMath{kernels::softmax_rows, kernels::top_k}; }
 

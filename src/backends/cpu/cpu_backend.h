@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
                       prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32)
       : kv_dtype_(kv_cache_dtype), activation_precision_(activation_precision) {}
   bool host_memory() const override { return true; }
+  MemoryUse memory_use() const override;
   std::string name() const override { return "cpu"; }
 
   std::unique_ptr<BackendLinear> upload_linear(LinearGroup group) override;

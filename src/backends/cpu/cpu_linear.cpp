@@ -89,15 +89,16 @@ CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& tra
   out.out_features = group.out_features();
   for (LinearPart& p : group.parts()) {
     CpuLinearPart part;
-    part.weight = prepare::prepare_linear(p.weight);
-    p.weight = quant::LinearWeights();  // the checkpoint-order slices are not needed any more
+    // The repack writes the resident copy straight into the arena (huge pages: the bytes every decode step
+    // streams); the checkpoint-order weights (views, or owned slices) go right after.
+    part.weight = prepare::prepare_linear(p.weight, arena);
+    p.weight = quant::LinearWeights();
     if (p.activation_quant == model::ActivationEmulation::None) part.weight.activation_precision = precision;
     part.activation = activation_emulation_of(p.activation_quant);
     part.input_transform = transforms.get(p.input_transform);
     for (const OutputTransform& t : p.output_transforms) {
       part.output_transforms.push_back({t.offset, t.width, transforms.get(t.transform)});
     }
-    if (arena != nullptr) prepare::move_weights_into(part.weight, *arena);
     out.parts.push_back(std::move(part));
   }
   return out;

@@ -680,4 +680,10 @@ const float* CudaBackend::host_view(const float* x, int64_t n, std::vector<float
   return copy.data();
 }
 
+
+Backend::MemoryUse CudaBackend::memory_use() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  FP4SERVE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {static_cast<int64_t>(total_bytes), static_cast<int64_t>(total_bytes - free_bytes)};
+}
 }  // namespace fp4serve::backends::cuda

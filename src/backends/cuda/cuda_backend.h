@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   bool host_memory() const override { return false; }
+  MemoryUse memory_use() const override;
   std::string name() const override;
 
   std::unique_ptr<BackendLinear> upload_linear(LinearGroup group) override;

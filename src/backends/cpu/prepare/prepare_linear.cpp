@@ -33,11 +33,15 @@ PreparedLinear prepare_rows(const quant::LinearWeights& w, const quant::WeightRo
 
 }  // namespace
 
-PreparedLinear prepare_linear(const quant::LinearWeights& w) {
+PreparedLinear prepare_linear(const quant::LinearWeights& w, HugePageArena* arena) {
   if (w.rows.empty()) throw UsageError("prepare_linear: a layer with no rows");
+  // One row block is prepared straight into the arena; several are prepared on the heap and only their
+  // concatenation goes there (the arena never reuses space).
+  const bool single = w.rows.size() == 1;
   std::vector<PreparedLinear> parts;
   parts.reserve(w.rows.size());
   for (const quant::WeightRows& r : w.rows) {
+    const ScopedWeightArena scope(single ? arena : nullptr);
     PreparedLinear p = prepare_rows(w, r);
     if (p.in_features != w.in_features) {
       throw FormatError(fmt::format("{}: weight has {} input features, the layer {}", r.name, p.in_features,
@@ -47,6 +51,7 @@ PreparedLinear prepare_linear(const quant::LinearWeights& w) {
     p.input_global_scale = w.input_global_scale;
     parts.push_back(std::move(p));
   }
+  const ScopedWeightArena scope(arena);
   return concat_rows(std::move(parts));
 }
 

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -49,9 +50,24 @@ AlignedBuffer AlignedBuffer::copy_into(HugePageArena& arena, const AlignedBuffer
   return out;
 }
 
+AlignedBuffer AlignedBuffer::zeroed_in(HugePageArena& arena, size_t bytes) {
+  AlignedBuffer out;
+  if (bytes == 0) return out;
+  std::shared_ptr<void> chunk;
+  std::byte* p = arena.allocate(bytes, chunk);
+  out.data_ = std::unique_ptr<std::byte[], Free>(p, Free{std::move(chunk)});
+  out.size_ = bytes;
+  return out;
+}
+
 namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
+thread_local HugePageArena* t_weight_arena = nullptr;
 }  // namespace
+
+ScopedWeightArena::ScopedWeightArena(HugePageArena* arena) : previous_(t_weight_arena) { t_weight_arena = arena; }
+ScopedWeightArena::~ScopedWeightArena() { t_weight_arena = previous_; }
+HugePageArena* ScopedWeightArena::current() { return t_weight_arena; }
 
 struct HugePageArena::State {
   mutable std::mutex mutex;
@@ -71,12 +87,15 @@ std::byte* HugePageArena::allocate(size_t bytes, std::shared_ptr<void>& chunk) {
   State& s = *state_;
   if (s.chunk == nullptr || s.used + rounded > s.capacity) {
     const size_t size = std::max(s.chunk_bytes, (rounded + kHugePage - 1) / kHugePage * kHugePage);
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kHugePage, size));
-    if (p == nullptr) throw std::bad_alloc();
+    // A fresh anonymous mapping (zero-filled by the kernel, which zeroed_in relies on), 2 MiB aligned inside a
+    // mapping one huge page larger.
+    void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    auto* p = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) / kHugePage * kHugePage);
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages the memory works the same
 #endif
-    s.chunk = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    s.chunk = std::shared_ptr<void>(raw, [size](void* q) { ::munmap(q, size + kHugePage); });
     s.base = p;
     s.capacity = size;
     s.used = 0;
@@ -127,9 +146,13 @@ void init_tiles(PreparedLinear& w, WeightLayout layout, int64_t n, int64_t k, in
   const int64_t row_multiple = layout == WeightLayout::Fp4 || layout == WeightLayout::Int4 ? kPairedTiles * kTileRows : kTileRows;
   w.padded_rows = (n + row_multiple - 1) / row_multiple * row_multiple;
   const auto tiles = static_cast<size_t>(w.tiles());
-  w.codes = AlignedBuffer(tiles * code_bytes_per_tile);
-  w.scales = AlignedBuffer(tiles * scale_bytes_per_tile);
-  w.offsets = AlignedBuffer(tiles * offset_bytes_per_tile);
+  HugePageArena* arena = ScopedWeightArena::current();
+  const auto buffer = [arena](size_t bytes) {
+    return arena != nullptr ? AlignedBuffer::zeroed_in(*arena, bytes) : AlignedBuffer(bytes);
+  };
+  w.codes = buffer(tiles * code_bytes_per_tile);
+  w.scales = buffer(tiles * scale_bytes_per_tile);
+  w.offsets = buffer(tiles * offset_bytes_per_tile);
 }
 
 }  // namespace detail

@@ -85,6 +85,9 @@ class AlignedBuffer {
   /// A copy of `source` carved out of `arena` (which may be destroyed before the copy: the chunk lives as long as
   /// a buffer in it). Throws std::bad_alloc.
   static AlignedBuffer copy_into(HugePageArena& arena, const AlignedBuffer& source);
+  /// `bytes` zero bytes carved out of `arena` (its chunks are fresh anonymous mappings, zero already, so nothing is
+  /// written: the pages become resident when the repack fills them). Throws std::bad_alloc.
+  static AlignedBuffer zeroed_in(HugePageArena& arena, size_t bytes);
   /// A deep copy (a new allocation of the same size and bytes). Throws std::bad_alloc.
   AlignedBuffer(const AlignedBuffer& other);
   AlignedBuffer& operator=(const AlignedBuffer& other);
@@ -124,6 +127,23 @@ class HugePageArena {
  private:
   struct State;
   std::shared_ptr<State> state_;
+};
+
+/// While alive, the repack functions (repack.h) called on this thread build the weight buffers of the layouts
+/// they make (codes, scales, offsets) in `arena` instead of on the heap: the repack writes the final resident
+/// copy directly, with no heap buffer copied into the arena afterwards (that churn used to leave freed heap pages
+/// resident beside the weights and doubled the bytes written at load). Scopes nest; the innermost wins.
+class ScopedWeightArena {
+ public:
+  explicit ScopedWeightArena(HugePageArena* arena);
+  ~ScopedWeightArena();
+  ScopedWeightArena(const ScopedWeightArena&) = delete;
+  ScopedWeightArena& operator=(const ScopedWeightArena&) = delete;
+  /// The arena of the innermost scope on this thread, or null (heap buffers).
+  static HugePageArena* current();
+
+ private:
+  HugePageArena* previous_;
 };
 
 struct PreparedLinear;

@@ -17,8 +17,10 @@
 namespace fp4serve::prepare {
 
 /// The CPU layout of a layer in checkpoint order: each row block prepared by the function of its encoding below
-/// (with its bias and the layer's input_global_scale), then concatenated (concat_rows). Throws what those throw.
-PreparedLinear prepare_linear(const quant::LinearWeights& w);
+/// (with its bias and the layer's input_global_scale), then concatenated (concat_rows). With `arena`, the weight
+/// buffers of the result (codes, scales, offsets) are built in it directly (ScopedWeightArena). Throws what those
+/// throw.
+PreparedLinear prepare_linear(const quant::LinearWeights& w, HugePageArena* arena = nullptr);
 
 /// A block format (quant/block_format.h): compressed-tensors `<format>-pack-quantized`, ModelOpt NVFP4 /
 /// W4A16_NVFP4, GPT-OSS blocks reshaped to 2-D (FORMATS.md §2.1, §2.2, §3.2, §5).

@@ -87,16 +87,33 @@ PreparedLinear prepare_dense(const core::TensorView& weight, std::string_view na
   PreparedLinear w;
   detail::init_tiles(w, WeightLayout::Dense, n, k, 0, static_cast<size_t>(k) * kTileRows * (bf16 ? 2 : 4), 0, 0);
   w.dense_storage = bf16 ? DenseStorage::Bf16 : DenseStorage::F32;
+  if (bf16) {
+    // Rows write disjoint elements; in parallel on the engine's threads (lm_head and the attention projections
+    // of a bf16 model are the bulk of its load-time repack). No exception can leave the loop.
+    // Tile by tile, each written front to back while its 8 source rows are read front to back.
+    const auto* src = reinterpret_cast<const unsigned char*>(weight.bytes.data());
+    auto* dst = w.codes.as<uint16_t>();
+    const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t rows = std::min(kTileRows, n - t * kTileRows);  // padded rows stay zero
+      uint16_t* tile = dst + static_cast<size_t>(t * k * kTileRows);
+      const unsigned char* first = src + static_cast<size_t>(t * kTileRows * k) * 2;
+      for (int64_t col = 0; col < k; ++col) {
+        for (int64_t r = 0; r < rows; ++r) {
+          uint16_t v;
+          std::memcpy(&v, first + static_cast<size_t>(r * k + col) * 2, 2);  // safetensors does not align
+          tile[col * kTileRows + r] = v;
+        }
+      }
+    }
+    return w;
+  }
   for (int64_t row = 0; row < n; ++row) {
     const int64_t t = row / kTileRows, r = row % kTileRows;
     for (int64_t col = 0; col < k; ++col) {
       const auto src = static_cast<size_t>(row * k + col);
-      const auto dst = static_cast<size_t>((t * k + col) * kTileRows + r);
-      if (bf16) {
-        w.codes.as<uint16_t>()[dst] = weight.load<uint16_t>(src);
-      } else {
-        w.codes.as<float>()[dst] = quant::load_float(weight, src, name);
-      }
+      w.codes.as<float>()[static_cast<size_t>((t * k + col) * kTileRows + r)] = quant::load_float(weight, src, name);
     }
   }
   return w;

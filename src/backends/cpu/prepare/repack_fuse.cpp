@@ -89,6 +89,7 @@ PreparedLinear concat_rows(std::vector<PreparedLinear> parts) {
     const int64_t t0 = row0 / kTileRows;
     if (paired) {
       const int64_t tiles = (p.out_features + kTileRows - 1) / kTileRows;  // without a pair's zero padding tile
+#pragma omp parallel for schedule(static) if (tiles * octets >= (1 << 12))
       for (int64_t t = 0; t < tiles; ++t) copy_tile(p, t, t0 + t);
     } else {
       const auto tiles = static_cast<size_t>(p.tiles());

@@ -4,11 +4,15 @@
 // own global scales, and rejects malformed tensors with a message naming the layer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/kernels/linear.h"
 #include "fp4serve/error.h"
@@ -463,6 +467,63 @@ TEST(PrepareLinear, StackedRowBlocksGiveTheirPartsConcatenated) {
       }
     }
   }
+}
+
+// With an arena, prepare_linear builds the result's weight buffers in it, byte for byte what the heap path builds,
+// and nothing else: a single row block straight into the arena, several blocks only as their concatenation (the
+// parts stay on the heap, the arena holds exactly the codes and scales of the fused layer, no second copy).
+TEST(PrepareLinear, RepacksIntoTheArenaWithoutASecondCopy) {
+  std::mt19937 rng(47);
+  const Layer a = testing::make_nvfp4(rng, 16, 64, true);
+  const Layer b = testing::make_nvfp4(rng, 24, 64, true);
+  const auto view = [](const Layer& l) {
+    return quant::fp4_view_weights(quant::BlockFormat::Nvfp4, l.weight.view(), l.scale.view(), l.global_scale,
+                                   GlobalScaleConvention::Divisor, kName);
+  };
+  const auto stacked = [&] {
+    std::vector<quant::LinearWeights> layers;
+    layers.push_back(view(a));
+    layers.push_back(view(b));
+    return quant::stack_rows(std::move(layers));
+  };
+  const auto inside = [](const AlignedBuffer& buf, const std::vector<std::pair<const std::byte*, size_t>>& spans) {
+    return std::any_of(spans.begin(), spans.end(), [&](const auto& s) {
+      return buf.data() >= s.first && buf.data() + buf.size() <= s.first + s.second;
+    });
+  };
+  const auto rounded = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "two row blocks" : "one row block");
+    const quant::LinearWeights w = fused ? stacked() : view(a);
+    const PreparedLinear heap = prepare_linear(w);
+    HugePageArena arena(size_t{2} << 20);
+    const PreparedLinear in_arena = prepare_linear(w, &arena);
+    ASSERT_EQ(in_arena.codes.size(), heap.codes.size());
+    EXPECT_EQ(std::memcmp(in_arena.codes.data(), heap.codes.data(), heap.codes.size()), 0);
+    ASSERT_EQ(in_arena.scales.size(), heap.scales.size());
+    EXPECT_EQ(std::memcmp(in_arena.scales.data(), heap.scales.data(), heap.scales.size()), 0);
+    EXPECT_EQ(in_arena.global_scale, heap.global_scale);
+    // The arena handed out exactly the result's buffers, and they lie in it (a second arena's blocks do not).
+    EXPECT_EQ(arena.used_bytes(), rounded(heap.codes.size()) + rounded(heap.scales.size()));
+    std::shared_ptr<void> chunk;
+    const std::byte* base = arena.allocate(1, chunk);
+    const std::vector<std::pair<const std::byte*, size_t>> spans{{base - arena.used_bytes() + 64, arena.used_bytes()}};
+    EXPECT_TRUE(inside(in_arena.codes, spans));
+    EXPECT_TRUE(inside(in_arena.scales, spans));
+    EXPECT_FALSE(inside(heap.codes, spans));
+  }
+  // The scope ends with the call: later repacks on this thread go to the heap again.
+  EXPECT_EQ(ScopedWeightArena::current(), nullptr);
+  HugePageArena outer, inner;
+  {
+    const ScopedWeightArena a1(&outer);
+    {
+      const ScopedWeightArena a2(&inner);
+      EXPECT_EQ(ScopedWeightArena::current(), &inner);
+    }
+    EXPECT_EQ(ScopedWeightArena::current(), &outer);
+  }
+  EXPECT_EQ(ScopedWeightArena::current(), nullptr);
 }
 
 TEST(PrepareLinear, EachEncodingReachesItsRepack) {
