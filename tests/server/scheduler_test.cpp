@@ -212,36 +212,47 @@ TEST(Scheduler, ChoicesOfOneRequestGiveIdenticalGreedyTokens) {
   }
 }
 
-// Seeded choices sample with seed + i, as vLLM's child requests do: choice i is the lone request with that seed.
-TEST(Scheduler, SeededChoicesFollowSeedPlusIndex) {
-  std::mt19937 rng(7);
-  const auto prompt = random_prompt(rng, 9);
-  auto sampled = [&](uint64_t seed) {
+// Three seeded choices of one request (seed `seed`), then three lone requests with seeds seed + i, on one
+// scheduler: each choice must sample what its lone request samples, and the choices differ. Returns the channel
+// of the last choice (for its cached_tokens) after all of them finished.
+std::shared_ptr<RequestChannel> expect_choices_follow_seed_plus_index(Scheduler& sched, const std::vector<int32_t>& prompt,
+                                                                      uint64_t seed) {
+  auto sampled = [&](uint64_t s) {
     SequenceRequest r = greedy(prompt, 12, true);
     r.sampling.temperature = 1.0f;
-    r.sampling.seed = seed;
+    r.sampling.seed = s;
     return r;
   };
-  FakeModel model(4, 256);
-  Metrics metrics;
-  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_queue = 8}, metrics);
-  sched.start();
-  auto channels = sched.submit_n(sampled(100), 3);
-  ASSERT_EQ(channels.size(), 3u);
+  auto channels = sched.submit_n(sampled(seed), 3);
+  EXPECT_EQ(channels.size(), 3u);
   std::vector<std::vector<int32_t>> outs;
   for (auto& ch : channels) {
     std::vector<int32_t> t;
     drain(*ch, t);
     outs.push_back(t);
   }
-  for (uint64_t i = 0; i < 3; ++i) {
-    auto lone = sched.submit(sampled(100 + i));
+  for (uint64_t i = 0; i < outs.size(); ++i) {
+    auto lone = sched.submit(sampled(seed + i));
     std::vector<int32_t> t;
     drain(*lone, t);
     EXPECT_EQ(t, outs[i]) << "choice " << i;
   }
   EXPECT_NE(outs[0], outs[1]);
-  EXPECT_THROW(sched.submit_n(sampled(1), 5), UsageError);  // more choices than the batch runs
+  EXPECT_NE(outs[1], outs[2]);
+  return channels.back();
+}
+
+// Seeded choices sample with seed + i, as vLLM's child requests do: choice i is the lone request with that seed.
+TEST(Scheduler, SeededChoicesFollowSeedPlusIndex) {
+  std::mt19937 rng(7);
+  const auto prompt = random_prompt(rng, 9);
+  FakeModel model(4, 256);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_queue = 8}, metrics);
+  sched.start();
+  expect_choices_follow_seed_plus_index(sched, prompt, 100);
+  SequenceRequest more = greedy(prompt, 12, true);
+  EXPECT_THROW(sched.submit_n(more, 5), UsageError);  // more choices than the batch runs
 }
 
 // Choices cancelled while queued, and mid-prefill (steps slowed so the cancel lands there), end as aborted and
@@ -391,33 +402,11 @@ TEST(Scheduler, ChoicesComputeThePromptOnce) {
 TEST(Scheduler, ForkedSeededChoicesMatchLoneRequests) {
   std::mt19937 rng(71);
   const auto prompt = random_prompt(rng, 53);
-  auto sampled = [&](uint64_t seed) {
-    SequenceRequest r = greedy(prompt, 12, true);
-    r.sampling.temperature = 1.0f;
-    r.sampling.seed = seed;
-    return r;
-  };
   FakeModel model(4, 256);
   Metrics metrics;
   Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_queue = 8}, metrics);
   sched.start();
-  auto channels = sched.submit_n(sampled(500), 3);
-  ASSERT_EQ(channels.size(), 3u);
-  std::vector<std::vector<int32_t>> outs;
-  for (auto& ch : channels) {
-    std::vector<int32_t> t;
-    drain(*ch, t);
-    outs.push_back(t);
-  }
-  EXPECT_EQ(channels[2]->cached_tokens(), 48);
-  for (uint64_t i = 0; i < 3; ++i) {
-    auto lone = sched.submit(sampled(500 + i));
-    std::vector<int32_t> t;
-    drain(*lone, t);
-    EXPECT_EQ(t, outs[i]) << "choice " << i;
-  }
-  EXPECT_NE(outs[0], outs[1]);
-  EXPECT_NE(outs[1], outs[2]);
+  EXPECT_EQ(expect_choices_follow_seed_plus_index(sched, prompt, 500)->cached_tokens(), 48);
 }
 
 // The leader cancelled while it prefills: a parked choice takes over and computes the prompt, the third forks it,
