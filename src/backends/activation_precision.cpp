@@ -43,12 +43,6 @@ std::string executable_identity() {
   return fmt::format("{} bytes, modified {}", static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtime));
 }
 
-std::string measurement_key(int threads, std::array<int64_t, 2> shape) {
-  static const std::string machine = cpu_model_name() + " | " + executable_identity() + " | " +
-                                     kernels::gemm_target_name();
-  return fmt::format("{} | {} threads | [{}, {}]", machine, threads, shape[0], shape[1]);
-}
-
 nlohmann::json probe_to_json(const kernels::PrecisionProbe& p) {
   return {{"choice", prepare::activation_precision_name(p.choice)},
           {"measured", p.measured},
@@ -138,7 +132,7 @@ Measured measure_or_recall(int threads, std::array<int64_t, 2> shape) {
   static std::mutex mutex;
   static std::map<std::string, Measured> in_process;
   const std::lock_guard<std::mutex> lock(mutex);
-  const std::string key = measurement_key(threads, shape);
+  const std::string key = precision_cache_key(threads, shape);
   if (const auto it = in_process.find(key); it != in_process.end()) return it->second;
   const std::filesystem::path file = precision_cache_file();
   nlohmann::json entries = file.empty() ? nlohmann::json::object() : read_cache(file);
@@ -156,6 +150,12 @@ Measured measure_or_recall(int threads, std::array<int64_t, 2> shape) {
 }
 
 }  // namespace
+
+std::string precision_cache_key(int threads, std::array<int64_t, 2> probe_shape) {
+  static const std::string machine = cpu_model_name() + " | " + executable_identity() + " | " +
+                                     kernels::gemm_target_name();
+  return fmt::format("{} | {} threads | [{}, {}]", machine, threads, probe_shape[0], probe_shape[1]);
+}
 
 std::filesystem::path precision_cache_file() {
   const auto env = [](const char* name) -> std::string {

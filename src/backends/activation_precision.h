@@ -45,6 +45,10 @@ prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare:
 /// The probe shape load_model passes for a model: its MLP, [max(intermediate, hidden), hidden].
 std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);
 
+/// The cache file's key of a measurement with `threads` threads on `probe_shape` in this process: the CPU model,
+/// this executable (size and modification time), the GEMM target, the thread count and the shape.
+std::string precision_cache_key(int threads, std::array<int64_t, 2> probe_shape);
+
 /// Where auto's measurements are kept: $FP4SERVE_CACHE_DIR, else $XDG_CACHE_HOME/fp4serve, else
 /// $HOME/.cache/fp4serve, with the file name activation-precision.json; empty when none of them is set.
 std::filesystem::path precision_cache_file();

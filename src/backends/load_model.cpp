@@ -106,9 +106,25 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   loaded.kv_element = resolve_kv_cache_dtype(options.kv_cache_dtype, device.kind, loaded.config.dtype);
   PrepareOptions prepare;
   prepare.lm_head_dtype = options.lm_head_dtype;
-  loaded.activation_precision =
-      resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype,
-                                   activation_probe_shape(loaded.config));
+  const plan::ParallelConfig& parallel = options.parallel;
+  const int comm_size = options.comm != nullptr ? options.comm->size() : 1;
+  const int comm_rank = options.comm != nullptr ? options.comm->rank() : 0;
+  if (parallel.tensor_parallel_size != comm_size || parallel.rank != comm_rank) {
+    throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}",
+                                 parallel.tensor_parallel_size, parallel.rank, comm_size, comm_rank));
+  }
+  // auto on the CPU is a measurement: under tensor parallelism rank 0 measures alone (the ranks' probes would
+  // compete for the cores) and every rank runs what it chose, so that all shards round their activations alike.
+  const bool measured_auto = !options.activation_precision && device.kind == plan::DeviceKind::Cpu;
+  if (comm_size == 1 || comm_rank == 0 || !measured_auto) {
+    loaded.activation_precision = resolve_activation_precision(options.activation_precision, device.kind,
+                                                               loaded.config.dtype, activation_probe_shape(loaded.config));
+  }
+  if (comm_size > 1 && measured_auto) {
+    auto code = static_cast<uint8_t>(loaded.activation_precision);
+    options.comm->broadcast(&code, 1, 0);
+    loaded.activation_precision = static_cast<prepare::ActivationPrecision>(code);
+  }
   if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision);
 
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
@@ -131,13 +147,6 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     if (use.dropped) continue;
     ++tensors;
     bytes += use.bytes;
-  }
-  const plan::ParallelConfig& parallel = options.parallel;
-  const int comm_size = options.comm != nullptr ? options.comm->size() : 1;
-  const int comm_rank = options.comm != nullptr ? options.comm->rank() : 0;
-  if (parallel.tensor_parallel_size != comm_size || parallel.rank != comm_rank) {
-    throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}",
-                                 parallel.tensor_parallel_size, parallel.rank, comm_size, comm_rank));
   }
   // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);

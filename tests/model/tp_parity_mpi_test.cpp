@@ -15,10 +15,13 @@
 #include <filesystem>
 #include <optional>
 #include <utility>
+#include <unistd.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/kernels/linear.h"
 #include "backends/load_model.h"
+#include "core/threading.h"
 #include "fp4serve/error.h"
 #include "test_support.h"
 #include "tp_checkpoint.h"
@@ -125,6 +128,40 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   EXPECT_LE(max_diff, 1e-4 * max_logit) << c.fixture;
   EXPECT_TRUE(cached_same) << c.fixture << " with a prefix-cache hit";
   EXPECT_LE(cached_diff, 1e-4 * max_logit) << c.fixture << " with a prefix-cache hit";
+}
+
+// auto's activation precision is rank 0's measurement on every rank, so that the shards round their activations
+// alike: each rank's own cache of measurements (FP4SERVE_CACHE_DIR, one folder per rank) is seeded with the
+// opposite answer to rank 0's (rank 0 bf16, the others bf16-decode-int8), and every rank must load with bf16.
+// 3 threads: a key no other test of this process has measured (the measurement is also kept in memory).
+TEST(TpActivationPrecision, EveryRankRunsRankZerosAutoChoice) {
+  if (!kernels::bf16_dot_active()) GTEST_SKIP() << "auto measures only on a CPU with AVX512-BF16 dot products";
+  dist::Communicator& comm = *g_comm;
+  const fs::path dir = kRef / "llama-nvfp4a16";
+  constexpr int kThreads = 3;
+  const ModelConfig config = parse_model_config(checkpoint::Checkpoint::open(dir).config());
+  ASSERT_EQ(config.dtype, "bfloat16");
+  if (config.num_heads % comm.size() != 0) GTEST_SKIP() << dir.filename() << "'s heads do not split over " << comm.size();
+  const fs::path cache = fs::temp_directory_path() / ("fp4serve-tp-precision-" + std::to_string(getpid()));
+  fs::create_directories(cache);
+  const bool int8 = comm.rank() != 0;
+  const nlohmann::json entry = {{"choice", int8 ? "bf16-decode-int8" : "bf16"}, {"measured", true},
+                                {"out_features", 256},  {"in_features", 256},
+                                {"bf16_decode_s", 1e-5}, {"int8_decode_s", 1e-5},
+                                {"bf16_batched_s", 1e-4}, {"int8_batched_s", int8 ? 0.5e-4 : 1e-4}};
+  std::ofstream(cache / "activation-precision.json")
+      << nlohmann::json{{precision_cache_key(kThreads, activation_probe_shape(config)), entry}}.dump();
+  setenv("FP4SERVE_CACHE_DIR", cache.c_str(), 1);
+  LoadOptions shard;
+  shard.threads = kThreads;
+  shard.parallel = {comm.size(), comm.rank(), false};
+  shard.comm = &comm;
+  const LoadedModel sharded = load_model(dir, shard);
+  unsetenv("FP4SERVE_CACHE_DIR");
+  fs::remove_all(cache);
+  core::set_num_threads(1);
+  EXPECT_EQ(sharded.activation_precision, prepare::ActivationPrecision::Bf16)
+      << "rank " << comm.rank() << " ran " << prepare::activation_precision_name(sharded.activation_precision);
 }
 
 // Dense, uneven MXFP4 (intermediate 352 = 128/128/96 at TP 3), NVFP4 with per-shard global scales, int4, FP8
