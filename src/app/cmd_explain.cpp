@@ -133,7 +133,8 @@ void run_explain(const ExplainOptions& opts) {
 void register_explain(CLI::App& root) {
   auto opts = std::make_shared<ExplainOptions>();
   CLI::App* cmd = root.add_subcommand("explain", "Show which execution scheme each layer gets on a device, and why "
-                                                 "(reads config files and headers only)");
+                                                 "(reads config files and headers only; on the CPU, auto's activation-precision "
+                                                 "measurement runs once per machine)");
   add_model_path_option(*cmd, opts->model, "checkpoint folder, .safetensors file, or ORG/NAME from the local Hugging Face cache");
   cmd->add_option("--device", opts->device, "auto | cpu | cuda | sm80 | sm86 | sm89 | sm90 | sm100 | sm120 (dry run)")
       ->capture_default_str();

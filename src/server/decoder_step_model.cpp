@@ -18,7 +18,8 @@ int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_l
   const int64_t one_sequence = model::kv_blocks_for(max_seq_len, block_size);
   if (blocks < one_sequence) {
     throw UsageError(fmt::format("the KV-cache budget of {} MiB holds {} blocks of {} positions, but one sequence of "
-                                 "{} positions needs {} ({} MiB): lower --max-model-len or raise --kv-cache-memory",
+                                 "{} positions needs {} ({} MiB): lower --max-model-len or raise the budget (--kv-cache-memory, "
+                                 "or --gpu-memory-utilization)",
                                  budget_bytes >> 20, blocks, block_size, max_seq_len, one_sequence,
                                  (one_sequence * per_block + (1 << 20) - 1) >> 20));
   }
