@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "fp4serve/error.h"
 
@@ -44,9 +46,10 @@ int json_nesting(std::string_view text) {
   return deepest;
 }
 
-int grammar_nesting(std::string_view text) {
+int grammar_nesting(std::string_view text, GrammarSyntax syntax) {
+  const bool quotes = syntax == GrammarSyntax::kEbnf;  // a regex's quotes are ordinary characters
   int depth = 0, deepest = 0;
-  char quote = 0;      // inside a "…" or '…' literal
+  char quote = 0;      // inside a "…" or '…' literal (EBNF)
   bool in_class = false;  // inside a [...] character class (its brackets count once)
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -59,7 +62,7 @@ int grammar_nesting(std::string_view text) {
         in_class = false;
         --depth;
       }
-    } else if (c == '"' || c == '\'') {
+    } else if (quotes && (c == '"' || c == '\'')) {
       quote = c;
     } else if (c == '[') {
       in_class = true;
@@ -73,6 +76,29 @@ int grammar_nesting(std::string_view text) {
   return deepest;
 }
 
+namespace {
+
+// The deepest regex of the "pattern" strings anywhere in a JSON schema (or a structural tag's schemas): the
+// engine compiles each into the grammar, so they nest as deep as their own groups. Called once the JSON's own
+// nesting is within the limit, so the walk is bounded; a text that is not JSON is left to the engine's error.
+int deepest_pattern(const nlohmann::json& j) {
+  int deepest = 0;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "pattern" && it->is_string()) {
+        deepest = std::max(deepest, grammar_nesting(it->get_ref<const std::string&>(), GrammarSyntax::kRegex));
+      } else {
+        deepest = std::max(deepest, deepest_pattern(*it));
+      }
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) deepest = std::max(deepest, deepest_pattern(v));
+  }
+  return deepest;
+}
+
+}  // namespace
+
 void check_grammar_limits(const GrammarSpec& spec, const GrammarLimits& limits) {
   const char* what = grammar_spec_description(spec.kind);
   int64_t bytes = static_cast<int64_t>(spec.source.size());
@@ -84,9 +110,15 @@ void check_grammar_limits(const GrammarSpec& spec, const GrammarLimits& limits) 
   int depth = 0;
   switch (spec.kind) {
     case GrammarSpec::Kind::kJsonSchema:
-    case GrammarSpec::Kind::kStructuralTag: depth = json_nesting(spec.source); break;
-    case GrammarSpec::Kind::kRegex:
-    case GrammarSpec::Kind::kGrammar: depth = grammar_nesting(spec.source); break;
+    case GrammarSpec::Kind::kStructuralTag:
+      depth = json_nesting(spec.source);
+      if (depth <= limits.max_nesting) {
+        const nlohmann::json parsed = nlohmann::json::parse(spec.source, nullptr, /*allow_exceptions=*/false);
+        if (!parsed.is_discarded()) depth = std::max(depth, deepest_pattern(parsed));
+      }
+      break;
+    case GrammarSpec::Kind::kRegex: depth = grammar_nesting(spec.source, GrammarSyntax::kRegex); break;
+    case GrammarSpec::Kind::kGrammar: depth = grammar_nesting(spec.source, GrammarSyntax::kEbnf); break;
     case GrammarSpec::Kind::kJsonObject:
     case GrammarSpec::Kind::kChoice: break;
   }

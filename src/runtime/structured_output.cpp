@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "fp4serve/error.h"
@@ -107,6 +108,14 @@ struct GrammarCompiler::Impl {
   GrammarLimits limits;
   // Compiles past their deadline, still running; shared with the workers, which may outlive the compiler.
   std::shared_ptr<std::atomic<int>> overdue = std::make_shared<std::atomic<int>>(0);
+  // Compiles running (on time or overdue), at most limits.max_overdue_compiles: counted from before a worker starts
+  // to its end, so that concurrent slow constraints cannot all start and then all run past the deadline.
+  struct Slots {
+    std::mutex mutex;
+    std::condition_variable freed;
+    int running = 0;
+  };
+  std::shared_ptr<Slots> slots = std::make_shared<Slots>();
 };
 
 namespace {
@@ -167,28 +176,56 @@ GrammarCompiler::~GrammarCompiler() = default;
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) const {
   const GrammarLimits& limits = impl_->limits;
   check_grammar_limits(spec, limits);
-  if (impl_->overdue->load() >= std::max(limits.max_overdue_compiles, 1)) {
-    throw GrammarBusyError(fmt::format("{} grammar compiles that ran past their {} s deadline are still running; "
-                                       "retry later",
-                                       impl_->overdue->load(), limits.compile_timeout_seconds));
+  // A slot first: wait for one up to the deadline (a burst of fast compiles queues briefly), else busy.
+  const int max_running = std::max(limits.max_overdue_compiles, 1);
+  const std::shared_ptr<Impl::Slots> slots = impl_->slots;
+  {
+    std::unique_lock lock(slots->mutex);
+    const auto free = [&] { return slots->running < max_running; };
+    if (limits.compile_timeout_seconds > 0) {
+      if (!slots->freed.wait_for(lock, std::chrono::duration<double>(limits.compile_timeout_seconds), free)) {
+        throw GrammarBusyError(fmt::format("{} grammar compiles are running ({} of them past their {} s deadline; at "
+                                           "most {} at once); retry later",
+                                           slots->running, impl_->overdue->load(), limits.compile_timeout_seconds,
+                                           max_running));
+      }
+    } else {
+      slots->freed.wait(lock, free);
+    }
+    ++slots->running;
   }
+  const auto release_slot = [](Impl::Slots& s) {
+    {
+      std::lock_guard lock(s.mutex);
+      --s.running;
+    }
+    s.freed.notify_one();
+  };
   // The engine cannot be interrupted: it runs on a worker of its own, and the caller waits up to the deadline.
   auto result = std::make_shared<CompileResult>();
-  std::thread([result, compiler = impl_->compiler, overdue = impl_->overdue, spec]() mutable {
-    std::optional<xgrammar::CompiledGrammar> grammar;
-    std::exception_ptr error;
-    try {
-      grammar.emplace(run_compile(compiler, spec));
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::lock_guard lock(result->mutex);
-    result->grammar = std::move(grammar);
-    result->error = error;
-    result->done = true;
-    if (result->overdue) --*overdue;
-    result->done_cv.notify_all();
-  }).detach();
+  try {
+    std::thread([result, compiler = impl_->compiler, overdue = impl_->overdue, slots, release_slot, spec]() mutable {
+      std::optional<xgrammar::CompiledGrammar> grammar;
+      std::exception_ptr error;
+      try {
+        grammar.emplace(run_compile(compiler, spec));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(result->mutex);
+        result->grammar = std::move(grammar);
+        result->error = error;
+        result->done = true;
+        if (result->overdue) --*overdue;
+        result->done_cv.notify_all();
+      }
+      release_slot(*slots);
+    }).detach();
+  } catch (const std::system_error& e) {  // no thread to be had: the machine is out of them, a transient state
+    release_slot(*slots);
+    throw GrammarBusyError(fmt::format("could not start a grammar compile: {}; retry later", e.what()));
+  }
   std::unique_lock lock(result->mutex);
   if (limits.compile_timeout_seconds > 0) {
     const auto deadline = std::chrono::duration<double>(limits.compile_timeout_seconds);

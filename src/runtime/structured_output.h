@@ -61,23 +61,27 @@ struct GrammarLimits {
   /// background (the engine cannot be stopped; its result is cached, so the same request is then fast). ≤ 0: no
   /// deadline.
   double compile_timeout_seconds = 10.0;
-  /// Compiles past their deadline that may still run in the background; beyond, compile() refuses new
-  /// constraints (GrammarBusyError) until one ends, so a client cannot stack slow compiles.
+  /// Compiles that may run at once, on time or past their deadline (the engine finishes an overdue one in the
+  /// background): a compile waits up to the deadline for one of them to end, then compile() refuses it
+  /// (GrammarBusyError), so that a client cannot stack slow compiles, one after another or all at once.
   int max_overdue_compiles = 2;
 };
 
 /// Nesting depth of the JSON text `text` (objects and arrays, outside strings), without parsing it: a scan with a
 /// counter, so any depth is safe to measure.
 int json_nesting(std::string_view text);
-/// Nesting depth of a regex or EBNF / Lark grammar: (), [] and {} outside "…" / '…' literals, character classes
-/// and backslash escapes.
-int grammar_nesting(std::string_view text);
+/// How grammar_nesting reads quotes: an EBNF / Lark grammar's "…" and '…' are literals (their brackets do not count);
+/// in a regex a quote is an ordinary character.
+enum class GrammarSyntax { kRegex, kEbnf };
+/// Nesting depth of a regex or EBNF / Lark grammar: (), [] and {} outside character classes, backslash escapes and
+/// (EBNF) "…" / '…' literals.
+int grammar_nesting(std::string_view text, GrammarSyntax syntax);
 
 /// "the JSON schema", "the regex", "the grammar", … (for messages).
 const char* grammar_spec_description(GrammarSpec::Kind kind);
 
 /// Throws UsageError naming what `spec` is (the JSON schema, the regex, …), its size or nesting and the limit,
-/// when it exceeds `limits`.
+/// when it exceeds `limits`. A JSON schema's nesting includes its "pattern" regexes'.
 void check_grammar_limits(const GrammarSpec& spec, const GrammarLimits& limits);
 
 /// How tokenizer.json spells its tokens (xgrammar's VocabType): raw bytes, SentencePiece with <0xXX> byte
@@ -107,8 +111,9 @@ std::string grammar_engine_description();
 
 class CompiledGrammar;  // immutable, shared by every sequence that uses it
 
-/// compile() refused a constraint because GrammarLimits::max_overdue_compiles compiles that ran past their
-/// deadline are still running: the server is busy, not the request wrong (HTTP 503).
+/// compile() refused a constraint because GrammarLimits::max_overdue_compiles compiles (some past their deadline)
+/// kept running for a whole deadline, or no thread could be started: the server is busy, not the request wrong
+/// (HTTP 503).
 class GrammarBusyError : public Error {
  public:
   using Error::Error;
@@ -130,7 +135,8 @@ class GrammarCompiler {
   /// engine runs on a worker thread; the caller waits at most limits().compile_timeout_seconds. Throws
   /// UsageError with the engine's message for an invalid or unsatisfiable schema, regex, grammar or structural
   /// tag, or an empty choice list; UsageError naming the limit for a spec over limits() or a compile past its
-  /// deadline; GrammarBusyError while limits().max_overdue_compiles overdue compiles still run.
+  /// deadline; GrammarBusyError when limits().max_overdue_compiles compiles run for the whole deadline that the
+  /// call waits for one of them to end (so a refusal takes up to two deadlines).
   std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec) const;
   const GrammarLimits& limits() const;
   /// Compiles past their deadline still running in the background.

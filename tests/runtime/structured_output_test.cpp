@@ -10,6 +10,7 @@
 #include <random>
 #include <regex>
 #include <sstream>
+#include <atomic>
 #include <thread>
 
 #include <fmt/format.h>
@@ -281,8 +282,18 @@ TEST_F(StructuredOutput, OversizedAndDeeplyNestedConstraintsAreRefused) {
   choices.choices.assign(3000, std::string(50, 'x'));
   EXPECT_THROW(compiler.compile(choices), UsageError);
   // Brackets inside literals, classes and escapes do not count.
-  EXPECT_EQ(grammar_nesting(R"(root ::= "((((" [(\[] "\"(" ( "a" ))"), 1);
-  EXPECT_EQ(grammar_nesting(R"(\((a[)]b)\))"), 2);
+  EXPECT_EQ(grammar_nesting(R"(root ::= "((((" [(\[] "\"(" ( "a" ))", GrammarSyntax::kEbnf), 1);
+  EXPECT_EQ(grammar_nesting(R"(\((a[)]b)\))", GrammarSyntax::kRegex), 2);
+  // A regex's quote is an ordinary character: it does not hide the groups after it (it did, and a regex of 100
+  // groups behind a '"' was compiled).
+  const std::string quoted = "\"" + std::string(100, '(') + "a" + std::string(100, ')');
+  EXPECT_EQ(grammar_nesting(quoted, GrammarSyntax::kRegex), 100);
+  EXPECT_NE(refusal(GrammarSpec::Kind::kRegex, quoted).find("the regex nests 100 levels deep"), std::string::npos);
+  // A schema's "pattern" regexes count toward its nesting.
+  const std::string deep_pattern = R"({"type": "string", "pattern": ")" + std::string(100, '(') + "a" +
+                                   std::string(100, ')') + R"("})";
+  EXPECT_NE(refusal(GrammarSpec::Kind::kJsonSchema, deep_pattern).find("the JSON schema nests 100 levels deep"),
+            std::string::npos);
   EXPECT_EQ(json_nesting(R"({"a": "[[[[", "b": [{"c": "\"{"}]})"), 3);
 }
 
@@ -347,6 +358,42 @@ TEST_F(StructuredOutput, SlowCompilesEndAtTheDeadline) {
   EXPECT_NE(compiler.compile(slow), nullptr);  // from the cache
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
   EXPECT_NE(compiler.compile(other), nullptr);
+}
+
+// Slow constraints sent all at once: at most max_overdue_compiles of them start (each answered at its deadline),
+// the others wait a deadline for a slot and are refused as busy. (Before, the busy check counted only compiles
+// already past their deadline, so all five started and all five ran on in the background.)
+TEST_F(StructuredOutput, ConcurrentSlowCompilesAreBounded) {
+  GrammarLimits limits;
+  limits.compile_timeout_seconds = 0.3;
+  limits.max_overdue_compiles = 2;
+  const GrammarCompiler compiler(smollm2().vocab, 2, int64_t{256} << 20, limits);
+  std::atomic<int> timed_out{0}, busy{0}, compiled{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 5; ++i) {
+    clients.emplace_back([&, i] {
+      GrammarSpec slow;
+      slow.kind = GrammarSpec::Kind::kJsonSchema;
+      // Distinct schemas (a title of their own), so that none is the engine's cached copy of another.
+      json schema = json::parse(slow_schema());
+      schema["title"] = "slow " + std::to_string(i);
+      slow.source = schema.dump();
+      try {
+        compiler.compile(slow);
+        ++compiled;
+      } catch (const GrammarBusyError&) {
+        ++busy;
+      } catch (const UsageError&) {
+        ++timed_out;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_LE(timed_out.load() + compiled.load(), 2);
+  EXPECT_GE(busy.load(), 3);
+  EXPECT_LE(compiler.overdue_compiles(), 2);
+  for (int i = 0; i < 600 && compiler.overdue_compiles() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(compiler.overdue_compiles(), 0) << "the background compiles did not end within 60 s";
 }
 
 }  // namespace
