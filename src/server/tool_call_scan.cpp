@@ -174,7 +174,8 @@ std::string arguments_text(std::string_view s, const CallSpan& span) {
   return std::string(raw);
 }
 
-// {"name": string, "arguments" | "parameters": object or its JSON text} → a call; nullopt for anything else.
+// {"name": string, "arguments" | "parameters": a JSON value (an object, or its JSON text)} → a call; nullopt
+// without a string name.
 std::optional<ToolCall> call_of(const json& obj) {
   if (!obj.is_object()) return std::nullopt;
   const auto name = obj.find("name");
@@ -187,7 +188,9 @@ std::optional<ToolCall> call_of(const json& obj) {
     const json parsed = json::parse(args->get<std::string>(), nullptr, false);
     if (parsed.is_object()) return ToolCall{name->get<std::string>(), parsed.dump()};
   }
-  return std::nullopt;
+  // Any other value (an array, a number, a string that is not an object's JSON) is the arguments as written, as
+  // vLLM's parsers pass them on, and as a stream sends them once the name is out (it cannot take a call back).
+  return ToolCall{name->get<std::string>(), args->dump()};
 }
 
 }  // namespace scan

@@ -49,8 +49,8 @@ std::vector<CallSpan> scan_mistral_v11(std::string_view s);
 /// The arguments text of a complete call as both parsers give it: the value's JSON text; the string's contents
 /// when the model wrote the arguments as a JSON string; "{}" when it wrote none (or null).
 std::string arguments_text(std::string_view s, const CallSpan& span);
-/// {"name": string, "arguments" | "parameters": object or its JSON text} → a call (arguments re-serialized);
-/// nullopt for anything else.
+/// {"name": string, "arguments" | "parameters": a JSON value} → a call (arguments re-serialized; an object's JSON
+/// text given as a string is that object); nullopt when `obj` is not an object with a string name.
 std::optional<ToolCall> call_of(const nlohmann::json& obj);
 
 }  // namespace fp4serve::server::scan

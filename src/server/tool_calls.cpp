@@ -464,8 +464,10 @@ struct OutputParser::State {
       if (is_call && harmony_call_started) {
         stream_harmony_call(out, body, true);
       } else if (is_call) {
+        // Any JSON value is the arguments, as a stream sends it (stream_harmony_call); text that is not JSON is
+        // content here, where a stream has already sent it as a call's arguments.
         const json args = json::parse(trim(body), nullptr, false);
-        if (args.is_object()) {
+        if (!args.is_discarded()) {
           ToolCall call{recipient.substr(10), std::string(trim(body))};
           if (mode == CallOutput::kStreamed) {
             out.deltas.push_back({next_index++, std::move(call.name), std::move(call.arguments)});
