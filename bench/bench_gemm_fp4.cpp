@@ -258,6 +258,12 @@ void register_all() {
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("linear_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true, true)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      if (f == Format::Bf16) {
+        // A bf16 lm_head under ActivationPrecision::Bf16: M > 4 takes bf16 dot products on x rounded to bf16 where
+        // the CPU has them (linear.h); linear/ above (fp32 x, the widened fp32 panel) is the same run's baseline.
+        benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, false)
+            ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      }
       if (f == Format::Nvfp4 || f == Format::Mxfp4) {
         // The FMA kernel where the default fused GEMV takes AVX512-BF16 pairs: the same run's baseline.
         if (kernels::bf16_dot_active()) {

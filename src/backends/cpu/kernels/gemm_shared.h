@@ -64,6 +64,13 @@ bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_
 /// rounded to bf16 and the fp32 kernels.
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// A bf16 Dense layer (an lm_head, a tied embedding) whose ActivationPrecision allows x in bf16 (Bf16,
+/// Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on fp32 x where it serves m (m ≤ 4; it streams the
+/// weights, so bf16 dot products would not make it faster), else the bf16-pair panel GEMM (x rounded to bf16,
+/// vdpbf16ps; the weights are exact in the panel). Returns false (and writes nothing) where neither runs (no
+/// AVX512-BF16 or switched off, K % 16 != 0, f32 storage): the caller then keeps fp32 x.
+bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 

@@ -386,8 +386,34 @@ void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, int64_t k0, in
   });
 }
 
+// Columns [k0, k0 + kc) of the bf16 Dense tile `tile` as pairs, panel already offset to the tile: the stored
+// [K][8] columns kk and kk + 1 interleaved (vpunpcklwd / vpunpckhwd), a copy with no rounding (the weights are
+// bf16 already). kc even.
+void DecodeDenseTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, uint32_t* panel) {
+  const uint16_t* src = w.codes.as<uint16_t>() + (tile * w.in_features + k0) * kTileRows;
+  for (int64_t kk = 0; kk < kc; kk += 2) {
+    const __m128i even = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kk * kTileRows));
+    const __m128i odd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (kk + 1) * kTileRows));
+    uint32_t* out = panel + (kk / 2) * kNR;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(even, odd));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(even, odd));
+  }
+}
+
 // Columns [k0, k0 + kc) of panel p as bf16 pairs; tiles past the end become zeros.
 void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
+  if (w.layout == WeightLayout::Dense) {
+    for (int64_t s = 0; s < kPanelTiles; ++s) {
+      const int64_t tile = p * kPanelTiles + s;
+      uint32_t* out = panel + s * kTileRows;
+      if (tile < w.tiles()) {
+        DecodeDenseTileBf16(w, tile, k0, kc, out);
+      } else {
+        for (int64_t kk = 0; kk < kc / 2; ++kk) std::memset(out + kk * kNR, 0, kTileRows * sizeof(uint32_t));
+      }
+    }
+    return;
+  }
   for (int64_t s = 0; s < kPanelTiles; s += 2) {
     const int64_t tile = p * kPanelTiles + s;
     uint32_t* out = panel + s * kTileRows;
@@ -463,7 +489,11 @@ struct Bf16PanelOps {
 };
 
 bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  if (!bf16_dot_usable() || w.layout != WeightLayout::Fp4 || m < 1) return false;
+  // Dense: bf16 storage only (an f32 weight would need rounding), K a multiple of RoundToBf16Pairs' 16 columns
+  // (Fp4 layouts have K % 16 == 0 by construction).
+  const bool dense_bf16 = w.layout == WeightLayout::Dense && w.dense_storage == prepare::DenseStorage::Bf16 &&
+                          w.in_features % 16 == 0;
+  if (!bf16_dot_usable() || (w.layout != WeightLayout::Fp4 && !dense_bf16) || m < 1) return false;
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
   uint32_t* xp = Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 2));
@@ -510,6 +540,10 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   // No bf16 dot products here: the same rounded x through the fp32 kernels (the same numbers up to the summation
   // order and vdpbf16ps's flush of subnormal inputs).
   gemm_dispatch(w, rounded_to_bf16(w, x, m), m, y);
+}
+
+bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  return gemv_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
 }
 
 void invariant_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {

@@ -38,6 +38,11 @@ enum class ActivationEmulation : uint8_t {
 /// 8 (AVX-512) rows. Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
 /// weights (4 on AVX2, 8 on AVX-512: decode steps), the fp32 path above it and on targets without that kernel.
 /// Bf16DecodeInt8: bf16 for those decode rows and int8 above (precision_for_rows).
+/// A bf16 Dense layer (an lm_head, a tied embedding) with Bf16 or Bf16DecodeInt8 (any m) and aq == None, outside
+/// batch-invariant mode: m ≤ 4 runs the fused GEMV on fp32 x as above; larger m, where AVX512-BF16 dot products run
+/// (bf16_dot_active) and K % 16 == 0, multiplies x rounded to bf16 (nearest even) with the exact bf16 weights in
+/// vdpbf16ps (fp32 accumulation), as GPU engines compute a bf16 lm_head; elsewhere fp32 x. Fp32, Int8, Int8Decode:
+/// fp32 x.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.

@@ -134,6 +134,12 @@ std::vector<Named> layers(std::mt19937& rng) {
   out.push_back({"fp8 block", prepare::prepare_fp8(f8b.weight.view(), f8b.scale.view(), {128, 128}, "fp8b")});
   const Layer bf = testing::make_dense(rng, n, k, core::DType::BF16);
   out.push_back({"dense bf16", prepare::prepare_dense(bf.weight.view(), "bf16")});
+  // A bf16 lm_head under the bf16 precisions: outside the mode m > 4 takes bf16 dot products on rounded x.
+  for (ActivationPrecision p : {ActivationPrecision::Bf16, ActivationPrecision::Bf16DecodeInt8}) {
+    PreparedLinear d = prepare::prepare_dense(bf.weight.view(), "bf16");
+    d.activation_precision = p;
+    out.push_back({"dense bf16 " + std::string(prepare::activation_precision_name(p)), std::move(d)});
+  }
   out.push_back({"lm_head fp8 rows", prepare::prepare_dense_as_fp8_rows(bf.weight.view(), "fp8rows")});
   out.push_back({"lm_head int8 rows", prepare::prepare_dense_as_int8_rows(bf.weight.view(), "int8rows")});
   const Layer f32 = testing::make_dense(rng, n, k, core::DType::F32);
@@ -162,6 +168,19 @@ TEST(LinearBatchInvariant, DefaultModeDiffersSoTheCheckCanFail) {
   const Layer nv = testing::make_nvfp4(rng, 72, 544, true);
   const PreparedLinear w = prepare::prepare_nvfp4(nv.weight.view(), nv.scale.view(), nv.global_scale,
                                                   GlobalScaleConvention::Divisor, "nvfp4");
+  const auto x = random_x(rng, kMaxRows, 544);
+  const BatchInvariantScope off(false);
+  EXPECT_GT(rows_differing_from_alone(w, x), 0);
+}
+
+// The same for a bf16 lm_head at ActivationPrecision::Bf16: without the mode, M > 4 rounds x to bf16 for the dot
+// products while M = 1 keeps fp32 x, so rows differ; the mode keeps fp32 x for every M (checked above).
+TEST(LinearBatchInvariant, DefaultModeDiffersForABf16LmHead) {
+  if (!bf16_dot_active()) GTEST_SKIP() << "no AVX512-BF16 dot products: fp32 x for every m";
+  std::mt19937 rng(4304);
+  const Layer bf = testing::make_dense(rng, 72, 544, core::DType::BF16);
+  PreparedLinear w = prepare::prepare_dense(bf.weight.view(), "bf16");
+  w.activation_precision = ActivationPrecision::Bf16;
   const auto x = random_x(rng, kMaxRows, 544);
   const BatchInvariantScope off(false);
   EXPECT_GT(rows_differing_from_alone(w, x), 0);

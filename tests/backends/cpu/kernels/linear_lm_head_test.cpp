@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "backends/cpu/kernels/linear.h"
 #include "quant/checkpoint_tensors.h"
 #include "backends/cpu/prepare/repack.h"
+#include "quant/formats.h"
 
 namespace fp4serve::kernels {
 namespace {
@@ -111,6 +115,72 @@ TEST(LmHeadCopies, Bf16DenseGemvMatchesFloat64) {
     const Layer l = testing::make_dense(rng, n, k, core::DType::BF16);
     const PreparedLinear w = prepare::prepare_dense(l.weight.view(), "lm_head");
     check_linear(w, l, l.w, rng);
+  }
+}
+
+// A bf16 lm_head under ActivationPrecision Bf16 / Bf16DecodeInt8 (linear.h): above the fused GEMV's 4 rows, with
+// AVX512-BF16 dot products active and K % 16 == 0, y must be Σ bf16(x)·w (float64 on the rounded x, the fp32
+// bound) and differ from the exact-x result beyond that bound (the rounding provably happened); everywhere else
+// (m ≤ 4, other targets, dot products switched off, K = 302, Fp32 / Int8 precision) Σ x·w on the exact x. Odd
+// shapes: N not a multiple of the 8-row tile nor of the 32-row AVX-512 panel, K = 16 × odd, one and several
+// 256-column panel chunks; m = 5 and 9 the streaming panel, 13 and 33 the blocked one.
+TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
+  using prepare::ActivationPrecision;
+  std::mt19937 rng(303);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{37, 48}, {77, 336}, {130, 560}, {19, 302}}) {
+    const Layer l = testing::make_dense(rng, n, k, core::DType::BF16);
+    PreparedLinear w = prepare::prepare_dense(l.weight.view(), "lm_head");
+    for (ActivationPrecision precision : {ActivationPrecision::Bf16, ActivationPrecision::Bf16DecodeInt8,
+                                          ActivationPrecision::Fp32, ActivationPrecision::Int8}) {
+      w.activation_precision = precision;
+      const bool allows = precision == ActivationPrecision::Bf16 || precision == ActivationPrecision::Bf16DecodeInt8;
+      for (int64_t m : {1, 4, 5, 9, 13, 33}) {
+        SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << prepare::activation_precision_name(precision)
+                                          << " m " << m);
+        std::vector<float> x(static_cast<size_t>(m * k)), rounded(x.size());
+        for (auto& v : x) v = dist(rng) + 1e-3f;
+        for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+        std::vector<float> y(static_cast<size_t>(m * n));
+        auto check = [&] {
+          const bool bf16_x = allows && m > 4 && k % 16 == 0 && bf16_dot_active();
+          std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+          linear(w, x.data(), m, y.data());
+          const std::vector<float>& xin = bf16_x ? rounded : x;
+          double worst_exact = 0;  // against Σ x·w on the exact x, relative to Σ |x·w|
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t r = 0; r < n; ++r) {
+              double ref = 0, mag = 0, exact = 0;
+              for (int64_t c = 0; c < k; ++c) {
+                const double wv = l.w[static_cast<size_t>(r * k + c)];
+                ref += static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * wv;
+                exact += static_cast<double>(x[static_cast<size_t>(i * k + c)]) * wv;
+                mag += std::fabs(static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * wv);
+              }
+              const double got = y[static_cast<size_t>(i * n + r)];
+              ASSERT_LE(std::fabs(got - ref), static_cast<double>(k + 4) * 0x1p-24 * mag + 1e-30)
+                  << "y[" << i << ", " << r << "] bf16 x: " << bf16_x;
+              worst_exact = std::max(worst_exact, std::fabs(got - exact) / mag);
+            }
+          }
+          if (bf16_x) {
+            EXPECT_GT(worst_exact, static_cast<double>(k + 4) * 0x1p-24) << "x was not rounded";
+          }
+        };
+        for (int64_t t : gemm_targets()) {
+          hwy::SetSupportedTargetsForTest(t);
+          SCOPED_TRACE(hwy::TargetName(t));
+          check();
+          if (bf16_dot_active()) {
+            set_bf16_dot_allowed(false);
+            SCOPED_TRACE("bf16 dot products off");
+            check();
+            set_bf16_dot_allowed(true);
+          }
+        }
+        hwy::SetSupportedTargetsForTest(0);
+      }
+    }
   }
 }
 
