@@ -282,9 +282,10 @@ TEST(StructuredServerLimits, HostileConstraintsAre400Fast) {
     for (int i = 0; i < 400; ++i) c += (i ? ", \"" : "\"") + std::string(50, 'x') + "\"";
     return c;
   }() + "]}", "guided_choice", "the choice list is 20000 bytes; at most 16384");
-  // Patterns with nested repetitions, which the engine unrolls for seconds: answered at the deadline.
+  // Patterns with nested repetitions, which the engine unrolls for a second or more (3 of them; ten times that
+  // under ASan, where 8 took 50 s): answered at the deadline.
   json slow = {{"type", "object"}, {"properties", json::object()}};
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const char a = static_cast<char>('a' + 3 * i), b = static_cast<char>(a + 1), c = static_cast<char>(a + 2);
     slow["properties"]["p" + std::to_string(i)] = {
         {"type", "string"}, {"pattern", fmt::format("(({}|{}){{1,100}}{}){{1,100}}", a, b, c)}};
@@ -298,7 +299,7 @@ TEST(StructuredServerLimits, HostileConstraintsAre400Fast) {
   EXPECT_EQ(status, 200) << ok.dump();
   EXPECT_TRUE(std::regex_match(ok["choices"][0]["message"]["content"].get<std::string>(), std::regex("[0-9]{3}")));
   // The overdue compile ends in the background (nothing is left running when the test ends).
-  for (int i = 0; i < 600 && setup.grammars->overdue_compiles() > 0; ++i) {
+  for (int i = 0; i < 1200 && setup.grammars->overdue_compiles() > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(setup.grammars->overdue_compiles(), 0);
