@@ -24,10 +24,14 @@ const char* grammar_spec_description(GrammarSpec::Kind kind) {
   return "the constraint";
 }
 
-int json_nesting(std::string_view text) {
-  int depth = 0, deepest = 0;
+namespace {
+
+// The one walk over JSON text both scans share: each '{' / '[' / '}' / ']' outside strings (backslash escapes
+// skipped) goes to on_bracket(c), which returns true to stop there. Returns where it stopped, or text.size().
+template <typename OnBracket>
+size_t walk_json_brackets(std::string_view text, size_t start, OnBracket on_bracket) {
   bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
+  for (size_t i = start; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
       if (c == '\\') {
@@ -37,13 +41,35 @@ int json_nesting(std::string_view text) {
       }
     } else if (c == '"') {
       in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
+    } else if ((c == '{' || c == '[' || c == '}' || c == ']') && on_bracket(c)) {
+      return i;
     }
   }
+  return text.size();
+}
+
+}  // namespace
+
+int json_nesting(std::string_view text) {
+  int depth = 0, deepest = 0;
+  walk_json_brackets(text, 0, [&](char c) {
+    if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (depth > 0) {
+      --depth;
+    }
+    return false;
+  });
   return deepest;
+}
+
+size_t json_container_end(std::string_view text, size_t start) {
+  int depth = 0;
+  const size_t at = walk_json_brackets(text, start, [&](char c) {
+    depth += (c == '{' || c == '[') ? 1 : -1;
+    return depth == 0;
+  });
+  return at < text.size() ? at + 1 : std::string_view::npos;
 }
 
 int grammar_nesting(std::string_view text, GrammarSyntax syntax) {

@@ -70,6 +70,9 @@ struct GrammarLimits {
 /// Nesting depth of the JSON text `text` (objects and arrays, outside strings), without parsing it: a scan with a
 /// counter, so any depth is safe to measure.
 int json_nesting(std::string_view text);
+/// End (one past) of the JSON object or array starting at text[start] ('{' or '['), by bracket depth outside
+/// strings, with the same scan as json_nesting; npos when it does not end within `text`.
+size_t json_container_end(std::string_view text, size_t start);
 /// How grammar_nesting reads quotes: an EBNF / Lark grammar's "…" and '…' are literals (their brackets do not count);
 /// in a regex a quote is an ordinary character.
 enum class GrammarSyntax { kRegex, kEbnf };

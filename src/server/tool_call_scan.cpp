@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "fp4serve/error.h"
+#include "runtime/structured_output.h"
 
 namespace fp4serve::server {
 namespace scan {
@@ -20,29 +21,8 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// End (one past) of the JSON value starting at s[start] ('{' or '['), by bracket depth outside strings; npos when
-// it does not end within s.
-size_t json_value_end(std::string_view s, size_t start) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = start; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
+// End (one past) of the JSON value starting at s[start] ('{' or '['); npos when it does not end within s.
+size_t json_value_end(std::string_view s, size_t start) { return runtime::json_container_end(s, start); }
 
 // End (one past) of the JSON string starting at s[start] ('"'); npos when it does not end within s.
 size_t json_string_end(std::string_view s, size_t start) {

@@ -30,4 +30,16 @@ void set_batch_invariant(bool on);
 /// Whether batch-invariant mode is on.
 bool batch_invariant();
 
+/// Sets the mode for its lifetime and restores what it was (tests and benchmarks that compare both modes).
+class BatchInvariantScope {
+ public:
+  explicit BatchInvariantScope(bool on) : was_(batch_invariant()) { set_batch_invariant(on); }
+  ~BatchInvariantScope() { set_batch_invariant(was_); }
+  BatchInvariantScope(const BatchInvariantScope&) = delete;
+  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace fp4serve::kernels

@@ -32,17 +32,6 @@ using testing::Layer;
 constexpr int64_t kMs[] = {2, 3, 4, 5, 7, 8, 9, 12, 13, 17, 37};
 constexpr int64_t kMaxRows = 37;
 
-class BatchInvariantScope {
- public:
-  explicit BatchInvariantScope(bool on) : was_(batch_invariant()) { set_batch_invariant(on); }
-  ~BatchInvariantScope() { set_batch_invariant(was_); }
-  BatchInvariantScope(const BatchInvariantScope&) = delete;
-  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
-
- private:
-  bool was_;
-};
-
 class ThreadsScope {
  public:
   explicit ThreadsScope(int n) : was_(core::num_threads()) { core::set_num_threads(n); }

@@ -73,17 +73,6 @@ class ChunkedRuns {
   std::vector<std::byte> keys_, values_;
 };
 
-class BatchInvariantScope {
- public:
-  explicit BatchInvariantScope(bool on) : was_(batch_invariant()) { set_batch_invariant(on); }
-  ~BatchInvariantScope() { set_batch_invariant(was_); }
-  BatchInvariantScope(const BatchInvariantScope&) = delete;
-  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
-
- private:
-  bool was_;
-};
-
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
