@@ -39,9 +39,8 @@ struct ExplainOptions {
 // same measurement, as loading on this CPU): one line, or nothing for a GPU (real or dry run).
 std::optional<model::ActivationPrecisionChoice> cpu_activation_precision(const ExplainOptions& opts,
                                                                          const plan::DeviceCaps& device,
-                                                                         const checkpoint::Checkpoint& ckpt) {
+                                                                         const model::ModelConfig& config) {
   if (device.kind != plan::DeviceKind::Cpu) return std::nullopt;
-  const model::ModelConfig config = model::parse_model_config(ckpt.config());
   return model::choose_activation_precision(opts.activation_precision, device.kind, config.dtype,
                                             model::activation_probe_shape(config));
 }
@@ -52,10 +51,9 @@ struct MemoryPlanText {
   std::string text;
   nlohmann::json json;
 };
-MemoryPlanText memory_plan(const ExplainOptions& opts, const checkpoint::Checkpoint& ckpt,
+MemoryPlanText memory_plan(const ExplainOptions& opts, const model::ModelConfig& config,
                            const plan::LayerPlan& layer_plan) {
   const uint64_t weights = plan::resident_bytes(layer_plan);
-  const model::ModelConfig config = model::parse_model_config(ckpt.config());
   const model::KvCacheDtype element =
       model::resolve_kv_cache_dtype(opts.kv_cache_dtype, layer_plan.device.kind, config.dtype);
   const auto budget = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
@@ -100,8 +98,9 @@ void run_explain(const ExplainOptions& opts) {
   std::optional<model::ActivationPrecisionChoice> precision;
   if (layer_plan.complete()) {
     try {
-      memory = memory_plan(opts, ckpt, layer_plan);
-      precision = cpu_activation_precision(opts, device, ckpt);
+      const model::ModelConfig config = model::parse_model_config(ckpt.config());
+      memory = memory_plan(opts, config, layer_plan);
+      precision = cpu_activation_precision(opts, device, config);
     } catch (const Error& e) {
       memory = MemoryPlanText{fmt::format("memory plan: not available ({})\n", e.what()),
                               nlohmann::json{{"error", e.what()}}};
