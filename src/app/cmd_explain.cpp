@@ -57,18 +57,35 @@ MemoryPlanText memory_plan(const ExplainOptions& opts, const model::ModelConfig&
   const model::KvCacheDtype element =
       model::resolve_kv_cache_dtype(opts.kv_cache_dtype, layer_plan.device.kind, config.dtype);
   const auto budget = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  model::KvCacheSpec windows;
+  windows.layer_windows = config.layer_windows();
+  const model::KvGroupLayout layout = model::kv_group_layout(config.num_layers, windows);
   const model::KvMemoryPlan kv =
-      model::kv_memory_plan(config.num_layers, config.num_kv_heads, config.head_dim, element, budget);
+      model::kv_memory_plan(layout, config.num_kv_heads, config.head_dim, element, budget);
   MemoryPlanText out;
   out.text = fmt::format(
       "memory plan:\n  weights as loaded {:>10.2f} MiB ({} bytes)\n  KV cache {:>10.2f} GiB budget, {} elements, blocks "
       "of {} positions × {} bytes: {} blocks, {} tokens (all sequences together; --kv-cache-memory, as serve)\n",
       static_cast<double>(weights) / (1 << 20), weights, opts.kv_cache_gib, model::kv_cache_dtype_name(element),
       kv.block_size, kv.bytes_per_block, kv.blocks, kv.tokens);
+  if (kv.groups > 1) {
+    std::string windows_text;
+    for (const int64_t w : layout.group_window) {
+      windows_text += fmt::format("{}{}", windows_text.empty() ? "" : ", ", w == 0 ? "all" : std::to_string(w));
+    }
+    out.text += fmt::format(
+        "  KV layer groups {} of {} layers each (positions each attends to: {}): a block holds one group's layers; "
+        "tokens counts positions of the full-attention layers, and each long sequence also holds {} blocks of its "
+        "sliding-window layers\n",
+        kv.groups, kv.layers_per_block, windows_text, kv.sliding_blocks_per_sequence);
+  }
   out.json = {{"weights_bytes", weights},        {"kv_budget_bytes", kv.budget_bytes},
               {"kv_cache_dtype", std::string(model::kv_cache_dtype_name(element))},
               {"kv_block_size", kv.block_size},  {"kv_bytes_per_block", kv.bytes_per_block},
-              {"kv_blocks", kv.blocks},          {"kv_tokens", kv.tokens}};
+              {"kv_blocks", kv.blocks},          {"kv_tokens", kv.tokens},
+              {"kv_groups", kv.groups},          {"kv_layers_per_block", kv.layers_per_block},
+              {"kv_group_windows", layout.group_window},
+              {"kv_sliding_blocks_per_sequence", kv.sliding_blocks_per_sequence}};
   return out;
 }
 

@@ -12,7 +12,7 @@ namespace fp4serve::model {
 FlatBatch flatten_batch(std::span<const SequenceChunk> batch, KvCache& cache, int64_t vocab) {
   FlatBatch flat;
   std::set<int> slots;
-  const int64_t max_seq_len = cache.max_seq_len(), bs = cache.block_size(), layers = cache.num_layers();
+  const int64_t max_seq_len = cache.max_seq_len(), bs = cache.block_size(), layers = cache.layers_per_block();
   for (const SequenceChunk& chunk : batch) {
     const auto t = static_cast<int64_t>(chunk.tokens.size());
     if (t == 0) throw UsageError("Decoder::forward: empty chunk");
@@ -45,16 +45,21 @@ FlatBatch flatten_batch(std::span<const SequenceChunk> batch, KvCache& cache, in
   int64_t row0 = 0;
   for (const SequenceChunk& chunk : batch) {
     const auto t = static_cast<int64_t>(chunk.tokens.size());
-    const std::span<const int32_t> table = cache.block_table(chunk.slot);
     for (int64_t i = 0; i < t; ++i) {
-      const int64_t pos = chunk.start_pos + i;
       flat.ids.push_back(chunk.tokens[static_cast<size_t>(i)]);
-      flat.positions.push_back(pos);
+      flat.positions.push_back(chunk.start_pos + i);
       flat.slots.push_back(chunk.slot);
-      flat.cache_rows.push_back(static_cast<int64_t>(table[static_cast<size_t>(pos / bs)]) * layers * bs + pos % bs);
     }
     for (int64_t i = chunk.all_logits ? chunk.first_logit_row : t - 1; i < t; ++i) flat.logit_rows.push_back(row0 + i);
     row0 += t;
+  }
+  for (int g = 0; g < cache.num_groups(); ++g) {
+    for (const SequenceChunk& chunk : batch) {
+      const std::span<const int32_t> table = cache.block_table(chunk.slot, g);
+      for (int64_t pos = chunk.start_pos; pos < chunk.start_pos + static_cast<int64_t>(chunk.tokens.size()); ++pos) {
+        flat.cache_rows.push_back(static_cast<int64_t>(table[static_cast<size_t>(pos / bs)]) * layers * bs + pos % bs);
+      }
+    }
   }
   flat.decode = !batch.empty() && row0 == static_cast<int64_t>(batch.size());
   return flat;

@@ -74,13 +74,15 @@ class BackendRope {
 };
 
 /// The host-side bookkeeping of one forward step: the batch flattened into token ids, positions, each token's
-/// KV-cache slot and row in layer 0 (block · num_layers · block_size + position % block_size, block = the slot's
-/// block table entry position / block_size; layer l adds l · block_size) and the token rows whose logits are
-/// returned, in output order.
+/// KV-cache slot and rows, and the token rows whose logits are returned, in output order.
 struct FlatBatch {
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;
   std::vector<int> slots;
+  /// [groups][rows] (KvCache::num_groups()): token r's row in the first layer of group g's blocks,
+  /// cache_rows[g · rows + r] = block · layers_per_block · block_size + position % block_size, block = the slot's
+  /// group-g table entry position / block_size; a layer at row j of its group (KvCache::row_of_layer) adds
+  /// j · block_size.
   std::vector<int64_t> cache_rows;
   std::vector<int64_t> logit_rows;
   /// Every chunk is one token (a decode step): row r is chunk r, logit_rows = 0 … rows − 1, and the decoder

@@ -106,20 +106,28 @@ int32_t BlockPool::ref_count(int32_t block) const {
   return refs_[static_cast<size_t>(block)];
 }
 
-std::optional<BlockPool::Hit> BlockPool::lookup(const PrefixKey& parent, std::span<const int32_t> tokens) const {
+namespace {
+// Group g's keys live in their own hash space: the parent's hash is salted with the group (group 0 unchanged).
+uint64_t group_salted(uint64_t parent_hash, uint32_t group) {
+  return group == 0 ? parent_hash : parent_hash ^ (0xbf58476d1ce4e5b9ULL * group);
+}
+}  // namespace
+
+std::optional<BlockPool::Hit> BlockPool::lookup(const PrefixKey& parent, std::span<const int32_t> tokens,
+                                                uint32_t group) const {
   if (static_cast<int64_t>(tokens.size()) != block_size_) return std::nullopt;
-  const uint64_t h = hash_(parent.hash, tokens);
+  const uint64_t h = hash_(group_salted(parent.hash, group), tokens);
   const auto [lo, hi] = entries_by_hash_.equal_range(h);
   for (auto it = lo; it != hi; ++it) {
     const Entry& e = entries_[static_cast<size_t>(it->second)];
-    if (e.parent_serial == parent.serial && std::ranges::equal(tokens_of(it->second), tokens)) {
+    if (e.parent_serial == parent.serial && e.group == group && std::ranges::equal(tokens_of(it->second), tokens)) {
       return Hit{it->second, PrefixKey{e.hash, e.serial}};
     }
   }
   return std::nullopt;
 }
 
-PrefixKey BlockPool::insert(const PrefixKey& parent, std::span<const int32_t> tokens, int32_t block) {
+PrefixKey BlockPool::insert(const PrefixKey& parent, std::span<const int32_t> tokens, int32_t block, uint32_t group) {
   check_block(block, "insert");
   if (static_cast<int64_t>(tokens.size()) != block_size_) {
     throw UsageError(fmt::format("BlockPool::insert: {} tokens for a block of {}", tokens.size(), block_size_));
@@ -127,9 +135,9 @@ PrefixKey BlockPool::insert(const PrefixKey& parent, std::span<const int32_t> to
   if (refs_[static_cast<size_t>(block)] == 0 || is_cached(block)) {
     throw UsageError(fmt::format("BlockPool::insert: block {} is free or already registered", block));
   }
-  if (const auto hit = lookup(parent, tokens)) return hit->key;
+  if (const auto hit = lookup(parent, tokens, group)) return hit->key;
   Entry& e = entries_[static_cast<size_t>(block)];
-  e = Entry{hash_(parent.hash, tokens), next_serial_++, parent.serial};
+  e = Entry{hash_(group_salted(parent.hash, group), tokens), next_serial_++, parent.serial, group};
   std::ranges::copy(tokens, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   entries_by_hash_.emplace(e.hash, block);
   return PrefixKey{e.hash, e.serial};

@@ -63,18 +63,23 @@ class BlockPool {
   void release(int32_t block);
   int32_t ref_count(int32_t block) const;
 
-  /// The registered block holding `tokens` (block_size of them) right after the prefix `parent`, with its key;
-  /// nullopt when none. Does not change any reference.
+  /// The registered block of `group` holding `tokens` (block_size of them) right after the prefix `parent`, with
+  /// its key; nullopt when none. Does not change any reference.
+  ///
+  /// Groups (KvCache's layer groups, kv_cache.h): group 0 chains its blocks, parent = the previous block's key.
+  /// Another group's block i holds other layers' keys and values for the same positions; it is registered with
+  /// parent = group 0's key of block i, whose serial names the whole prefix exactly, so it is found without its
+  /// own predecessors (a sliding window released them). Each group's keys are a hash space of their own.
   struct Hit {
     int32_t block;
     PrefixKey key;
   };
-  std::optional<Hit> lookup(const PrefixKey& parent, std::span<const int32_t> tokens) const;
-  /// Registers the full, referenced `block` as holding `tokens` after `parent` and returns its key. When another
-  /// block already holds the same prefix, `block` stays unregistered and that block's key is returned (one
-  /// entry per prefix). Throws UsageError for a block without references, a registered one, or a token count
-  /// other than block_size.
-  PrefixKey insert(const PrefixKey& parent, std::span<const int32_t> tokens, int32_t block);
+  std::optional<Hit> lookup(const PrefixKey& parent, std::span<const int32_t> tokens, uint32_t group = 0) const;
+  /// Registers the full, referenced `block` of `group` as holding `tokens` after `parent` and returns its key.
+  /// When another block already holds the same prefix in that group, `block` stays unregistered and that block's
+  /// key is returned (one entry per prefix and group). Throws UsageError for a block without references, a
+  /// registered one, or a token count other than block_size.
+  PrefixKey insert(const PrefixKey& parent, std::span<const int32_t> tokens, int32_t block, uint32_t group = 0);
   /// Forgets `block`'s registration (its contents are about to change); no-op for an unregistered block.
   void forget(int32_t block);
   /// True when `block` is registered.
@@ -90,7 +95,9 @@ class BlockPool {
   struct Entry {
     uint64_t hash = 0;
     uint64_t serial = 0;         // 0: not registered
-    uint64_t parent_serial = 0;  // the entry before it in its chain (0: the root)
+    uint64_t parent_serial = 0;  // the entry before it in its chain (0: the root); group 0's entry of this block
+                                 // for another group
+    uint32_t group = 0;
   };
   const Entry& entry_at(int32_t block) const;
   void check_block(int32_t block, const char* what) const;

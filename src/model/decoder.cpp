@@ -177,11 +177,10 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
 
 KvCache Decoder::make_cache(const KvCacheSpec& spec) const {
   KvCacheSpec s = spec;
-  // Blocks a sliding window leaves behind return to the pool only when every layer slides (one table per
-  // sequence serves all layers).
-  int64_t window = 0;
-  for (const Layer& l : layers_) window = l.sliding_window > 0 && window >= 0 ? std::max(window, l.sliding_window) : -1;
-  s.sliding_window = std::max<int64_t>(window, 0);
+  // Each layer's window: layers of different windows get blocks of their own (KvGroupLayout), so a sliding layer's
+  // blocks return to the pool as its window passes them, beside full-attention layers that keep theirs.
+  s.layer_windows = config_.layer_windows();  // each Layer's sliding_window
+  s.sliding_window = 0;
   return backend_->make_cache(config_.num_layers, num_kv_heads_, config_.head_dim, s);
 }
 

@@ -46,8 +46,8 @@ class Decoder final : public ForwardModel {
 
   const ModelConfig& config() const override { return config_; }
 
-  /// A KV cache sized for this model in its backend's memory; its sliding_window is the layers' window when
-  /// every layer has one (spec's is ignored).
+  /// A KV cache sized for this model in its backend's memory, with each layer's window (spec's sliding_window
+  /// and layer_windows are replaced by the layers' own).
   using ForwardModel::make_cache;
   KvCache make_cache(const KvCacheSpec& spec) const override;
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "fp4serve/error.h"
 
@@ -25,23 +26,69 @@ int64_t kv_block_bytes(int64_t layers, int64_t kv_heads, int64_t head_dim, int64
   return 2 * layers * kv_heads * head_dim * block_size * kv_cache_dtype_bytes(element);
 }
 
-KvMemoryPlan kv_memory_plan(int64_t layers, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
+int64_t KvGroupLayout::full_groups() const {
+  return static_cast<int64_t>(std::ranges::count(group_window, int64_t{0}));
+}
+
+KvGroupLayout kv_group_layout(int64_t num_layers, const KvCacheSpec& spec) {
+  if (num_layers <= 0) throw UsageError(fmt::format("KvCache: {} layers (must be positive)", num_layers));
+  std::vector<int64_t> windows = spec.layer_windows;
+  if (windows.empty()) windows.assign(static_cast<size_t>(num_layers), spec.sliding_window);
+  if (static_cast<int64_t>(windows.size()) != num_layers) {
+    throw UsageError(fmt::format("KvCache: layer_windows has {} entries for {} layers", windows.size(), num_layers));
+  }
+  if (std::ranges::any_of(windows, [](int64_t w) { return w < 0; })) {
+    throw UsageError("KvCache: a layer's sliding window is negative");
+  }
+  // Classes of equal windows, widest first (0 = all positions), each in layer order.
+  std::vector<int64_t> order = windows;
+  std::ranges::sort(order, [](int64_t a, int64_t b) { return (a == 0 ? INT64_MAX : a) > (b == 0 ? INT64_MAX : b); });
+  const auto [first, last] = std::ranges::unique(order);
+  order.erase(first, last);
+  int64_t per_block = 0;
+  for (const int64_t w : order) per_block = std::gcd(per_block, static_cast<int64_t>(std::ranges::count(windows, w)));
+  KvGroupLayout layout;
+  layout.layers_per_block = per_block;
+  layout.group_of_layer.assign(windows.size(), 0);
+  layout.row_of_layer.assign(windows.size(), 0);
+  for (const int64_t w : order) {
+    int64_t placed = 0;
+    for (size_t l = 0; l < windows.size(); ++l) {
+      if (windows[l] != w) continue;
+      if (placed % per_block == 0) layout.group_window.push_back(w);
+      layout.group_of_layer[l] = layout.num_groups() - 1;
+      layout.row_of_layer[l] = placed % per_block;
+      ++placed;
+    }
+  }
+  return layout;
+}
+
+KvMemoryPlan kv_memory_plan(const KvGroupLayout& layout, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
                             int64_t budget_bytes, int64_t block_size) {
-  if (layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || budget_bytes < 0) {
-    throw UsageError(fmt::format("kv_memory_plan: {} layers, {} KV heads, head_dim {}, block size {} must be positive "
-                                 "and the budget {} not negative",
-                                 layers, kv_heads, head_dim, block_size, budget_bytes));
+  if (layout.layers_per_block <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || budget_bytes < 0) {
+    throw UsageError(fmt::format("kv_memory_plan: {} layers per block, {} KV heads, head_dim {}, block size {} must be "
+                                 "positive and the budget {} not negative",
+                                 layout.layers_per_block, kv_heads, head_dim, block_size, budget_bytes));
   }
   KvMemoryPlan plan;
   plan.budget_bytes = budget_bytes;
   plan.block_size = block_size;
-  plan.bytes_per_block = kv_block_bytes(layers, kv_heads, head_dim, block_size, element);
+  plan.layers_per_block = layout.layers_per_block;
+  plan.groups = layout.num_groups();
+  plan.full_groups = layout.full_groups();
+  plan.bytes_per_block = kv_block_bytes(layout.layers_per_block, kv_heads, head_dim, block_size, element);
   plan.blocks = budget_bytes / plan.bytes_per_block;
-  plan.tokens = plan.blocks * block_size;
+  plan.tokens = plan.blocks * block_size / std::max<int64_t>(1, plan.full_groups);
+  if (plan.full_groups > 0) {
+    for (const int64_t w : layout.group_window) {
+      if (w > 0) plan.sliding_blocks_per_sequence += kv_blocks_for(w, block_size) + 1;
+    }
+  }
   return plan;
 }
 
-KvCacheSpec resolved_spec(KvCacheSpec spec) {
+KvCacheSpec resolved_spec(KvCacheSpec spec, int64_t num_layers) {
   if (spec.max_seq_len <= 0 || spec.max_slots <= 0 || spec.block_size <= 0 || spec.num_blocks < 0 ||
       spec.sliding_window < 0) {
     throw UsageError(fmt::format("KvCache: max_seq_len {}, max_slots {} and block_size {} must be positive, num_blocks {} "
@@ -49,7 +96,10 @@ KvCacheSpec resolved_spec(KvCacheSpec spec) {
                                  spec.max_seq_len, spec.max_slots, spec.block_size, spec.num_blocks,
                                  spec.sliding_window));
   }
-  if (spec.num_blocks == 0) spec.num_blocks = spec.max_slots * kv_blocks_for(spec.max_seq_len, spec.block_size);
+  const KvGroupLayout layout = kv_group_layout(num_layers, spec);
+  if (spec.num_blocks == 0) {
+    spec.num_blocks = spec.max_slots * kv_blocks_for(spec.max_seq_len, spec.block_size) * layout.num_groups();
+  }
   if (spec.num_blocks > std::numeric_limits<int32_t>::max()) {
     throw UsageError(fmt::format("KvCache: {} blocks exceed the block table's int32 range", spec.num_blocks));
   }
@@ -62,9 +112,10 @@ KvCache::KvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, con
       kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       element_(element),
-      spec_(resolved_spec(spec)),
+      spec_(resolved_spec(spec, num_layers)),
+      layout_(kv_group_layout(num_layers, spec_)),
       pool_(spec_.num_blocks, spec_.block_size) {
-  if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
+  if (num_kv_heads <= 0 || head_dim <= 0) {
     throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {})", num_layers,
                                  num_kv_heads, head_dim));
   }
@@ -107,19 +158,24 @@ bool KvCache::acquire(int slot) {
   if (s.in_use) return false;
   s = Slot{};
   s.in_use = true;
+  s.tables.resize(static_cast<size_t>(num_groups()));
+  s.released_below.assign(static_cast<size_t>(num_groups()), 0);
   return true;
 }
 
 void KvCache::drop_blocks(Slot& s) {
   if (!s.mirrored) {
-    for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) {
-      if (*it != kNoBlock) pool_.release(*it);
+    // Last position first, every group's block of it together: a sequence's tail is evicted before its head.
+    for (int64_t i = s.table_size() - 1; i >= 0; --i) {
+      for (const auto& table : s.tables) {
+        if (table[static_cast<size_t>(i)] != kNoBlock) pool_.release(table[static_cast<size_t>(i)]);
+      }
     }
   }
-  s.table.clear();
+  for (auto& table : s.tables) table.clear();
   s.tokens.clear();
   s.keys.clear();
-  s.released_below = 0;
+  std::ranges::fill(s.released_below, 0);
   s.mirrored = false;
 }
 
@@ -133,7 +189,21 @@ int KvCache::free_slots() const {
   return static_cast<int>(std::ranges::count_if(slots_, [](const Slot& s) { return !s.in_use; }));
 }
 
-std::span<const int32_t> KvCache::block_table(int slot) const { return slot_at(slot, "block_table").table; }
+std::span<const int32_t> KvCache::block_table(int slot, int group) const {
+  const Slot& s = slot_at(slot, "block_table");
+  if (group < 0 || group >= num_groups()) {
+    throw UsageError(fmt::format("KvCache::block_table: group {} is outside [0, {})", group, num_groups()));
+  }
+  return s.tables[static_cast<size_t>(group)];
+}
+
+std::vector<int32_t> KvCache::block_tables(int slot) const {
+  const Slot& s = slot_at(slot, "block_tables");
+  std::vector<int32_t> all;
+  all.reserve(static_cast<size_t>(s.table_size() * num_groups()));
+  for (const auto& table : s.tables) all.insert(all.end(), table.begin(), table.end());
+  return all;
+}
 
 int64_t KvCache::num_tokens(int slot) const {
   return static_cast<int64_t>(slot_at(slot, "num_tokens").tokens.size());
@@ -141,7 +211,7 @@ int64_t KvCache::num_tokens(int slot) const {
 
 int64_t KvCache::blocks_needed(int slot, int64_t positions) const {
   const Slot& s = slot_at(slot, "blocks_needed");
-  return std::max<int64_t>(0, kv_blocks_for(positions, block_size()) - static_cast<int64_t>(s.table.size()));
+  return std::max<int64_t>(0, kv_blocks_for(positions, block_size()) - s.table_size()) * num_groups();
 }
 
 bool KvCache::reserve(int slot, int64_t positions) {
@@ -152,8 +222,18 @@ bool KvCache::reserve(int slot, int64_t positions) {
   const int64_t need = blocks_needed(slot, positions);
   if (need == 0) return true;
   if (s.mirrored || need > pool_.free_blocks()) return false;
-  for (int64_t i = 0; i < need; ++i) s.table.push_back(pool_.allocate());
+  const int64_t entries = kv_blocks_for(positions, block_size());
+  for (auto& table : s.tables) {
+    while (static_cast<int64_t>(table.size()) < entries) table.push_back(pool_.allocate());
+  }
   return true;
+}
+
+int64_t KvCache::first_read_entry(int group, int64_t next) const {
+  const int64_t window = layout_.group_window[static_cast<size_t>(group)];
+  if (window == 0) return 0;
+  // Position `next` reads keys next − W + 1 … next: the blocks wholly before next − W + 1 are never read again.
+  return std::max<int64_t>(0, next - window + 1) / block_size();
 }
 
 void KvCache::prepare(int slot, int64_t start_pos, int64_t count) {
@@ -161,7 +241,7 @@ void KvCache::prepare(int slot, int64_t start_pos, int64_t count) {
   const auto held = static_cast<int64_t>(s.tokens.size());
   if (!s.mirrored && start_pos < held) {
     // A rewrite (a perplexity window restarting at 0): the rewritten blocks leave the prefix cache first.
-    if (s.released_below > 0) {
+    if (std::ranges::any_of(s.released_below, [](int64_t r) { return r > 0; })) {
       if (start_pos != 0) {
         throw UsageError(fmt::format("KvCache::prepare: slot {} restarts at position {}, but its sliding window already "
                                      "released the blocks before it",
@@ -169,13 +249,17 @@ void KvCache::prepare(int slot, int64_t start_pos, int64_t count) {
       }
       drop_blocks(s);
     } else {
-      for (auto i = static_cast<size_t>(start_pos / block_size()); i < s.table.size(); ++i) {
-        if (pool_.ref_count(s.table[i]) > 1) {
-          throw UsageError(fmt::format("KvCache::prepare: slot {} rewrites position {} of a block shared with another "
-                                       "sequence (a prefix-cache hit)",
-                                       slot, start_pos));
+      for (const auto& table : s.tables) {
+        for (auto i = static_cast<size_t>(start_pos / block_size()); i < table.size(); ++i) {
+          if (pool_.ref_count(table[i]) > 1) {
+            throw UsageError(fmt::format("KvCache::prepare: slot {} rewrites position {} of a block shared with "
+                                         "another sequence (a prefix-cache hit)",
+                                         slot, start_pos));
+          }
         }
-        pool_.forget(s.table[i]);
+      }
+      for (const auto& table : s.tables) {
+        for (auto i = static_cast<size_t>(start_pos / block_size()); i < table.size(); ++i) pool_.forget(table[i]);
       }
       s.tokens.resize(static_cast<size_t>(start_pos));
       s.keys.resize(std::min(s.keys.size(), static_cast<size_t>(start_pos / block_size())));
@@ -183,10 +267,10 @@ void KvCache::prepare(int slot, int64_t start_pos, int64_t count) {
   }
   const int64_t end = start_pos + count;
   if (s.mirrored) {
-    if (kv_blocks_for(end, block_size()) > static_cast<int64_t>(s.table.size())) {
+    if (kv_blocks_for(end, block_size()) > s.table_size()) {
       throw UsageError(fmt::format("KvCache::prepare: slot {}'s mirrored block table covers {} positions, the step "
                                    "writes up to {}",
-                                   slot, static_cast<int64_t>(s.table.size()) * block_size(), end));
+                                   slot, s.table_size() * block_size(), end));
     }
     return;
   }
@@ -195,6 +279,21 @@ void KvCache::prepare(int slot, int64_t start_pos, int64_t count) {
                                  "{} of {} are free (raise --kv-cache-memory or run fewer sequences)",
                                  slot, blocks_needed(slot, end), block_size(), end - 1, pool_.free_blocks(),
                                  num_blocks()));
+  }
+}
+
+void KvCache::release_out_of_window(Slot& s) {
+  const auto next = static_cast<int64_t>(s.tokens.size());
+  for (int g = 0; g < num_groups(); ++g) {
+    auto& table = s.tables[static_cast<size_t>(g)];
+    int64_t& below = s.released_below[static_cast<size_t>(g)];
+    const int64_t dead = std::min<int64_t>(first_read_entry(g, next), static_cast<int64_t>(table.size()));
+    for (int64_t i = below; i < dead; ++i) {
+      int32_t& b = table[static_cast<size_t>(i)];
+      if (b != kNoBlock) pool_.release(b);
+      b = kNoBlock;
+    }
+    below = std::max(below, dead);
   }
 }
 
@@ -207,26 +306,23 @@ void KvCache::commit(int slot, int64_t start_pos, std::span<const int32_t> token
   const int64_t bs = block_size();
   const auto full = static_cast<size_t>(static_cast<int64_t>(s.tokens.size()) / bs);
   if (prefix_caching_) {
-    for (size_t i = s.keys.size(); i < full && i < s.table.size(); ++i) {
+    const auto& primary = s.tables[0];
+    for (size_t i = s.keys.size(); i < full && i < primary.size(); ++i) {
       const std::span<const int32_t> block_tokens(s.tokens.data() + i * static_cast<size_t>(bs), static_cast<size_t>(bs));
-      const int32_t block = s.table[i];
+      const int32_t block = primary[i];
       if (block == kNoBlock || std::ranges::find(block_tokens, -1) != block_tokens.end() || pool_.is_cached(block)) {
         break;
       }
-      s.keys.push_back(pool_.insert(s.keys.empty() ? kRootPrefix : s.keys.back(), block_tokens, block));
+      const PrefixKey key = pool_.insert(s.keys.empty() ? kRootPrefix : s.keys.back(), block_tokens, block);
+      s.keys.push_back(key);
+      // The other groups' blocks of the same positions, found again through group 0's key of this block.
+      for (int g = 1; g < num_groups(); ++g) {
+        const int32_t other = s.tables[static_cast<size_t>(g)][i];
+        if (other != kNoBlock && !pool_.is_cached(other)) pool_.insert(key, block_tokens, other, static_cast<uint32_t>(g));
+      }
     }
   }
-  if (spec_.sliding_window > 0) {
-    // The next position p reads keys p − W + 1 … p: blocks wholly before p − W + 1 are never read again.
-    const int64_t first_read = static_cast<int64_t>(s.tokens.size()) - spec_.sliding_window + 1;
-    const int64_t dead = std::min<int64_t>(first_read > 0 ? first_read / bs : 0, static_cast<int64_t>(s.table.size()));
-    for (int64_t i = s.released_below; i < dead; ++i) {
-      int32_t& b = s.table[static_cast<size_t>(i)];
-      if (b != kNoBlock) pool_.release(b);
-      b = kNoBlock;
-    }
-    s.released_below = std::max(s.released_below, dead);
-  }
+  release_out_of_window(s);
 }
 
 void KvCache::set_prefix_caching(bool on) {
@@ -236,7 +332,7 @@ void KvCache::set_prefix_caching(bool on) {
 
 int64_t KvCache::match_prefix(int slot, std::span<const int32_t> tokens) {
   Slot& s = slot_at(slot, "match_prefix");
-  if (!s.table.empty() || !s.tokens.empty() || s.mirrored) {
+  if (s.table_size() != 0 || !s.tokens.empty() || s.mirrored) {
     throw UsageError(fmt::format("KvCache::match_prefix: slot {} already holds positions", slot));
   }
   if (!prefix_caching_ || tokens.empty()) return 0;
@@ -244,16 +340,57 @@ int64_t KvCache::match_prefix(int slot, std::span<const int32_t> tokens) {
   const int64_t bs = block_size();
   const int64_t max_blocks = std::min<int64_t>((static_cast<int64_t>(tokens.size()) - 1) / bs,
                                                max_seq_len() / bs);
+  const auto block_tokens = [&](int64_t i) { return tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs)); };
+  // Group 0's chain: the longest run of cached blocks from the start.
+  std::vector<BlockPool::Hit> chain;
   PrefixKey parent = kRootPrefix;
   for (int64_t i = 0; i < max_blocks; ++i) {
-    const auto hit = pool_.lookup(parent, tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs)));
+    const auto hit = pool_.lookup(parent, block_tokens(i));
     if (!hit) break;
-    pool_.add_ref(hit->block);
-    s.table.push_back(hit->block);
-    s.keys.push_back(hit->key);
+    chain.push_back(*hit);
     parent = hit->key;
   }
-  const int64_t matched = static_cast<int64_t>(s.table.size()) * bs;
+  // Every other group needs its blocks from the first its window still reads up to the hit's end: the longest
+  // prefix all groups can serve (vLLM's hybrid cache hit). found[g][i]: group g's block i, or kNoBlock.
+  const auto n = static_cast<int64_t>(chain.size());
+  std::vector<std::vector<int32_t>> found(static_cast<size_t>(num_groups()));
+  for (int g = 1; g < num_groups(); ++g) {
+    auto& f = found[static_cast<size_t>(g)];
+    f.assign(static_cast<size_t>(n), kNoBlock);
+    for (int64_t i = 0; i < n; ++i) {
+      if (const auto hit = pool_.lookup(chain[static_cast<size_t>(i)].key, block_tokens(i), static_cast<uint32_t>(g))) {
+        f[static_cast<size_t>(i)] = hit->block;
+      }
+    }
+  }
+  int64_t blocks = n;
+  for (; blocks > 0; --blocks) {
+    bool served = true;
+    for (int g = 1; g < num_groups() && served; ++g) {
+      const auto& f = found[static_cast<size_t>(g)];
+      for (int64_t i = first_read_entry(g, blocks * bs); i < blocks && served; ++i) {
+        served = f[static_cast<size_t>(i)] != kNoBlock;
+      }
+    }
+    if (served) break;
+  }
+  for (int64_t i = 0; i < blocks; ++i) {
+    const BlockPool::Hit& hit = chain[static_cast<size_t>(i)];
+    pool_.add_ref(hit.block);
+    s.tables[0].push_back(hit.block);
+    s.keys.push_back(hit.key);
+  }
+  for (int g = 1; g < num_groups(); ++g) {
+    auto& table = s.tables[static_cast<size_t>(g)];
+    const int64_t first = first_read_entry(g, blocks * bs);
+    table.assign(static_cast<size_t>(blocks), kNoBlock);
+    for (int64_t i = first; i < blocks; ++i) {
+      table[static_cast<size_t>(i)] = found[static_cast<size_t>(g)][static_cast<size_t>(i)];
+      pool_.add_ref(table[static_cast<size_t>(i)]);
+    }
+    s.released_below[static_cast<size_t>(g)] = std::min(first, blocks);
+  }
+  const int64_t matched = blocks * bs;
   s.tokens.assign(tokens.begin(), tokens.begin() + matched);
   prefix_hits_ += matched;
   return matched;
@@ -262,14 +399,14 @@ int64_t KvCache::match_prefix(int slot, std::span<const int32_t> tokens) {
 int64_t KvCache::fork(int src, int dst, std::span<const int32_t> tokens) {
   const Slot& from = slot_at(src, "fork");
   Slot& to = slot_at(dst, "fork");
-  if (src == dst || !to.table.empty() || !to.tokens.empty() || to.mirrored || from.mirrored) {
+  if (src == dst || to.table_size() != 0 || !to.tokens.empty() || to.mirrored || from.mirrored) {
     throw UsageError(fmt::format("KvCache::fork: slot {} cannot take slot {}'s blocks (it holds positions, is the same "
                                  "slot or a mirror)",
                                  dst, src));
   }
   if (tokens.empty()) return 0;
   const int64_t bs = block_size();
-  const int64_t held = std::min<int64_t>(static_cast<int64_t>(from.tokens.size()), static_cast<int64_t>(from.table.size()) * bs);
+  const int64_t held = std::min<int64_t>(static_cast<int64_t>(from.tokens.size()), from.table_size() * bs);
   // The longest run of whole blocks whose tokens agree (choices share their prompt, not what they generated).
   const int64_t max_blocks = std::min(held, static_cast<int64_t>(tokens.size()) - 1) / bs;
   int64_t blocks = 0;
@@ -280,28 +417,38 @@ int64_t KvCache::fork(int src, int dst, std::span<const int32_t> tokens) {
   const int64_t shared = blocks * bs;
   if (blocks == 0) return 0;
   // The next position dst computes (shared) reads keys from shared − W + 1 on: those blocks must still be there.
-  if (spec_.sliding_window > 0 && from.released_below > std::max<int64_t>(0, shared - spec_.sliding_window + 1) / bs) {
-    return 0;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (from.released_below[static_cast<size_t>(g)] > first_read_entry(g, shared)) return 0;
   }
-  to.table.assign(from.table.begin(), from.table.begin() + blocks);
-  for (const int32_t b : to.table) {
-    if (b != kNoBlock) pool_.add_ref(b);
+  for (int g = 0; g < num_groups(); ++g) {
+    const auto& src_table = from.tables[static_cast<size_t>(g)];
+    auto& table = to.tables[static_cast<size_t>(g)];
+    table.assign(src_table.begin(), src_table.begin() + blocks);
+    for (const int32_t b : table) {
+      if (b != kNoBlock) pool_.add_ref(b);
+    }
+    to.released_below[static_cast<size_t>(g)] = std::min(from.released_below[static_cast<size_t>(g)], blocks);
   }
   to.tokens.assign(tokens.begin(), tokens.begin() + shared);
   to.keys.assign(from.keys.begin(), from.keys.begin() + std::min<int64_t>(blocks, static_cast<int64_t>(from.keys.size())));
-  to.released_below = std::min(from.released_below, blocks);
   return shared;
 }
 
-void KvCache::assign_table(int slot, std::span<const int32_t> table) {
+void KvCache::assign_table(int slot, std::span<const int32_t> tables) {
   if (slot < 0 || slot >= max_slots()) {
     throw UsageError(fmt::format("KvCache::assign_table: slot {} is outside [0, {})", slot, max_slots()));
   }
-  if (static_cast<int64_t>(table.size()) > kv_blocks_for(max_seq_len(), block_size())) {
-    throw UsageError(fmt::format("KvCache::assign_table: {} blocks exceed the {} of a {}-position sequence",
-                                 table.size(), kv_blocks_for(max_seq_len(), block_size()), max_seq_len()));
+  const auto groups = static_cast<size_t>(num_groups());
+  if (tables.size() % groups != 0) {
+    throw UsageError(fmt::format("KvCache::assign_table: {} entries are not {} groups' tables of one length",
+                                 tables.size(), groups));
   }
-  for (const int32_t b : table) {
+  const size_t length = tables.size() / groups;
+  if (static_cast<int64_t>(length) > kv_blocks_for(max_seq_len(), block_size())) {
+    throw UsageError(fmt::format("KvCache::assign_table: {} blocks exceed the {} of a {}-position sequence", length,
+                                 kv_blocks_for(max_seq_len(), block_size()), max_seq_len()));
+  }
+  for (const int32_t b : tables) {
     if (b != kNoBlock && (b < 0 || b >= num_blocks())) {
       throw UsageError(fmt::format("KvCache::assign_table: block {} is outside the pool's [0, {})", b, num_blocks()));
     }
@@ -310,7 +457,10 @@ void KvCache::assign_table(int slot, std::span<const int32_t> table) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (!s.mirrored) drop_blocks(s);
   s.mirrored = true;
-  s.table.assign(table.begin(), table.end());
+  for (size_t g = 0; g < groups; ++g) {
+    s.tables[g].assign(tables.begin() + static_cast<ptrdiff_t>(g * length),
+                       tables.begin() + static_cast<ptrdiff_t>((g + 1) * length));
+  }
 }
 
 }  // namespace fp4serve::model

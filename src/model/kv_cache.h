@@ -44,9 +44,34 @@ struct KvCacheSpec {
   int64_t num_blocks = 0;
   int64_t block_size = kDefaultKvBlockSize;
   /// > 0 when every layer attends only to the last `sliding_window` positions: blocks that fall wholly out of the
-  /// window are returned to the pool as a sequence grows. 0 when any layer attends to all positions.
+  /// window are returned to the pool as a sequence grows. 0: every layer attends to all positions.
   int64_t sliding_window = 0;
+  /// Per layer (num_layers entries), overriding sliding_window when not empty: 0 for a layer that attends to all
+  /// positions, else its window. Layers of different windows keep their keys and values in blocks of their own
+  /// (KvGroupLayout), so a sliding layer's blocks leave the pool's use as its window passes them.
+  std::vector<int64_t> layer_windows = {};
 };
+
+/// How a model's layers share the KV blocks (vLLM's KV cache groups). Layers with the same window (0: all
+/// positions) form a class; every class is cut, in layer order, into groups of layers_per_block layers (the
+/// greatest common divisor of the class sizes, so every group is equally large and one pool of equal blocks
+/// serves all of them); a block holds one group's layers for block_size positions, and a sequence has one block
+/// table per group. A sliding group's table releases the blocks its window has passed. Group 0 is a group of the
+/// widest window (0 counts as the widest): its blocks chain the prefix cache's keys (block_pool.h). One window for
+/// every layer (dense Llama, Mistral): one group of all layers, the layout of a cache without groups. GPT-OSS
+/// (alternating sliding and full layers, 12 of each in the 20B): two groups of 12 layers.
+struct KvGroupLayout {
+  int64_t layers_per_block = 0;
+  std::vector<int64_t> group_window;    ///< [groups]: 0 for all positions, else the window
+  std::vector<int32_t> group_of_layer;  ///< [layers]
+  std::vector<int64_t> row_of_layer;    ///< [layers]: the layer's place in its group's blocks, [0, layers_per_block)
+  int num_groups() const { return static_cast<int>(group_window.size()); }
+  /// Groups whose layers attend to all positions: each position of a sequence takes a block of each of them.
+  int64_t full_groups() const;
+};
+/// The layout of a cache for `num_layers` layers with `spec`'s windows. Throws UsageError when num_layers is not
+/// positive, layer_windows is neither empty nor num_layers long, or a window is negative.
+KvGroupLayout kv_group_layout(int64_t num_layers, const KvCacheSpec& spec);
 
 /// Blocks of `block_size` positions needed for `positions` positions.
 inline int64_t kv_blocks_for(int64_t positions, int64_t block_size) { return (positions + block_size - 1) / block_size; }
@@ -54,20 +79,27 @@ inline int64_t kv_blocks_for(int64_t positions, int64_t block_size) { return (po
 int64_t kv_block_bytes(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t block_size, KvCacheDtype element);
 
 /// How a KV budget in bytes becomes blocks (what `explain` prints and `serve` allocates): blocks = ⌊budget /
-/// bytes_per_block⌋, bytes_per_block = kv_block_bytes(layers, kv_heads, head_dim, block_size, element), tokens =
-/// blocks · block_size (positions the pool holds across all sequences; every layer keeps its keys and values in
-/// the same block).
+/// bytes_per_block⌋, bytes_per_block = kv_block_bytes(layout.layers_per_block, kv_heads, head_dim, block_size,
+/// element), tokens = blocks · block_size / max(1, full groups): the positions the pool holds across all sequences
+/// in the layers that attend to all positions. With sliding groups beside them (GPT-OSS) each sequence also holds
+/// up to sliding_blocks_per_sequence blocks of those; with sliding layers only, tokens counts what is held at once.
 struct KvMemoryPlan {
   int64_t budget_bytes = 0;
   int64_t block_size = 0;
+  int64_t layers_per_block = 0;
+  int groups = 1;
+  int64_t full_groups = 1;
   int64_t bytes_per_block = 0;
   int64_t blocks = 0;
   int64_t tokens = 0;
+  /// Blocks one long sequence holds in its sliding groups (Σ over them of ⌈window / block_size⌉ + 1); 0 when the
+  /// model has no sliding layers, or sliding layers only.
+  int64_t sliding_blocks_per_sequence = 0;
   /// Bytes the blocks take (blocks · bytes_per_block ≤ budget_bytes).
   int64_t pool_bytes() const { return blocks * bytes_per_block; }
 };
 /// Throws UsageError for a negative budget or non-positive sizes.
-KvMemoryPlan kv_memory_plan(int64_t layers, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
+KvMemoryPlan kv_memory_plan(const KvGroupLayout& layout, int64_t kv_heads, int64_t head_dim, KvCacheDtype element,
                             int64_t budget_bytes, int64_t block_size = kDefaultKvBlockSize);
 
 /// Keys and values kept by a backend; KvCache only owns it. The backend that made it recognises its own type
@@ -111,20 +143,32 @@ class KvCache {
   KvCacheDtype element() const { return element_; }
   int64_t num_layers() const { return layers_; }
   const KvCacheSpec& spec() const { return spec_; }
+  /// Which blocks hold which layers (one group unless the layers' windows differ).
+  const KvGroupLayout& layout() const { return layout_; }
+  int num_groups() const { return layout_.num_groups(); }
+  /// The group holding `layer`'s keys and values and the layer's row in that group's blocks (< layers_per_block).
+  int group_of_layer(int64_t layer) const { return layout_.group_of_layer.at(static_cast<size_t>(layer)); }
+  int64_t row_of_layer(int64_t layer) const { return layout_.row_of_layer.at(static_cast<size_t>(layer)); }
+  /// Layers each block holds (the storage's rows per block).
+  int64_t layers_per_block() const { return layout_.layers_per_block; }
   int64_t block_size() const { return spec_.block_size; }
   int64_t num_blocks() const { return pool_.num_blocks(); }
   /// Blocks no sequence references (including evictable cached ones).
   int64_t free_blocks() const { return pool_.free_blocks(); }
 
-  /// `slot`'s block table: entry i holds positions [i·block_size, (i + 1)·block_size), kNoBlock where a sliding
-  /// window released it.
-  std::span<const int32_t> block_table(int slot) const;
+  /// `slot`'s block table of `group`: entry i holds positions [i·block_size, (i + 1)·block_size) of the group's
+  /// layers, kNoBlock where a sliding window released it. Every group's table of a slot has the same length.
+  /// Throws UsageError for a slot not in use or a group outside [0, num_groups()).
+  std::span<const int32_t> block_table(int slot, int group = 0) const;
+  /// The tables of every group, one after another (num_groups() × the table length): what a tensor-parallel rank
+  /// mirrors (assign_table).
+  std::vector<int32_t> block_tables(int slot) const;
   /// Positions whose keys and values `slot` holds (what steps have written; commit() advances it).
   int64_t num_tokens(int slot) const;
   /// The token ids at those positions (−1 where a step skipped positions).
   std::span<const int32_t> tokens(int slot) const { return slot_at(slot, "tokens").tokens; }
 
-  /// Blocks `slot` still needs so that positions 0 … positions − 1 have one.
+  /// Blocks `slot` still needs so that positions 0 … positions − 1 have one in every group.
   int64_t blocks_needed(int slot, int64_t positions) const;
   /// Gives `slot` blocks for positions 0 … positions − 1 and returns true, or returns false and takes none when
   /// the pool has too few. Throws UsageError when positions > max_seq_len or the slot is not in use.
@@ -159,10 +203,11 @@ class KvCache {
   /// Forgets every cached prefix (blocks in use stay).
   void reset_prefix_cache() { pool_.reset_prefix_cache(); }
 
-  /// Tensor parallelism: sets `slot`'s table (acquiring the slot if needed) to rank 0's, without this pool's
-  /// reference counts: a mirror cache's tables are only ever assigned. Throws UsageError for a block outside the
-  /// pool or a table longer than max_seq_len needs.
-  void assign_table(int slot, std::span<const int32_t> table);
+  /// Tensor parallelism: sets `slot`'s tables (acquiring the slot if needed) to rank 0's, `tables` as
+  /// block_tables() gives them, without this pool's reference counts: a mirror cache's tables are only ever
+  /// assigned. Throws UsageError for a block outside the pool, a length that is not a multiple of num_groups(), or
+  /// tables longer than max_seq_len needs.
+  void assign_table(int slot, std::span<const int32_t> tables);
 
   /// The pool (for tests and metrics).
   const BlockPool& pool() const { return pool_; }
@@ -173,21 +218,26 @@ class KvCache {
  private:
   struct Slot {
     bool in_use = false;
-    bool mirrored = false;          // table assigned by assign_table (holds no references)
-    std::vector<int32_t> table;     // blocks in position order
-    std::vector<int32_t> tokens;    // token ids at positions 0 … num_tokens − 1
-    std::vector<PrefixKey> keys;    // prefix key after each full block considered for the cache
-    int64_t released_below = 0;     // table entries before this one were released by a sliding window
+    bool mirrored = false;                     // tables assigned by assign_table (hold no references)
+    std::vector<std::vector<int32_t>> tables;  // [group]: blocks in position order, all of one length
+    std::vector<int32_t> tokens;               // token ids at positions 0 … num_tokens − 1
+    std::vector<PrefixKey> keys;               // group 0's prefix key after each full block considered for the cache
+    std::vector<int64_t> released_below;       // [group]: entries before this one were released by its window
+    int64_t table_size() const { return tables.empty() ? 0 : static_cast<int64_t>(tables[0].size()); }
   };
   Slot& slot_at(int slot, const char* what);
   const Slot& slot_at(int slot, const char* what) const;
   void drop_blocks(Slot& s);
+  void release_out_of_window(Slot& s);
+  // The table entries whose blocks position `next` still reads in group g: [first, ∞).
+  int64_t first_read_entry(int group, int64_t next) const;
 
   int64_t layers_;
   int64_t kv_heads_;
   int64_t head_dim_;
   KvCacheDtype element_ = KvCacheDtype::F32;
   KvCacheSpec spec_;
+  KvGroupLayout layout_;
   BlockPool pool_;
   std::vector<Slot> slots_;
   bool prefix_caching_ = false;
@@ -195,8 +245,8 @@ class KvCache {
   std::unique_ptr<KvStorage> storage_;
 };
 
-/// `spec` with num_blocks filled in (0 → max_slots · ⌈max_seq_len / block_size⌉). Throws UsageError on
-/// non-positive sizes.
-KvCacheSpec resolved_spec(KvCacheSpec spec);
+/// `spec` with num_blocks filled in for `num_layers` layers (0 → max_slots · ⌈max_seq_len / block_size⌉ · the
+/// layout's groups: every slot at full length). Throws UsageError on non-positive sizes.
+KvCacheSpec resolved_spec(KvCacheSpec spec, int64_t num_layers);
 
 }  // namespace fp4serve::model

@@ -112,6 +112,12 @@ int64_t ModelConfig::sliding_window_of(int64_t layer) const {
   return layer_sliding_window.at(static_cast<size_t>(layer));
 }
 
+std::vector<int64_t> ModelConfig::layer_windows() const {
+  std::vector<int64_t> windows;
+  for (int64_t l = 0; l < num_layers; ++l) windows.push_back(sliding_window_of(l));
+  return windows;
+}
+
 ModelConfig parse_model_config(const json& c) {
   // Dimensions (and the unknown-architecture refusal listing the table) come from the parser the plan uses.
   const checkpoint::ModelDims d = checkpoint::read_model_dims(c);

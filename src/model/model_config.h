@@ -74,6 +74,8 @@ struct ModelConfig {
   bool is_moe_layer(int64_t layer) const;
   /// The attention window of `layer` (0 = full).
   int64_t sliding_window_of(int64_t layer) const;
+  /// sliding_window_of every layer, in order (KvCacheSpec::layer_windows: which layers share KV blocks).
+  std::vector<int64_t> layer_windows() const;
 };
 
 /// Parses config.json. Throws UnsupportedError listing the supported architectures for an unknown

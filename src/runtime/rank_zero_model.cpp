@@ -150,14 +150,18 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
     cache.acquire(c.slot);
     cache.prepare(c.slot, c.start_pos, static_cast<int64_t>(c.tokens.size()));
   }
-  const auto table_of = [&](int slot) { return cache.in_use(slot) ? cache.block_table(slot) : std::span<const int32_t>{}; };
+  // Each chunk's tables, every layer group's one after another (KvCache::block_tables).
+  std::vector<std::vector<int32_t>> tables;
+  for (const auto& c : batch) tables.push_back(cache.in_use(c.slot) ? cache.block_tables(c.slot) : std::vector<int32_t>{});
+  const auto table_of = [&](size_t chunk) { return std::span<const int32_t>(tables[chunk]); };
   if (state_->distributed()) {
     size_t tokens = 0, entries = 0;
     for (const auto& c : batch) tokens += c.tokens.size();
     std::vector<int64_t> chunks;
     chunks.reserve(batch.size() * kChunkFields);
-    for (const auto& c : batch) {
-      const auto table = static_cast<int64_t>(table_of(c.slot).size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const auto& c = batch[i];
+      const auto table = static_cast<int64_t>(table_of(i).size());
       entries += static_cast<size_t>(table);
       chunks.insert(chunks.end(), {c.slot, c.all_logits ? 1 : 0, c.start_pos, static_cast<int64_t>(c.tokens.size()),
                                    c.first_logit_row, table});
@@ -169,8 +173,8 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
       std::memcpy(payload.data() + at, c.tokens.data(), c.tokens.size_bytes());
       at += c.tokens.size_bytes();
     }
-    for (const auto& c : batch) {
-      const std::span<const int32_t> table = table_of(c.slot);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::span<const int32_t> table = table_of(i);
       std::memcpy(payload.data() + at, table.data(), table.size_bytes());
       at += table.size_bytes();
     }
@@ -182,7 +186,7 @@ std::vector<float> RankZeroModel::forward(std::span<const model::SequenceChunk> 
     h.payload_bytes = static_cast<int64_t>(payload.size());
     state_->send(h, payload.data());
   }
-  for (const auto& c : batch) rc->local.assign_table(c.slot, table_of(c.slot));  // mirrors the outer tables
+  for (size_t i = 0; i < batch.size(); ++i) rc->local.assign_table(batch[i].slot, table_of(i));  // mirrors the outer tables
   std::vector<float> logits;
   if (!state_->distributed()) {
     logits = local_.forward(batch, rc->local);

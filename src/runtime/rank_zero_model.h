@@ -11,7 +11,8 @@
 //                                                             rank makes its local cache (a mirror of rank 0's)
 //   forward     {cache id, chunks, tokens} + payload          [chunks × (slot, all_logits, start_pos, size,
 //                                                             first_logit_row, table size)] int64, then Σ size token
-//                                                             ids int32, then each chunk's block table int32
+//                                                             ids int32, then each chunk's block tables int32
+//                                                             (every layer group's, KvCache::block_tables)
 // Rank 0's outer cache owns the block pool, the tables and the prefix cache; every rank's local cache (rank 0's
 // included) has the same pool size and is assigned the step's tables (KvCache::assign_table) before the forward,
 // so all ranks address the same blocks.

@@ -11,11 +11,16 @@ namespace fp4serve::server {
 
 int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_len, int64_t budget_bytes,
                              model::KvCacheDtype element, int64_t block_size) {
-  // Keys and values for every layer and KV head of one block: what the backend's pool holds per block.
+  // Keys and values for one layer group (KvGroupLayout) and every KV head of a block: what the backend's pool
+  // holds per block. One sequence at full length takes a block of every group per block_size positions (a sliding
+  // group's chunk included, before its window releases them).
+  model::KvCacheSpec windows;
+  windows.layer_windows = config.layer_windows();
+  const model::KvGroupLayout layout = model::kv_group_layout(config.num_layers, windows);
   const int64_t per_block =
-      model::kv_block_bytes(config.num_layers, config.num_kv_heads, config.head_dim, block_size, element);
+      model::kv_block_bytes(layout.layers_per_block, config.num_kv_heads, config.head_dim, block_size, element);
   const int64_t blocks = per_block > 0 ? budget_bytes / per_block : 0;
-  const int64_t one_sequence = model::kv_blocks_for(max_seq_len, block_size);
+  const int64_t one_sequence = model::kv_blocks_for(max_seq_len, block_size) * layout.num_groups();
   if (blocks < one_sequence) {
     throw UsageError(fmt::format("the KV-cache budget of {} MiB holds {} blocks of {} positions, but one sequence of "
                                  "{} positions needs {} ({} MiB): lower --max-model-len or raise the budget (--kv-cache-memory, "

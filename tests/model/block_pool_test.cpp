@@ -128,29 +128,47 @@ std::vector<int32_t> tokens(int64_t n, int32_t first) {
   return t;
 }
 
-// explain's and serve's memory plan, worked out by hand: gpt-oss-20b's 24 layers × 8 KV heads × 64, bf16 keys and
-// values in blocks of 16 positions = 2 · 24 · 8 · 64 · 16 · 2 = 786,432 bytes a block; 4 GiB hold 5,461 blocks
-// (4,294,967,296 / 786,432 = 5461.33), 87,376 positions. The default model (30 × 3 × 64): 368,640 bytes, 11,650.
+// One class of windows (every layer full, or every layer sliding alike): one group of all layers.
+KvGroupLayout uniform(int64_t layers) {
+  return kv_group_layout(layers, KvCacheSpec{});
+}
+
+// explain's and serve's memory plan, worked out by hand. gpt-oss-20b: 24 layers alternating sliding (window 128)
+// and full attention, 8 KV heads × 64: two groups of 12 layers; bf16 keys and values in blocks of 16 positions
+// = 2 · 12 · 8 · 64 · 16 · 2 = 393,216 bytes a block; 4 GiB hold 10,922 blocks (4,294,967,296 / 393,216 =
+// 10922.67), 174,752 positions of the full layers (one full group); a long sequence holds ⌈128 / 16⌉ + 1 = 9
+// blocks of the sliding group besides. The same 24 layers all full: 786,432 bytes, 5,461 blocks, 87,376 positions.
+// The default model (30 × 3 × 64, all full): 368,640 bytes, 11,650 blocks.
 TEST(KvMemoryPlan, BlocksAndTokensFollowFromTheConfigAndBudget) {
   const int64_t gib4 = int64_t{4} << 30;
-  const KvMemoryPlan gptoss = kv_memory_plan(24, 8, 64, KvCacheDtype::Bf16, gib4);
-  EXPECT_EQ(gptoss.bytes_per_block, 786432);
-  EXPECT_EQ(gptoss.blocks, 5461);
-  EXPECT_EQ(gptoss.tokens, 87376);
+  KvCacheSpec gptoss_windows;
+  for (int l = 0; l < 24; ++l) gptoss_windows.layer_windows.push_back(l % 2 == 0 ? 128 : 0);
+  const KvMemoryPlan gptoss = kv_memory_plan(kv_group_layout(24, gptoss_windows), 8, 64, KvCacheDtype::Bf16, gib4);
+  EXPECT_EQ(gptoss.groups, 2);
+  EXPECT_EQ(gptoss.layers_per_block, 12);
+  EXPECT_EQ(gptoss.bytes_per_block, 393216);
+  EXPECT_EQ(gptoss.blocks, 10922);
+  EXPECT_EQ(gptoss.tokens, 174752);
+  EXPECT_EQ(gptoss.sliding_blocks_per_sequence, 9);
   EXPECT_EQ(gptoss.block_size, 16);
   EXPECT_EQ(gptoss.budget_bytes, gib4);
   EXPECT_LE(gptoss.pool_bytes(), gib4);
   EXPECT_GT(gptoss.pool_bytes() + gptoss.bytes_per_block, gib4);
-  const KvMemoryPlan smol = kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, gib4);
+  const KvMemoryPlan all_full = kv_memory_plan(uniform(24), 8, 64, KvCacheDtype::Bf16, gib4);
+  EXPECT_EQ(all_full.bytes_per_block, 786432);
+  EXPECT_EQ(all_full.blocks, 5461);
+  EXPECT_EQ(all_full.tokens, 87376);
+  EXPECT_EQ(all_full.sliding_blocks_per_sequence, 0);
+  const KvMemoryPlan smol = kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::Bf16, gib4);
   EXPECT_EQ(smol.bytes_per_block, 368640);
   EXPECT_EQ(smol.blocks, 11650);
   // fp32 doubles a block; a block of 32 positions too; a budget below one block holds none.
-  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::F32, gib4).blocks, 5825);
-  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::F16, gib4, 32).tokens, 5825 * 32);
-  EXPECT_EQ(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, 368639).blocks, 0);
-  EXPECT_THROW(kv_memory_plan(0, 3, 64, KvCacheDtype::Bf16, gib4), UsageError);
-  EXPECT_THROW(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, -1), UsageError);
-  EXPECT_THROW(kv_memory_plan(30, 3, 64, KvCacheDtype::Bf16, gib4, 0), UsageError);
+  EXPECT_EQ(kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::F32, gib4).blocks, 5825);
+  EXPECT_EQ(kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::F16, gib4, 32).tokens, 5825 * 32);
+  EXPECT_EQ(kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::Bf16, 368639).blocks, 0);
+  EXPECT_THROW(kv_memory_plan(KvGroupLayout{}, 3, 64, KvCacheDtype::Bf16, gib4), UsageError);
+  EXPECT_THROW(kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::Bf16, -1), UsageError);
+  EXPECT_THROW(kv_memory_plan(uniform(30), 3, 64, KvCacheDtype::Bf16, gib4, 0), UsageError);
 }
 
 TEST(PagedKvCache, BlocksGrowWithTheSequenceAndReturnOnRelease) {

@@ -168,18 +168,23 @@ void CpuBackend::transform(const BackendTransform& t, float* x, int64_t rows, in
   apply_transform(*as<CpuTransformHandle>(t, "a transform").transform, x, rows, dim);
 }
 
+kernels::KvRows CpuBackend::layer_rows(int slot, int64_t layer) const {
+  return kv_->rows(cache_->block_table(slot, cache_->group_of_layer(layer)), cache_->row_of_layer(layer));
+}
+
 void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {
   const FlatBatch& s = step();
   const int64_t d = cache_->head_dim();
-  // cache_rows[r] = block · layers · block_size + row in the block (FlatBatch).
-  const int64_t bs = cache_->block_size(), per_block = cache_->num_layers() * bs;
-  for (size_t r = 0; r < s.positions.size(); ++r) {
-    const auto i = static_cast<int64_t>(r);
-    const auto block = static_cast<int32_t>(s.cache_rows[r] / per_block);
-    const int64_t row = s.cache_rows[r] % bs;
+  // cache_rows[g · rows + r] = block · layers_per_block · block_size + row in the block (FlatBatch).
+  const int64_t bs = cache_->block_size(), per_block = cache_->layers_per_block() * bs;
+  const int64_t rows = static_cast<int64_t>(s.positions.size()), layer_row = cache_->row_of_layer(layer);
+  const int64_t* cache_rows = s.cache_rows.data() + cache_->group_of_layer(layer) * rows;
+  for (int64_t i = 0; i < rows; ++i) {
+    const auto block = static_cast<int32_t>(cache_rows[i] / per_block);
+    const int64_t row = cache_rows[i] % bs;
     for (int64_t h = 0; h < cache_->num_kv_heads(); ++h) {
-      kernels::write_kv_row(k + i * k_stride + h * d, d, kv_->element(), kv_->key_data(block, layer, h, row));
-      kernels::write_kv_row(v + i * v_stride + h * d, d, kv_->element(), kv_->value_data(block, layer, h, row));
+      kernels::write_kv_row(k + i * k_stride + h * d, d, kv_->element(), kv_->key_data(block, layer_row, h, row));
+      kernels::write_kv_row(v + i * v_stride + h * d, d, kv_->element(), kv_->value_data(block, layer_row, h, row));
     }
   }
 }
@@ -189,7 +194,7 @@ void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, i
   (void)step();
   const kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
                                         op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
-  kernels::attention(q, t, start_pos, kv_->rows(cache_->block_table(slot), layer), params, out);
+  kernels::attention(q, t, start_pos, layer_rows(slot, layer), params, out);
 }
 
 void CpuBackend::decode_attention(int64_t layer, const float* q, const AttentionOp& op, float* out) {
@@ -200,7 +205,7 @@ void CpuBackend::decode_attention(int64_t layer, const float* q, const Attention
   decode_rows_.clear();
   for (size_t r = 0; r < s.ids.size(); ++r) {
     const auto offset = static_cast<int64_t>(r) * width;
-    decode_rows_.push_back({q + offset, s.positions[r], kv_->rows(cache_->block_table(s.slots[r]), layer), out + offset});
+    decode_rows_.push_back({q + offset, s.positions[r], layer_rows(s.slots[r], layer), out + offset});
   }
   kernels::decode_attention(decode_rows_, params);
 }

@@ -85,6 +85,8 @@ class CpuBackend final : public Backend {
   const FlatBatch& step() const override;
 
  private:
+  // `layer`'s keys and values of `slot` as the attention kernels read them: its group's table, its row in the blocks.
+  kernels::KvRows layer_rows(int slot, int64_t layer) const;
   std::vector<std::vector<float>> workspace_;
   std::vector<float> linear_scratch_;  // linear_forward's part buffer
   std::vector<kernels::DecodeQuery> decode_rows_;  // decode_attention's rows, kept to reuse the allocation

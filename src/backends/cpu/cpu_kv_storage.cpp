@@ -19,9 +19,9 @@ kernels::KvElement kv_element_of(model::KvCacheDtype dtype) {
   return kernels::KvElement::F32;
 }
 
-CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+CpuKvStorage::CpuKvStorage(int64_t layers_per_block, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                            int64_t block_size, kernels::KvElement element)
-    : layers_(num_layers),
+    : layers_(layers_per_block),
       kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       num_blocks_(num_blocks),
@@ -58,14 +58,16 @@ kernels::KvRows CpuKvStorage::rows(std::span<const int32_t> table, int64_t layer
 
 model::KvCache make_host_kv_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
                                   const model::KvCacheSpec& spec, model::KvCacheDtype dtype) {
-  const model::KvCacheSpec s = model::resolved_spec(spec);  // checks the sizes before any memory is reserved
   if (num_layers <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
     throw UsageError(fmt::format("KvCache: sizes must be positive (layers {}, kv heads {}, head_dim {})", num_layers,
                                  num_kv_heads, head_dim));
   }
+  // Checks the sizes and windows before any memory is reserved.
+  const model::KvCacheSpec s = model::resolved_spec(spec, num_layers);
+  const int64_t layers_per_block = model::kv_group_layout(num_layers, s).layers_per_block;
   return model::KvCache(num_layers, num_kv_heads, head_dim, s,
-                        std::make_unique<CpuKvStorage>(num_layers, num_kv_heads, head_dim, s.num_blocks, s.block_size,
-                                                       kv_element_of(dtype)),
+                        std::make_unique<CpuKvStorage>(layers_per_block, num_kv_heads, head_dim, s.num_blocks,
+                                                       s.block_size, kv_element_of(dtype)),
                         dtype);
 }
 
@@ -90,15 +92,19 @@ void* host_row(model::KvCache& cache, int slot, int64_t layer, int64_t kv_head, 
     throw UsageError(fmt::format("KvCache: host_key / host_value give fp32 rows but this cache stores {}",
                                  kernels::kv_element_name(kv.element())));
   }
-  const std::span<const int32_t> table = cache.block_table(slot);
   const int64_t bs = cache.block_size();
-  if (position < 0 || layer < 0 || layer >= cache.num_layers() || kv_head < 0 || kv_head >= cache.num_kv_heads() ||
+  if (layer < 0 || layer >= cache.num_layers()) {
+    throw UsageError(fmt::format("KvCache: layer {} is outside [0, {})", layer, cache.num_layers()));
+  }
+  const std::span<const int32_t> table = cache.block_table(slot, cache.group_of_layer(layer));
+  if (position < 0 || kv_head < 0 || kv_head >= cache.num_kv_heads() ||
       position / bs >= static_cast<int64_t>(table.size()) || table[static_cast<size_t>(position / bs)] < 0) {
     throw UsageError(fmt::format("KvCache: slot {} has no block for layer {}, KV head {}, position {}", slot, layer,
                                  kv_head, position));
   }
   const int32_t block = table[static_cast<size_t>(position / bs)];
-  return key ? kv.key_data(block, layer, kv_head, position % bs) : kv.value_data(block, layer, kv_head, position % bs);
+  const int64_t row = cache.row_of_layer(layer);
+  return key ? kv.key_data(block, row, kv_head, position % bs) : kv.value_data(block, row, kv_head, position % bs);
 }
 }  // namespace
 

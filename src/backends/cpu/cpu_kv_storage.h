@@ -23,22 +23,24 @@ kernels::KvElement kv_element_of(model::KvCacheDtype dtype);
 
 class CpuKvStorage final : public model::KvStorage {
  public:
-  /// `num_blocks` blocks of `block_size` positions for the KvCache that owns it (sizes positive: KvCache checks
-  /// them). Throws std::bad_alloc when the address space cannot be reserved.
-  CpuKvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-               kernels::KvElement element);
+  /// `num_blocks` blocks of `block_size` positions of `layers_per_block` layers each (KvCache::layers_per_block)
+  /// for the KvCache that owns it (sizes positive: KvCache checks them). Throws std::bad_alloc when the address
+  /// space cannot be reserved.
+  CpuKvStorage(int64_t layers_per_block, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+               int64_t block_size, kernels::KvElement element);
 
   kernels::KvElement element() const { return element_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t num_kv_heads() const { return kv_heads_; }
   int64_t block_size() const { return block_size_; }
 
-  /// Key / value of `kv_head` at row `offset` (< block_size) of `block` in `layer`: head_dim elements of element();
-  /// the block's next row follows.
-  void* key_data(int32_t block, int64_t layer, int64_t kv_head, int64_t offset);
-  void* value_data(int32_t block, int64_t layer, int64_t kv_head, int64_t offset);
-  /// `layer`'s keys and values of a sequence with block table `table` as kernels::attention reads them (paged).
-  kernels::KvRows rows(std::span<const int32_t> table, int64_t layer) const;
+  /// Key / value of `kv_head` at row `offset` (< block_size) of `block` for the layer at `layer_row` of the
+  /// block's group (KvCache::row_of_layer): head_dim elements of element(); the block's next row follows.
+  void* key_data(int32_t block, int64_t layer_row, int64_t kv_head, int64_t offset);
+  void* value_data(int32_t block, int64_t layer_row, int64_t kv_head, int64_t offset);
+  /// The keys and values of the layer at `layer_row` of a sequence whose block table (of that layer's group) is
+  /// `table`, as kernels::attention reads them (paged).
+  kernels::KvRows rows(std::span<const int32_t> table, int64_t layer_row) const;
 
  private:
   int64_t offset(int32_t block, int64_t layer, int64_t kv_head, int64_t row) const;  // in elements

@@ -79,7 +79,8 @@ struct CudaRope final : BackendRope {
   kc::DeviceBuffer<float> cos, sin;
 };
 
-// The device KV cache of one KvCache's block pool ([block][layer][block position][kv_heads · head_dim] fp32), with
+// The device KV cache of one KvCache's block pool ([block][layer row in the block's group][block position]
+// [kv_heads · head_dim] fp32; `layers` = KvCache::layers_per_block), with
 // one more block than the pool hands out: `scratch_block`, where the padding rows of a padded decode step write and
 // read (step_arrays.h).
 struct CudaKvStorage final : KvStorage {
@@ -207,8 +208,11 @@ struct CudaBackend::Impl {
   const int32_t* ids() const { return array<int32_t>(layout.ids); }
   const int32_t* seq_len() const { return array<int32_t>(layout.seq_len); }
   const int64_t* positions() const { return array<int64_t>(layout.positions); }
-  const int64_t* cache_rows() const { return array<int64_t>(layout.cache_rows); }
-  const int32_t* block_tables() const { return array<int32_t>(layout.block_tables); }
+  // Group g's arrays (KvCache::group_of_layer): cache rows [rows], block tables [rows][table_width].
+  const int64_t* cache_rows(int g) const { return array<int64_t>(layout.cache_rows) + g * layout.rows; }
+  const int32_t* block_tables(int g) const {
+    return array<int32_t>(layout.block_tables) + g * layout.rows * layout.table_width;
+  }
 
   template <class T>
   T* upload(kc::DeviceBuffer<T>& buffer, std::span<const T> host) {
@@ -374,17 +378,18 @@ void CudaBackend::check_attention(const AttentionOp& op, const std::string& laye
 
 KvCache CudaBackend::make_cache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
                                 const KvCacheSpec& spec) const {
-  const KvCacheSpec rs = model::resolved_spec(spec);  // sizes checked before any device memory is taken
+  // Sizes and windows checked before any device memory is taken.
+  const KvCacheSpec rs = model::resolved_spec(spec, num_layers);
   auto storage = std::make_unique<CudaKvStorage>();
   storage->owner = this;
   storage->id = next_storage_id.fetch_add(1);
-  storage->layers = num_layers;
+  storage->layers = model::kv_group_layout(num_layers, rs).layers_per_block;
   storage->seq = rs.max_seq_len;
   storage->row = num_kv_heads * head_dim;
   storage->block_size = rs.block_size;
   storage->scratch_block = static_cast<int32_t>(rs.num_blocks);
   // num_blocks + 1 blocks: the last is the padding rows' scratch block.
-  const auto n = static_cast<size_t>((rs.num_blocks + 1) * std::max<int64_t>(num_layers, 0) * rs.block_size *
+  const auto n = static_cast<size_t>((rs.num_blocks + 1) * storage->layers * rs.block_size *
                                      std::max<int64_t>(storage->row, 0));
   storage->keys = kc::DeviceBuffer<float>(n);
   storage->values = kc::DeviceBuffer<float>(n);
@@ -411,10 +416,11 @@ void CudaBackend::begin_step(const FlatBatch& flat, KvCache& cache) {
   im.run_rows =
       im.graphs_enabled ? padded_step_rows(flat, im.graphs.buckets()) : static_cast<int64_t>(flat.ids.size());
   const int64_t table_width = model::kv_blocks_for(cache.max_seq_len(), cache.block_size());
-  im.layout = step_arrays_layout(im.run_rows, table_width);
+  im.layout = step_arrays_layout(im.run_rows, table_width, cache.num_groups());
   // Sized for the largest bucket at once, so that the buffer stays put while the batch size moves between
   // buckets (a move drops every graph).
-  const size_t capacity = std::max(im.layout.bytes, step_arrays_layout(im.graphs.buckets().back(), table_width).bytes);
+  const size_t capacity = std::max(
+      im.layout.bytes, step_arrays_layout(im.graphs.buckets().back(), table_width, cache.num_groups()).bytes);
   im.grow(im.step_arrays, static_cast<int64_t>(capacity / sizeof(int64_t)));
   im.staging_copied.wait();
   const std::span<std::byte> host = im.staging.get(im.layout.bytes);
@@ -442,10 +448,10 @@ void CudaBackend::decode_attention(int64_t layer, const float* q, const Attentio
   const int64_t splits = kc::plan_kv_splits(im.run_rows, op.num_heads, c.seq, im.multiprocessors);
   const int64_t floats = kc::attention_decode_workspace_floats(im.run_rows, op.num_heads, op.head_dim, splits);
   float* workspace = im.grow(im.attention_workspace, floats);
-  const int64_t layer_offset = layer * c.block_size * c.row;
+  const int64_t layer_offset = im.cache->row_of_layer(layer) * c.block_size * c.row;
   kc::DecodeAttentionBatch batch{q,     c.keys.data() + layer_offset, c.values.data() + layer_offset,
                                  c.row, nullptr,         im.seq_len(), im.run_rows, c.seq};
-  batch.block_tables = im.block_tables();
+  batch.block_tables = im.block_tables(im.cache->group_of_layer(layer));
   batch.table_width = im.layout.table_width;
   batch.block_size = c.block_size;
   batch.block_stride = c.layers * c.block_size;
@@ -590,11 +596,14 @@ void CudaBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, cons
   Impl& im = *impl_;
   (void)step();
   CudaKvStorage& c = *im.storage;
-  // Layer l of block b starts at row (b · layers + l) · block_size; cache_rows hold b · layers · block_size + offset.
-  float* k_layer = c.keys.data() + layer * c.block_size * c.row;
-  float* v_layer = c.values.data() + layer * c.block_size * c.row;
-  kc::copy_rows(k, k_stride, nullptr, k_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
-  kc::copy_rows(v, v_stride, nullptr, v_layer, c.row, im.cache_rows(), im.run_rows, c.row, im.s());
+  // The layer at row j of its group's block b starts at row (b · layers + j) · block_size; the group's cache_rows
+  // hold b · layers · block_size + offset.
+  const int64_t j = im.cache->row_of_layer(layer);
+  const int64_t* rows = im.cache_rows(im.cache->group_of_layer(layer));
+  float* k_layer = c.keys.data() + j * c.block_size * c.row;
+  float* v_layer = c.values.data() + j * c.block_size * c.row;
+  kc::copy_rows(k, k_stride, nullptr, k_layer, c.row, rows, im.run_rows, c.row, im.s());
+  kc::copy_rows(v, v_stride, nullptr, v_layer, c.row, rows, im.run_rows, c.row, im.s());
 }
 
 void CudaBackend::attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
@@ -604,9 +613,9 @@ void CudaBackend::attention(int64_t layer, int slot, const float* q, int64_t t, 
   CudaKvStorage& c = *im.storage;
   const float* sinks = op.sinks == nullptr ? nullptr : as<CudaVector>(*op.sinks, "sinks").values.data();
   const kc::AttentionShape shape{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window, sinks};
-  const std::span<const int32_t> table = im.cache->block_table(slot);
+  const std::span<const int32_t> table = im.cache->block_table(slot, im.cache->group_of_layer(layer));
   const int32_t* table_dev = im.upload(im.attention_table, table);
-  const int64_t base = layer * c.block_size * c.row;
+  const int64_t base = im.cache->row_of_layer(layer) * c.block_size * c.row;
   kc::attention(q, t, start_pos, c.keys.data() + base, c.values.data() + base, c.row, shape, out, im.s(),
                 kc::PagedRows{table_dev, c.block_size, c.layers * c.block_size});
 }

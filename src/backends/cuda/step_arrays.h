@@ -21,18 +21,22 @@ namespace fp4serve::backends::cuda {
 /// aligned to its element size when the buffer is 8-byte aligned.
 struct StepArraysLayout {
   int64_t rows = 0;
+  int64_t groups = 1;     ///< the cache's layer groups (KvCache::num_groups)
   size_t positions = 0;   ///< int64 [rows]: the token's position in its sequence
-  size_t cache_rows = 0;  ///< int64 [rows]: FlatBatch::cache_rows (layer 0; layer l adds l · block_size)
+  size_t cache_rows = 0;  ///< int64 [groups][rows]: FlatBatch::cache_rows (a group's first layer; row j adds
+                          ///< j · block_size)
   size_t ids = 0;         ///< int32 [rows]: token id
   size_t seq_len = 0;     ///< int32 [rows]: keys a decode row attends to = position + 1
   int64_t table_width = 0;
-  size_t block_tables = 0;  ///< int32 [rows][table_width]: each row's block table, kNoBlock past its end
+  size_t block_tables = 0;  ///< int32 [groups][rows][table_width]: each row's block table of each group, kNoBlock
+                            ///< past its end
   size_t bytes = 0;         ///< total, a multiple of 8
 };
 
-/// The layout for `rows` ≥ 0 rows with block tables of `table_width` ≥ 0 entries (24 + 4 · table_width bytes per
-/// row, rounded up to 8 in all). Throws UsageError for negative sizes.
-StepArraysLayout step_arrays_layout(int64_t rows, int64_t table_width);
+/// The layout for `rows` ≥ 0 rows with block tables of `table_width` ≥ 0 entries in `groups` ≥ 1 groups
+/// (16 + 8 · groups + 4 · groups · table_width bytes per row, rounded up to 8 in all). Throws UsageError for
+/// negative sizes.
+StepArraysLayout step_arrays_layout(int64_t rows, int64_t table_width, int64_t groups = 1);
 
 /// Rows a step runs on: the smallest bucket ≥ the batch's rows for a decode step that may be captured
 /// (flat.decode && flat.capturable) when some bucket is large enough, else exactly the batch's rows.
@@ -40,9 +44,10 @@ StepArraysLayout step_arrays_layout(int64_t rows, int64_t table_width);
 int64_t padded_step_rows(const model::FlatBatch& flat, std::span<const int64_t> buckets);
 
 /// Writes the arrays of `flat` padded to `rows` rows into `out` (at least step_arrays_layout(rows,
-/// table_width).bytes bytes, table_width = ⌈cache.max_seq_len() / cache.block_size()⌉): rows r < flat.ids.size()
-/// from the batch (block table = cache.block_table(slot)), rows past it as padding (id 0, position 0, seq_len 1,
-/// cache row = scratch_block · num_layers · block_size, block table [scratch_block, kNoBlock …]). Throws
+/// table_width, cache.num_groups()).bytes bytes, table_width = ⌈cache.max_seq_len() / cache.block_size()⌉): rows
+/// r < flat.ids.size() from the batch (block table of group g = cache.block_table(slot, g)), rows past it as
+/// padding (id 0, position 0, seq_len 1, cache row = scratch_block · layers_per_block · block_size, block table
+/// [scratch_block, kNoBlock …] in every group). Throws
 /// UsageError when rows < the batch's rows, `out` is too small, or the sizes are not positive (or the cache is
 /// longer than int32 positions).
 void pack_step_arrays(const model::FlatBatch& flat, const model::KvCache& cache, int64_t rows, int32_t scratch_block,

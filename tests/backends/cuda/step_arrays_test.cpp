@@ -125,6 +125,51 @@ TEST(StepArrays, PackWritesTheBatchThenScratchPadding) {
   EXPECT_EQ(unpack<int64_t>(exact, l3.cache_rows, 3), flat.cache_rows);
 }
 
+// Layers of two windows (GPT-OSS: layer 0 slides, layer 1 attends to all): each group has its cache rows and
+// block tables, group after group, and a padding row points at the scratch block in both.
+TEST(StepArrays, PackWritesEveryLayerGroupsRowsAndTables) {
+  constexpr int64_t kBlock = 4, kWidth = 5;  // ⌈20 / 4⌉
+  model::KvCacheSpec spec{20, 2, 30, kBlock};
+  spec.layer_windows = {6, 0};
+  model::KvCache cache(2, 1, 4, spec);
+  ASSERT_EQ(cache.num_groups(), 2);
+  ASSERT_EQ(cache.layers_per_block(), 1);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  const int s = cache.acquire();
+  cache.prepare(s, 0, 13);
+  cache.commit(s, 0, prompt);  // position 13 reads 8 …: the sliding group's blocks 0, 1 are released
+  const std::vector<int32_t> next = {14}, other = {15};
+  const std::vector<SequenceChunk> batch = {{s, 13, next, false}, {1, 0, other, false}};
+  FlatBatch flat = flatten_batch(batch, cache, 100);
+  ASSERT_EQ(flat.cache_rows.size(), 4u);
+  EXPECT_EQ(flat.cache_rows[0], cache.block_table(s, 0)[3] * kBlock + 1);
+  EXPECT_EQ(flat.cache_rows[2], cache.block_table(s, 1)[3] * kBlock + 1);
+  EXPECT_EQ(flat.cache_rows[3], cache.block_table(1, 1)[0] * kBlock);
+  flat.capturable = true;
+  const int64_t rows = padded_step_rows(flat, kBuckets);
+  ASSERT_EQ(rows, 2);
+  const StepArraysLayout l = step_arrays_layout(3, kWidth, 2);
+  std::vector<std::byte> bytes(l.bytes);
+  constexpr int32_t kScratch = 30;
+  pack_step_arrays(flat, cache, 3, kScratch, bytes);  // one padding row
+  EXPECT_EQ(unpack<int64_t>(bytes, l.cache_rows, 6),
+            (std::vector<int64_t>{flat.cache_rows[0], flat.cache_rows[1], kScratch * kBlock, flat.cache_rows[2],
+                                  flat.cache_rows[3], kScratch * kBlock}));
+  std::vector<int32_t> want;
+  for (int g = 0; g < 2; ++g) {
+    for (const int slot : {s, 1}) {
+      std::vector<int32_t> t(cache.block_table(slot, g).begin(), cache.block_table(slot, g).end());
+      t.resize(kWidth, model::kNoBlock);
+      want.insert(want.end(), t.begin(), t.end());
+    }
+    want.insert(want.end(), {kScratch, model::kNoBlock, model::kNoBlock, model::kNoBlock, model::kNoBlock});
+  }
+  EXPECT_EQ(unpack<int32_t>(bytes, l.block_tables, 2 * 3 * kWidth), want);
+  EXPECT_EQ(want[static_cast<size_t>(3 * kWidth)], model::kNoBlock) << "the sliding group's released block 0";
+  EXPECT_EQ(step_arrays_layout(3, kWidth, 2).ids, l.cache_rows + 2 * 3 * 8);
+  EXPECT_THROW(step_arrays_layout(3, kWidth, 0), UsageError);
+}
+
 TEST(StepArrays, PackRefusesTooFewRowsOrBytes) {
   model::KvCache cache(2, 1, 4, model::KvCacheSpec{8, 2, 4, 4});
   const std::vector<int32_t> a = {1};
