@@ -50,6 +50,8 @@ nlohmann::json probe_to_json(const kernels::PrecisionProbe& p) {
           {"in_features", p.in_features},
           {"bf16_decode_s", p.bf16_decode_s},
           {"int8_decode_s", p.int8_decode_s},
+          {"bf16_step_s", p.bf16_step_s},
+          {"int8_step_s", p.int8_step_s},
           {"bf16_batched_s", p.bf16_batched_s},
           {"int8_batched_s", p.int8_batched_s}};
 }
@@ -72,6 +74,8 @@ std::optional<kernels::PrecisionProbe> probe_from_json(const nlohmann::json& j) 
     p.in_features = j.at("in_features").get<int64_t>();
     p.bf16_decode_s = j.at("bf16_decode_s").get<double>();
     p.int8_decode_s = j.at("int8_decode_s").get<double>();
+    p.bf16_step_s = j.at("bf16_step_s").get<double>();
+    p.int8_step_s = j.at("int8_step_s").get<double>();
     p.bf16_batched_s = j.at("bf16_batched_s").get<double>();
     p.int8_batched_s = j.at("int8_batched_s").get<double>();
     return p;
@@ -191,11 +195,12 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPr
   const kernels::PrecisionProbe& probe = m.probe;
   if (!probe.measured) return {probe.choice, "auto: this CPU has no SIMD int8 kernel to compare with bf16"};
   return {probe.choice,
-          fmt::format("auto, measured on this CPU ({} thread{}, an NVFP4 layer [{}, {}], 64 rows, CPU time): int8 "
-                      "{:.3f} ms against bf16 {:.3f} ms, ratio {:.2f} ({} the 0.80 margin); decode rows stay bf16{}",
+          fmt::format("auto, measured on this CPU ({} thread{}, an NVFP4 layer [{}, {}], CPU time): int8 {:.3f} ms "
+                      "against bf16 {:.3f} ms at 16 rows, {:.3f} against {:.3f} at 64, ratio {:.2f} (geometric mean; "
+                      "{} the 0.80 margin); decode rows stay bf16{}",
                       threads, threads == 1 ? "" : "s", probe.out_features, probe.in_features,
-                      1e3 * probe.int8_batched_s, 1e3 * probe.bf16_batched_s,
-                      probe.int8_batched_s / probe.bf16_batched_s,
+                      1e3 * probe.int8_step_s, 1e3 * probe.bf16_step_s, 1e3 * probe.int8_batched_s,
+                      1e3 * probe.bf16_batched_s, probe.int8_ratio(),
                       probe.choice == ActivationPrecision::Bf16DecodeInt8 ? "within" : "above",
                       m.from_cache ? fmt::format("; kept from an earlier run in {} (delete it to measure again)",
                                                  precision_cache_file().string())

@@ -79,7 +79,8 @@ KvMemoryPlan kv_memory_plan(const KvGroupLayout& layout, int64_t kv_heads, int64
   plan.full_groups = layout.full_groups();
   plan.bytes_per_block = kv_block_bytes(layout.layers_per_block, kv_heads, head_dim, block_size, element);
   plan.blocks = budget_bytes / plan.bytes_per_block;
-  plan.tokens = plan.blocks * block_size / std::max<int64_t>(1, plan.full_groups);
+  // A held position takes a block of every full group; with sliding layers only, of every group while held.
+  plan.tokens = plan.blocks * block_size / (plan.full_groups > 0 ? plan.full_groups : plan.groups);
   if (plan.full_groups > 0) {
     for (const int64_t w : layout.group_window) {
       if (w > 0) plan.sliding_blocks_per_sequence += kv_blocks_for(w, block_size) + 1;
@@ -363,14 +364,20 @@ int64_t KvCache::match_prefix(int slot, std::span<const int32_t> tokens) {
       }
     }
   }
+  // missing[g][i]: the last block before i that group g lacks (−1: none), so each candidate is checked in O(1).
+  std::vector<std::vector<int64_t>> missing(static_cast<size_t>(num_groups()));
+  for (int g = 1; g < num_groups(); ++g) {
+    auto& m = missing[static_cast<size_t>(g)];
+    m.assign(static_cast<size_t>(n) + 1, -1);
+    for (int64_t i = 0; i < n; ++i) {
+      m[static_cast<size_t>(i) + 1] = found[static_cast<size_t>(g)][static_cast<size_t>(i)] == kNoBlock ? i : m[static_cast<size_t>(i)];
+    }
+  }
   int64_t blocks = n;
   for (; blocks > 0; --blocks) {
     bool served = true;
     for (int g = 1; g < num_groups() && served; ++g) {
-      const auto& f = found[static_cast<size_t>(g)];
-      for (int64_t i = first_read_entry(g, blocks * bs); i < blocks && served; ++i) {
-        served = f[static_cast<size_t>(i)] != kNoBlock;
-      }
+      served = missing[static_cast<size_t>(g)][static_cast<size_t>(blocks)] < first_read_entry(g, blocks * bs);
     }
     if (served) break;
   }

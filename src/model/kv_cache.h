@@ -80,9 +80,10 @@ int64_t kv_block_bytes(int64_t layers, int64_t kv_heads, int64_t head_dim, int64
 
 /// How a KV budget in bytes becomes blocks (what `explain` prints and `serve` allocates): blocks = ⌊budget /
 /// bytes_per_block⌋, bytes_per_block = kv_block_bytes(layout.layers_per_block, kv_heads, head_dim, block_size,
-/// element), tokens = blocks · block_size / max(1, full groups): the positions the pool holds across all sequences
-/// in the layers that attend to all positions. With sliding groups beside them (GPT-OSS) each sequence also holds
-/// up to sliding_blocks_per_sequence blocks of those; with sliding layers only, tokens counts what is held at once.
+/// element), tokens = blocks · block_size / the full groups: the positions the pool holds across all sequences in
+/// the layers that attend to all positions. With sliding groups beside them (GPT-OSS) each sequence also holds up
+/// to sliding_blocks_per_sequence blocks of those (more while a prefill chunk is written, before its window passes);
+/// with sliding layers only, tokens = blocks · block_size / all groups, the positions held at once.
 struct KvMemoryPlan {
   int64_t budget_bytes = 0;
   int64_t block_size = 0;

@@ -28,6 +28,7 @@ entries = json.load(open(path))
 for e in entries.values():
     e["choice"] = "bf16-decode-int8"
     e["int8_batched_s"] = e["bf16_batched_s"] * 0.5
+    e["int8_step_s"] = e["bf16_step_s"] * 0.5
 json.dump(entries, open(path, "w"))
 PY
 third=$(explain) || exit 1

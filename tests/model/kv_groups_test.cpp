@@ -68,6 +68,11 @@ TEST(KvGroupLayout, LayersOfOneWindowShareAGroupAndClassesSplitEvenly) {
   const KvGroupLayout two = kv_group_layout(3, with_windows({128, 4096, 128}));
   EXPECT_EQ(two.group_window, (std::vector<int64_t>{4096, 128, 128}));
   EXPECT_EQ(two.full_groups(), 0);
+  // Sliding layers only, of two windows: a held position takes a block of each of the three groups.
+  const KvMemoryPlan sliding_only = kv_memory_plan(two, 1, 4, KvCacheDtype::F32, 30 * 512);  // 2·1·4·16·4 bytes a block
+  EXPECT_EQ(sliding_only.blocks, 30);
+  EXPECT_EQ(sliding_only.tokens, 30 * 16 / 3);
+  EXPECT_EQ(sliding_only.sliding_blocks_per_sequence, 0);
 
   EXPECT_THROW(kv_group_layout(3, with_windows({0, 128})), UsageError);
   EXPECT_THROW(kv_group_layout(2, with_windows({0, -1})), UsageError);
@@ -158,6 +163,33 @@ TEST(KvGroups, PrefixHitTakesTheFullChainAndTheSlidingBlocksTheWindowReads) {
   EXPECT_NE(cache.block_table(c, 1)[3], kNoBlock);
   cache.release(c);
   EXPECT_EQ(cache.free_blocks(), cache.num_blocks());
+  cache.pool().check_invariants();
+}
+
+// Two full groups beside a sliding one (windows {0, 0, 6}): a full group needs every block of the hit, the
+// sliding one only those its window reads; each group's missing block caps the hit on its own.
+TEST(KvGroups, EveryFullGroupNeedsTheWholeHit) {
+  KvCache cache(3, 1, 4, with_windows({0, 0, 6}, KvCacheSpec{100, 2, 60, 4}));
+  ASSERT_EQ(cache.num_groups(), 3);
+  cache.set_prefix_caching(true);
+  const std::vector<int32_t> prompt = tokens(21, 50);
+  const int a = cache.acquire();
+  cache.prepare(a, 0, 21);
+  cache.commit(a, 0, prompt);
+  const std::vector<int32_t> second_full(cache.block_table(a, 1).begin(), cache.block_table(a, 1).end());
+  cache.release(a);
+  const int b = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(b, prompt), 20);
+  cache.release(b);
+  const_cast<BlockPool&>(cache.pool()).forget(second_full[3]);  // the second full group lacks block 3
+  const int c = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(c, prompt), 12);
+  cache.release(c);
+  const_cast<BlockPool&>(cache.pool()).forget(second_full[0]);  // … and block 0: nothing is served
+  const int d = cache.acquire();
+  EXPECT_EQ(cache.match_prefix(d, prompt), 0);
+  cache.release(d);
+  EXPECT_EQ(cache.free_blocks(), 60);
   cache.pool().check_invariants();
 }
 

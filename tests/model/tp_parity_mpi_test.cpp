@@ -148,6 +148,7 @@ TEST(TpActivationPrecision, EveryRankRunsRankZerosAutoChoice) {
   const nlohmann::json entry = {{"choice", int8 ? "bf16-decode-int8" : "bf16"}, {"measured", true},
                                 {"out_features", 256},  {"in_features", 256},
                                 {"bf16_decode_s", 1e-5}, {"int8_decode_s", 1e-5},
+                                {"bf16_step_s", 3e-5}, {"int8_step_s", int8 ? 1.5e-5 : 3e-5},
                                 {"bf16_batched_s", 1e-4}, {"int8_batched_s", int8 ? 0.5e-4 : 1e-4}};
   std::ofstream(cache / "activation-precision.json")
       << nlohmann::json{{precision_cache_key(kThreads, activation_probe_shape(config)), entry}}.dump();

@@ -63,23 +63,29 @@ prepare::ActivationPrecision precision_for_rows(prepare::ActivationPrecision pre
 /// What `--activation-precision auto` measured on this CPU (probe_activation_precision).
 struct PrecisionProbe {
   prepare::ActivationPrecision choice = prepare::ActivationPrecision::Bf16;  ///< Bf16 or Bf16DecodeInt8
-  /// CPU seconds (all threads) per call, the least of 3 samples, on the probe layer at the decode rows (4) and at 64.
-  double bf16_decode_s = 0, int8_decode_s = 0, bf16_batched_s = 0, int8_batched_s = 0;
+  /// CPU seconds (all threads) per call, the least of 3 samples, on the probe layer at the decode rows (4), at a
+  /// server's batched decode step (16 rows) and at prefill-sized blocks (64 rows).
+  double bf16_decode_s = 0, int8_decode_s = 0, bf16_step_s = 0, int8_step_s = 0, bf16_batched_s = 0,
+         int8_batched_s = 0;
   bool measured = false;  ///< false: no SIMD int8 or bf16-dot kernel here, so nothing to compare (choice Bf16)
   int64_t out_features = 0, in_features = 0;  ///< the shape measured (the one asked for, at least 256 × 256)
+  /// int8's time against bf16's over the batched sizes: the geometric mean of the ratios at 16 and at 64 rows.
+  double int8_ratio() const;
 };
 /// `auto`'s choice between the bf16 and the int8 activation paths of FP4 layers, by measurement: both run an NVFP4
 /// layer of the model's own shape [out_features, in_features] (the caller passes its MLP's; at least 256 × 256) at
-/// 4 and at 64 rows, interleaved; each time is the least of 3 samples of CPU time (all threads) per call, a sample
-/// being ≥ 20 ms of calls. Int8 is taken for the batched rows (Bf16DecodeInt8) where it needs ≤ 0.8 of bf16's time
-/// at 64 rows, else Bf16; decode rows stay bf16 (memory-bound: the 4-row times are reported, not acted on). The
-/// margin keeps a near-tie on bf16, the default before the probe; `--activation-precision` pins it, and the caller
-/// keeps the answer per machine (backends/activation_precision.h) so that runs choose alike.
-/// The balance differs by CPU and shape: on a 2-core AMD EPYC (Zen 4), 64 rows, int8 took 0.82× bf16's CPU time on
-/// [1536, 576] and 0.64× on [4096, 4096] (and `bench model` prefill ran 1.11× / 1.31× faster with int8 on the default
-/// model / a Llama-3.2-3B-shaped one); an Intel Xeon with VNNI was measured at 2.6× for int8. Costs about a quarter
-/// of a second of CPU time. Both paths meet the accuracy bar (mean KLD ≤ 1e-3 against the 16-bit path on the
-/// default model, kInt8ActivationFineRatio). Measured with the thread count the model will run with.
+/// 4, 16 and 64 rows, interleaved; each time is the least of 3 samples of CPU time (all threads) per call, a sample
+/// being ≥ 20 ms of calls. Int8 is taken for the batched rows (Bf16DecodeInt8) where int8_ratio() ≤ 0.8 (both a
+/// server's decode steps of 9–32 streams and prefill chunks run those rows), else Bf16; decode rows stay bf16
+/// (memory-bound: the 4-row times are reported, not acted on). The margin keeps a near-tie on bf16, the default
+/// before the probe; `--activation-precision` pins it, and the caller keeps the answer per machine
+/// (backends/activation_precision.h) so that runs choose alike.
+/// The balance differs by CPU, shape and rows: on a 2-core AMD EPYC (Zen 4), [1536, 576], int8 took 0.60–0.66× bf16's
+/// CPU time at 16 rows and 0.77–1.0× at 64 (0.64× at 64 rows on [4096, 4096]; `bench model` prefill ran 1.11× /
+/// 1.31× faster with int8 on the default model / a Llama-3.2-3B-shaped one); an Intel Xeon with VNNI was measured
+/// at 2.6× for int8. Costs about a third of a second of CPU time. Both paths meet the accuracy bar (mean KLD ≤ 1e-3
+/// against the 16-bit path on the default model, kInt8ActivationFineRatio). Measured with the thread count the
+/// model will run with.
 PrecisionProbe probe_activation_precision(int64_t out_features, int64_t in_features);
 
 /// Writes the dequantized weight [N, K] fp32 (global scale included) in the checkpoint's column order.

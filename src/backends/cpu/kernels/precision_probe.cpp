@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `--activation-precision auto` by measurement (linear.h probe_activation_precision).
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <cstdint>
 #include <limits>
@@ -14,7 +15,8 @@
 namespace fp4serve::kernels {
 namespace {
 
-constexpr int64_t kDecodeRows = 4, kBatchedRows = 64;
+// Decode rows (one pass over the weights), a server's decode step of 9–32 streams, and prefill-sized blocks.
+constexpr int64_t kDecodeRows = 4, kStepRows = 16, kBatchedRows = 64;
 constexpr int kRounds = 3;
 constexpr double kInt8Margin = 0.8;
 
@@ -59,6 +61,10 @@ double seconds_per_call(const prepare::PreparedLinear& w, const std::vector<floa
 
 }  // namespace
 
+double PrecisionProbe::int8_ratio() const {
+  return std::sqrt(int8_step_s / bf16_step_s * (int8_batched_s / bf16_batched_s));
+}
+
 PrecisionProbe probe_activation_precision(int64_t out_features, int64_t in_features) {
   PrecisionProbe probe;
   if (int8_one_pass_rows() == 0 || !bf16_dot_active()) return probe;  // one of the two has no fast kernel here
@@ -77,23 +83,27 @@ PrecisionProbe probe_activation_precision(int64_t out_features, int64_t in_featu
   // One untimed call each first (page faults, the int8 kernel's scratch).
   seconds_per_call(bf16, x, kBatchedRows, y);
   seconds_per_call(int8, x, kBatchedRows, y);
-  double best[4];
+  double best[6];
   std::fill(std::begin(best), std::end(best), std::numeric_limits<double>::infinity());
   for (int round = 0; round < kRounds; ++round) {
     best[0] = std::min(best[0], seconds_per_call(bf16, x, kDecodeRows, y));
     best[1] = std::min(best[1], seconds_per_call(int8, x, kDecodeRows, y));
-    best[2] = std::min(best[2], seconds_per_call(bf16, x, kBatchedRows, y));
-    best[3] = std::min(best[3], seconds_per_call(int8, x, kBatchedRows, y));
+    best[2] = std::min(best[2], seconds_per_call(bf16, x, kStepRows, y));
+    best[3] = std::min(best[3], seconds_per_call(int8, x, kStepRows, y));
+    best[4] = std::min(best[4], seconds_per_call(bf16, x, kBatchedRows, y));
+    best[5] = std::min(best[5], seconds_per_call(int8, x, kBatchedRows, y));
   }
   probe.bf16_decode_s = best[0];
   probe.int8_decode_s = best[1];
-  probe.bf16_batched_s = best[2];
-  probe.int8_batched_s = best[3];
+  probe.bf16_step_s = best[2];
+  probe.int8_step_s = best[3];
+  probe.bf16_batched_s = best[4];
+  probe.int8_batched_s = best[5];
   probe.measured = true;
   probe.out_features = n;
   probe.in_features = k;
-  probe.choice = best[3] <= kInt8Margin * best[2] ? prepare::ActivationPrecision::Bf16DecodeInt8
-                                                  : prepare::ActivationPrecision::Bf16;
+  probe.choice = probe.int8_ratio() <= kInt8Margin ? prepare::ActivationPrecision::Bf16DecodeInt8
+                                                   : prepare::ActivationPrecision::Bf16;
   return probe;
 }
 

@@ -366,14 +366,18 @@ TEST(ActivationPrecisionRows, CompositesSplitAtTheDecodeRows) {
 }
 
 // auto's measurement: measured exactly where both fast kernels exist, bf16 decode, int8 batched rows only where
-// int8 took ≤ 0.8 of bf16's time.
+// int8 took ≤ 0.8 of bf16's time over 16 and 64 rows (the geometric mean of the two ratios).
 TEST(ActivationPrecisionProbe, ChoosesInt8ForBatchedRowsOnlyWhereClearlyFaster) {
   const PrecisionProbe probe = probe_activation_precision(1536, 576);
   EXPECT_EQ(probe.measured, int8_one_pass_rows() > 0 && bf16_dot_active());
   if (!probe.measured) GTEST_SKIP() << "this CPU lacks the SIMD int8 or the bf16-dot kernel: auto is not measured";
+  EXPECT_GT(probe.bf16_step_s, 0.0);
+  EXPECT_GT(probe.int8_step_s, 0.0);
   EXPECT_GT(probe.bf16_batched_s, 0.0);
   EXPECT_GT(probe.int8_batched_s, 0.0);
-  const bool int8_batched = probe.int8_batched_s <= 0.8 * probe.bf16_batched_s;
+  const double ratio = std::sqrt(probe.int8_step_s / probe.bf16_step_s * probe.int8_batched_s / probe.bf16_batched_s);
+  EXPECT_NEAR(probe.int8_ratio(), ratio, 1e-12);
+  const bool int8_batched = ratio <= 0.8;
   EXPECT_EQ(precision_for_rows(probe.choice, 1), ActivationPrecision::Bf16);
   EXPECT_EQ(precision_for_rows(probe.choice, 64), int8_batched ? ActivationPrecision::Int8 : ActivationPrecision::Bf16);
   RecordProperty("choice", std::string(prepare::activation_precision_name(probe.choice)));
