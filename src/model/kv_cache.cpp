@@ -177,6 +177,7 @@ void KvCache::drop_blocks(Slot& s) {
   s.tokens.clear();
   s.keys.clear();
   std::ranges::fill(s.released_below, 0);
+  s.hold = -1;
   s.mirrored = false;
 }
 
@@ -288,7 +289,8 @@ void KvCache::release_out_of_window(Slot& s) {
   for (int g = 0; g < num_groups(); ++g) {
     auto& table = s.tables[static_cast<size_t>(g)];
     int64_t& below = s.released_below[static_cast<size_t>(g)];
-    const int64_t dead = std::min<int64_t>(first_read_entry(g, next), static_cast<int64_t>(table.size()));
+    int64_t dead = std::min<int64_t>(first_read_entry(g, next), static_cast<int64_t>(table.size()));
+    if (s.hold >= 0) dead = std::min(dead, first_read_entry(g, s.hold));
     for (int64_t i = below; i < dead; ++i) {
       int32_t& b = table[static_cast<size_t>(i)];
       if (b != kNoBlock) pool_.release(b);
@@ -324,6 +326,12 @@ void KvCache::commit(int slot, int64_t start_pos, std::span<const int32_t> token
     }
   }
   release_out_of_window(s);
+}
+
+void KvCache::hold_window(int slot, int64_t position) {
+  Slot& s = slot_at(slot, "hold_window");
+  s.hold = std::max<int64_t>(position, -1);
+  if (s.hold < 0 && !s.mirrored) release_out_of_window(s);
 }
 
 void KvCache::set_prefix_caching(bool on) {

@@ -3,9 +3,11 @@
 // backend's memory (KvStorage, made by Backend::make_cache). Positions are kept in blocks of block_size() from a
 // shared pool (model/block_pool.h); each sequence ("slot") has a block table (its blocks in position order) that
 // grows as the sequence does, so memory is taken by the tokens sequences hold rather than by whole
-// max_seq_len slots. The CPU keeps fp32, bf16 or fp16 elements [layer][block][kv_head][block position][head_dim]
-// in host memory (backends/cpu/cpu_kv_storage.h); the GPU fp32 [block][layer][block position][kv_heads · head_dim]
-// rows in device memory. The element type is the device-neutral KvCacheDtype (--kv-cache-dtype).
+// max_seq_len slots. Layers of different attention windows keep blocks of their own (KvGroupLayout: one table per
+// group, a sliding group's releasing what its window has passed). The CPU keeps fp32, bf16 or fp16 elements
+// [layer row][block][kv_head][block position][head_dim] in host memory (backends/cpu/cpu_kv_storage.h); the GPU fp32
+// [block][layer row][block position][kv_heads · head_dim] rows in device memory (a layer row: the layer's place in
+// its group, row_of_layer). The element type is the device-neutral KvCacheDtype (--kv-cache-dtype).
 //
 // Automatic prefix caching (set_prefix_caching): every full block a step writes is registered under the chained
 // key of its tokens (block_pool.h); match_prefix() on a fresh sequence takes the registered blocks of its longest
@@ -198,6 +200,12 @@ class KvCache {
   /// (a multiple of block_size), 0 when not one block agrees, or when a sliding window already released a block
   /// that `dst`'s next position still reads. Throws UsageError when a slot is not in use, `dst` holds positions, or either is mirrored.
   int64_t fork(int src, int dst, std::span<const int32_t> tokens);
+  /// Keeps the blocks that position `position` reads in every sliding group (its table entries from the first its
+  /// window reads) while the window moves past them, until hold_window(slot, −1) lifts the hold and releases what the
+  /// window has passed. For n > 1: the leader computing a request's prompt holds the blocks its choices' first
+  /// computed position reads, so that they can fork them (fork refuses a released block). No effect on groups that
+  /// attend to all positions. Throws UsageError for a slot not in use.
+  void hold_window(int slot, int64_t position);
   /// Tokens queried and found by match_prefix since the cache was made (vLLM's prefix_cache_queries / _hits).
   int64_t prefix_cache_queries() const { return prefix_queries_; }
   int64_t prefix_cache_hits() const { return prefix_hits_; }
@@ -224,6 +232,7 @@ class KvCache {
     std::vector<int32_t> tokens;               // token ids at positions 0 … num_tokens − 1
     std::vector<PrefixKey> keys;               // group 0's prefix key after each full block considered for the cache
     std::vector<int64_t> released_below;       // [group]: entries before this one were released by its window
+    int64_t hold = -1;                         // hold_window's position (−1: none)
     int64_t table_size() const { return tables.empty() ? 0 : static_cast<int64_t>(tables[0].size()); }
   };
   Slot& slot_at(int slot, const char* what);

@@ -148,6 +148,7 @@ int64_t Scheduler::tokens_to_run(const Sequence& seq, int64_t budget, bool first
 void Scheduler::preempt(Sequence& seq) {
   model_.cache().release(seq.slot);
   seq.slot = -1;
+  seq.holds_window = false;
   seq.computed = 0;
   seq.take = 0;
   ++preemptions_;
@@ -173,8 +174,33 @@ const Scheduler::Sequence* Scheduler::fork_donor(const Sequence& seq, bool& comp
   return need > 0 ? donor : nullptr;
 }
 
+void Scheduler::hold_for_choices(Sequence& seq) {
+  model::KvCache& cache = model_.cache();
+  cache.hold_window(seq.slot, shareable(seq.prompt_len, cache.block_size()));
+  seq.holds_window = true;
+}
+
+void Scheduler::release_window_holds() {
+  for (Sequence& seq : running_) {
+    if (!seq.holds_window) continue;
+    bool waiting = std::ranges::any_of(running_, [&](const Sequence& other) {
+      return other.group == seq.group && other.parked && !other.done;
+    });
+    if (!waiting) {
+      std::lock_guard lock(mutex_);
+      waiting = std::ranges::any_of(queue_, [&](const std::shared_ptr<RequestChannel>& ch) {
+        return ch->request().choice_group == seq.group;
+      });
+    }
+    if (waiting) continue;
+    if (seq.slot >= 0 && !seq.done) model_.cache().hold_window(seq.slot, -1);
+    seq.holds_window = false;
+  }
+}
+
 void Scheduler::lead(Sequence& seq) {
   const int64_t hit = model_.cache().match_prefix(seq.slot, std::span<const int32_t>(seq.tokens));
+  hold_for_choices(seq);
   seq.parked = false;
   seq.computed = hit;
   seq.channel->set_cached_tokens(hit);
@@ -200,6 +226,7 @@ void Scheduler::unpark() {
       lead(seq);  // no choice of its request computes the prompt any more: this one does
     }
   }
+  release_window_holds();
 }
 
 void Scheduler::admit(int64_t& budget, bool& first_chunk) {
@@ -240,6 +267,7 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
     const bool park = !resumed && donor == nullptr && computing;
     int64_t hit = 0;
     if (donor != nullptr) hit = cache.fork(donor->slot, slot, tokens);
+    const bool forked = hit > 0;
     if (hit == 0 && !park) hit = cache.match_prefix(slot, tokens);
     // Blocks for the first chunk decide admission: without them the sequence keeps its place.
     const auto pending = static_cast<int64_t>(tokens.size()) - hit;
@@ -279,6 +307,8 @@ void Scheduler::admit(int64_t& budget, bool& first_chunk) {
     seq.slot = slot;
     seq.computed = hit;
     seq.take = take;
+    // The first choice of an n > 1 request computes the prompt the others will fork.
+    if (seq.group != 0 && !park && !forked) hold_for_choices(seq);
     budget -= take;
     first_chunk = first_chunk && take == 0;
     running_.push_back(std::move(seq));

@@ -83,6 +83,7 @@ class Scheduler {
     bool grammar_waits = false;  // until the request's grammar_after_token is generated
     uint64_t group = 0;          // n > 1: the request's choice group (SequenceRequest::choice_group)
     bool parked = false;         // holds a slot and nothing else until a choice of its group holds the prompt
+    bool holds_window = false;   // computes its group's prompt: its sliding-window blocks stay until the others fork
     Clock::time_point last_token{};
     Clock::time_point admitted{}, first_token{};
   };
@@ -102,6 +103,11 @@ class Scheduler {
   const Sequence* fork_donor(const Sequence& seq, bool& computing) const;
   /// Starts computing `seq`'s prompt on its (empty) slot with what the prefix cache holds of it.
   void lead(Sequence& seq);
+  /// `seq` computes its group's prompt: keeps the sliding-window blocks that the other choices' first computed
+  /// position reads (KvCache::hold_window) until none of them waits to fork (release_window_holds).
+  void hold_for_choices(Sequence& seq);
+  /// Lifts the holds of groups none of whose choices is parked or queued any more.
+  void release_window_holds();
   void step();
   /// Frees `seq`'s blocks and puts it ahead of the queue (recomputed on resumption).
   void preempt(Sequence& seq);

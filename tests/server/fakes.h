@@ -60,9 +60,12 @@ inline std::vector<int32_t> reference_greedy(std::vector<int32_t> history, int64
 class FakeModel final : public StepModel {
  public:
   /// `slots` sequences of up to `max_len` positions; `num_blocks` blocks of `block_size` (0: every slot at full
-  /// length), prefix caching on or off.
-  FakeModel(int slots, int64_t max_len, int64_t num_blocks = 0, int64_t block_size = 16, bool prefix_caching = false)
-      : cache_(1, 1, 1, model::KvCacheSpec{max_len, slots, num_blocks, block_size}),
+  /// length), prefix caching on or off; `layer_windows`: one layer per entry with that attention window (empty: one
+  /// layer attending to all positions), as KvCacheSpec::layer_windows.
+  FakeModel(int slots, int64_t max_len, int64_t num_blocks = 0, int64_t block_size = 16, bool prefix_caching = false,
+            std::vector<int64_t> layer_windows = {})
+      : cache_(std::max<int64_t>(1, static_cast<int64_t>(layer_windows.size())), 1, 1,
+               model::KvCacheSpec{max_len, slots, num_blocks, block_size, 0, layer_windows}),
         history_(static_cast<size_t>(slots)) {
     cache_.set_prefix_caching(prefix_caching);
   }

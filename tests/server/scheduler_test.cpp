@@ -397,6 +397,36 @@ TEST(Scheduler, ChoicesComputeThePromptOnce) {
   }
 }
 
+// A sliding-window layer beside a full one (GPT-OSS's KV layer groups), window 32, blocks of 16, caching off: the
+// leader's commit of its 111-token prompt would release its sliding blocks 0 … 4 (position 111 reads 80 …), but a
+// choice computes from position 96, which reads 65 …, in block 4. The leader holds that block until the choices have
+// forked, so each computes only positions 96 … 110: 111 + 2 · 15 prompt positions (without the hold: 111 · 3).
+TEST(Scheduler, ChoicesForkPastASlidingWindow) {
+  std::mt19937 rng(19);
+  const auto prompt = random_prompt(rng, 111);
+  const auto expected = testing::reference_greedy(prompt, 6, true);
+  for (const int64_t budget : {32, 256}) {
+    SCOPED_TRACE(fmt::format("{} tokens per step", budget));
+    FakeModel model(/*slots=*/4, /*max_len=*/256, /*num_blocks=*/0, /*block_size=*/16, /*prefix_caching=*/false,
+                    /*layer_windows=*/{32, 0});
+    ASSERT_EQ(model.cache().num_groups(), 2);
+    Metrics metrics;
+    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = budget, .max_queue = 8}, metrics);
+    sched.start();
+    auto channels = sched.submit_n(greedy(prompt, 6, true), 3);
+    ASSERT_EQ(channels.size(), 3u);
+    for (auto& ch : channels) {
+      std::vector<int32_t> t;
+      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+      EXPECT_EQ(t, expected);
+    }
+    sched.stop();
+    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_computed_total"), 111 + 2 * 15);
+    EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
+    model.cache().pool().check_invariants();
+  }
+}
+
 // Seeded choices that fork a long prompt sample exactly what a lone request with seed + i samples (which computes
 // the whole prompt itself), and differ from each other.
 TEST(Scheduler, ForkedSeededChoicesMatchLoneRequests) {
