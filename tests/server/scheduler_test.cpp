@@ -361,6 +361,33 @@ int64_t metric_value(const std::string& text, const std::string& name) {
   return std::stoll(text.substr(text.find("} ", at) + 2));
 }
 
+// Three greedy choices of `prompt` (n = 3, `tokens` each) through a scheduler over `model` with `budget` tokens per
+// step: each must finish by length with `expected`; afterwards every block is back in the pool. Returns the
+// channels and the metrics' text after the scheduler stopped.
+struct ChoicesRun {
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  std::string metrics;
+};
+ChoicesRun run_greedy_choices(FakeModel& model, const std::vector<int32_t>& prompt, int tokens, int64_t budget,
+                              const std::vector<int32_t>& expected) {
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = budget, .max_queue = 8}, metrics);
+  sched.start();
+  ChoicesRun run;
+  run.channels = sched.submit_n(greedy(prompt, tokens, true), 3);
+  EXPECT_EQ(run.channels.size(), 3u);
+  for (auto& ch : run.channels) {
+    std::vector<int32_t> t;
+    EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+    EXPECT_EQ(t, expected);
+  }
+  sched.stop();
+  run.metrics = metrics.render();
+  EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
+  model.cache().pool().check_invariants();
+  return run;
+}
+
 // n = 3 computes the prompt once, with prefix caching off and on: the leader prefills 100 tokens, each other choice
 // forks its 6 full blocks and computes the last 4 (the block holding the last prompt token), so 108 prompt
 // positions in all instead of 300; greedy choices equal the sequential reference; every block comes back. With a
@@ -374,26 +401,14 @@ TEST(Scheduler, ChoicesComputeThePromptOnce) {
                                         std::pair{true, 256}}) {
     SCOPED_TRACE(fmt::format("prefix caching {}, {} tokens per step", caching, budget));
     FakeModel model(/*slots=*/4, /*max_len=*/256, /*num_blocks=*/0, /*block_size=*/16, caching);
-    Metrics metrics;
-    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = budget, .max_queue = 8}, metrics);
-    sched.start();
-    auto channels = sched.submit_n(greedy(prompt, 10, true), 3);
-    ASSERT_EQ(channels.size(), 3u);
-    for (auto& ch : channels) {
-      std::vector<int32_t> t;
-      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
-      EXPECT_EQ(t, expected);
-    }
-    EXPECT_EQ(channels[0]->cached_tokens(), 0);
-    EXPECT_EQ(channels[1]->cached_tokens(), 96);
-    EXPECT_EQ(channels[2]->cached_tokens(), 96);
+    const ChoicesRun run = run_greedy_choices(model, prompt, 10, budget, expected);
+    EXPECT_EQ(run.channels[0]->cached_tokens(), 0);
+    EXPECT_EQ(run.channels[1]->cached_tokens(), 96);
+    EXPECT_EQ(run.channels[2]->cached_tokens(), 96);
     // Prompt positions 100 + 2 · 4, then 9 decode steps per choice (the 10th token is never fed back).
     EXPECT_EQ(model.computed_tokens.load(), 108 + 3 * 9);
-    sched.stop();
-    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_computed_total"), 108);
-    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_total"), 300);
-    EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
-    model.cache().pool().check_invariants();
+    EXPECT_EQ(metric_value(run.metrics, "fp4serve_prompt_tokens_computed_total"), 108);
+    EXPECT_EQ(metric_value(run.metrics, "fp4serve_prompt_tokens_total"), 300);
   }
 }
 
@@ -410,20 +425,8 @@ TEST(Scheduler, ChoicesForkPastASlidingWindow) {
     FakeModel model(/*slots=*/4, /*max_len=*/256, /*num_blocks=*/0, /*block_size=*/16, /*prefix_caching=*/false,
                     /*layer_windows=*/{32, 0});
     ASSERT_EQ(model.cache().num_groups(), 2);
-    Metrics metrics;
-    Scheduler sched(model, {.max_num_seqs = 4, .max_num_batched_tokens = budget, .max_queue = 8}, metrics);
-    sched.start();
-    auto channels = sched.submit_n(greedy(prompt, 6, true), 3);
-    ASSERT_EQ(channels.size(), 3u);
-    for (auto& ch : channels) {
-      std::vector<int32_t> t;
-      EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
-      EXPECT_EQ(t, expected);
-    }
-    sched.stop();
-    EXPECT_EQ(metric_value(metrics.render(), "fp4serve_prompt_tokens_computed_total"), 111 + 2 * 15);
-    EXPECT_EQ(model.cache().free_blocks(), model.cache().num_blocks()) << "blocks leaked";
-    model.cache().pool().check_invariants();
+    const ChoicesRun run = run_greedy_choices(model, prompt, 6, budget, expected);
+    EXPECT_EQ(metric_value(run.metrics, "fp4serve_prompt_tokens_computed_total"), 111 + 2 * 15);
   }
 }
 
