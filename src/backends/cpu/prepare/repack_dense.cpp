@@ -124,17 +124,26 @@ PreparedLinear prepare_dense_as_fp8_rows(const core::TensorView& weight, std::st
   const int64_t k = weight.shape[1];
   std::vector<uint8_t> codes(static_cast<size_t>(n * k));
   std::vector<float> scales(static_cast<size_t>(n));
-  std::vector<float> row(static_cast<size_t>(k));
-  for (int64_t r = 0; r < n; ++r) {
-    float amax = 0.f;
-    for (int64_t c = 0; c < k; ++c) {
-      row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
-      amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
+  // Rows are independent (a row's scale and codes depend on that row alone), so they run in parallel with the same
+  // result on any number of threads: a Llama-3.2-3B lm_head (394M weights) took 12.9 s on one thread.
+  // load_float cannot throw here: check_matrix accepted only BF16, F16 and F32.
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(k));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      float amax = 0.f;
+      for (int64_t c = 0; c < k; ++c) {
+        row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
+        amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
+      }
+      // amax/448 maps the row's largest magnitude to E4M3's largest finite value; an all-zero row keeps scale 1.
+      const float scale = amax > 0.f ? amax / 448.f : 1.f;
+      scales[static_cast<size_t>(r)] = scale;
+      for (int64_t c = 0; c < k; ++c) {
+        codes[static_cast<size_t>(r * k + c)] = quant::float_to_e4m3(row[static_cast<size_t>(c)] / scale);
+      }
     }
-    // amax/448 maps the row's largest magnitude to E4M3's largest finite value; an all-zero row keeps scale 1.
-    const float scale = amax > 0.f ? amax / 448.f : 1.f;
-    scales[static_cast<size_t>(r)] = scale;
-    for (int64_t c = 0; c < k; ++c) codes[static_cast<size_t>(r * k + c)] = quant::float_to_e4m3(row[static_cast<size_t>(c)] / scale);
   }
   const core::TensorView code_view{core::DType::F8_E4M3, {n, k}, std::as_bytes(std::span<const uint8_t>(codes))};
   const core::TensorView scale_view{core::DType::F32, {n, 1}, std::as_bytes(std::span<const float>(scales))};
@@ -146,19 +155,24 @@ PreparedLinear prepare_dense_as_int8_rows(const core::TensorView& weight, std::s
   const int64_t k = weight.shape[1];
   PreparedLinear w;
   detail::init_tiles(w, WeightLayout::Int8, n, k, k, static_cast<size_t>(k) * kTileRows, kTileRows * sizeof(float), 0);
-  std::vector<float> row(static_cast<size_t>(k));
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t t = r / kTileRows, lane = r % kTileRows;
-    float amax = 0.f;
-    for (int64_t c = 0; c < k; ++c) {
-      row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
-      amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
-    }
-    const float scale = amax > 0.f ? amax / 127.f : 1.f;
-    w.scales.as<float>()[t * kTileRows + lane] = scale;
-    for (int64_t c = 0; c < k; ++c) {
-      const float q = std::nearbyint(std::clamp(row[static_cast<size_t>(c)] / scale, -127.f, 127.f));
-      w.codes.as<int8_t>()[(t * k + c) * kTileRows + lane] = static_cast<int8_t>(q);
+  // Rows in parallel, as in prepare_dense_as_fp8_rows (each writes its own scale and codes).
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(k));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = r / kTileRows, lane = r % kTileRows;
+      float amax = 0.f;
+      for (int64_t c = 0; c < k; ++c) {
+        row[static_cast<size_t>(c)] = quant::load_float(weight, static_cast<size_t>(r * k + c), name);
+        amax = std::max(amax, std::fabs(row[static_cast<size_t>(c)]));
+      }
+      const float scale = amax > 0.f ? amax / 127.f : 1.f;
+      w.scales.as<float>()[t * kTileRows + lane] = scale;
+      for (int64_t c = 0; c < k; ++c) {
+        const float q = std::nearbyint(std::clamp(row[static_cast<size_t>(c)] / scale, -127.f, 127.f));
+        w.codes.as<int8_t>()[(t * k + c) * kTileRows + lane] = static_cast<int8_t>(q);
+      }
     }
   }
   return w;
