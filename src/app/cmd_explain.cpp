@@ -57,9 +57,8 @@ MemoryPlanText memory_plan(const ExplainOptions& opts, const model::ModelConfig&
   const model::KvCacheDtype element =
       model::resolve_kv_cache_dtype(opts.kv_cache_dtype, layer_plan.device.kind, config.dtype);
   const auto budget = static_cast<int64_t>(opts.kv_cache_gib * static_cast<double>(int64_t{1} << 30));
-  model::KvCacheSpec windows;
-  windows.layer_windows = config.layer_windows();
-  const model::KvGroupLayout layout = model::kv_group_layout(config.num_layers, windows);
+  const model::KvGroupLayout layout =
+      model::kv_group_layout(config.num_layers, model::KvCacheSpec{.layer_windows = config.layer_windows()});
   const model::KvMemoryPlan kv =
       model::kv_memory_plan(layout, config.num_kv_heads, config.head_dim, element, budget);
   MemoryPlanText out;

@@ -14,9 +14,8 @@ int64_t kv_blocks_for_budget(const model::ModelConfig& config, int64_t max_seq_l
   // Keys and values for one layer group (KvGroupLayout) and every KV head of a block: what the backend's pool
   // holds per block. One sequence at full length takes a block of every group per block_size positions (a sliding
   // group's chunk included, before its window releases them).
-  model::KvCacheSpec windows;
-  windows.layer_windows = config.layer_windows();
-  const model::KvGroupLayout layout = model::kv_group_layout(config.num_layers, windows);
+  const model::KvGroupLayout layout =
+      model::kv_group_layout(config.num_layers, model::KvCacheSpec{.layer_windows = config.layer_windows()});
   const int64_t per_block =
       model::kv_block_bytes(layout.layers_per_block, config.num_kv_heads, config.head_dim, block_size, element);
   const int64_t blocks = per_block > 0 ? budget_bytes / per_block : 0;
