@@ -25,7 +25,7 @@ namespace {
 
 struct ModelBenchOptions {
   std::vector<std::string> models;
-  model::LoadOptions load;
+  model::LoadOptions load = cli_load_options();
   // Every model runs with each value (interleaved); std::nullopt = auto.
   std::vector<std::optional<prepare::ActivationPrecision>> activation_precisions{std::nullopt};
   std::vector<model::LmHeadDtype> lm_head_dtypes{model::LmHeadDtype::Bf16};
@@ -151,6 +151,7 @@ void register_bench_model(CLI::App& bench) {
                          "auto, fp32, bf16 and/or fp16 (comma-separated, as above)", "auto");
   add_parsed_list_option(*cmd, "--batch-invariant", opts->batch_invariant, parse_batch_invariant,
                          "off and/or on: the batch-invariant CPU kernels (comma-separated, as above)", "off");
+  add_weight_cache_option(*cmd, opts->load.weight_cache);
   add_threads_option(*cmd, opts->load.threads);
   add_tensor_parallel_options(*cmd, opts->load.parallel);
   cmd->add_option("-p,--prompt-tokens", opts->bench.prompt_tokens, "prefill length")->capture_default_str()

@@ -123,6 +123,15 @@ void add_tensor_parallel_options(CLI::App& cmd, plan::ParallelConfig& parallel) 
                "MoE layers: whole experts per rank instead of split experts");
 }
 
+void add_weight_cache_option(CLI::App& cmd, model::WeightCacheMode& mode) {
+  add_parsed_option(cmd, "--weight-cache", mode, parse_weight_cache_mode,
+                    "auto (on for checkpoints of 256 MiB of weights or more), on or off: the CPU's first load of a "
+                    "checkpoint writes its repacked weights to one file in $FP4SERVE_CACHE_DIR/weights (default "
+                    "~/.cache/fp4serve/weights) and later loads map that file instead of repacking; rewritten when "
+                    "the checkpoint, the build or --lm-head-dtype / --activation-quant change",
+                    std::string(model::weight_cache_mode_name(mode)));
+}
+
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
   add_model_path_option(cmd, opts.model,
                         "checkpoint folder (config.json + safetensors), or ORG/NAME from the local Hugging Face cache");
@@ -147,6 +156,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                     std::string(model::lm_head_dtype_name(load.lm_head_dtype)));
   add_parsed_option(cmd, "--kv-cache-dtype", load.kv_cache_dtype, parse_kv_cache_dtype, kKvCacheDtypeHelp,
                     kv_cache_dtype_text(load.kv_cache_dtype));
+  add_weight_cache_option(cmd, load.weight_cache);
   cmd.add_flag("--batch-invariant", load.batch_invariant,
                "batch-invariant CPU kernels: each sequence's logits do not depend on the other sequences of its "
                "step, its prompt's chunking or the thread count, so greedy tokens and logprobs are the same alone and "
@@ -272,6 +282,21 @@ void draw_load_bar(const model::LoadProgressReport& r) {
   std::fflush(stderr);
 }
 
+void report_weight_cache(const prepare::WeightCacheReport& r) {
+  const auto gib = [](uint64_t bytes) { return static_cast<double>(bytes) / (1u << 30); };
+  if (r.layers_prepared == 0) {
+    log_info("weight cache: mapped {} layers ({:.2f} GiB) from {}\n", r.layers_mapped, gib(r.bytes_mapped), r.file.string());
+    return;
+  }
+  const std::string why = r.not_used.empty() || r.not_used == "no file yet" ? "" : fmt::format(" ({})", r.not_used);
+  if (r.written) {
+    log_info("weight cache: wrote {:.2f} GiB to {} in {:.1f} s{}; later loads map it (--weight-cache off: neither)\n",
+             gib(r.bytes_written), r.file.string(), r.write_seconds, why);
+  } else {
+    log_warning("weight cache: not written ({}); this load repacked {} layers{}", r.not_written, r.layers_prepared, why);
+  }
+}
+
 }  // namespace
 
 model::LoadedModel load_model_for(const ModelOptions& opts) {
@@ -295,6 +320,7 @@ model::LoadedModel load_model_for(const ModelOptions& opts) {
   if (!load.progress && log_enabled(LogLevel::Info) && ::isatty(STDERR_FILENO) == 1) load.progress = draw_load_bar;
   model::LoadedModel loaded = model::load_model(dir, load);
   for (const std::string& w : loaded.warnings) log_warning("{}", w);
+  if (loaded.weight_cache) report_weight_cache(*loaded.weight_cache);
   return loaded;
 }
 

@@ -9,20 +9,23 @@
 #include <filesystem>
 #include <string>
 
+#include "app/option_values.h"
 #include "backends/load_model.h"
 
 namespace fp4serve::app {
 
 struct ModelOptions {
   std::string model;  ///< -m/--model or the positional MODEL: a folder, a .safetensors file or ORG/NAME
-  model::LoadOptions load;
+  model::LoadOptions load = cli_load_options();
   int64_t max_model_len = 0;  ///< -c/--ctx-size/--max-model-len; 0 = the model's limit (context_limit)
 };
 
 /// Adds MODEL (positional) with -m/--model, --device, --activation-quant, --activation-precision, --lm-head-dtype,
-/// --kv-cache-dtype, --batch-invariant, -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's
+/// --kv-cache-dtype, --batch-invariant, --weight-cache, -t/--threads and, when `context_option`, -c/--ctx-size/--max-model-len to `cmd` (perplexity's
 /// -c is its window instead). The values are parsed into opts.load as CLI11 reads them (option_values.h).
 void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option = true);
+/// Adds --weight-cache auto|on|off (add_model_options does; `bench model` too).
+void add_weight_cache_option(CLI::App& cmd, model::WeightCacheMode& mode);
 
 /// Adds --tensor-parallel-size N (-tp N, see remember_command_line) and --expert-parallel to `cmd` (the launcher
 /// fills the rank: TensorParallelRun).

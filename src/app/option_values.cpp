@@ -76,6 +76,13 @@ model::LmHeadDtype parse_lm_head_dtype(std::string_view text) {
   throw UsageError(fmt::format("--lm-head-dtype '{}' is not one of bf16, fp8, int8", text));
 }
 
+model::WeightCacheMode parse_weight_cache_mode(std::string_view text) {
+  for (model::WeightCacheMode m : {model::WeightCacheMode::Auto, model::WeightCacheMode::On, model::WeightCacheMode::Off}) {
+    if (text == model::weight_cache_mode_name(m)) return m;
+  }
+  throw UsageError(fmt::format("--weight-cache '{}' is not one of auto, on, off", text));
+}
+
 std::optional<model::KvCacheDtype> parse_kv_cache_dtype(std::string_view text) {
   if (text == "auto") return std::nullopt;
   for (model::KvCacheDtype d : {model::KvCacheDtype::F32, model::KvCacheDtype::Bf16, model::KvCacheDtype::F16}) {

@@ -23,6 +23,7 @@
 #include "plan/device_caps.h"
 #include "plan/select.h"
 #include "backends/cpu/prepare/prepared_linear.h"
+#include "backends/load_model.h"
 #include "text/chat_template.h"
 
 namespace fp4serve::app {
@@ -47,6 +48,15 @@ std::string activation_precision_text(std::optional<prepare::ActivationPrecision
 
 /// `--lm-head-dtype`: bf16 | fp8 | int8 (model::lm_head_dtype_name is the way back).
 model::LmHeadDtype parse_lm_head_dtype(std::string_view text);
+/// The LoadOptions the commands start from: the library's, but the weight cache is auto (the library's default is
+/// off, so that tests and embedders opt in).
+inline model::LoadOptions cli_load_options() {
+  model::LoadOptions options;
+  options.weight_cache = model::WeightCacheMode::Auto;
+  return options;
+}
+/// `--weight-cache`: auto | on | off (model::weight_cache_mode_name is the way back).
+model::WeightCacheMode parse_weight_cache_mode(std::string_view text);
 
 /// `--kv-cache-dtype`: auto (std::nullopt: the checkpoint's dtype, backends::resolve_kv_cache_dtype) | fp32 | bf16
 /// | fp16.

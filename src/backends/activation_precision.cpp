@@ -37,12 +37,6 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-std::string executable_identity() {
-  struct stat st{};
-  if (stat("/proc/self/exe", &st) != 0) return "unknown executable";
-  return fmt::format("{} bytes, modified {}", static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtime));
-}
-
 nlohmann::json probe_to_json(const kernels::PrecisionProbe& p) {
   return {{"choice", prepare::activation_precision_name(p.choice)},
           {"measured", p.measured},
@@ -161,7 +155,14 @@ std::string precision_cache_key(int threads, std::array<int64_t, 2> probe_shape)
   return fmt::format("{} | {} threads | [{}, {}]", machine, threads, probe_shape[0], probe_shape[1]);
 }
 
-std::filesystem::path precision_cache_file() {
+std::string executable_identity() {
+  struct stat st{};
+  if (stat("/proc/self/exe", &st) != 0) return "unknown executable";
+  return fmt::format("{} bytes, modified {}.{:09}", static_cast<long long>(st.st_size),
+                     static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec));
+}
+
+std::filesystem::path cache_directory() {
   const auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v != nullptr ? v : "";
@@ -173,10 +174,13 @@ std::filesystem::path precision_cache_file() {
     dir = std::filesystem::path(env("XDG_CACHE_HOME")) / "fp4serve";
   } else if (!env("HOME").empty()) {
     dir = std::filesystem::path(env("HOME")) / ".cache" / "fp4serve";
-  } else {
-    return {};
   }
-  return dir / "activation-precision.json";
+  return dir;
+}
+
+std::filesystem::path precision_cache_file() {
+  const std::filesystem::path dir = cache_directory();
+  return dir.empty() ? dir : dir / "activation-precision.json";
 }
 
 ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,

@@ -49,8 +49,15 @@ std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);
 /// this executable (size and modification time), the GEMM target, the thread count and the shape.
 std::string precision_cache_key(int threads, std::array<int64_t, 2> probe_shape);
 
-/// Where auto's measurements are kept: $FP4SERVE_CACHE_DIR, else $XDG_CACHE_HOME/fp4serve, else
-/// $HOME/.cache/fp4serve, with the file name activation-precision.json; empty when none of them is set.
+/// fp4serve's cache folder: $FP4SERVE_CACHE_DIR, else $XDG_CACHE_HOME/fp4serve, else $HOME/.cache/fp4serve; empty
+/// when none of them is set.
+std::filesystem::path cache_directory();
+
+/// This executable as caches of its results name it: its size and modification time (nanoseconds), so that any
+/// rebuild or upgrade invalidates what an older binary measured or wrote.
+std::string executable_identity();
+
+/// Where auto's measurements are kept: cache_directory() / activation-precision.json; empty when it is.
 std::filesystem::path precision_cache_file();
 
 }  // namespace fp4serve::model

@@ -2,10 +2,14 @@
 #include "backends/load_model.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <array>
 #include <chrono>
 
@@ -61,9 +65,67 @@ void refuse_cpu_only_choices(const LoadOptions& options) {
                                  lm_head_dtype_name(options.lm_head_dtype)));
   }
   (void)resolve_kv_cache_dtype(options.kv_cache_dtype, plan::DeviceKind::Cuda, "");
+  if (options.weight_cache == WeightCacheMode::On) {
+    throw UsageError("--weight-cache on: the weight cache keeps the CPU's repacked weights; the GPU backend uploads "
+                     "the checkpoint's bytes (use auto or off with --device cuda)");
+  }
+}
+
+// What a cache file is valid for, one fact a line (WeightCache names the first line that changed): this build,
+// the checkpoint's files as they are now, and the options that change what the repack makes.
+std::string weight_cache_key(const std::filesystem::path& dir, const LoadOptions& options) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // follows the hub's symlinks
+    files.push_back(fmt::format("file {}: {} bytes, modified {}.{:09}", entry.path().filename().string(),
+                                static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec),
+                                static_cast<long>(st.st_mtim.tv_nsec)));
+  }
+  std::sort(files.begin(), files.end());
+  return fmt::format("fp4serve CPU weight cache (prepared_linear.h tile pairs)\nexecutable: {}\n{}\nlm_head_dtype {}, "
+                     "activation_quant {}, tensor_parallel_size {}, rank {}, expert_parallel {}",
+                     executable_identity(), fmt::join(files, "\n"), lm_head_dtype_name(options.lm_head_dtype),
+                     plan::activation_quant_name(options.activation_quant), options.parallel.tensor_parallel_size,
+                     options.parallel.rank, options.parallel.expert_parallel);
+}
+
+// The weight cache of this load, or null: the CPU only, On, or Auto for checkpoints of kWeightCacheAutoBytes or
+// more; none when no cache folder can be named (no $HOME either).
+std::shared_ptr<prepare::WeightCache> open_weight_cache(const std::filesystem::path& dir, const LoadOptions& options,
+                                                        uint64_t weight_bytes) {
+  const bool wanted = options.weight_cache == WeightCacheMode::On ||
+                      (options.weight_cache == WeightCacheMode::Auto && weight_bytes >= kWeightCacheAutoBytes);
+  if (!wanted) return nullptr;
+  const std::filesystem::path folder =
+      !options.weight_cache_dir.empty() ? options.weight_cache_dir
+      : cache_directory().empty()       ? std::filesystem::path()
+                                        : cache_directory() / "weights";
+  if (folder.empty()) return nullptr;
+  std::error_code ec;
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(dir, ec);
+  if (ec) canonical = std::filesystem::absolute(dir);
+  const std::string identity = fmt::format("{}\ntensor_parallel_size {} rank {}", canonical.string(),
+                                           options.parallel.tensor_parallel_size, options.parallel.rank);
+  std::string label = canonical.filename().string();
+  if (options.parallel.tensor_parallel_size > 1) {
+    label += fmt::format("-tp{}r{}", options.parallel.tensor_parallel_size, options.parallel.rank);
+  }
+  return std::make_shared<prepare::WeightCache>(prepare::weight_cache_file(folder, identity, label),
+                                                weight_cache_key(canonical, options), weight_bytes);
 }
 
 }  // namespace
+
+std::string_view weight_cache_mode_name(WeightCacheMode mode) {
+  switch (mode) {
+    case WeightCacheMode::Off: return "off";
+    case WeightCacheMode::Auto: return "auto";
+    case WeightCacheMode::On: return "on";
+  }
+  return "?";
+}
 
 KvCacheDtype resolve_kv_cache_dtype(std::optional<KvCacheDtype> choice, plan::DeviceKind device,
                                     const std::string& model_dtype) {
@@ -125,8 +187,6 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     options.comm->broadcast(&code, 1, 0);
     loaded.activation_precision = static_cast<prepare::ActivationPrecision>(code);
   }
-  if (backend == nullptr) backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision);
-
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
   plan::check_scale_values(layer_plan, loaded.checkpoint);
@@ -148,11 +208,17 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     ++tensors;
     bytes += use.bytes;
   }
+  std::shared_ptr<prepare::WeightCache> weight_cache;
+  if (backend == nullptr) {
+    weight_cache = open_weight_cache(dir, options, bytes);
+    backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision, weight_cache);
+  }
   // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);
   LoadProgress progress(tensors, bytes, options.progress);
   const PlannedWeights weights(loaded.checkpoint, layer_plan, progress, &tp, parallel.rank, prepare);
   loaded.decoder = std::make_unique<Decoder>(loaded.config, weights, std::move(backend), options.comm);
+  if (weight_cache != nullptr) loaded.weight_cache = weight_cache->finish();
 #ifdef __GLIBC__
   // The heap pages the load freed (reordered expert slices, the parts of fused groups before they were
   // concatenated, parsed headers) go back to the system: glibc keeps freed pages below live allocations resident

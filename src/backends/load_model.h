@@ -15,6 +15,7 @@
 
 #include "backends/activation_precision.h"
 #include "backends/cpu/prepare/prepared_linear.h"
+#include "backends/cpu/prepare/weight_cache.h"
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
 #include "model/decoder.h"
@@ -27,6 +28,18 @@
 #include "plan/shard.h"
 
 namespace fp4serve::model {
+
+/// Whether the CPU keeps its repacked weights on disk for later loads to map (prepare/weight_cache.h).
+enum class WeightCacheMode : uint8_t {
+  Off,
+  /// On for checkpoints of at least kWeightCacheAutoBytes of weights, where a load's page clearing costs seconds;
+  /// smaller ones load in well under a second without one and would only fill the cache folder.
+  Auto,
+  On,
+};
+inline constexpr uint64_t kWeightCacheAutoBytes = uint64_t{256} << 20;
+/// "off", "auto", "on".
+std::string_view weight_cache_mode_name(WeightCacheMode mode);
 
 /// What a run chose (the app parses the command line into these: app/option_values.h); nothing here is text.
 struct LoadOptions {
@@ -49,6 +62,12 @@ struct LoadOptions {
   /// and logprobs are the same alone and batched. A process-wide switch: load_model sets it to this value (the
   /// model loaded last decides). Refused for the GPU (UsageError).
   bool batch_invariant = false;
+  /// The CPU's weight cache (`--weight-cache`; the CLI's default is Auto): one file per checkpoint folder and
+  /// tensor-parallel rank in `weight_cache_dir` (empty: cache_directory() / "weights"), keyed by this executable,
+  /// the checkpoint files' sizes and modification times, and the options that change the repack. On is refused
+  /// for the GPU (UsageError); Auto does nothing there.
+  WeightCacheMode weight_cache = WeightCacheMode::Off;
+  std::filesystem::path weight_cache_dir;
   LoadProgressCallback progress;  ///< loading progress reports (empty: none); the library prints nothing
   /// Tensor parallelism (plan/shard.h): this process loads and runs rank `parallel.rank`'s shard of
   /// `parallel.tensor_parallel_size`; `comm` (kept by the decoder, must outlive it) has that size and rank.
@@ -67,6 +86,8 @@ struct LoadedModel {
   KvCacheDtype kv_element = KvCacheDtype::F32;  ///< what the decoder's KV caches store
   /// How the FP4 linears take their activations (LoadOptions::activation_precision resolved).
   prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
+  /// What the weight cache did, when one was used (LoadOptions::weight_cache).
+  std::optional<prepare::WeightCacheReport> weight_cache = std::nullopt;
 };
 
 /// The KV cache element `choice` means on `device`. Auto (std::nullopt) follows the checkpoint's `model_dtype` as

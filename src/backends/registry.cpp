@@ -19,8 +19,9 @@ constexpr bool kCudaBuilt = false;
 }  // namespace
 
 std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype,
-                                                 prepare::ActivationPrecision activation_precision) {
-  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype, activation_precision);
+                                                 prepare::ActivationPrecision activation_precision,
+                                                 std::shared_ptr<prepare::WeightCache> weight_cache) {
+  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype, activation_precision, std::move(weight_cache));
 }
 
 #if FP4SERVE_HAVE_CUDA

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 
@@ -11,9 +12,16 @@ namespace fp4serve::core {
 
 class MappedFile {
  public:
+  /// When the pages enter this process's page tables: on first touch (checkpoints: only the headers may be read),
+  /// or all at once while mapping (MADV_POPULATE_READ: a file that is read whole, so the first pass pays no
+  /// faults), at a 2 MiB-aligned address and advised MADV_HUGEPAGE: where the page cache holds the file in 2 MiB
+  /// folios (ext4 and xfs make large folios; the advice makes a cold read use them) they are mapped as huge pages,
+  /// one TLB entry each instead of 512. On Linux 6.18 / ext4 one thread streams a PMD-mapped file at the speed of
+  /// huge anonymous pages, and 4 KiB pages at 0.68 of it.
+  enum class Pages : uint8_t { OnTouch, Populate };
   /// Maps `path` read-only. Throws IoError (naming the path and the OS error) when it cannot be opened or
   /// mapped. A zero-length file maps to an empty span.
-  explicit MappedFile(const std::filesystem::path& path);
+  explicit MappedFile(const std::filesystem::path& path, Pages pages = Pages::OnTouch);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;

@@ -13,6 +13,7 @@
 #include "backends/cpu/kernels/hadamard.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/prepare/prepared_linear.h"
+#include "backends/cpu/prepare/weight_cache.h"
 #include "model/linear_group.h"
 #include "model/online_transform.h"
 
@@ -70,10 +71,11 @@ struct CpuLinearGroup {
 /// The CPU's repack of a group (prepare::prepare_linear per part, checkpoint order → tile pairs). Parts without an
 /// activation emulation run with `precision` (--activation-precision; ignored by layouts other than Fp4). With an
 /// `arena`, the weight bytes a decode step streams are moved into it (huge pages). Throws what prepare_linear and
-/// make_cpu_transform throw.
+/// make_cpu_transform throw. With a `cache`, a part the cache holds (by prepare::weight_fingerprint) is taken from
+/// it instead of being repacked, and a part repacked here is stored in it.
 CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& transforms,
                                     prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32,
-                                    prepare::HugePageArena* arena = nullptr);
+                                    prepare::HugePageArena* arena = nullptr, prepare::WeightCache* cache = nullptr);
 /// The same with transforms of its own (tests, tools).
 CpuLinearGroup prepare_linear_group(model::LinearGroup group,
                                     prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32);

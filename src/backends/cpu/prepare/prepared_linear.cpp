@@ -60,6 +60,18 @@ AlignedBuffer AlignedBuffer::zeroed_in(HugePageArena& arena, size_t bytes) {
   return out;
 }
 
+AlignedBuffer AlignedBuffer::view(std::shared_ptr<const void> owner, const std::byte* data, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(data) % 64 != 0) {
+    throw UsageError(fmt::format("AlignedBuffer::view: {} bytes at an address that is not 64-byte aligned", bytes));
+  }
+  AlignedBuffer out;
+  if (bytes == 0) return out;
+  out.data_ = std::unique_ptr<std::byte[], Free>(const_cast<std::byte*>(data),
+                                                 Free{std::const_pointer_cast<void>(std::move(owner))});
+  out.size_ = bytes;
+  return out;
+}
+
 namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 thread_local HugePageArena* t_weight_arena = nullptr;

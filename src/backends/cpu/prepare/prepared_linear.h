@@ -88,6 +88,10 @@ class AlignedBuffer {
   /// `bytes` zero bytes carved out of `arena` (its chunks are fresh anonymous mappings, zero already, so nothing is
   /// written: the pages become resident when the repack fills them). Throws std::bad_alloc.
   static AlignedBuffer zeroed_in(HugePageArena& arena, size_t bytes);
+  /// A view of `bytes` bytes at `data` (64-byte aligned) that `owner` keeps alive as long as the buffer: memory
+  /// this buffer does not allocate, such as a mapped weight cache file (weight_cache.h). The bytes may be mapped
+  /// read-only: weights are only read after load. Throws UsageError when `data` is not 64-byte aligned.
+  static AlignedBuffer view(std::shared_ptr<const void> owner, const std::byte* data, size_t bytes);
   /// A deep copy (a new allocation of the same size and bytes). Throws std::bad_alloc.
   AlignedBuffer(const AlignedBuffer& other);
   AlignedBuffer& operator=(const AlignedBuffer& other);
@@ -103,7 +107,7 @@ class AlignedBuffer {
 
  private:
   struct Free {
-    std::shared_ptr<void> chunk;  // set when the bytes belong to a HugePageArena chunk: freed with the chunk
+    std::shared_ptr<void> chunk;  // set when the bytes belong to a HugePageArena chunk or a view's owner: freed with it
     void operator()(std::byte* p) const;
   };
   std::unique_ptr<std::byte[], Free> data_;
