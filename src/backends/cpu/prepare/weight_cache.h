@@ -78,6 +78,8 @@ class WeightCache {
   void store(const std::string& fingerprint, const PreparedLinear& w);
   /// Completes a started file (index, header, flush) and renames it over `file`. Call once, after the last layer.
   WeightCacheReport finish();
+  /// What happened so far (not_used is known from the constructor on).
+  const WeightCacheReport& report() const { return report_; }
 
  private:
   struct Mapped;
