@@ -72,32 +72,42 @@ void refuse_cpu_only_choices(const LoadOptions& options) {
 }
 
 // What a cache file is valid for, one fact a line (WeightCache names the first line that changed): this build,
-// the checkpoint's files as they are now, and the options that change what the repack makes.
-std::string weight_cache_key(const std::filesystem::path& dir, const LoadOptions& options) {
+// the checkpoint's files, and the options that change what the repack makes. Taken before the checkpoint is
+// opened: a file replaced in between is then named by its old identity beside its new bytes, which only makes the
+// next load rewrite the cache (the other order would trust old bytes under a new name). nullopt when any fact
+// cannot be read (no /proc/self/exe, an unreadable folder or file): no cache then.
+std::optional<std::string> weight_cache_key(const std::filesystem::path& dir, const LoadOptions& options) {
+  const std::string executable = executable_identity();
+  if (executable == "unknown executable") return std::nullopt;
   std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  for (std::filesystem::directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
+    if (ec) break;
     struct stat st {};
-    if (::stat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // follows the hub's symlinks
-    files.push_back(fmt::format("file {}: {} bytes, modified {}.{:09}", entry.path().filename().string(),
-                                static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec),
-                                static_cast<long>(st.st_mtim.tv_nsec)));
+    if (::stat(it->path().c_str(), &st) != 0) return std::nullopt;  // follows the hub's symlinks to their blobs
+    if (!S_ISREG(st.st_mode)) continue;
+    files.push_back(fmt::format("file {}: {} bytes, device {} inode {}, modified {}.{:09}, changed {}.{:09}",
+                                it->path().filename().string(), static_cast<long long>(st.st_size),
+                                static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino),
+                                static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec),
+                                static_cast<long long>(st.st_ctim.tv_sec), static_cast<long>(st.st_ctim.tv_nsec)));
   }
+  if (ec || files.empty()) return std::nullopt;
   std::sort(files.begin(), files.end());
   return fmt::format("fp4serve CPU weight cache (prepared_linear.h tile pairs)\nexecutable: {}\n{}\nlm_head_dtype {}, "
                      "activation_quant {}, tensor_parallel_size {}, rank {}, expert_parallel {}",
-                     executable_identity(), fmt::join(files, "\n"), lm_head_dtype_name(options.lm_head_dtype),
+                     executable, fmt::join(files, "\n"), lm_head_dtype_name(options.lm_head_dtype),
                      plan::activation_quant_name(options.activation_quant), options.parallel.tensor_parallel_size,
                      options.parallel.rank, options.parallel.expert_parallel);
 }
 
 // The weight cache of this load, or null: the CPU only, On, or Auto for checkpoints of kWeightCacheAutoBytes or
-// more; none when no cache folder can be named (no $HOME either).
+// more; none without a key or when no cache folder can be named (no $HOME either).
 std::shared_ptr<prepare::WeightCache> open_weight_cache(const std::filesystem::path& dir, const LoadOptions& options,
-                                                        uint64_t weight_bytes) {
+                                                        const std::optional<std::string>& key, uint64_t weight_bytes) {
   const bool wanted = options.weight_cache == WeightCacheMode::On ||
                       (options.weight_cache == WeightCacheMode::Auto && weight_bytes >= kWeightCacheAutoBytes);
-  if (!wanted) return nullptr;
+  if (!wanted || !key) return nullptr;
   const std::filesystem::path folder =
       !options.weight_cache_dir.empty() ? options.weight_cache_dir
       : cache_directory().empty()       ? std::filesystem::path()
@@ -105,15 +115,16 @@ std::shared_ptr<prepare::WeightCache> open_weight_cache(const std::filesystem::p
   if (folder.empty()) return nullptr;
   std::error_code ec;
   std::filesystem::path canonical = std::filesystem::weakly_canonical(dir, ec);
-  if (ec) canonical = std::filesystem::absolute(dir);
+  if (ec) canonical = std::filesystem::absolute(dir, ec);
+  if (ec) return nullptr;
   const std::string identity = fmt::format("{}\ntensor_parallel_size {} rank {}", canonical.string(),
                                            options.parallel.tensor_parallel_size, options.parallel.rank);
   std::string label = canonical.filename().string();
   if (options.parallel.tensor_parallel_size > 1) {
     label += fmt::format("-tp{}r{}", options.parallel.tensor_parallel_size, options.parallel.rank);
   }
-  return std::make_shared<prepare::WeightCache>(prepare::weight_cache_file(folder, identity, label),
-                                                weight_cache_key(canonical, options), weight_bytes);
+  return std::make_shared<prepare::WeightCache>(prepare::weight_cache_file(folder, identity, label), *key,
+                                                weight_bytes);
 }
 
 }  // namespace
@@ -162,6 +173,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   std::unique_ptr<Backend> backend = gpu ? backends::make_cuda_backend(options.cuda_device) : nullptr;
   if (options.threads > 0) core::set_num_threads(options.threads);
   kernels::set_batch_invariant(options.batch_invariant);
+  const std::optional<std::string> weight_cache_key_now =
+      !gpu && options.weight_cache != WeightCacheMode::Off ? weight_cache_key(dir, options) : std::nullopt;
   LoadedModel loaded{checkpoint::Checkpoint::open(dir), {}, nullptr, {}, 0.0};
   loaded.config = parse_model_config(loaded.checkpoint.config());
   loaded.device = device.kind;
@@ -210,7 +223,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   std::shared_ptr<prepare::WeightCache> weight_cache;
   if (backend == nullptr) {
-    weight_cache = open_weight_cache(dir, options, bytes);
+    weight_cache = open_weight_cache(dir, options, weight_cache_key_now, bytes);
     backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision, weight_cache);
   }
   // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).

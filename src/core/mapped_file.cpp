@@ -35,27 +35,30 @@ void* map_aligned(int fd, size_t size) {
     errno = err;
     return MAP_FAILED;
   }
-#ifdef MADV_HUGEPAGE
-  // Pages the page cache does not hold yet are read in 2 MiB folios (the fault path's huge-page readahead), so a
-  // cold file maps as huge pages too; advice only.
-  (void)::madvise(mapping, size, MADV_HUGEPAGE);
-#endif
-#ifdef MADV_POPULATE_READ
-  const bool populated = ::madvise(mapping, size, MADV_POPULATE_READ) == 0;
-#else
-  const bool populated = false;
-#endif
-  if (!populated) {  // kernels before 5.14: one read per page faults them in
-    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    volatile const unsigned char* bytes = static_cast<const unsigned char*>(mapping);
-    for (size_t i = 0; i < size; i += page) (void)bytes[i];
-  }
   if (aligned > base) ::munmap(reserved, aligned - base);
   const uintptr_t end = aligned + size, reserved_end = base + size + kHuge;
   // munmap takes whole pages: the tail starts at the page after the file's last byte.
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t tail = (end + page - 1) / page * page;
   if (reserved_end > tail) ::munmap(reinterpret_cast<void*>(tail), reserved_end - tail);
+#ifdef MADV_HUGEPAGE
+  // Pages the page cache does not hold yet are read in 2 MiB folios (the fault path's huge-page readahead), so a
+  // cold file maps as huge pages too; advice only.
+  (void)::madvise(mapping, size, MADV_HUGEPAGE);
+#endif
+  errno = EINVAL;
+#ifdef MADV_POPULATE_READ
+  if (::madvise(mapping, size, MADV_POPULATE_READ) == 0) return mapping;
+#endif
+  if (errno != EINVAL) {  // an I/O error, a file that shrank (EFAULT), no memory: a mapping that cannot be read
+    const int err = errno;
+    ::munmap(mapping, size);
+    errno = err;
+    return MAP_FAILED;
+  }
+  // Kernels before 5.14 have no MADV_POPULATE_READ: one read per page faults the pages in.
+  volatile const unsigned char* bytes = static_cast<const unsigned char*>(mapping);
+  for (size_t i = 0; i < size; i += page) (void)bytes[i];
   return mapping;
 }
 
@@ -64,27 +67,26 @@ void* map_aligned(int fd, size_t size) {
 MappedFile::MappedFile(const std::filesystem::path& path, Pages pages) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_os_error(path, "open", errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  try {
+    map(fd, pages);
+  } catch (...) {
     ::close(fd);
-    throw_os_error(path, "fstat", err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw IoError(path.string() + ": not a regular file");
-  }
-  size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* mapping = pages == Pages::Populate ? map_aligned(fd, size_) : ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapping == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw_os_error(path, "mmap", err);
-    }
-    data_ = static_cast<const std::byte*>(mapping);
+    throw;
   }
   ::close(fd);
+}
+
+MappedFile::MappedFile(int fd, const std::filesystem::path& path, Pages pages) : path_(path) { map(fd, pages); }
+
+void MappedFile::map(int fd, Pages pages) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_os_error(path_, "fstat", errno);
+  if (!S_ISREG(st.st_mode)) throw IoError(path_.string() + ": not a regular file");
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ == 0) return;
+  void* mapping = pages == Pages::Populate ? map_aligned(fd, size_) : ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (mapping == MAP_FAILED) throw_os_error(path_, "mmap", errno);
+  data_ = static_cast<const std::byte*>(mapping);
 }
 
 MappedFile::~MappedFile() { release(); }

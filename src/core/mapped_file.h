@@ -22,6 +22,9 @@ class MappedFile {
   /// Maps `path` read-only. Throws IoError (naming the path and the OS error) when it cannot be opened or
   /// mapped. A zero-length file maps to an empty span.
   explicit MappedFile(const std::filesystem::path& path, Pages pages = Pages::OnTouch);
+  /// Maps the file open as `fd` (read access; not closed here), named `path` in messages: the file whose header a
+  /// caller has just read, not whatever the path names by now.
+  MappedFile(int fd, const std::filesystem::path& path, Pages pages);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;
@@ -38,6 +41,7 @@ class MappedFile {
   bool release_pages(std::span<const std::byte> range) const noexcept;
 
  private:
+  void map(int fd, Pages pages);
   void release() noexcept;
 
   std::filesystem::path path_;

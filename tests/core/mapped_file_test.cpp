@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/mapped_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -25,6 +27,33 @@ TEST(MappedFile, MapsBytesExactly) {
   ASSERT_EQ(file.bytes().size(), 1000u);
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(static_cast<uint8_t>(file.bytes()[i]), static_cast<uint8_t>(i * 7 + 3));
   std::filesystem::remove(path);
+}
+
+// Populate maps at a 2 MiB boundary (huge pages for large page-cache folios) and returns the slack of the
+// reservation: the bytes are the file's, to its last byte (a size that is no whole number of pages), from a path or
+// from an open descriptor, and the mapping outlives that descriptor.
+TEST(MappedFile, PopulateMapsAtAHugePageBoundary) {
+  const auto path = std::filesystem::temp_directory_path() / "fp4serve_mapped_file_populate_test.bin";
+  const size_t size = (size_t{3} << 20) + 123;
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (size_t i = 0; i < size; ++i) out.put(static_cast<char>((i * 131 + 7) % 251));
+  }
+  const auto check = [&](const MappedFile& file) {
+    ASSERT_EQ(file.bytes().size(), size);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(file.bytes().data()) % (uintptr_t{2} << 20), 0u);
+    for (size_t i = 0; i < size; i += 4093) {
+      ASSERT_EQ(static_cast<uint8_t>(file.bytes()[i]), (i * 131 + 7) % 251) << i;
+    }
+    EXPECT_EQ(static_cast<uint8_t>(file.bytes()[size - 1]), ((size - 1) * 131 + 7) % 251);
+  };
+  check(MappedFile(path, MappedFile::Pages::Populate));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const MappedFile from_fd(fd, path, MappedFile::Pages::Populate);
+  ::close(fd);
+  std::filesystem::remove(path);
+  check(from_fd);
 }
 
 TEST(MappedFile, MissingFileAndFolderThrowIoErrorNamingThePath) {

@@ -93,13 +93,12 @@ CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& tra
     // The repack writes the resident copy straight into the arena (huge pages: the bytes every decode step
     // streams); the checkpoint-order weights (views, or owned slices) go right after. A weight cache's copy is a
     // view of its mapped file instead (prepare/weight_cache.h).
-    const std::string fingerprint = cache != nullptr ? prepare::weight_fingerprint(p.weight) : std::string();
-    std::optional<prepare::PreparedLinear> cached = cache != nullptr ? cache->find(fingerprint) : std::nullopt;
+    std::optional<prepare::PreparedLinear> cached = cache != nullptr ? cache->find(p.weight) : std::nullopt;
     if (cached) {
       part.weight = std::move(*cached);
     } else {
       part.weight = prepare::prepare_linear(p.weight, arena);
-      if (cache != nullptr) cache->store(fingerprint, part.weight);
+      if (cache != nullptr) cache->store(p.weight, part.weight);
     }
     // Dense layers (the lm_head, a bf16 checkpoint's projections, MoE routers) keep fp32 x: linear() would give a
     // bf16 Dense layer bf16 dot products under a bf16 precision, which moves the lm_head's logits past the

@@ -61,6 +61,7 @@ AlignedBuffer AlignedBuffer::zeroed_in(HugePageArena& arena, size_t bytes) {
 }
 
 AlignedBuffer AlignedBuffer::view(std::shared_ptr<const void> owner, const std::byte* data, size_t bytes) {
+  if (owner == nullptr) throw UsageError("AlignedBuffer::view: a view needs the owner of its bytes");
   if (reinterpret_cast<uintptr_t>(data) % 64 != 0) {
     throw UsageError(fmt::format("AlignedBuffer::view: {} bytes at an address that is not 64-byte aligned", bytes));
   }

@@ -90,7 +90,8 @@ class AlignedBuffer {
   static AlignedBuffer zeroed_in(HugePageArena& arena, size_t bytes);
   /// A view of `bytes` bytes at `data` (64-byte aligned) that `owner` keeps alive as long as the buffer: memory
   /// this buffer does not allocate, such as a mapped weight cache file (weight_cache.h). The bytes may be mapped
-  /// read-only: weights are only read after load. Throws UsageError when `data` is not 64-byte aligned.
+  /// read-only: weights are only read after load. Throws UsageError when `owner` is null or `data` is not 64-byte
+  /// aligned.
   static AlignedBuffer view(std::shared_ptr<const void> owner, const std::byte* data, size_t bytes);
   /// A deep copy (a new allocation of the same size and bytes). Throws std::bad_alloc.
   AlignedBuffer(const AlignedBuffer& other);

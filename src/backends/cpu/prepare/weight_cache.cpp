@@ -67,7 +67,7 @@ std::optional<BufferSizes> buffer_sizes(const PreparedLinear& w) {
   BufferSizes s;
   switch (w.layout) {
     case WeightLayout::Fp4:
-      if (g <= 0 || k % g != 0 || k % 8 != 0) return std::nullopt;
+      if (g != quant::block_format_traits(w.block_format).group_size || k % g != 0 || k % 8 != 0) return std::nullopt;
       s.codes = tiles * kk / 2 * kTileRows;
       s.scales = tiles * groups * kTileRows;
       return s;
@@ -97,6 +97,11 @@ struct Blob {
   uint64_t offset = 0, bytes = 0;
 };
 
+// entry_to_json and entry_from_json write and read every field of PreparedLinear but activation_precision (chosen at
+// load). A field added to PreparedLinear changes its size (232 bytes with 64-bit libstdc++): add it to both, then
+// update this size.
+static_assert(sizeof(PreparedLinear) == 232, "PreparedLinear changed: store the new field in the weight cache");
+
 // One layer of the index: PreparedLinear's fields and where its buffers lie.
 struct Entry {
   std::string fingerprint;
@@ -107,7 +112,7 @@ struct Entry {
 template <typename E>
 E enum_at(const nlohmann::json& j, const char* name, int count) {
   const int v = j.at(name).get<int>();
-  if (v < 0 || v >= count) throw std::out_of_range(fmt::format("{} {} is out of range", name, v));
+  if (v < 0 || v >= count) throw std::out_of_range(fmt::format("{} {} is out of range 0 … {}", name, v, count - 1));
   return static_cast<E>(v);
 }
 
@@ -125,10 +130,11 @@ Entry entry_from_json(const nlohmann::json& j, uint64_t data_end) {
   Entry e;
   e.fingerprint = j.at("fingerprint").get<std::string>();
   PreparedLinear& w = e.fields;
-  w.layout = enum_at<WeightLayout>(j, "layout", 5);
-  w.block_format = enum_at<quant::BlockFormat>(j, "block_format", 2);
-  w.convention = enum_at<GlobalScaleConvention>(j, "convention", 2);
-  w.dense_storage = enum_at<DenseStorage>(j, "dense_storage", 2);
+  // The enums' sizes: their last value + 1 (a value added to an enum must be added here).
+  w.layout = enum_at<WeightLayout>(j, "layout", static_cast<int>(WeightLayout::Dense) + 1);
+  w.block_format = enum_at<quant::BlockFormat>(j, "block_format", static_cast<int>(quant::BlockFormat::Mxfp4) + 1);
+  w.convention = enum_at<GlobalScaleConvention>(j, "convention", static_cast<int>(GlobalScaleConvention::Multiplier) + 1);
+  w.dense_storage = enum_at<DenseStorage>(j, "dense_storage", static_cast<int>(DenseStorage::F32) + 1);
   w.out_features = j.at("out_features").get<int64_t>();
   w.in_features = j.at("in_features").get<int64_t>();
   w.padded_rows = j.at("padded_rows").get<int64_t>();
@@ -141,8 +147,15 @@ Entry entry_from_json(const nlohmann::json& j, uint64_t data_end) {
   e.bias = blob_at(j, "bias", data_end);
   e.k_perm = blob_at(j, "k_perm", data_end);
   const std::optional<BufferSizes> sizes = buffer_sizes(w);
-  if (!sizes || sizes->codes != e.codes.bytes || sizes->scales != e.scales.bytes || sizes->offsets != e.offsets.bytes) {
-    throw std::out_of_range(fmt::format("the buffers of {} do not match its layout", e.fingerprint));
+  if (!sizes) {
+    throw std::out_of_range(fmt::format("the fields of {} do not make a layout (layout {}, N {}, K {}, padded rows {}, "
+                                        "group size {})", e.fingerprint, static_cast<int>(w.layout), w.out_features,
+                                        w.in_features, w.padded_rows, w.group_size));
+  }
+  if (sizes->codes != e.codes.bytes || sizes->scales != e.scales.bytes || sizes->offsets != e.offsets.bytes) {
+    throw std::out_of_range(fmt::format("the buffers of {} do not match its layout: codes / scales / offsets of {} / "
+                                        "{} / {} bytes, expected {} / {} / {}", e.fingerprint, e.codes.bytes,
+                                        e.scales.bytes, e.offsets.bytes, sizes->codes, sizes->scales, sizes->offsets));
   }
   const auto floats = [](int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); };
   if ((e.global_scale.bytes != 0 && e.global_scale.bytes != floats(w.padded_rows)) ||
@@ -235,7 +248,7 @@ struct WeightCache::Mapped {
   std::unordered_map<std::string, std::vector<size_t>> by_fingerprint;  // entries of a name, in file order
   std::unordered_map<std::string, size_t> next;                         // how many of them find() handed out
 
-  explicit Mapped(const std::filesystem::path& path) : file(path, core::MappedFile::Pages::Populate) {}
+  Mapped(int fd, const std::filesystem::path& path) : file(fd, path, core::MappedFile::Pages::Populate) {}
 
   // Entry `index` as a layer: buffers viewing the mapping (kept alive by `self`), the small vectors copied.
   PreparedLinear layer(size_t index, const std::shared_ptr<const Mapped>& self) const {
@@ -301,7 +314,6 @@ WeightCache::WeightCache(std::filesystem::path file, std::string key, uint64_t e
       }
     }
   }
-  ::close(fd);
   if (why.empty()) {
     try {
       const std::string stored = index.at("key").get<std::string>();
@@ -310,7 +322,8 @@ WeightCache::WeightCache(std::filesystem::path file, std::string key, uint64_t e
       } else {
         std::vector<Entry> entries;
         for (const nlohmann::json& j : index.at("layers")) entries.push_back(entry_from_json(j, index_offset));
-        auto mapped = std::make_shared<Mapped>(file_);
+        // The descriptor whose index was read: a file renamed over this one meanwhile is not mapped under it.
+        auto mapped = std::make_shared<Mapped>(fd, file_);
         if (mapped->file.bytes().size() < index_offset) throw std::out_of_range("the file shrank while being opened");
         mapped->entries = std::move(entries);
         for (size_t i = 0; i < mapped->entries.size(); ++i) {
@@ -322,6 +335,7 @@ WeightCache::WeightCache(std::filesystem::path file, std::string key, uint64_t e
       why = fmt::format("malformed: {}", e.what());
     }
   }
+  ::close(fd);
   if (!why.empty()) report_.not_used = why;
 }
 
@@ -352,6 +366,45 @@ std::optional<PreparedLinear> WeightCache::find(const std::string& fingerprint) 
   return w;
 }
 
+namespace {
+
+// Whether a cached layer has the shape and layout the repack of `w` makes: a file that lies about them never
+// reaches a kernel (which would read x and write y by the cached N and K).
+bool fits(const PreparedLinear& c, const quant::LinearWeights& w) {
+  if (c.out_features != w.out_features() || c.in_features != w.in_features) return false;
+  switch (w.encoding) {
+    case quant::WeightEncoding::Fp4:
+      return c.layout == WeightLayout::Fp4 && c.block_format == w.block_format &&
+             c.group_size == quant::block_format_traits(w.block_format).group_size;
+    case quant::WeightEncoding::Int4: return c.layout == WeightLayout::Int4;
+    case quant::WeightEncoding::Fp8: return c.layout == WeightLayout::Fp8;
+    case quant::WeightEncoding::Dense:
+      switch (w.requant) {
+        case quant::DenseRequant::None: return c.layout == WeightLayout::Dense;
+        case quant::DenseRequant::Fp8Rows: return c.layout == WeightLayout::Fp8;
+        case quant::DenseRequant::Int8Rows: return c.layout == WeightLayout::Int8;
+      }
+      return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<PreparedLinear> WeightCache::find(const quant::LinearWeights& weights) {
+  const std::string fingerprint = weight_fingerprint(weights);
+  if (mapped_ == nullptr || finished_) return std::nullopt;
+  const auto it = mapped_->by_fingerprint.find(fingerprint);
+  if (it == mapped_->by_fingerprint.end()) return std::nullopt;
+  const size_t next = mapped_->next[fingerprint];
+  if (next >= it->second.size() || !fits(mapped_->entries[it->second[next]].fields, weights)) return std::nullopt;
+  return find(fingerprint);
+}
+
+void WeightCache::store(const quant::LinearWeights& weights, const PreparedLinear& w) {
+  store(weight_fingerprint(weights), w);
+}
+
 void WeightCache::store(const std::string& fingerprint, const PreparedLinear& w) {
   if (finished_) return;
   report_.layers_prepared += 1;
@@ -377,14 +430,17 @@ void WeightCache::start_writer() {
       return;
     }
   }
+  remove_stale_temporaries();
   auto writer = std::make_unique<Writer>();
-  writer->temporary = file_;
-  writer->temporary += fmt::format(".tmp.{}", ::getpid());
-  writer->fd = ::open(writer->temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A name no other writer has (mkstemp: O_EXCL), beside the final file so that the rename stays on its file system.
+  std::string name = file_.string() + ".tmp.XXXXXX";
+  writer->fd = ::mkostemp(name.data(), O_CLOEXEC);
+  writer->temporary = name;
   if (writer->fd < 0) {
-    report_.not_written = fmt::format("cannot create {}: {}", writer->temporary.string(), std::strerror(errno));
+    report_.not_written = fmt::format("cannot create {}: {}", name, std::strerror(errno));
     return;
   }
+  (void)::fchmod(writer->fd, 0644);
   writer_ = std::move(writer);
   writer_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // A rewrite keeps the layers this load already took from the old file (still mapped: they are copied from it).
@@ -392,6 +448,21 @@ void WeightCache::start_writer() {
     if (writer_ == nullptr) break;
     PreparedLinear w = mapped_->layer(index, mapped_);
     append(mapped_->entries[index].fingerprint, w);
+  }
+}
+
+void WeightCache::remove_stale_temporaries() const {
+  // A writer that was killed leaves its temporary behind. A live one writes its file at least once per layer, so a
+  // temporary of this cache file untouched for an hour has no writer any more.
+  std::error_code ec;
+  const std::string prefix = file_.filename().string() + ".tmp.";
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (std::filesystem::directory_iterator it(file_.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::error_code time_ec;
+    const auto modified = std::filesystem::last_write_time(it->path(), time_ec);
+    if (!time_ec && now - modified > std::chrono::hours(1)) std::filesystem::remove(it->path(), time_ec);
   }
 }
 
@@ -419,7 +490,8 @@ void WeightCache::append(const std::string& fingerprint, const PreparedLinear& w
       const ssize_t put = ::pwrite(out.fd, p, std::min<size_t>(left, size_t{1} << 30), static_cast<off_t>(at));
       if (put < 0 && errno == EINTR) continue;
       if (put <= 0) {
-        abandon(fmt::format("writing {} failed: {}", out.temporary.string(), put < 0 ? std::strerror(errno) : "no progress"));
+        abandon(fmt::format("writing {} failed: {}", out.temporary.string(),
+                            put < 0 ? std::strerror(errno) : "the file system took no bytes"));
         return;
       }
       p += put;
@@ -460,6 +532,7 @@ WeightCacheReport WeightCache::finish() {
     while (n > 0) {
       const ssize_t put = ::pwrite(out.fd, p, n, static_cast<off_t>(at));
       if (put < 0 && errno == EINTR) continue;
+      if (put == 0) errno = ENOSPC;  // no progress: what a full file system does
       if (put <= 0) return false;
       p += put;
       n -= static_cast<size_t>(put);

@@ -69,8 +69,13 @@ class WeightCache {
   WeightCache(const WeightCache&) = delete;
   WeightCache& operator=(const WeightCache&) = delete;
 
-  /// The layer stored under `fingerprint`: its buffers view the mapping (read-only; they keep it alive), its other
-  /// fields are copies. std::nullopt when the file has no such layer (or a second one of that name is asked for).
+  /// The layer stored for `weights` (weight_fingerprint), when its shape and layout fit them: N, K, and the layout
+  /// their encoding repacks to (block format and group size for FP4). Its buffers view the mapping (read-only; they
+  /// keep it alive), its other fields are copies. std::nullopt when the file has none (or a second one is asked for).
+  std::optional<PreparedLinear> find(const quant::LinearWeights& weights);
+  /// Records the layer this load prepared from `weights`.
+  void store(const quant::LinearWeights& weights, const PreparedLinear& w);
+  /// The same by fingerprint, without the fit check (tests).
   std::optional<PreparedLinear> find(const std::string& fingerprint);
   /// Records a layer this load prepared. The first store starts a new file (with the layers found so far: a
   /// rewrite keeps them) and every layer after it is appended, found or stored. I/O errors abandon the new file
@@ -85,6 +90,7 @@ class WeightCache {
   struct Mapped;
   struct Writer;
   void start_writer();
+  void remove_stale_temporaries() const;
   void append(const std::string& fingerprint, const PreparedLinear& w);
   void abandon(const std::string& why);
 

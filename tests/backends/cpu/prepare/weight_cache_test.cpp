@@ -5,7 +5,10 @@
 // layers the load took from the old file; no space and an unwritable folder leave no file and let the load go on.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -274,8 +277,9 @@ TEST_F(WeightCacheTest, AnIndexThatLiesIsNotTrusted) {
   };
   with([&](nlohmann::json& j) { j["layers"][0]["codes"][0] = index_offset; }, "lies outside the data");
   with([](nlohmann::json& j) { j["layers"][0]["codes"][1] = 64; }, "do not match its layout");
-  with([](nlohmann::json& j) { j["layers"][0]["out_features"] = 1 << 20; }, "do not match its layout");
-  with([](nlohmann::json& j) { j["layers"][0]["layout"] = 9; }, "layout 9 is out of range");
+  with([](nlohmann::json& j) { j["layers"][0]["out_features"] = 1 << 20; }, "do not make a layout");
+  with([](nlohmann::json& j) { j["layers"][0]["layout"] = 9; }, "layout 9 is out of range 0 … 4");
+  with([](nlohmann::json& j) { j["layers"][0]["group_size"] = 8; }, "do not make a layout");
   with([](nlohmann::json& j) { j["layers"][0]["bias"][1] = 4; }, "do not match its shape");
   with([](nlohmann::json& j) { j["layers"][0].erase("scales"); }, "malformed");
   // A permutation entry outside [0, K): that layer alone is refused.
@@ -291,6 +295,58 @@ TEST_F(WeightCacheTest, AnIndexThatLiesIsNotTrusted) {
     EXPECT_FALSE(cache.find(layer["fingerprint"].get<std::string>()));
     EXPECT_TRUE(cache.find(cases[0].fingerprint));
   }
+}
+
+// An entry whose N (or K, layout, format) differs from the layer that asks for it is never handed out, even when
+// its buffers are consistent with what it claims: the kernels would size x and y by it.
+TEST_F(WeightCacheTest, ALayerThatDoesNotFitItsWeightsIsNotHandedOut) {
+  std::mt19937 rng(44);
+  const Layer l = testing::make_nvfp4(rng, 37, 160, /*divisor=*/true);
+  const quant::LinearWeights weights = quant::fp4_view_weights(quant::BlockFormat::Nvfp4, l.weight.view(), l.scale.view(),
+                                                               l.global_scale, GlobalScaleConvention::Divisor, kName);
+  const PreparedLinear w = prepare_linear(weights);
+  {
+    WeightCache cache(file_, "k", 0);
+    cache.store(weights, w);
+    ASSERT_TRUE(cache.finish().written);
+  }
+  {
+    WeightCache cache(file_, "k", 0);
+    const std::optional<PreparedLinear> got = cache.find(weights);
+    ASSERT_TRUE(got);
+    expect_same_layer(*got, w);
+  }
+  uint64_t index_offset = 0;
+  nlohmann::json index = read_index(file_, index_offset);
+  index["layers"][0]["out_features"] = 38;  // still 48 padded rows: the buffers match the claim
+  write_index(file_, index_offset, index);
+  WeightCache cache(file_, "k", 0);
+  EXPECT_EQ(cache.report().not_used, "");
+  EXPECT_FALSE(cache.find(weights));
+}
+
+// A write that fails half-way (here: the file size limit, EFBIG) abandons the new file: no temporary, no file, and
+// the load goes on.
+TEST_F(WeightCacheTest, AFailedWriteLeavesNothing) {
+  const std::vector<Case> cases = every_layout();
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  WeightCacheReport r;
+  {
+    WeightCache cache(file_, "k", 0);
+    for (const Case& c : cases) cache.store(c.fingerprint, c.prepared);
+    r = cache.finish();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE(r.written);
+  EXPECT_NE(r.not_written.find("writing"), std::string::npos) << r.not_written;
+  EXPECT_EQ(r.layers_prepared, static_cast<int64_t>(cases.size()));
+  EXPECT_TRUE(fs::is_empty(dir_)) << "no temporary left behind";
 }
 
 // A layer missing from the file starts a rewrite that keeps the layers already taken from the old file, and the
