@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
@@ -28,9 +29,7 @@ namespace {
 constexpr std::array<char, 8> kMagic{'F', 'P', '4', 'S', 'W', 'G', 'T', '1'};
 constexpr uint64_t kHeaderBytes = 32;  // magic, index offset, index bytes, index checksum
 constexpr uint64_t kAlign = 4096;      // every buffer starts at a page boundary (the kernels need 64 bytes)
-// Buffers of a huge page or more start at a huge-page boundary: the page cache then holds them in 2 MiB folios
-// (written in one piece from an aligned offset), which the reader's aligned mapping maps as huge pages
-// (core::MappedFile::Pages::Populate).
+// A layer of a huge page or more fills whole huge pages of the file (WeightCache::append).
 constexpr uint64_t kHugeAlign = uint64_t{2} << 20;
 constexpr uint64_t kSpaceMargin = uint64_t{1} << 30;
 
@@ -469,7 +468,6 @@ void WeightCache::remove_stale_temporaries() const {
 void WeightCache::append(const std::string& fingerprint, const PreparedLinear& w) {
   const auto t0 = std::chrono::steady_clock::now();
   Writer& out = *writer_;
-  std::array<Blob, 6> blobs{};
   const std::array<std::pair<const void*, size_t>, 6> buffers{{
       {w.codes.data(), w.codes.size()},
       {w.scales.data(), w.scales.size()},
@@ -478,31 +476,60 @@ void WeightCache::append(const std::string& fingerprint, const PreparedLinear& w
       {w.bias.data(), w.bias.size() * sizeof(float)},
       {w.k_perm.data(), w.k_perm.size() * sizeof(int32_t)},
   }};
+  // The layer is one region: each buffer at a page boundary, zeros between them. A region of a huge page or more
+  // starts and ends at a huge-page boundary and goes out in one write, so that the page cache holds it in 2 MiB
+  // folios (a write's folios are as large as its length and its offset's alignment allow), which the reader maps as
+  // huge pages (core::MappedFile::Pages::Populate); the scales then do not sit on 4 KiB pages between two layers.
+  static const std::vector<char> zeros(kHugeAlign, 0);
+  uint64_t size = 0;
+  std::array<Blob, 6> blobs{};
   for (size_t i = 0; i < buffers.size(); ++i) {
-    const auto [data, bytes] = buffers[i];
-    if (bytes == 0) continue;
-    if (bytes >= kHugeAlign) out.end = (out.end + kHugeAlign - 1) / kHugeAlign * kHugeAlign;
-    blobs[i] = {out.end, bytes};
-    const auto* p = static_cast<const char*>(data);
-    size_t left = bytes;
-    uint64_t at = out.end;
-    while (left > 0) {
-      const ssize_t put = ::pwrite(out.fd, p, std::min<size_t>(left, size_t{1} << 30), static_cast<off_t>(at));
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) {
-        abandon(fmt::format("writing {} failed: {}", out.temporary.string(),
-                            put < 0 ? std::strerror(errno) : "the file system took no bytes"));
-        return;
-      }
-      p += put;
-      left -= static_cast<size_t>(put);
-      at += static_cast<uint64_t>(put);
-    }
-    out.end = (at + kAlign - 1) / kAlign * kAlign;
+    if (buffers[i].second == 0) continue;
+    size = (size + kAlign - 1) / kAlign * kAlign;
+    blobs[i] = {size, buffers[i].second};
+    size += buffers[i].second;
   }
-  // Start the layer's writeback now, while the next layers are repacked: finish()'s flush then waits for less.
-  if (blobs[0].bytes > 0) (void)::sync_file_range(out.fd, static_cast<off_t>(blobs[0].offset), static_cast<off_t>(out.end - blobs[0].offset),
-                          SYNC_FILE_RANGE_WRITE);
+  const uint64_t unit = size >= kHugeAlign ? kHugeAlign : kAlign;
+  const uint64_t start = (out.end + unit - 1) / unit * unit;
+  const uint64_t region = (size + unit - 1) / unit * unit;
+  std::vector<iovec> pieces;
+  uint64_t filled = 0;
+  const auto pad_to = [&](uint64_t offset) {
+    if (offset > filled) pieces.push_back({const_cast<char*>(zeros.data()), static_cast<size_t>(offset - filled)});
+    filled = offset;
+  };
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].second == 0) continue;
+    pad_to(blobs[i].offset);
+    pieces.push_back({const_cast<void*>(buffers[i].first), buffers[i].second});
+    filled += buffers[i].second;
+    blobs[i].offset += start;
+  }
+  pad_to(region);
+  uint64_t at = start;
+  size_t first = 0;  // pieces before it are written
+  while (first < pieces.size()) {
+    const ssize_t put = ::pwritev(out.fd, pieces.data() + first, static_cast<int>(std::min<size_t>(pieces.size() - first, 512)),
+                                  static_cast<off_t>(at));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      abandon(fmt::format("writing {} failed: {}", out.temporary.string(),
+                          put < 0 ? std::strerror(errno) : "the file system took no bytes"));
+      return;
+    }
+    at += static_cast<uint64_t>(put);
+    for (auto left = static_cast<size_t>(put); left > 0;) {  // skip what was written, maybe part of a piece
+      const size_t take = std::min(left, pieces[first].iov_len);
+      pieces[first].iov_base = static_cast<char*>(pieces[first].iov_base) + take;
+      pieces[first].iov_len -= take;
+      left -= take;
+      if (pieces[first].iov_len == 0) ++first;
+    }
+    while (first < pieces.size() && pieces[first].iov_len == 0) ++first;
+  }
+  out.end = start + region;
+  // Start the region's writeback now, while the next layers are repacked: finish()'s flush then waits for less.
+  (void)::sync_file_range(out.fd, static_cast<off_t>(start), static_cast<off_t>(region), SYNC_FILE_RANGE_WRITE);
   out.layers.push_back(entry_to_json(fingerprint, w, blobs));
   out.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

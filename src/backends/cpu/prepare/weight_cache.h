@@ -8,7 +8,8 @@
 //
 // File layout (little-endian, one file per checkpoint folder and tensor-parallel rank):
 //   [0, 32)        header: magic "FP4SWGT1", u64 index offset, u64 index bytes, u64 FNV-1a-64 of the index bytes
-//   [4096, index)  the buffers of every layer, each at a 4096-byte boundary
+//   [4096, index)  the buffers of every layer, each at a 4096-byte boundary; a layer of 2 MiB or more fills whole
+//                  2 MiB-aligned pages of the file (huge pages when mapped)
 //   [index, end)   the index: JSON {"key": text, "layers": [{fingerprint, the PreparedLinear fields, [offset, bytes]
 //                  of codes / scales / offsets / global_scale / bias / k_perm}]}
 // A file is written under a temporary name beside its final one, flushed (fdatasync) and renamed into place, so a
