@@ -5,6 +5,7 @@
 // the sharded run takes its prompt's head from the prefix cache. Rank 0
 // prints one parity-table row per fixture. The communicator is dist::make_mpi_communicator, the one
 // `mpirun fp4serve … --tensor-parallel-size N` uses.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <utility>
+#include <vector>
 #include <unistd.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -128,6 +130,44 @@ TEST_P(TpParity, GreedyTokensAndLogitsMatchTp1) {
   EXPECT_LE(max_diff, 1e-4 * max_logit) << c.fixture;
   EXPECT_TRUE(cached_same) << c.fixture << " with a prefix-cache hit";
   EXPECT_LE(cached_diff, 1e-4 * max_logit) << c.fixture << " with a prefix-cache hit";
+}
+
+// The weight cache under tensor parallelism: each rank writes the file of its own shard (the name and key carry the
+// rank), the next load maps every layer of it, and the logits of both loads equal the repacked shard's bit for bit
+// (an MoE split over experts, a dense model with a rank-local activation order).
+TEST(TpWeightCache, EachRankMapsItsOwnShard) {
+  dist::Communicator& comm = *g_comm;
+  const fs::path folder = fs::temp_directory_path() / ("fp4serve-tp-weight-cache-" + std::to_string(::getpid()));
+  std::unique_ptr<tp_testing::Checkpoint> written = tp_testing::write_llama(
+      tp_testing::Format::Int4Actorder, 192, "synthetic-int4-gidx-wc_rank" + std::to_string(comm.rank()), comm.size());
+  std::vector<std::pair<fs::path, bool>> models{{written->dir, false}};
+  if (2 % comm.size() == 0) models.emplace_back(kRef / "qwen3moe-nvfp4a16", true);  // its 2 heads split over 2 ranks
+  for (const auto& [dir, expert_parallel] : models) {
+    SCOPED_TRACE(dir.filename().string());
+    LoadOptions shard;
+    shard.threads = 1;
+    shard.parallel = {comm.size(), comm.rank(), expert_parallel};
+    shard.comm = &comm;
+    const GreedyRun repacked = greedy(load_model(dir, shard), 5);
+    shard.weight_cache = WeightCacheMode::On;
+    shard.weight_cache_dir = folder;
+    const LoadedModel writer = load_model(dir, shard);
+    ASSERT_TRUE(writer.weight_cache);
+    EXPECT_TRUE(writer.weight_cache->written) << writer.weight_cache->not_written;
+    EXPECT_NE(writer.weight_cache->file.filename().string().find(fmt::format("-tp{}r{}-", comm.size(), comm.rank())),
+              std::string::npos) << writer.weight_cache->file;
+    const GreedyRun from_writer = greedy(writer, 5);
+    const LoadedModel reader = load_model(dir, shard);
+    ASSERT_TRUE(reader.weight_cache);
+    EXPECT_EQ(reader.weight_cache->layers_prepared, 0) << reader.weight_cache->not_used;
+    EXPECT_GT(reader.weight_cache->layers_mapped, 0);
+    const GreedyRun mapped = greedy(reader, 5);
+    EXPECT_EQ(from_writer.tokens, repacked.tokens);
+    EXPECT_EQ(from_writer.logits, repacked.logits);
+    EXPECT_EQ(mapped.tokens, repacked.tokens);
+    EXPECT_EQ(mapped.logits, repacked.logits);
+  }
+  fs::remove_all(folder);
 }
 
 // auto's activation precision is rank 0's measurement on every rank, so that the shards round their activations
