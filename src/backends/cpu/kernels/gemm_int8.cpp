@@ -219,6 +219,9 @@ HWY_INLINE VI DotAdd(VI acc, VU8 u0, VU8 s0, VU8 u1, VU8 s1, VU8 u2, VU8 s2, VU8
 HWY_INLINE VI DotAddBroadcast(VI acc, VU8 u0, const int8_t* x0, VU8 u1, const int8_t* x1, VU8 u2, const int8_t* x2,
                               VU8 u3, const int8_t* x3) {
 #if FP4SERVE_VNNI
+  // The asm reads 4 bytes of the int8 activations as one word: a may_alias word, so that the compiler keeps every
+  // earlier write of those bytes before it.
+  using Word = int32_t __attribute__((may_alias));
   __m512i a = acc.raw;
   asm("vpdpbusd %[x0]%{1to16%}, %[u0], %[a]\n\t"
       "vpdpbusd %[x1]%{1to16%}, %[u1], %[a]\n\t"
@@ -226,8 +229,8 @@ HWY_INLINE VI DotAddBroadcast(VI acc, VU8 u0, const int8_t* x0, VU8 u1, const in
       "vpdpbusd %[x3]%{1to16%}, %[u3], %[a]"
       : [a] "+v"(a)
       : [u0] "v"(u0.raw), [u1] "v"(u1.raw), [u2] "v"(u2.raw), [u3] "v"(u3.raw),
-        [x0] "m"(*reinterpret_cast<const int32_t*>(x0)), [x1] "m"(*reinterpret_cast<const int32_t*>(x1)),
-        [x2] "m"(*reinterpret_cast<const int32_t*>(x2)), [x3] "m"(*reinterpret_cast<const int32_t*>(x3)));
+        [x0] "m"(*reinterpret_cast<const Word*>(x0)), [x1] "m"(*reinterpret_cast<const Word*>(x1)),
+        [x2] "m"(*reinterpret_cast<const Word*>(x2)), [x3] "m"(*reinterpret_cast<const Word*>(x3)));
   return VI{a};
 #else
   return DotAdd(acc, u0, Broadcast4(x0), u1, Broadcast4(x1), u2, Broadcast4(x2), u3, Broadcast4(x3));
