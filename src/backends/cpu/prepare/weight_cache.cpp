@@ -9,17 +9,19 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/mapped_file.h"
 
