@@ -71,6 +71,19 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 /// AVX512-BF16 or switched off, K % 16 != 0, f32 storage): the caller then keeps fp32 x.
 bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// The bf16-pair panel of the bf16 panel GEMM (gemm_simd.cpp), for the dispatched Highway target: columns
+/// [k0, k0 + kc) of panel p of w (Fp4, or Dense with bf16 storage and K % 16 == 0) as panel[(kk/2)·R + r] =
+/// bf16(W[p·R + r, k0 + kk]) | bf16(W[p·R + r, k0 + kk + 1]) << 16 for even kk < kc, R the returned panel width
+/// (32 on AVX-512: the weights exact, block scales applied, the NVFP4 global scale left out; rows past N zero).
+/// k0 a multiple of 8, kc even, the panel kc/2 · R words. Returns 0 (and writes nothing) where the target or the
+/// layout has no such panel.
+int64_t decode_bf16_panel(const prepare::PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel);
+
+/// ActivationPrecision::Bf16 on AMX tiles (gemm_amx.cpp): x rounded to bf16 times decode_bf16_panel's panels with
+/// TDPBF16PS, where set_amx_use (linear.h) and the CPU allow it (amx_status), bf16 dot products are usable and the
+/// target has the panel. Returns false (and writes nothing) otherwise.
+bool amx_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 

@@ -41,6 +41,8 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) { re
 
 bool Bf16GemmImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
+int64_t DecodeBf16PanelImpl(const PreparedLinear&, int64_t, int64_t, int64_t, uint32_t*) { return 0; }
+
 #else
 
 using micro::DF;
@@ -503,8 +505,19 @@ bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) 
 }
 
 #pragma GCC pop_options
+
+// decode_bf16_panel (gemm_shared.h): the panel decoder above for the AMX kernel (gemm_amx.cpp), which multiplies
+// the same panels on tiles.
+int64_t DecodeBf16PanelImpl(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
+  const bool dense_bf16 = w.layout == WeightLayout::Dense && w.dense_storage == prepare::DenseStorage::Bf16 &&
+                          w.in_features % 16 == 0;
+  if (w.layout != WeightLayout::Fp4 && !dense_bf16) return 0;
+  DecodePanelBf16(w, p, k0, kc, panel);
+  return kNR;
+}
 #else
 bool Bf16GemmImpl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
+int64_t DecodeBf16PanelImpl(const PreparedLinear&, int64_t, int64_t, int64_t, uint32_t*) { return 0; }
 #endif
 
 #endif
@@ -518,6 +531,7 @@ namespace fp4serve::kernels {
 
 HWY_EXPORT(GemmImpl);
 HWY_EXPORT(Bf16GemmImpl);
+HWY_EXPORT(DecodeBf16PanelImpl);
 HWY_EXPORT(TargetId);
 
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
@@ -535,15 +549,21 @@ const float* rounded_to_bf16(const prepare::PreparedLinear& w, const float* x, i
 }
 }  // namespace
 
+int64_t decode_bf16_panel(const prepare::PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
+  return HWY_DYNAMIC_DISPATCH(DecodeBf16PanelImpl)(w, p, k0, kc, panel);
+}
+
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
-  if (gemv_bf16_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y)) return;
+  if (gemv_bf16_dispatch(w, x, m, y) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y)) {
+    return;
+  }
   // No bf16 dot products here: the same rounded x through the fp32 kernels (the same numbers up to the summation
   // order and vdpbf16ps's flush of subnormal inputs).
   gemm_dispatch(w, rounded_to_bf16(w, x, m), m, y);
 }
 
 bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
-  return gemv_dispatch(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
+  return gemv_dispatch(w, x, m, y) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
 }
 
 void invariant_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {

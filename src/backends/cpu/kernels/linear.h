@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/prepare/prepared_linear.h"
@@ -152,6 +153,34 @@ void set_bf16_dot_allowed(bool allowed);
 /// Whether linear() on the current target takes that path now: the AVX-512 target, a CPU with AVX512-BF16, the
 /// switch on (and a GCC build).
 bool bf16_dot_active();
+
+/// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense layers where the precision allows bf16 x)
+/// at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense): the bf16 panel GEMM's decoded weight
+/// panels (exact in bf16) multiplied with x rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per
+/// instruction, fp32 sums), so the numbers are those of the vdpbf16ps panel up to summation order.
+/// - Hardware (default): where amx_status().usable.
+/// - Off: never (the vdpbf16ps panel GEMM serves those rows).
+/// - Emulated: the same driver with each tile instruction replaced by C++ that follows the Intel SDM's pseudo-code
+///   (TILELOADD, TILEZERO, TDPBF16PS with DAZ, TILESTORED), so tests check the blocking, padding and tile addressing
+///   against float64 on CPUs without AMX. Slow: for tests only. Needs AVX512-BF16 (x rounding) like Hardware.
+/// A process-wide switch, read at every call.
+enum class AmxUse { Hardware, Off, Emulated };
+void set_amx_use(AmxUse use);
+
+/// What this CPU and kernel can do with AMX, found once by trying: CPUID (AMX-TILE, AMX-BF16, AVX512-BF16), XCR0
+/// (the OS saves tile state), Linux's permission (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it a
+/// tile instruction raises SIGILL), then one TDPBF16PS in a forked child whose exact result is checked, so a CPU or
+/// hypervisor that claims AMX and cannot run it costs the child, not the process. FP4SERVE_AMX=off skips all of it.
+/// usable: every step passed (x86-64 GCC builds only). reason: one line for `--version` / `explain`.
+struct AmxStatus {
+  bool usable = false;
+  std::string reason;
+};
+const AmxStatus& amx_status();
+
+/// Whether bf16 GEMMs above the GEMV rows run on AMX tiles now: amx_status().usable, set_amx_use Hardware, and
+/// bf16 dot products active (bf16_dot_active).
+bool amx_active();
 
 /// Highway targets (HWY_AVX3, HWY_AVX2, HWY_EMU128, ...) compiled into the GEMM and supported by this CPU,
 /// best first; tests iterate over them with hwy::SetSupportedTargetsForTest.

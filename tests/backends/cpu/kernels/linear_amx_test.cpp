@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+// The AMX bf16 GEMM (gemm_amx.cpp; linear.h AmxUse) against float64: y must be Σ bf16(x)·w with the fp32 bound of
+// linear_test.cpp, |y − y64| ≤ (K + 4)·2^−24·Σ|bf16(x)·w|, on the rounded x. Where the CPU has no AMX the driver
+// runs on emulated tiles (each tile instruction done in C++ per the Intel SDM), which checks its blocking,
+// padding and tile addressing: K past one 256-column block and with a 16-column tail (K % 32 = 16), N past whole
+// 32-row panels, m past whole 16-row tiles and 32-row blocks. The hardware test runs the same cases where AMX is
+// usable (amx_status) and is skipped, with the reason, elsewhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/kernels/gemm_shared.h"
+#include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/prepare/repack.h"
+#include "core/threading.h"
+#include "quant/checkpoint_tensors.h"
+#include "quant/formats.h"
+
+namespace fp4serve::kernels {
+namespace {
+
+using prepare::PreparedLinear;
+using testing::Layer;
+
+constexpr int64_t kAmxMs[] = {9, 16, 17, 33, 47, 64};
+
+struct AmxUseScope {
+  explicit AmxUseScope(AmxUse use) { set_amx_use(use); }
+  ~AmxUseScope() { set_amx_use(AmxUse::Hardware); }
+};
+
+std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+  return r;
+}
+
+void check_bf16_x(const Layer& l, const std::vector<float>& bias, const std::vector<float>& rounded, int64_t m,
+                  const std::vector<float>& y) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < l.n; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < l.k; ++k) {
+        const double p = static_cast<double>(rounded[static_cast<size_t>(i * l.k + k)]) * l.w[static_cast<size_t>(n * l.k + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (!bias.empty()) {
+        ref += bias[static_cast<size_t>(n)];
+        mag += std::fabs(bias[static_cast<size_t>(n)]);
+      }
+      const double got = y[static_cast<size_t>(i * l.n + n)];
+      ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
+      ASSERT_LE(std::fabs(got - ref), static_cast<double>(l.k + 4) * 0x1p-24 * mag + 1e-30)
+          << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
+    }
+  }
+}
+
+struct Case {
+  enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16 } kind;
+  int64_t n, k;
+};
+
+// Builds the layer of `c` (bias on every other case) and runs `body(w, layer, bias)`.
+template <class Body>
+void for_each_case(Body&& body) {
+  std::mt19937 rng(401);
+  const Case cases[] = {{Case::kNvfp4Divisor, 13, 48},    {Case::kNvfp4Divisor, 72, 544},
+                        {Case::kNvfp4Multiplier, 40, 1040}, {Case::kMxfp4, 37, 96},
+                        {Case::kMxfp4, 64, 800},           {Case::kDenseBf16, 45, 272},
+                        {Case::kDenseBf16, 96, 80}};
+  int index = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "case " << index << " N " << c.n << " K " << c.k);
+    Layer l;
+    PreparedLinear w;
+    switch (c.kind) {
+      case Case::kNvfp4Divisor:
+      case Case::kNvfp4Multiplier: {
+        const bool divisor = c.kind == Case::kNvfp4Divisor;
+        l = testing::make_nvfp4(rng, c.n, c.k, divisor);
+        w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                   divisor ? prepare::GlobalScaleConvention::Divisor
+                                           : prepare::GlobalScaleConvention::Multiplier, "t");
+        break;
+      }
+      case Case::kMxfp4:
+        l = testing::make_mxfp4(rng, c.n, c.k);
+        w = prepare::prepare_mxfp4(l.weight.view(), l.scale.view(), "t");
+        break;
+      case Case::kDenseBf16:
+        l = testing::make_dense(rng, c.n, c.k, core::DType::BF16);
+        w = prepare::prepare_dense(l.weight.view(), "lm_head");
+        break;
+    }
+    w.activation_precision = prepare::ActivationPrecision::Bf16;
+    std::vector<float> bias;
+    if (index % 2 == 1) {
+      std::vector<uint16_t> bits(static_cast<size_t>(l.n));
+      std::normal_distribution<float> dist(0.f, 0.5f);
+      for (auto& b : bits) b = testing::bf16_rne(dist(rng));
+      const testing::OwnedTensor t = testing::OwnedTensor::from(core::DType::BF16, {l.n}, bits);
+      prepare::attach_bias(w, t.view(), "test.bias");
+      for (uint16_t b : bits) bias.push_back(testing::bf16_value(b));
+    }
+    body(w, l, bias, rng);
+    ++index;
+  }
+}
+
+// The AMX driver on `use`'s tiles, called directly (it must take every case) and through linear() (which must
+// route m > 8 rows to it: the same bits).
+void check_amx(AmxUse use) {
+  const AmxUseScope scope(use);
+  for_each_case([](const PreparedLinear& w, const Layer& l, const std::vector<float>& bias, std::mt19937& rng) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (int64_t m : kAmxMs) {
+      SCOPED_TRACE(::testing::Message() << "m " << m);
+      std::vector<float> x(static_cast<size_t>(m * l.k));
+      for (auto& v : x) v = dist(rng) + 1e-3f;
+      std::vector<float> y(static_cast<size_t>(m * l.n), std::numeric_limits<float>::quiet_NaN());
+      ASSERT_TRUE(amx_bf16_gemm(w, x.data(), m, y.data()));
+      check_bf16_x(l, bias, rounded_to_bf16(x), m, y);
+      std::vector<float> via_linear(y.size(), std::numeric_limits<float>::quiet_NaN());
+      linear(w, x.data(), m, via_linear.data());
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(via_linear[i], y[i]) << "linear() did not run the AMX driver";
+    }
+  });
+}
+
+bool bf16_panel_here() { return bf16_dot_active(); }  // the AVX-512 target with AVX512-BF16 (the x rounding)
+
+TEST(LinearAmx, EmulatedTilesMatchFloat64OnBf16RoundedX) {
+  if (!bf16_panel_here()) GTEST_SKIP() << "needs the AVX-512 target and AVX512-BF16 (the AMX driver's x rounding)";
+  check_amx(AmxUse::Emulated);
+}
+
+TEST(LinearAmx, HardwareTilesMatchFloat64WhereTheCpuHasAmx) {
+  if (!amx_status().usable) GTEST_SKIP() << "AMX: " << amx_status().reason;
+  ASSERT_TRUE(amx_active());
+  check_amx(AmxUse::Hardware);
+}
+
+// Each output block is summed by one thread in one K order, so the thread count changes no bit.
+TEST(LinearAmx, OneAndTwoThreadsGiveIdenticalResults) {
+  if (!bf16_panel_here()) GTEST_SKIP() << "needs the AVX-512 target and AVX512-BF16 (the AMX driver's x rounding)";
+  const AmxUseScope scope(amx_status().usable ? AmxUse::Hardware : AmxUse::Emulated);
+  std::mt19937 rng(402);
+  const Layer l = testing::make_nvfp4(rng, 200, 512, true);
+  PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                            prepare::GlobalScaleConvention::Divisor, "t");
+  w.activation_precision = prepare::ActivationPrecision::Bf16;
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t m = 40;
+  std::vector<float> x(static_cast<size_t>(m * l.k));
+  for (auto& v : x) v = dist(rng);
+  std::vector<float> one(static_cast<size_t>(m * l.n)), two(one.size());
+  const int threads = core::num_threads();
+  core::set_num_threads(1);
+  ASSERT_TRUE(amx_bf16_gemm(w, x.data(), m, one.data()));
+  core::set_num_threads(2);
+  ASSERT_TRUE(amx_bf16_gemm(w, x.data(), m, two.data()));
+  core::set_num_threads(threads);
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << i;
+}
+
+// Off, and the layouts without a bf16 panel (int4, FP8, f32 Dense), are declined: the caller keeps its kernels.
+TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
+  std::mt19937 rng(403);
+  const Layer l = testing::make_nvfp4(rng, 16, 64, true);
+  PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                            prepare::GlobalScaleConvention::Divisor, "t");
+  std::vector<float> x(static_cast<size_t>(16 * 64), 0.5f), y(static_cast<size_t>(16 * 16), -1.f);
+  {
+    const AmxUseScope scope(AmxUse::Off);
+    EXPECT_FALSE(amx_bf16_gemm(w, x.data(), 16, y.data()));
+    EXPECT_FALSE(amx_active());
+  }
+  const AmxUseScope scope(AmxUse::Emulated);
+  const Layer f32 = testing::make_dense(rng, 16, 64, core::DType::F32);
+  const PreparedLinear dense = prepare::prepare_dense(f32.weight.view(), "t");
+  EXPECT_FALSE(amx_bf16_gemm(dense, x.data(), 16, y.data()));
+  const Layer f8 = testing::make_fp8(rng, 16, 64, 2, 16, 128);
+  const PreparedLinear fp8 = prepare::prepare_fp8(f8.weight.view(), f8.scale.view(), {16, 128}, "t");
+  EXPECT_FALSE(amx_bf16_gemm(fp8, x.data(), 16, y.data()));
+  const Layer i4 = testing::make_int4(rng, 16, 64, 32, false, false);
+  const PreparedLinear int4 = prepare::prepare_int4(i4.weight.view(), i4.scale.view(), nullptr, nullptr, 64, 32, "t");
+  EXPECT_FALSE(amx_bf16_gemm(int4, x.data(), 16, y.data()));
+  for (float v : y) ASSERT_EQ(v, -1.f) << "a declined call wrote y";
+}
+
+TEST(LinearAmx, StatusGivesAReason) {
+  const AmxStatus& s = amx_status();
+  EXPECT_FALSE(s.reason.empty());
+  if (!s.usable) {
+    EXPECT_FALSE(amx_active());
+  }
+}
+
+}  // namespace
+}  // namespace fp4serve::kernels
