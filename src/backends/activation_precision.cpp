@@ -150,8 +150,9 @@ Measured measure_or_recall(int threads, std::array<int64_t, 2> shape) {
 }  // namespace
 
 std::string precision_cache_key(int threads, std::array<int64_t, 2> probe_shape) {
+  // AMX in the key: FP4SERVE_AMX=off (or a kernel that loses the tile permission) measures bf16 anew.
   static const std::string machine = cpu_model_name() + " | " + executable_identity() + " | " +
-                                     kernels::gemm_target_name();
+                                     kernels::gemm_target_name() + (kernels::amx_active() ? " | AMX" : "");
   return fmt::format("{} | {} threads | [{}, {}]", machine, threads, probe_shape[0], probe_shape[1]);
 }
 
@@ -200,11 +201,11 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPr
   if (!probe.measured) return {probe.choice, "auto: this CPU has no SIMD int8 kernel to compare with bf16"};
   return {probe.choice,
           fmt::format("auto, measured on this CPU ({} thread{}, an NVFP4 layer [{}, {}], CPU time): int8 {:.3f} ms "
-                      "against bf16 {:.3f} ms at 16 rows, {:.3f} against {:.3f} at 64, ratio {:.2f} (geometric mean; "
+                      "against bf16{} {:.3f} ms at 16 rows, {:.3f} against {:.3f} at 64, ratio {:.2f} (geometric mean; "
                       "{} the 0.80 margin); decode rows stay bf16{}",
                       threads, threads == 1 ? "" : "s", probe.out_features, probe.in_features,
-                      1e3 * probe.int8_step_s, 1e3 * probe.bf16_step_s, 1e3 * probe.int8_batched_s,
-                      1e3 * probe.bf16_batched_s, probe.int8_ratio(),
+                      1e3 * probe.int8_step_s, kernels::amx_active() ? " on AMX tiles" : "", 1e3 * probe.bf16_step_s,
+                      1e3 * probe.int8_batched_s, 1e3 * probe.bf16_batched_s, probe.int8_ratio(),
                       probe.choice == ActivationPrecision::Bf16DecodeInt8 ? "within" : "above",
                       m.from_cache ? fmt::format("; kept from an earlier run in {} (delete it to measure again)",
                                                  precision_cache_file().string())

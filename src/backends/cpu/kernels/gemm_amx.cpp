@@ -373,11 +373,7 @@ FP4SERVE_AMX_TARGET bool tile_probe() {
   return true;
 }
 
-AmxStatus find_amx() {
-  const char* env = std::getenv("FP4SERVE_AMX");
-  if (env != nullptr && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0)) {
-    return {false, fmt::format("off (FP4SERVE_AMX={})", env)};
-  }
+AmxStatus find_amx_here() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || ((d >> 24) & 1U) == 0) return {false, "no"};
   if (((d >> 22) & 1U) == 0) return {false, "present without AMX-BF16, not used (the kernel runs bf16 tiles)"};
@@ -412,9 +408,17 @@ AmxStatus find_amx() {
 
 #else
 
-AmxStatus find_amx() { return {false, "no (AMX kernels need an x86-64 GCC build)"}; }
+AmxStatus find_amx_here() { return {false, "no (AMX kernels need an x86-64 GCC build)"}; }
 
 #endif
+
+AmxStatus find_amx() {
+  const char* env = std::getenv("FP4SERVE_AMX");
+  if (env != nullptr && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0)) {
+    return {false, fmt::format("off (FP4SERVE_AMX={})", env)};
+  }
+  return find_amx_here();
+}
 
 }  // namespace
 
