@@ -221,8 +221,12 @@ void BM_Linear(benchmark::State& state, Format f, int64_t n, int64_t k, prepare:
     state.counters["stream_GB/s"] = stream_bw / 1e9;
     state.counters["bw_ratio"] = weight_bytes * static_cast<double>(state.iterations()) / kernel_seconds / stream_bw;
   }
-  state.SetLabel(std::string(kernels::gemm_target_name()) + " " +
-                 std::string(prepare::activation_precision_name(kernels::precision_for_rows(precision, m))));
+  const prepare::ActivationPrecision runs = kernels::precision_for_rows(precision, m);
+  // The bf16 rows above the FP4 GEMV's 8 run on AMX tiles where kernels::amx_active().
+  const bool amx = runs == prepare::ActivationPrecision::Bf16 && bf16_pairs && !invariant && m > 8 &&
+                   kernels::amx_active();
+  state.SetLabel(std::string(kernels::gemm_target_name()) + " " + std::string(prepare::activation_precision_name(runs)) +
+                 (amx ? " AMX" : ""));
   kernels::set_bf16_dot_allowed(true);
   kernels::set_batch_invariant(false);
 }
@@ -313,17 +317,20 @@ int main(int argc, char** argv) {
   const bool roofs = std::getenv("FP4SERVE_BENCH_NO_ROOFS") == nullptr;
   bench::g_roofs = roofs;
   bench::g_read_bw = roofs ? bench::measure_read_bandwidth(size_t{1} << 30, 5) : 1.0;
-  const bench::ComputeRoofs compute = roofs ? bench::measure_compute_roofs(5) : bench::ComputeRoofs{1.0, 0, 0};
+  const bench::ComputeRoofs compute = roofs ? bench::measure_compute_roofs(5, kernels::amx_active())
+                                              : bench::ComputeRoofs{1.0, 0, 0, 0};
   bench::g_fma_peak = compute.fma;
   bench::g_compute_roof = compute.best();
   std::printf("target %s, %d threads: measured read bandwidth %.2f GB/s (1 GiB streaming read); compute roofs "
-              "(Gop/s, multiply-add = 2): fp32 FMA %.1f, bf16 dot %.1f, int8 dot %.1f (0: not on this CPU/target)\n",
+              "(Gop/s, multiply-add = 2): fp32 FMA %.1f, bf16 dot %.1f, int8 dot %.1f, AMX bf16 %.1f (0: not on this "
+              "CPU/target; AMX: %s)\n",
               kernels::gemm_target_name(), threads, bench::g_read_bw / 1e9, compute.fma / 1e9, compute.bf16_dot / 1e9,
-              compute.int8_dot / 1e9);
+              compute.int8_dot / 1e9, compute.amx_bf16 / 1e9, kernels::amx_status().reason.c_str());
   benchmark::AddCustomContext("read_GB/s", std::to_string(bench::g_read_bw / 1e9));
   benchmark::AddCustomContext("fma_peak_GFLOP/s", std::to_string(compute.fma / 1e9));
   benchmark::AddCustomContext("bf16_dot_peak_GFLOP/s", std::to_string(compute.bf16_dot / 1e9));
   benchmark::AddCustomContext("int8_dot_peak_Gop/s", std::to_string(compute.int8_dot / 1e9));
+  benchmark::AddCustomContext("amx_bf16_peak_GFLOP/s", std::to_string(compute.amx_bf16 / 1e9));
   benchmark::AddCustomContext("compute_roof_Gop/s", std::to_string(compute.best() / 1e9));
   bench::register_all();
   benchmark::RunSpecifiedBenchmarks();

@@ -6,6 +6,9 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include <omp.h>
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -180,7 +183,46 @@ double measure_fma_peak(int repeats) {
   return measure_peak([](size_t iters, float seed) { return HWY_DYNAMIC_DISPATCH(FmaChains)(iters, seed); }, repeats);
 }
 
-ComputeRoofs measure_compute_roofs(int repeats) {
+#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__)
+// 4 independent TDPBF16PS chains (tiles 0–3 += tile 4 or 5 · tile 6 or 7, each 16 × 16 × 32 bf16 multiply-adds:
+// 16384 ops), as the AMX kernel (gemm_amx.cpp) pairs its tiles. iters / 16 rounds: one instruction takes about as
+// long as 16 vector FMAs.
+__attribute__((target("amx-tile,amx-bf16"))) static double AmxBf16Chains(size_t iters, float seed) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  alignas(64) uint16_t operand[16][32];
+  for (auto& row : operand) std::fill(std::begin(row), std::end(row), static_cast<uint16_t>(0x3F80));  // 1.0
+  alignas(64) float out[16][16];
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  const size_t rounds = iters / 16;
+  for (size_t it = 0; it < rounds; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  asm volatile("" ::: "memory");
+  volatile float sink = out[0][0] + seed;
+  (void)sink;
+  return 4.0 * 16384.0 * static_cast<double>(rounds);
+}
+#endif
+
+ComputeRoofs measure_compute_roofs(int repeats, bool amx) {
   ComputeRoofs roofs;
   roofs.fma = measure_fma_peak(repeats);
 #if HWY_ARCH_X86
@@ -192,6 +234,11 @@ ComputeRoofs measure_compute_roofs(int repeats) {
     roofs.bf16_dot =
         measure_peak([](size_t iters, float seed) { return HWY_DYNAMIC_DISPATCH(Bf16DotChains)(iters, seed); }, repeats);
   }
+#endif
+#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__)
+  if (amx) roofs.amx_bf16 = measure_peak(AmxBf16Chains, repeats);
+#else
+  (void)amx;
 #endif
   return roofs;
 }

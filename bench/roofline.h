@@ -3,6 +3,8 @@
 // kernels: read bandwidth and fp32 FMA peak.
 #pragma once
 
+#include <algorithm>
+
 #include <cstddef>
 
 namespace fp4serve::bench {
@@ -23,15 +25,16 @@ double measure_fma_peak(int repeats);
 
 /// The compute roofs of the loops this CPU has, in multiply-add ops/s (a multiply-add counts 2, whatever the
 /// element type), each from independent chains in registers on all engine threads, best of `repeats`, rated by
-/// CPU time as measure_fma_peak; 0 where the CPU or the dispatched target lacks the instruction. AMX tiles are not
-/// probed (no AMX kernel yet).
+/// CPU time as measure_fma_peak; 0 where the CPU or the dispatched target lacks the instruction. AMX tiles are
+/// probed only with `amx` (the caller's kernels::amx_active(): CPUID, the OS and Linux's tile permission checked).
 struct ComputeRoofs {
   double fma = 0;       ///< fp32 FMA (the Fp32 panel GEMM)
   double bf16_dot = 0;  ///< AVX512-BF16 vdpbf16ps (ActivationPrecision::Bf16)
   double int8_dot = 0;  ///< AVX512-VNNI vpdpbusd, u8·s8 → s32 (ActivationPrecision::Int8)
+  double amx_bf16 = 0;  ///< AMX TDPBF16PS (ActivationPrecision::Bf16 above the GEMV's rows where AMX is usable)
   /// The compute roof: the best of the loops, the ceiling any of the kernels could reach.
-  double best() const { return fma > bf16_dot ? (fma > int8_dot ? fma : int8_dot) : (bf16_dot > int8_dot ? bf16_dot : int8_dot); }
+  double best() const { return std::max({fma, bf16_dot, int8_dot, amx_bf16}); }
 };
-ComputeRoofs measure_compute_roofs(int repeats);
+ComputeRoofs measure_compute_roofs(int repeats, bool amx);
 
 }  // namespace fp4serve::bench
