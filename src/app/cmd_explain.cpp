@@ -9,6 +9,7 @@
 #include "app/commands.h"
 #include "app/model_options.h"
 #include "app/option_values.h"
+#include "backends/cpu/kernels/linear.h"
 #include "backends/load_model.h"
 #include "backends/registry.h"
 #include "checkpoint/checkpoint.h"
@@ -128,7 +129,9 @@ void run_explain(const ExplainOptions& opts) {
     if (memory) j["memory_plan"] = memory->json;
     if (precision) {
       j["activation_precision"] = {{"precision", prepare::activation_precision_name(precision->precision)},
-                                   {"reason", precision->reason}};
+                                   {"reason", precision->reason},
+                                   {"amx", kernels::amx_active()},
+                                   {"amx_status", kernels::amx_status().reason}};
     }
     fmt::print("{}\n", j.dump(2));
   } else {
@@ -137,6 +140,9 @@ void run_explain(const ExplainOptions& opts) {
     if (precision) {
       fmt::print("\nCPU activation precision of the FP4 linears: {}. Why: {}.\n",
                  prepare::activation_precision_name(precision->precision), precision->reason);
+      // The bf16 GEMMs' matrix unit (kernels/linear.h AmxUse): said whatever the precision, as --version does.
+      fmt::print("Bf16 GEMMs above the decode GEMV's rows on AMX tiles: {} (AMX {}).\n",
+                 kernels::amx_active() ? "yes" : "no", kernels::amx_status().reason);
     }
     if (!tp_text.empty()) fmt::print("\n{}", tp_text);
   }
