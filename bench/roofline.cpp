@@ -183,7 +183,7 @@ double measure_fma_peak(int repeats) {
   return measure_peak([](size_t iters, float seed) { return HWY_DYNAMIC_DISPATCH(FmaChains)(iters, seed); }, repeats);
 }
 
-#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__)
+#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 // 4 independent TDPBF16PS chains (tiles 0–3 += tile 4 or 5 · tile 6 or 7, each 16 × 16 × 32 bf16 multiply-adds:
 // 16384 ops), as the AMX kernel (gemm_amx.cpp) pairs its tiles. iters / 16 rounds: one instruction takes about as
 // long as 16 vector FMAs.
@@ -235,7 +235,7 @@ ComputeRoofs measure_compute_roofs(int repeats, bool amx) {
         measure_peak([](size_t iters, float seed) { return HWY_DYNAMIC_DISPATCH(Bf16DotChains)(iters, seed); }, repeats);
   }
 #endif
-#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__)
+#if HWY_ARCH_X86 && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
   if (amx) roofs.amx_bf16 = measure_peak(AmxBf16Chains, repeats);
 #else
   (void)amx;

@@ -190,10 +190,14 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   }
   // auto on the CPU is a measurement: under tensor parallelism rank 0 measures alone (the ranks' probes would
   // compete for the cores) and every rank runs what it chose, so that all shards round their activations alike.
+  // The AMX probe forks a child (kernels/linear.h amx_status): done here, before the weights fill the address space.
+  if (device.kind == plan::DeviceKind::Cpu) (void)kernels::amx_status();
   const bool measured_auto = !options.activation_precision && device.kind == plan::DeviceKind::Cpu;
   if (comm_size == 1 || comm_rank == 0 || !measured_auto) {
-    loaded.activation_precision = resolve_activation_precision(options.activation_precision, device.kind,
-                                                               loaded.config.dtype, activation_probe_shape(loaded.config));
+    loaded.activation_precision =
+        resolve_activation_precision(options.activation_precision, device.kind, loaded.config.dtype,
+                                     activation_probe_shape(loaded.config),
+                                     options.activation_quant == plan::ActivationQuant::Emulate);
   }
   if (comm_size > 1 && measured_auto) {
     auto code = static_cast<uint8_t>(loaded.activation_precision);

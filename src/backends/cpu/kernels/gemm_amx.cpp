@@ -14,6 +14,7 @@
 // E4M3 block scale every 16 columns of K, so an int8 tile would stop every 16 columns to scale its sums (as the VNNI
 // int8 kernel's epilogue does), while E2M1 · block scale is exact in bf16 and a bf16 tile sums over all of K.
 #include <fmt/format.h>
+#include <hwy/aligned_allocator.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -21,9 +22,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <new>
 #include <string>
-#include <vector>
 
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
@@ -32,9 +32,13 @@
 #define FP4SERVE_AMX_BUILD 1
 #include <cpuid.h>
 #include <immintrin.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 #else
 #define FP4SERVE_AMX_BUILD 0
 #endif
@@ -123,8 +127,10 @@ struct HardwareTiles {
   }
 };
 
-// The same ops in C++, per the Intel SDM's pseudo-code (vol. 2: TILELOADD, TILESTORED, TILEZERO, TDPBF16PS;
-// LDTILECFG and TILERELEASE clear the tiles): AmxUse::Emulated, for tests on CPUs without AMX.
+// The same ops in C++ after the Intel SDM's descriptions (vol. 2: TILELOADD, TILESTORED, TILEZERO, TDPBF16PS with
+// DAZ inputs; LDTILECFG and TILERELEASE clear the tiles): AmxUse::Emulated, for tests on CPUs without AMX. Which
+// products meet which sums, and where, is the instruction's; the order of the fp32 additions inside one TDPBF16PS
+// (and FTZ of its results) may differ from the hardware's, which the tests' fp32 bound covers.
 struct EmulatedTiles {
   struct State {
     TileConfig config;
@@ -189,8 +195,10 @@ struct EmulatedTiles {
 // C (+)= A · B for kRowBlocks blocks of 16 rows of x and the 32 output columns of a panel: a [rows][lda] bf16
 // pairs (words), b the panel (kc/2 rows of 32 words), c [rows][ldc] fp32; kc a multiple of kTileK.
 // Tiles: C 0–3 (row block i, column half j: 2i + j), A 4–5, B 6–7.
+// The AMX target lets GCC inline HardwareTiles' ops here (one basic block of tile instructions instead of a call
+// per instruction); the EmulatedTiles instantiation uses no AMX instruction.
 template <class Tiles, int kRowBlocks>
-void TileStep(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t kc, float* c, int64_t ldc, bool load_c) {
+FP4SERVE_AMX_TARGET void TileStep(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t kc, float* c, int64_t ldc, bool load_c) {
   const int64_t sa = lda * 4, sc = ldc * 4, sb = kPanelWidth * 4;
   float* c1 = c + kTileRowsAmx * ldc;
   if (load_c) {
@@ -245,7 +253,8 @@ FP4SERVE_BF16_TARGET void RoundRows(const float* x, int64_t m, int64_t k, int64_
   }
 }
 
-// apply_epilogue (gemm_shared.h) on rows × cols of c from output row n0: the same two roundings per element.
+// apply_epilogue (gemm_shared.h) on rows × cols of c from output row n0: divide or multiply by the global scale,
+// then add the bias (GCC may fuse a multiplication and the bias into one FMA, as the panel GEMM's EpilogueRow may).
 FP4SERVE_BF16_TARGET void EpilogueBlock(const prepare::PreparedLinear& w, int64_t n0, int64_t cols, float* c, int64_t ldc,
                                        int64_t rows) {
   const bool scaled = !w.global_scale.empty(), biased = !w.bias.empty();
@@ -265,15 +274,26 @@ FP4SERVE_BF16_TARGET void EpilogueBlock(const prepare::PreparedLinear& w, int64_
   }
 }
 
+// A per-thread buffer of at least n words, 64-byte aligned (hwy's allocator), grown when a call needs more.
+uint32_t* Aligned(hwy::AlignedFreeUniquePtr<uint32_t[]>& buffer, size_t& capacity, size_t n) {
+  if (n > capacity) {
+    buffer = hwy::AllocateAligned<uint32_t>(n);
+    if (!buffer) throw std::bad_alloc();
+    capacity = n;
+  }
+  return buffer.get();
+}
+
 template <class Tiles>
 void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   const int64_t k_total = w.in_features, n_total = w.out_features;
   const int64_t ldx = (k_total + kTileK - 1) / kTileK * kTileK / 2;  // words per row of xp: K padded to kTileK
   const int64_t m_pad = (m + kTileRowsAmx - 1) / kTileRowsAmx * kTileRowsAmx;
-  thread_local std::vector<uint32_t> pairs;
-  pairs.resize(static_cast<size_t>(m_pad * ldx));
-  RoundRows(x, m, k_total, m_pad, ldx, pairs.data());
-  const uint32_t* xp = pairs.data();
+  // 64-byte aligned: every tile row is then one cache line.
+  thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
+  thread_local size_t pairs_capacity = 0;
+  uint32_t* xp = Aligned(pairs, pairs_capacity, static_cast<size_t>(m_pad * ldx));
+  RoundRows(x, m, k_total, m_pad, ldx, xp);
 
   const int64_t panels = (n_total + kPanelWidth - 1) / kPanelWidth;
   const int64_t k_blocks = (k_total + kKBlock - 1) / kKBlock;
@@ -284,9 +304,9 @@ void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float*
 #pragma omp parallel
   {
     Tiles::configure(config);
-    thread_local std::vector<uint32_t> panel_buf;
-    panel_buf.resize(static_cast<size_t>(kKBlock / 2 * kPanelWidth));
-    uint32_t* panel = panel_buf.data();
+    thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> panel_buf;
+    thread_local size_t panel_capacity = 0;
+    uint32_t* panel = Aligned(panel_buf, panel_capacity, static_cast<size_t>(kKBlock / 2 * kPanelWidth));
     alignas(64) float edge[kBlockRows * kPanelWidth];  // a block that is not all inside y
 #pragma omp for schedule(dynamic, 1)
     for (int64_t g = 0; g < panel_groups; ++g) {
@@ -392,7 +412,23 @@ AmxStatus find_amx_here() {
   }
   const pid_t child = fork();
   if (child < 0) return {false, fmt::format("present, not used: could not fork the probe ({})", std::strerror(errno))};
-  if (child == 0) _exit(tile_probe() ? 0 : 1);
+  if (child == 0) {
+    // A faulting probe must die at once and quietly: no core dump of the parent's (weights-sized) address space,
+    // the default action for the signals a failed tile instruction raises (whatever handlers the embedding process
+    // installed), and a watchdog.
+    prctl(PR_SET_DUMPABLE, 0);
+    const rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    sigset_t faults;
+    sigemptyset(&faults);
+    for (int sig : {SIGILL, SIGSEGV, SIGBUS, SIGFPE, SIGALRM}) {
+      signal(sig, SIG_DFL);
+      sigaddset(&faults, sig);
+    }
+    sigprocmask(SIG_UNBLOCK, &faults, nullptr);
+    alarm(5);
+    _exit(tile_probe() ? 0 : 1);
+  }
   int status = 0;
   while (waitpid(child, &status, 0) < 0) {
     if (errno != EINTR) return {false, fmt::format("present, not used: lost the probe ({})", std::strerror(errno))};
