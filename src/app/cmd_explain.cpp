@@ -43,7 +43,8 @@ std::optional<model::ActivationPrecisionChoice> cpu_activation_precision(const E
                                                                          const model::ModelConfig& config) {
   if (device.kind != plan::DeviceKind::Cpu) return std::nullopt;
   return model::choose_activation_precision(opts.activation_precision, device.kind, config.dtype,
-                                            model::activation_probe_shape(config));
+                                            model::activation_probe_shape(config),
+                                            opts.activation_quant == plan::ActivationQuant::Emulate);
 }
 
 // The memory plan: the weights as loaded (the plan's resident bytes) and how the KV budget divides into blocks of

@@ -185,9 +185,13 @@ std::filesystem::path precision_cache_file() {
 }
 
 ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
-                                                      const std::string& model_dtype, std::array<int64_t, 2> probe_shape) {
+                                                      const std::string& model_dtype, std::array<int64_t, 2> probe_shape,
+                                                      bool emulating) {
   if (choice) return {*choice, "set by --activation-precision"};
   if (device != plan::DeviceKind::Cpu) return {ActivationPrecision::Fp32, "auto: the GPU runs fp32 activations"};
+  if (emulating) {
+    return {ActivationPrecision::Fp32, "auto: --activation-quant emulate runs the numerical reference (fp32 activations)"};
+  }
   if (!kernels::bf16_dot_active()) {
     return {ActivationPrecision::Fp32, "auto: this CPU has no AVX512-BF16 dot products (bf16 would only add a rounding)"};
   }
@@ -213,8 +217,9 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPr
 }
 
 ActivationPrecision resolve_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
-                                                 const std::string& model_dtype, std::array<int64_t, 2> probe_shape) {
-  return choose_activation_precision(choice, device, model_dtype, probe_shape).precision;
+                                                 const std::string& model_dtype, std::array<int64_t, 2> probe_shape,
+                                                 bool emulating) {
+  return choose_activation_precision(choice, device, model_dtype, probe_shape, emulating).precision;
 }
 
 std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config) {

@@ -33,14 +33,17 @@ struct ActivationPrecisionChoice {
   prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32;
   std::string reason;
 };
+/// `emulating`: `--activation-quant emulate`, the numerical reference of W4A4 checkpoints: auto is Fp32 then, so that
+/// the layers it does not emulate and the lm_head keep exact activations too.
 ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::ActivationPrecision> choice,
                                                       plan::DeviceKind device, const std::string& model_dtype,
-                                                      std::array<int64_t, 2> probe_shape);
+                                                      std::array<int64_t, 2> probe_shape, bool emulating = false);
 
 /// choose_activation_precision's precision alone.
 prepare::ActivationPrecision resolve_activation_precision(std::optional<prepare::ActivationPrecision> choice,
                                                           plan::DeviceKind device, const std::string& model_dtype,
-                                                          std::array<int64_t, 2> probe_shape = {1536, 576});
+                                                          std::array<int64_t, 2> probe_shape = {1536, 576},
+                                                          bool emulating = false);
 
 /// The probe shape load_model passes for a model: its MLP, [max(intermediate, hidden), hidden].
 std::array<int64_t, 2> activation_probe_shape(const ModelConfig& config);

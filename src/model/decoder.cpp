@@ -160,6 +160,7 @@ Decoder::Decoder(ModelConfig config, const WeightSource& weights, std::unique_pt
   final_norm_ = vector(TensorRole::FinalNorm, -1, c.hidden_size);
   // The plan resolves lm_head: its own (possibly quantized) weight, or the embedding when tied.
   LinearGroup lm_head = group({ModuleRole::LmHead}, -1);
+  for (LinearPart& part : lm_head.parts()) part.lm_head = true;
   if (lm_head.out_features() != c.vocab_size || lm_head.in_features() != c.hidden_size) {
     throw FormatError(fmt::format("lm_head: [{}, {}] where [{}, {}] (vocab_size, hidden_size) was expected",
                                   lm_head.out_features(), lm_head.in_features(), c.vocab_size, c.hidden_size));

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "fp4serve/error.h"
 
 namespace fp4serve::model {
@@ -32,6 +34,7 @@ LinearPart fuse_parts(std::vector<LinearPart> parts) {
   LinearPart fused;
   fused.activation_quant = parts.front().activation_quant;
   fused.input_transform = parts.front().input_transform;
+  fused.lm_head = std::all_of(parts.begin(), parts.end(), [](const LinearPart& p) { return p.lm_head; });
   std::vector<quant::LinearWeights> weights;
   int64_t offset = 0;
   for (LinearPart& p : parts) {

@@ -43,6 +43,10 @@ struct LinearPart {
   /// Online `output` transforms applied to y = x·Wᵀ + bias, the bias included (compressed-tensors forward hook on
   /// the Linear); slices are disjoint and lie within [0, weight.out_features()).
   std::vector<OutputTransform> output_transforms;
+  /// The output projection to vocabulary logits (lm_head, or the tied embedding). Its unquantized weight may take
+  /// the model's 16-bit activation precision, as GPU engines run a bf16 model's lm_head (bf16 x, fp32 sums); other
+  /// unquantized layers (a bf16 checkpoint's projections, MoE routers, whose top-k is sensitive) keep fp32 x.
+  bool lm_head = false;
 };
 
 /// One part running the GEMM of `parts` (same input transform, activation quantization and layout) over their

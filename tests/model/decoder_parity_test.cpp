@@ -103,6 +103,9 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
   // The emulation path is held to the fp32 reference within fp32 rounding, so it runs the fp32 cache; the
   // weight-only path runs the default (auto: these fixtures are bfloat16, so a bf16 cache).
   if (c.activation_quant == "emulate") options.kv_cache_dtype = KvCacheDtype::F32;
+  // An unquantized (bf16) checkpoint is held to 1e-3 on the exact path: fp32 activations. auto would give its
+  // lm_head bf16 x (1.7e-3 on llama-bf16), whose bound is tests/model/run_precision_test.cpp's.
+  if (c.fixture.find("-bf16") != std::string::npos) options.activation_precision = prepare::ActivationPrecision::Fp32;
   const LoadedModel loaded = load_model(dir, options);
   const checkpoint::SafetensorsFile golden(kRef / c.golden_fixture / "golden.safetensors");
   if (c.golden_fixture != c.fixture) {  // the sibling must hold the very same quantized weights
@@ -167,7 +170,23 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
       const std::vector<float> logits = loaded.decoder->forward(std::span(&next, 1), cache);
       token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    if (c.check_greedy) {
+    // A first choice within twice our measured logit error of the reference's second is a tie at this precision
+    // (llama-quiprh-nvfp4a16 and llama-w4a16-asym: a gap of 8e-4 of max|logit| at prompt0's last row, below a bf16
+    // lm_head's 1.7e-3): then the continuation may take either branch and is not compared.
+    const int64_t last_row = static_cast<int64_t>(ids.size()) - 1;
+    double top1 = -1e300, top2 = -1e300;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double r = want.load<float>(static_cast<size_t>(last_row * vocab + v));
+      if (r > top1) {
+        top2 = top1;
+        top1 = r;
+      } else if (r > top2) {
+        top2 = r;
+      }
+    }
+    const bool near_tie = top1 - top2 <= 2.0 * max_diff;
+    RecordProperty(prompt + "_greedy_near_tie", near_tie ? "yes" : "no");
+    if (c.check_greedy && !near_tie) {
       EXPECT_EQ(greedy, want_greedy);
     }
     cache.release(slot);
