@@ -394,6 +394,7 @@ void DecodeFp4TilePairBf16(const PreparedLinear& w, int64_t tile, int64_t k0, in
 void DecodeDenseTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, uint32_t* panel) {
   const uint16_t* src = w.codes.as<uint16_t>() + (tile * w.in_features + k0) * kTileRows;
   for (int64_t kk = 0; kk < kc; kk += 2) {
+    if (kk % 4 == 0) prefetch_ahead(src + kk * kTileRows);  // one 64-byte line per 4 columns of the tile
     const __m128i even = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kk * kTileRows));
     const __m128i odd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (kk + 1) * kTileRows));
     uint32_t* out = panel + (kk / 2) * kNR;
