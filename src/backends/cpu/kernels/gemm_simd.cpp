@@ -213,6 +213,7 @@ HWY_INLINE void ForEachScaledColumn(const PreparedLinear& w, int64_t tile, int64
       group = k / w.group_size;
       scale = BlockScales<kFormat>(scales + group * prepare::kScaleGroupStride, 1.f);
     }
+    prefetch_ahead(codes + prepare::kOctetStride * c);  // the tile pair's codes, one stream along K
     DecodeOctet(codes + prepare::kOctetStride * c, [&](int j, hn::Vec<DF> column) HWY_ATTR { use(c, j, hn::Mul(column, scale)); });
   }
 }
