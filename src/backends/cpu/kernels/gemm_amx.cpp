@@ -354,6 +354,48 @@ void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float*
   }
 }
 
+// The kernel's micro-step (TileStep, both row-block counts, loading and zeroing C) on small integers at strides
+// that are not the tile width: products and sums are exact in fp32, so y must equal the integer result exactly.
+// The forked probe runs it on the hardware tiles, so that a wrong tile number or stride in HardwareTiles turns AMX
+// off (with the reason) instead of giving wrong logits; tests run it on the emulated tiles.
+template <class Tiles>
+bool tile_step_check() {
+  constexpr int64_t kRows = 32, kK = 64, kLdx = kK / 2 + 8, kLdc = kPanelWidth + 8;
+  const auto a_value = [](int64_t i, int64_t k) { return static_cast<int>((7 * i + 3 * k) % 9) - 4; };
+  const auto b_value = [](int64_t k, int64_t n) { return static_cast<int>((5 * k + 11 * n) % 7) - 3; };
+  const auto c_value = [](int64_t i, int64_t n) { return static_cast<int>((i + n) % 5) - 2; };
+  const auto bf16 = [](int v) {
+    const float f = static_cast<float>(v);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    return bits >> 16;
+  };
+  alignas(64) uint32_t a[kRows * kLdx] = {};
+  alignas(64) uint32_t b[kK / 2 * kPanelWidth] = {};
+  alignas(64) float c[kRows * kLdc] = {};
+  alignas(64) float fresh[kTileRowsAmx * kLdc] = {};
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t k = 0; k < kK; k += 2) a[i * kLdx + k / 2] = bf16(a_value(i, k)) | bf16(a_value(i, k + 1)) << 16;
+    for (int64_t n = 0; n < kPanelWidth; ++n) c[i * kLdc + n] = static_cast<float>(c_value(i, n));
+  }
+  for (int64_t k = 0; k < kK; k += 2) {
+    for (int64_t n = 0; n < kPanelWidth; ++n) b[k / 2 * kPanelWidth + n] = bf16(b_value(k, n)) | bf16(b_value(k + 1, n)) << 16;
+  }
+  Tiles::configure(full_tiles());
+  TileStep<Tiles, 2>(a, kLdx, b, kK, c, kLdc, /*load_c=*/true);
+  TileStep<Tiles, 1>(a + kTileRowsAmx * kLdx, kLdx, b, kK, fresh, kLdc, /*load_c=*/false);
+  Tiles::release();
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t n = 0; n < kPanelWidth; ++n) {
+      int dot = 0;
+      for (int64_t k = 0; k < kK; ++k) dot += a_value(i, k) * b_value(k, n);
+      if (c[i * kLdc + n] != static_cast<float>(dot + c_value(i, n))) return false;
+      if (i >= kTileRowsAmx && fresh[(i - kTileRowsAmx) * kLdc + n] != static_cast<float>(dot)) return false;
+    }
+  }
+  return true;
+}
+
 // One TDPBF16PS on small integers (exact in bf16, exact sums in fp32), checked element by element.
 FP4SERVE_AMX_TARGET bool tile_probe() {
   alignas(64) uint16_t a[16][32];
@@ -427,7 +469,7 @@ AmxStatus find_amx_here() {
     }
     sigprocmask(SIG_UNBLOCK, &faults, nullptr);
     alarm(5);
-    _exit(tile_probe() ? 0 : 1);
+    _exit(!tile_probe() ? 1 : !tile_step_check<HardwareTiles>() ? 2 : 0);
   }
   int status = 0;
   while (waitpid(child, &status, 0) < 0) {
@@ -435,6 +477,10 @@ AmxStatus find_amx_here() {
   }
   if (WIFSIGNALED(status)) {
     return {false, fmt::format("present, not used: the probe's TDPBF16PS raised signal {}", WTERMSIG(status))};
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+    return {false, "present, not used: the AMX kernel's micro-step gave a wrong result on the probe (a kernel bug: "
+                   "please report it)"};
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return {false, "present, not used: the probe's TDPBF16PS gave a wrong result"};
@@ -467,6 +513,14 @@ const AmxStatus& amx_status() {
 
 bool amx_active() {
   return amx_use.load(std::memory_order_relaxed) == AmxUse::Hardware && bf16_dot_active() && amx_status().usable;
+}
+
+bool amx_tile_step_check_emulated() {
+#if FP4SERVE_AMX_BUILD
+  return tile_step_check<EmulatedTiles>();
+#else
+  return false;
+#endif
 }
 
 bool amx_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {

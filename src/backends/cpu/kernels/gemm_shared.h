@@ -84,6 +84,10 @@ int64_t decode_bf16_panel(const prepare::PreparedLinear& w, int64_t p, int64_t k
 /// target has the panel. Returns false (and writes nothing) otherwise.
 bool amx_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// The AMX kernel's micro-step on small exact integers (the check amx_status's forked probe runs on the hardware
+/// tiles) on emulated tiles: true where it gives the exact integer result. False in builds without the AMX kernel.
+bool amx_tile_step_check_emulated();
+
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 

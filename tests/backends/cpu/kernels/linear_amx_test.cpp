@@ -193,6 +193,15 @@ TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
   for (float v : y) ASSERT_EQ(v, -1.f) << "a declined call wrote y";
 }
 
+// The micro-step check that amx_status's probe runs on the hardware must hold on the emulated tiles, exactly.
+TEST(LinearAmx, ProbesMicroStepCheckHoldsOnEmulatedTiles) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+  EXPECT_TRUE(amx_tile_step_check_emulated());
+#else
+  GTEST_SKIP() << "the AMX kernel is built for x86-64 GCC only";
+#endif
+}
+
 TEST(LinearAmx, StatusGivesAReason) {
   const AmxStatus& s = amx_status();
   EXPECT_FALSE(s.reason.empty());
