@@ -14,6 +14,7 @@
 
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/linear_check.h"
 #include "backends/cpu/prepare/repack.h"
 #include "core/threading.h"
 #include "quant/checkpoint_tensors.h"
@@ -36,28 +37,6 @@ std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
   std::vector<float> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) r[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
   return r;
-}
-
-void check_bf16_x(const Layer& l, const std::vector<float>& bias, const std::vector<float>& rounded, int64_t m,
-                  const std::vector<float>& y) {
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < l.n; ++n) {
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < l.k; ++k) {
-        const double p = static_cast<double>(rounded[static_cast<size_t>(i * l.k + k)]) * l.w[static_cast<size_t>(n * l.k + k)];
-        ref += p;
-        mag += std::fabs(p);
-      }
-      if (!bias.empty()) {
-        ref += bias[static_cast<size_t>(n)];
-        mag += std::fabs(bias[static_cast<size_t>(n)]);
-      }
-      const double got = y[static_cast<size_t>(i * l.n + n)];
-      ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
-      ASSERT_LE(std::fabs(got - ref), static_cast<double>(l.k + 4) * 0x1p-24 * mag + 1e-30)
-          << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
-    }
-  }
 }
 
 struct Case {
@@ -124,7 +103,7 @@ void check_amx(AmxUse use) {
       for (auto& v : x) v = dist(rng) + 1e-3f;
       std::vector<float> y(static_cast<size_t>(m * l.n), std::numeric_limits<float>::quiet_NaN());
       ASSERT_TRUE(amx_bf16_gemm(w, x.data(), m, y.data()));
-      check_bf16_x(l, bias, rounded_to_bf16(x), m, y);
+      testing_util::check_against_float64(l, bias, rounded_to_bf16(x), m, y);
       std::vector<float> via_linear(y.size(), std::numeric_limits<float>::quiet_NaN());
       linear(w, x.data(), m, via_linear.data());
       for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(via_linear[i], y[i]) << "linear() did not run the AMX driver";

@@ -18,6 +18,7 @@
 
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/linear_check.h"
 #include "core/threading.h"
 #include "fp4serve/error.h"
 #include "quant/checkpoint_tensors.h"
@@ -73,29 +74,7 @@ std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
   return x;
 }
 
-// Checks y (from linear with x) against Σ x·w in float64 with the bound in the file comment, plus
-// extra·Σ|x·w| (pair_term).
-void check_against_float64(const Layer& l, const std::vector<float>& bias, const std::vector<float>& x, int64_t m,
-                           const std::vector<float>& y, double extra = 0.0) {
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < l.n; ++n) {
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < l.k; ++k) {
-        const double p = static_cast<double>(x[static_cast<size_t>(i * l.k + k)]) * l.w[static_cast<size_t>(n * l.k + k)];
-        ref += p;
-        mag += std::fabs(p);
-      }
-      if (!bias.empty()) {
-        ref += bias[static_cast<size_t>(n)];
-        mag += std::fabs(bias[static_cast<size_t>(n)]);
-      }
-      const double got = y[static_cast<size_t>(i * l.n + n)];
-      ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
-      ASSERT_LE(std::fabs(got - ref), (static_cast<double>(l.k + 4) * 0x1p-24 + extra) * mag + 1e-30)
-          << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
-    }
-  }
-}
+using testing_util::check_against_float64;
 
 // Runs linear (all targets, every m) and linear_reference on `w` and checks both.
 void check_layer(PreparedLinear& w, const Layer& l, std::mt19937& rng, bool with_bias = true) {

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The float64 check shared by the linear() tests (linear_test.cpp, linear_amx_test.cpp).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "quant/checkpoint_tensors.h"
+
+namespace fp4serve::kernels::testing_util {
+
+// Checks y [m, N] (from linear with x [m, K]) against Σ x·w (+ bias) in float64: every prepared weight decodes to
+// its exact value in fp32, so the only error is fp32 accumulation over K plus the global-scale and bias roundings,
+// |y − y64| ≤ (K + 4)·2^−24·(Σ|x·w| + |bias|), plus extra·Σ|x·w| for a kernel that approximates x (a bf16 pair).
+inline void check_against_float64(const testing::Layer& l, const std::vector<float>& bias, const std::vector<float>& x,
+                                  int64_t m, const std::vector<float>& y, double extra = 0.0) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < l.n; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < l.k; ++k) {
+        const double p = static_cast<double>(x[static_cast<size_t>(i * l.k + k)]) * l.w[static_cast<size_t>(n * l.k + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (!bias.empty()) {
+        ref += bias[static_cast<size_t>(n)];
+        mag += std::fabs(bias[static_cast<size_t>(n)]);
+      }
+      const double got = y[static_cast<size_t>(i * l.n + n)];
+      ASSERT_FALSE(std::isnan(got)) << "y[" << i << ", " << n << "] not written";
+      ASSERT_LE(std::fabs(got - ref), (static_cast<double>(l.k + 4) * 0x1p-24 + extra) * mag + 1e-30)
+          << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
+    }
+  }
+}
+
+}  // namespace fp4serve::kernels::testing_util
