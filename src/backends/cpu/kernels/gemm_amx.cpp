@@ -304,9 +304,7 @@ void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float*
 #pragma omp parallel
   {
     Tiles::configure(config);
-    thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> panel_buf;
-    thread_local size_t panel_capacity = 0;
-    uint32_t* panel = Aligned(panel_buf, panel_capacity, static_cast<size_t>(kKBlock / 2 * kPanelWidth));
+    alignas(64) uint32_t panel[kKBlock / 2 * kPanelWidth];  // 16 KiB on the thread's stack: no allocation here
     alignas(64) float edge[kBlockRows * kPanelWidth];  // a block that is not all inside y
 #pragma omp for schedule(dynamic, 1)
     for (int64_t g = 0; g < panel_groups; ++g) {
