@@ -139,7 +139,7 @@ void run_explain(const ExplainOptions& opts) {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
     if (memory) fmt::print("\n{}", memory->text);
     if (precision) {
-      fmt::print("\nCPU activation precision of the FP4 linears: {}. Why: {}.\n",
+      fmt::print("\nCPU activation precision of the FP4 linears (and a bf16 lm_head): {}. Why: {}.\n",
                  prepare::activation_precision_name(precision->precision), precision->reason);
       // The bf16 GEMMs' matrix unit (kernels/linear.h AmxUse): said whatever the precision, as --version does.
       fmt::print("Bf16 GEMMs above the decode GEMV's rows on AMX tiles: {} (AMX {}).\n",

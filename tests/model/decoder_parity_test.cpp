@@ -170,24 +170,29 @@ TEST_P(DecoderParity, LogitsAndGreedyContinuationMatchTransformers) {
       const std::vector<float> logits = loaded.decoder->forward(std::span(&next, 1), cache);
       token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    // A first choice within twice our measured logit error of the reference's second is a tie at this precision
-    // (llama-quiprh-nvfp4a16 and llama-w4a16-asym: a gap of 8e-4 of max|logit| at prompt0's last row, below a bf16
-    // lm_head's 1.7e-3): then the continuation may take either branch and is not compared.
-    const int64_t last_row = static_cast<int64_t>(ids.size()) - 1;
-    double top1 = -1e300, top2 = -1e300;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double r = want.load<float>(static_cast<size_t>(last_row * vocab + v));
-      if (r > top1) {
-        top2 = top1;
-        top1 = r;
-      } else if (r > top2) {
-        top2 = r;
+    // The continuation must equal the reference's, except that it may part from it at a step whose reference margin
+    // (top-1 minus top-2 logit, greedy_margin in the golden) is within twice our measured logit error: an error of
+    // max_diff (bounded by the tolerance above) can flip such a step, and after it the two continuations differ.
+    // llama-quiprh-nvfp4a16 and llama-w4a16-asym tie at prompt0's first step (margins of 7–8e-4 of max|logit|,
+    // below a bf16 lm_head's 1.7e-3 error); there the token taken must still be one the reference rates within that
+    // budget of its best.
+    const double budget = 2.0 * max_diff;
+    const auto margins = golden.view(*golden.find("greedy_margin." + prompt));
+    ASSERT_EQ(margins.numel(), static_cast<int64_t>(want_greedy.size()));
+    size_t same = 0;
+    while (same < want_greedy.size() && greedy[same] == want_greedy[same]) ++same;
+    RecordProperty(prompt + "_greedy_steps_equal", std::to_string(same));
+    if (c.check_greedy && same < want_greedy.size()) {
+      EXPECT_LE(margins.load<float>(same), budget)
+          << "greedy step " << same << " took " << greedy[same] << " where the reference took " << want_greedy[same]
+          << " by a margin above twice the measured logit error";
+      if (same == 0) {
+        const size_t last_row = (ids.size() - 1) * static_cast<size_t>(vocab);
+        double best = -1e300;
+        for (int64_t v = 0; v < vocab; ++v) best = std::max(best, static_cast<double>(want.load<float>(last_row + v)));
+        EXPECT_GE(want.load<float>(last_row + static_cast<size_t>(greedy[0])), best - budget)
+            << "the first token " << greedy[0] << " is not among the reference's near-best";
       }
-    }
-    const bool near_tie = top1 - top2 <= 2.0 * max_diff;
-    RecordProperty(prompt + "_greedy_near_tie", near_tie ? "yes" : "no");
-    if (c.check_greedy && !near_tie) {
-      EXPECT_EQ(greedy, want_greedy);
     }
     cache.release(slot);
   }
