@@ -208,6 +208,14 @@ TEST(RunPrecision, ActivationPrecisionChoices) {
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, "float32"), ActivationPrecision::Fp32);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cpu, ""), ActivationPrecision::Fp32);
   EXPECT_EQ(resolve_activation_precision(kAutoPrecision, DeviceKind::Cuda, "bfloat16"), ActivationPrecision::Fp32);
+  // --activation-quant emulate is the numerical reference: auto keeps fp32 activations (the lm_head too); an
+  // explicit choice still holds.
+  const ActivationPrecisionChoice emulating =
+      choose_activation_precision(kAutoPrecision, DeviceKind::Cpu, "bfloat16", shape, /*emulating=*/true);
+  EXPECT_EQ(emulating.precision, ActivationPrecision::Fp32);
+  EXPECT_NE(emulating.reason.find("emulate"), std::string::npos) << emulating.reason;
+  EXPECT_EQ(resolve_activation_precision(kBf16, DeviceKind::Cpu, "bfloat16", shape, /*emulating=*/true),
+            ActivationPrecision::Bf16);
   EXPECT_EQ(resolve_activation_precision(kFp32, DeviceKind::Cpu, "bfloat16"), ActivationPrecision::Fp32);
   EXPECT_EQ(resolve_activation_precision(kBf16, DeviceKind::Cpu, "float32"), ActivationPrecision::Bf16);
   EXPECT_EQ(resolve_activation_precision(kInt8, DeviceKind::Cpu, ""), ActivationPrecision::Int8);
