@@ -188,10 +188,10 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     throw UsageError(fmt::format("tensor_parallel_size {} rank {} but the communicator has size {} rank {}",
                                  parallel.tensor_parallel_size, parallel.rank, comm_size, comm_rank));
   }
-  // auto on the CPU is a measurement: under tensor parallelism rank 0 measures alone (the ranks' probes would
-  // compete for the cores) and every rank runs what it chose, so that all shards round their activations alike.
   // The AMX probe forks a child (kernels/linear.h amx_status): done here, before the weights fill the address space.
   if (device.kind == plan::DeviceKind::Cpu) (void)kernels::amx_status();
+  // auto on the CPU is a measurement: under tensor parallelism rank 0 measures alone (the ranks' probes would
+  // compete for the cores) and every rank runs what it chose, so that all shards round their activations alike.
   const bool measured_auto = !options.activation_precision && device.kind == plan::DeviceKind::Cpu;
   if (comm_size == 1 || comm_rank == 0 || !measured_auto) {
     loaded.activation_precision =
