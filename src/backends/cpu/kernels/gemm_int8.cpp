@@ -53,6 +53,19 @@ struct Int8Rows {
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
 
+// Rows of x still to be quantized into the arrays an Int8Rows reads (int8_gemm above kSerialPrepRows rows): the
+// kernel quantizes each pass's rows right before interleaving them, in the same parallel loop, so a call opens one
+// parallel region fewer (a decode step of 9–32 streams calls this for every FP4 linear).
+struct Int8Prep {
+  const float* x;  // [rows][K]
+  int64_t block;   // the weights' group size
+  int8_t* q;
+  int8_t* r;
+  float* d;
+  int32_t* off;
+  uint8_t* fine;
+};
+
 // Up to this many rows of x (a decode step, a small batch) are quantized and interleaved without opening a parallel
 // region: per row it is a few KiB of work, and the decode step calls this for every linear.
 inline constexpr int64_t kSerialPrepRows = 8;
@@ -407,7 +420,7 @@ void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t firs
   });
 }
 
-bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
+bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, const Int8Prep* prep) {
   switch (w.layout) {
     case WeightLayout::Fp4: break;
     case WeightLayout::Int4:
@@ -426,9 +439,13 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y) {
   if (static_cast<int64_t>(buffers.size()) < pass_count) buffers.resize(static_cast<size_t>(pass_count));
   passes.resize(static_cast<size_t>(pass_count));
   const auto interleave = [&](int64_t p) {
-    const int64_t m0 = p * kMaxM;
-    passes[static_cast<size_t>(p)] =
-        InterleavePass(x, k, groups, m0, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
+    const int64_t m0 = p * kMaxM, mm = std::min(kMaxM, m - m0);
+    if (prep != nullptr) {
+      quantize_int8_blocks(prep->x + m0 * k, mm, k, prep->block, /*octet_order=*/true, kInt8ActivationFineRatio,
+                           prep->q + m0 * k, prep->r + m0 * k, prep->d + m0 * groups, prep->off + m0 * groups,
+                           prep->fine + m0 * groups);
+    }
+    passes[static_cast<size_t>(p)] = InterleavePass(x, k, groups, m0, mm, buffers[static_cast<size_t>(p)]);
   };
   if (m <= kSerialPrepRows) {
     for (int64_t p = 0; p < pass_count; ++p) interleave(p);
@@ -459,7 +476,7 @@ int64_t Int8OnePassRows() { return kMaxM; }
 
 #else
 
-bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*) { return false; }
+bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*, const Int8Prep*) { return false; }
 
 int64_t Int8OnePassRows() { return 0; }
 
@@ -620,17 +637,21 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   float* d = s.d.data();
   int32_t* off = s.off.data();
   uint8_t* fine = s.fine.data();
+  const Int8Rows rows{q, r, d, off, fine};
   if (m <= kSerialPrepRows) {
     quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q, r, d, off, fine);
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-      quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
-                           r + i * k, d + i * groups, off + i * groups, fine + i * groups);
-    }
+    if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y, nullptr)) int8_scalar(w, rows, m, y);
+    return;
   }
-  const Int8Rows rows{s.q.data(), s.r.data(), s.d.data(), s.off.data(), s.fine.data()};
-  if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y)) int8_scalar(w, rows, m, y);
+  // The SIMD kernel quantizes each pass of rows where it interleaves them (Int8Prep); without one, all rows first.
+  const Int8Prep prep{x, w.group_size, q, r, d, off, fine};
+  if (HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y, &prep)) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
+                         r + i * k, d + i * groups, off + i * groups, fine + i * groups);
+  }
+  int8_scalar(w, rows, m, y);
 }
 
 std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
