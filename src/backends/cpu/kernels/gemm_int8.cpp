@@ -404,11 +404,12 @@ Int8Pass InterleavePass(const Int8Rows& x, int64_t k, int64_t groups, int64_t m0
 // T=1 1229 → 1328 tok/s, T=2 1593 → 2440.
 constexpr int64_t kBlockXBytes = 32 * 1024;
 
-// Passes [first, first + count) of kM rows each (rows first·kMaxM …), one parallel loop over the output rows.
-template <quant::BlockFormat kFormat, int kM>
+// Passes [first, first + count) of kM rows each (rows first·kMaxM …), one parallel loop over the output rows: its own
+// region, or with kInTeam a worksharing loop of the caller's region (ForEachItemInTeam).
+template <quant::BlockFormat kFormat, int kM, bool kInTeam = false>
 void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t first, int64_t count, float* y) {
   const int64_t n_total = w.out_features;
-  ForEachItem<kItemRows>(w, [&](int64_t ta, int64_t) {
+  const auto item = [&](int64_t ta, int64_t) {
     alignas(64) float acc[kM * kItemRows];
     const int64_t n0 = ta * kTileRows;
     const int64_t rows = std::min(kItemRows, n_total - n0);
@@ -417,7 +418,12 @@ void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t firs
       float* yp = y + p * kMaxM * n_total + n0;
       for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
     }
-  });
+  };
+  if constexpr (kInTeam) {
+    ForEachItemInTeam<kItemRows>(w, item);
+  } else {
+    ForEachItem<kItemRows>(w, item);
+  }
 }
 
 bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, const Int8Prep* prep) {
@@ -447,23 +453,35 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, c
     }
     passes[static_cast<size_t>(p)] = InterleavePass(x, k, groups, m0, mm, buffers[static_cast<size_t>(p)]);
   };
-  if (m <= kSerialPrepRows) {
-    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
-  }
   const Int8Pass* all = passes.data();
   const int64_t full_passes = m / kMaxM;
   const int64_t block_passes = std::max<int64_t>(1, kBlockXBytes / (kMaxM * k));
-  quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
-    for (int64_t p = 0; p < full_passes; p += block_passes) {
-      Int8PassBlock<F, static_cast<int>(kMaxM)>(w, all, p, std::min(block_passes, full_passes - p), y);
-    }
-    if (m % kMaxM != 0) {
-      ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR { Int8PassBlock<F, kM>(w, all, full_passes, 1, y); });
-    }
-  });
+  // The blocks of passes write disjoint rows of y, so in one region they need no barrier between them.
+  const auto multiply = [&]<bool kInTeam>() HWY_ATTR {
+    quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+      for (int64_t p = 0; p < full_passes; p += block_passes) {
+        Int8PassBlock<F, static_cast<int>(kMaxM), kInTeam>(w, all, p, std::min(block_passes, full_passes - p), y);
+      }
+      if (m % kMaxM != 0) {
+        ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR {
+          Int8PassBlock<F, kM, kInTeam>(w, all, full_passes, 1, y);
+        });
+      }
+    });
+  };
+  if (m <= kSerialPrepRows) {
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+    multiply.template operator()<false>();
+    return true;
+  }
+  // Quantizing, interleaving and multiplying in one region: one fork and join per call (a decode step of 9–32
+  // streams calls this for every FP4 linear), the passes ready for every thread after the first loop's barrier.
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+    multiply.template operator()<true>();
+  }
   return true;
 }
 
