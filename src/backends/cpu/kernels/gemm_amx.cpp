@@ -237,20 +237,18 @@ FP4SERVE_AMX_TARGET void TileStep(const uint32_t* a, int64_t lda, const uint32_t
   }
 }
 
-// x [m][k] fp32 → xp [m_pad][ldx] bf16 pairs (nearest even, as vcvtne2ps2bf16), columns past k and rows past m zero.
-FP4SERVE_BF16_TARGET void RoundRows(const float* x, int64_t m, int64_t k, int64_t m_pad, int64_t ldx, uint32_t* xp) {
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < m_pad; ++i) {
-    uint32_t* row = xp + i * ldx;
-    int64_t done = 0;
-    if (i < m) {
-      for (; done < k; done += 16) {
-        const __m256i pairs = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i * k + done)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + done / 2), pairs);
-      }
+// Row i of x [m][k] fp32 → row i of xp [m_pad][ldx] bf16 pairs (nearest even, as vcvtne2ps2bf16), columns past k
+// zero, all of it zero for a row past m.
+FP4SERVE_BF16_TARGET void RoundRow(const float* x, int64_t i, int64_t m, int64_t k, int64_t ldx, uint32_t* xp) {
+  uint32_t* row = xp + i * ldx;
+  int64_t done = 0;
+  if (i < m) {
+    for (; done < k; done += 16) {
+      const __m256i pairs = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i * k + done)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + done / 2), pairs);
     }
-    std::memset(row + done / 2, 0, static_cast<size_t>(ldx - done / 2) * sizeof(uint32_t));
   }
+  std::memset(row + done / 2, 0, static_cast<size_t>(ldx - done / 2) * sizeof(uint32_t));
 }
 
 // apply_epilogue (gemm_shared.h) on rows × cols of c from output row n0: divide or multiply by the global scale,
@@ -293,7 +291,6 @@ void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float*
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t pairs_capacity = 0;
   uint32_t* xp = Aligned(pairs, pairs_capacity, static_cast<size_t>(m_pad * ldx));
-  RoundRows(x, m, k_total, m_pad, ldx, xp);
 
   const int64_t panels = (n_total + kPanelWidth - 1) / kPanelWidth;
   const int64_t k_blocks = (k_total + kKBlock - 1) / kKBlock;
@@ -301,8 +298,11 @@ void AmxGemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float*
   const int64_t group_panels = std::max<int64_t>(1, std::min<int64_t>(8, panels / (2 * threads)));
   const int64_t panel_groups = (panels + group_panels - 1) / group_panels;
   const TileConfig config = full_tiles();
+  // One region: x is rounded by a worksharing loop whose barrier makes every row ready, then the panels are shared.
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m_pad; ++i) RoundRow(x, i, m, k_total, ldx, xp);
     Tiles::configure(config);
     alignas(64) uint32_t panel[kKBlock / 2 * kPanelWidth];  // 16 KiB on the thread's stack: no allocation here
     alignas(64) float edge[kBlockRows * kPanelWidth];  // a block that is not all inside y
