@@ -169,9 +169,10 @@ void set_amx_use(AmxUse use);
 
 /// What this CPU and kernel can do with AMX, found once by trying: CPUID (AMX-TILE, AMX-BF16, AVX512-BF16), XCR0
 /// (the OS saves tile state), Linux's permission (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it a
-/// tile instruction raises SIGILL), then in a forked child one TDPBF16PS and the kernel's micro-step on small integers
-/// whose exact results are checked, so a CPU or hypervisor that claims AMX and cannot run it, or a kernel bug on real
-/// tiles, costs the child and turns AMX off, not the process or its logits. FP4SERVE_AMX=off skips all of it.
+/// tile instruction raises SIGILL), then in a forked child the kernel's micro-step (TDPBF16PS on real tiles) on
+/// small integers whose exact results are checked, so a CPU or hypervisor that claims AMX and cannot run it, or a
+/// kernel bug on real tiles, costs the child and turns AMX off, not the process or its logits. FP4SERVE_AMX=off
+/// skips all of it.
 /// usable: every step passed (x86-64 GCC builds only). reason: one line for `--version` / `explain`.
 struct AmxStatus {
   bool usable = false;
