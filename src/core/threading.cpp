@@ -35,4 +35,6 @@ void adopt_engine_threads() {
   omp_set_num_threads(n == 0 ? default_threads() : n);
 }
 
+bool release_idle_threads() { return omp_pause_resource_all(omp_pause_soft) == 0; }
+
 }  // namespace fp4serve::core

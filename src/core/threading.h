@@ -16,4 +16,12 @@ int num_threads();
 /// the count per thread, so a thread that runs kernels and was started after set_num_threads calls this first.
 void adopt_engine_threads();
 
+/// Ends the calling thread's idle OpenMP workers (omp_pause_resource_all), for a thread that hands the kernels to
+/// another one (the server's scheduler). Why: libgomp spins its idle workers only while it manages no more threads
+/// than there are CPUs; the loading thread's idle team would otherwise push a 2-CPU server past that, and every
+/// parallel region of every step would then pay a futex sleep and wake-up (docs/performance.md "Threads").
+/// Call it outside any parallel region; the caller's next parallel region starts a new team. Returns false where
+/// the runtime declined.
+bool release_idle_threads();
+
 }  // namespace fp4serve::core

@@ -33,6 +33,9 @@ Scheduler::~Scheduler() { stop(); }
 void Scheduler::start() {
   if (thread_.joinable()) return;
   publish_state();
+  // From here on the kernels run on the scheduler's thread: the caller's (the loader's) idle OpenMP team would only
+  // make libgomp stop spinning the scheduler's team between parallel regions.
+  core::release_idle_threads();
   thread_ = std::thread([this] {
     core::adopt_engine_threads();  // --threads was set on the main thread; OpenMP counts are per thread
     run();

@@ -5,12 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "core/threading.h"
 #include "fp4serve/error.h"
 #include "server/fakes.h"
 
@@ -100,6 +105,36 @@ TEST(Scheduler, SlotsBoundAdmission) {
   }
   EXPECT_EQ(model.max_used.load(), 2);
   EXPECT_LE(model.max_chunks.load(), 2);
+}
+
+// The model's kernels run on the scheduler's thread, so the starting thread's idle OpenMP workers (left by loading
+// the model) must end: libgomp stops spinning idle workers once it manages more threads than there are CPUs, and
+// on a 2-CPU server every parallel region of every step then cost a futex sleep and wake-up (one stream decoded
+// 2× slower than `generate`). Fails on a Scheduler::start that leaves them.
+TEST(Scheduler, StartEndsTheCallersIdleOpenMpWorkers) {
+  const auto process_threads = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  core::release_idle_threads();  // earlier tests' teams, of any size
+  std::atomic<int> seen{0};
+#pragma omp parallel num_threads(2)
+  seen.fetch_add(1);  // as loading does: this thread now keeps an idle worker
+  ASSERT_EQ(seen.load(), 2);
+  const int with_worker = process_threads();
+  FakeModel model(1, 64);
+  Metrics metrics;
+  Scheduler sched(model, {.max_num_seqs = 1, .max_num_batched_tokens = 8, .max_queue = 2}, metrics);
+  sched.start();
+  // The scheduler's thread came, the idle worker went.
+  EXPECT_EQ(process_threads(), with_worker);
+  std::mt19937 rng(5);
+  auto ch = sched.submit(greedy(random_prompt(rng, 4), 3, true));
+  ASSERT_NE(ch, nullptr);
+  std::vector<int32_t> t;
+  EXPECT_EQ(drain(*ch, t).reason, FinishReason::kLength);
+  EXPECT_EQ(t.size(), 3u);
 }
 
 TEST(Scheduler, QueueFullRefuses) {
