@@ -4,6 +4,9 @@
 // the online Hadamard budget is judged by (≤ 3% of an M = 1 4096×4096 NVFP4 GEMV).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -235,6 +238,71 @@ BENCHMARK(BM_AttentionCold)
     ->ArgsProduct({{1536}, {3}, {1}, {64}, {0, 1}})
     ->ArgsProduct({{4095}, {32}, {8}, {128}, {0, 1, 2}})
     ->Args({32767, 4, 1, 128, 0});
+
+// A server's decode step: decode_attention over `rows` sequences of a paged cache (the CPU KvCache's layout,
+// [block][KVH][block_size][D] per layer, 16 positions a block), each at `context` ± 25% positions, its blocks
+// scattered at random over a pool of ≥ 64 MiB used a part at a time, so the cache is cold as after a layer's
+// weights. args: rows, context, query heads, KV heads, head_dim, element (as BM_Attention).
+void BM_DecodeAttentionPaged(benchmark::State& state) {
+  const int64_t n = state.range(0), context = state.range(1), H = state.range(2), KVH = state.range(3),
+                D = state.range(4);
+  const auto element = static_cast<KvElement>(state.range(5));
+  constexpr int64_t kBlock = 16;
+  std::mt19937 rng(7);
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  int64_t step_blocks = 0;
+  for (int64_t& p : pos) {
+    p = context * 3 / 4 + static_cast<int64_t>(rng() % static_cast<uint32_t>(context / 2 + 1));
+    step_blocks += p / kBlock + 1;
+  }
+  const int64_t block_elems = KVH * kBlock * D, block_bytes = block_elems * kv_element_bytes(element);
+  const int64_t parts = std::max<int64_t>(2, (int64_t{64} << 20) / (2 * block_bytes * step_blocks) + 1);
+  const int64_t pool = parts * step_blocks;
+  // Cache-line aligned as CpuKvStorage's pool (a 16-byte offset, as std::vector's, splits rows across lines).
+  const auto aligned_kv = [&](uint64_t seed) {
+    const std::vector<uint16_t> src = random_kv(pool * block_elems, element, seed);
+    const size_t bytes = (src.size() * sizeof(uint16_t) + 63) / 64 * 64;
+    std::unique_ptr<uint16_t[], decltype(&std::free)> out(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)), &std::free);
+    std::memcpy(out.get(), src.data(), src.size() * sizeof(uint16_t));
+    return out;
+  };
+  const auto k = aligned_kv(2), v = aligned_kv(3);
+  std::vector<int32_t> order(static_cast<size_t>(pool));
+  for (int64_t b = 0; b < pool; ++b) order[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<float> q = random_vec(n * H * D, 1), out(static_cast<size_t>(n * H * D));
+  std::vector<std::vector<DecodeQuery>> steps(static_cast<size_t>(parts));
+  int64_t next = 0;
+  for (auto& rows : steps) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t blocks = pos[static_cast<size_t>(i)] / kBlock + 1;
+      KvRows c{k.get(), v.get(), D, kBlock * D, element};
+      c.block_table = order.data() + next;
+      c.block_table_size = blocks;
+      c.block_size = kBlock;
+      c.block_stride = block_elems;
+      rows.push_back(DecodeQuery{q.data() + i * H * D, pos[static_cast<size_t>(i)], c, out.data() + i * H * D});
+      next += blocks;
+    }
+  }
+  const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  int64_t part = 0;
+  for (auto _ : state) {
+    decode_attention(steps[static_cast<size_t>(part)], p);
+    benchmark::DoNotOptimize(out.data());
+    part = (part + 1) % parts;
+  }
+  int64_t keys = 0;
+  for (int64_t p0 : pos) keys += p0 + 1;
+  state.SetBytesProcessed(state.iterations() * keys * KVH * D * kv_element_bytes(element) * 2);
+}
+BENCHMARK(BM_DecodeAttentionPaged)
+    ->Args({16, 192, 9, 3, 64, 1})
+    ->Args({16, 1024, 9, 3, 64, 1})
+    ->Args({4, 192, 9, 3, 64, 1})
+    ->Args({16, 1024, 32, 8, 128, 1})
+    ->Args({16, 192, 9, 3, 64, 0})
+    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_Attention)
     ->Args({1, 191, 9, 3, 64, 1})

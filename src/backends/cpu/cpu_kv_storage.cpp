@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <new>
 
 #include "fp4serve/error.h"
 
 namespace fp4serve::backends::cpu {
+namespace {
+constexpr std::align_val_t kRowAlignment{64};  // a cache line
+}  // namespace
 
 kernels::KvElement kv_element_of(model::KvCacheDtype dtype) {
   switch (dtype) {
@@ -29,10 +33,15 @@ CpuKvStorage::CpuKvStorage(int64_t layers_per_block, int64_t num_kv_heads, int64
       element_(element) {
   const auto bytes = static_cast<size_t>(layers_ * num_blocks_ * kv_heads_ * block_size_ * head_dim_ *
                                          kernels::kv_element_bytes(element_));
-  // new[] without () leaves the bytes uninitialized: nothing is touched (committed) before a block is written.
-  keys_.reset(new std::byte[std::max<size_t>(bytes, 1)]);
-  values_.reset(new std::byte[std::max<size_t>(bytes, 1)]);
+  // operator new[] leaves the bytes uninitialized: nothing is touched (committed) before a block is written.
+  const auto allocate = [&] {
+    return static_cast<std::byte*>(::operator new[](std::max<size_t>(bytes, 1), kRowAlignment));
+  };
+  keys_.reset(allocate());
+  values_.reset(allocate());
 }
+
+void CpuKvStorage::AlignedDelete::operator()(std::byte* p) const { ::operator delete[](p, kRowAlignment); }
 
 int64_t CpuKvStorage::offset(int32_t block, int64_t layer, int64_t kv_head, int64_t row) const {
   return (((layer * num_blocks_ + block) * kv_heads_ + kv_head) * block_size_ + row) * head_dim_;

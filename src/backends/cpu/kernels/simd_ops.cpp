@@ -423,22 +423,31 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const KvRows& cac
     widened_cap = chunk * d;
   }
   float* widened = widened_buf.get();
+  // A paged cache's next blocks are requested while one is read (in_place or not); a contiguous one's rows are
+  // prefetched inside its single run.
+  const bool paged = cache.block_table != nullptr;
+  const int64_t ahead = kv::WidenAheadRows(d);
+  KvRunPrefetcher key_ahead(cache, cache.keys, kv_head, d, hi, ahead);
+  KvRunPrefetcher value_ahead(cache, cache.values, kv_head, d, hi, ahead);
   for_each_kv_run(cache, kv_head, lo, hi, [&](int64_t r0, int64_t run, const std::byte* k, const std::byte*) {
+    if (paged) key_ahead.through(lo, lo + r0 + run);
     if (in_place) {
       ScoreKeys(q, group, d, reinterpret_cast<const float*>(k), stride, run, scale, scores + r0, len, true);
       return;
     }
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
-    kv::PrefetchFirstRows(k16, stride, run, d);
+    if (!paged) kv::PrefetchFirstRows(k16, stride, run, d);
     for (int64_t j0 = 0; j0 < run; j0 += chunk) {
       const int64_t n = std::min(chunk, run - j0);
       kv::WidenRows(k16 + j0 * stride, element, stride, n, run - j0, d, widened);
       ScoreKeys(q, group, d, widened, d, n, scale, scores + r0 + j0, len, false);
     }
   });
-  if (!in_place && cache.block_table == nullptr) {
-    kv::PrefetchFirstRows(static_cast<const uint16_t*>(cache.values) + kv_offset(cache, kv_head, lo), stride, len,
-                          d);  // arriving during the softmax
+  // The first values, arriving during the softmax.
+  if (paged) {
+    value_ahead.through(lo, lo);
+  } else if (!in_place) {
+    kv::PrefetchFirstRows(static_cast<const uint16_t*>(cache.values) + kv_offset(cache, kv_head, lo), stride, len, d);
   }
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
@@ -457,12 +466,12 @@ void AttendGroupImpl(const float* q, int64_t group, int64_t d, const KvRows& cac
   }
   std::fill(out, out + group * d, 0.0f);
   for_each_kv_run(cache, kv_head, lo, hi, [&](int64_t r0, int64_t run, const std::byte*, const std::byte* v) {
+    if (paged) value_ahead.through(lo, lo + r0 + run);
     if (in_place) {
       AccumulateValues(scores + r0, len, group, d, reinterpret_cast<const float*>(v), stride, run, out, true);
       return;
     }
     const auto* v16 = reinterpret_cast<const uint16_t*>(v);
-    if (cache.block_table != nullptr) kv::PrefetchFirstRows(v16, stride, run, d);
     for (int64_t j0 = 0; j0 < run; j0 += chunk) {
       const int64_t n = std::min(chunk, run - j0);
       kv::WidenRows(v16 + j0 * stride, element, stride, n, run - j0, d, widened);
