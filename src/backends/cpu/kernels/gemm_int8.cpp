@@ -53,19 +53,6 @@ struct Int8Rows {
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
 
-// Rows of x still to be quantized into the arrays an Int8Rows reads (int8_gemm above kSerialPrepRows rows): the
-// kernel quantizes each pass's rows right before interleaving them, in the same parallel loop, so a call opens one
-// parallel region fewer (a decode step of 9–32 streams calls this for every FP4 linear).
-struct Int8Prep {
-  const float* x;  // [rows][K]
-  int64_t block;   // the weights' group size
-  int8_t* q;
-  int8_t* r;
-  float* d;
-  int32_t* off;
-  uint8_t* fine;
-};
-
 // Up to this many rows of x (a decode step, a small batch) are quantized and interleaved without opening a parallel
 // region: per row it is a few KiB of work, and the decode step calls this for every linear.
 inline constexpr int64_t kSerialPrepRows = 8;
@@ -168,6 +155,128 @@ namespace hn = hwy::HWY_NAMESPACE;
 using prepare::kTileRows;
 using prepare::PreparedLinear;
 using prepare::WeightLayout;
+
+#if HWY_TARGET != HWY_SCALAR
+// Where QuantizeRows writes: row i's octet c of q and r at byte i·row_bytes + c·octet_bytes, its group g's d, off
+// and fine at element i·row_groups + g·group_stride; off, fine and any_fine may be null. any_fine[g] |= the rows'
+// fine flags of group g (the caller zeroes it). Rows one after another (quantize_int8_blocks): row_bytes K,
+// octet_bytes 8, row_groups K/block, group_stride 1; one pass of kM rows interleaved (Int8Pass): 8, 8·kM, 1, kM.
+struct Int8Out {
+  int8_t* q;
+  int8_t* r;
+  float* d;
+  int32_t* off;
+  uint8_t* fine;
+  uint8_t* any_fine;
+  int64_t row_bytes, octet_bytes, row_groups, group_stride;
+};
+
+// Whether QuantizeRows takes blocks of `block` columns on this target.
+HWY_INLINE bool QuantizableBlock(int64_t block) {
+  const auto lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  return block % 16 == 0 && block % lanes == 0 && block <= 256;
+}
+
+// quantize_int8_blocks (gemm_shared.h) in vectors, the same rule and the same integers as its scalar form, into
+// `out`'s layout: a decode step quantizes every linear input, and the scalar loop (a nearbyint call per element)
+// took ~30% of an int8 GEMV at K = 1536 (bench_gemm_fp4, AVX-512, M = 1); the int8 GEMM writes each pass of rows
+// in its interleaved layout directly (a separate copy cost 2.8% of a 16-stream server's samples). Returns false
+// where !QuantizableBlock(block) (the caller runs the scalar form).
+HWY_INLINE bool QuantizeRows(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
+                             const Int8Out& out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(di)> d8;
+  const hn::FixedTag<uint8_t, 16> d16;
+  const hn::FixedTag<uint8_t, 8> d8h;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kMaxBlock = 256;
+  // AVX-512: a vector is 16 columns, two octets, stored straight from registers; other targets go through a
+  // buffer of a group's bytes.
+  constexpr bool kSixteenLanes = !HWY_HAVE_SCALABLE && HWY_LANES(float) == 16;
+  if (!QuantizableBlock(block)) return false;
+  const int64_t groups = k / block;
+  thread_local std::vector<float> amax_of_thread;
+  amax_of_thread.resize(static_cast<size_t>(groups));
+  // A local pointer: stores through the int8_t outputs may alias anything, so the vector's would be reloaded.
+  float* const amax = amax_of_thread.data();
+  // Octet order within each 16 bytes: [c0 c2 c4 c6 c1 c3 c5 c7] per 8 columns (gemm_int8.cpp's layout note).
+  alignas(16) static constexpr uint8_t kOctetOrder[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+  const auto order = hn::Load(d16, kOctetOrder);
+  // 16 bytes of columns col … col + 15: two octets, contiguous or octet_bytes apart.
+  const auto store_octets = [&](hn::Vec<decltype(d16)> v, int8_t* row, int64_t col) HWY_ATTR {
+    if (octet_order) v = hn::TableLookupBytes(v, order);
+    auto* at = reinterpret_cast<uint8_t*>(row + col / 8 * out.octet_bytes);
+    if (out.octet_bytes == 8) {
+      hn::StoreU(v, d16, at);
+    } else {
+      hn::StoreU(hn::LowerHalf(d8h, v), d8h, at);
+      hn::StoreU(hn::UpperHalf(d8h, v), d8h, at + out.octet_bytes);
+    }
+  };
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    int8_t* qi = out.q + i * out.row_bytes;
+    int8_t* ri = out.r + i * out.row_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto va = hn::Zero(df);
+      auto nan = hn::FirstN(df, 0);
+      for (int64_t j = 0; j < block; j += lanes) {
+        const auto v = hn::LoadU(df, xi + g * block + j);
+        va = hn::Max(va, hn::Abs(v));
+        nan = hn::Or(nan, hn::IsNaN(v));
+      }
+      amax[g] = hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
+    }
+    const double fine_threshold = int8_fine_threshold(amax_of_thread, fine_ratio);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float a = amax[g];
+      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
+      alignas(64) int8_t hi_bytes[kMaxBlock], lo_bytes[kMaxBlock];
+      // The demoted bytes of columns col … col + lanes − 1: on AVX-512 (16 lanes, two octets) stored from the
+      // register, elsewhere into the group's buffer (`buffer`), which goes out in 16-byte steps below.
+      const auto put = [&](auto bytes, int8_t* buffer, int8_t* row, int64_t col) HWY_ATTR {
+        if constexpr (kSixteenLanes) {
+          store_octets(hn::BitCast(d16, bytes), row, col);
+        } else {
+          hn::StoreU(bytes, d8, buffer + col % block);
+        }
+      };
+      auto vsum = hn::Zero(di);
+      if (!degenerate) {
+        const auto inv = hn::Set(df, top / a), vtop = hn::Set(df, top), vbottom = hn::Set(df, -top);
+        for (int64_t j = 0; j < block; j += lanes) {
+          const int64_t col = g * block + j;
+          // Round to nearest even, as nearbyint in the default rounding mode.
+          const auto v = hn::NearestInt(hn::Clamp(hn::Mul(hn::LoadU(df, xi + col), inv), vbottom, vtop));
+          vsum = hn::Add(vsum, v);
+          // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ (an arithmetic shift).
+          const auto hi = is_fine ? hn::ShiftRight<8>(hn::Add(v, hn::Set(di, 128))) : v;
+          put(hn::DemoteTo(d8, hi), hi_bytes, qi, col);
+          if (is_fine) put(hn::DemoteTo(d8, hn::Sub(v, hn::ShiftLeft<8>(hi))), lo_bytes, ri, col);
+        }
+      }
+      for (int64_t j = 0; j < block; j += 16) {
+        const int64_t col = g * block + j;
+        // Q = 0 in a degenerate group, lo = 0 in a coarse one.
+        if (degenerate) store_octets(hn::Zero(d16), qi, col);
+        if (!is_fine) store_octets(hn::Zero(d16), ri, col);
+        if constexpr (!kSixteenLanes) {
+          if (!degenerate) store_octets(hn::LoadU(d16, reinterpret_cast<const uint8_t*>(hi_bytes + j)), qi, col);
+          if (is_fine) store_octets(hn::LoadU(d16, reinterpret_cast<const uint8_t*>(lo_bytes + j)), ri, col);
+        }
+      }
+      const int64_t at = i * out.row_groups + g * out.group_stride;
+      out.d[at] = std::isnan(a) ? a : a / top;
+      if (out.off != nullptr) out.off[at] = 12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+      if (out.fine != nullptr) out.fine[at] = is_fine ? 1 : 0;
+      if (out.any_fine != nullptr) out.any_fine[g] = static_cast<uint8_t>(out.any_fine[g] | (is_fine ? 1 : 0));
+    }
+  }
+  return true;
+}
+#endif
+
 
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
 
@@ -357,38 +466,25 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
   }
 }
 
-// Rows [m0, m0 + mm) of x as one pass's Int8Pass, its arrays in `buffer`.
+// The mm rows of x at `x` quantized as one pass's Int8Pass, its arrays in `buffer`.
 struct PassBuffer {
   std::vector<int8_t> q, r;
   std::vector<float> d;
   std::vector<int32_t> off;
   std::vector<uint8_t> fine, any_fine;
 };
-Int8Pass InterleavePass(const Int8Rows& x, int64_t k, int64_t groups, int64_t m0, int64_t mm, PassBuffer& buffer) {
-  if (mm == 1) {  // one row is its own interleaving (decode)
-    const uint8_t* fine = x.fine + m0 * groups;
-    return {x.q + m0 * k, x.r + m0 * k, x.d + m0 * groups, x.off + m0 * groups, fine, fine};
-  }
+Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, PassBuffer& buffer) {
+  const int64_t groups = k / block;
   buffer.q.resize(static_cast<size_t>(mm * k));
   buffer.r.resize(static_cast<size_t>(mm * k));
   buffer.d.resize(static_cast<size_t>(mm * groups));
   buffer.off.resize(static_cast<size_t>(mm * groups));
   buffer.fine.resize(static_cast<size_t>(mm * groups));
   buffer.any_fine.assign(static_cast<size_t>(groups), 0);
-  for (int64_t i = 0; i < mm; ++i) {
-    const int64_t row = m0 + i;
-    for (int64_t c = 0; c < k / 8; ++c) {
-      std::memcpy(buffer.q.data() + (c * mm + i) * 8, x.q + row * k + 8 * c, 8);
-      std::memcpy(buffer.r.data() + (c * mm + i) * 8, x.r + row * k + 8 * c, 8);
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      const auto at = static_cast<size_t>(g * mm + i);
-      buffer.d[at] = x.d[row * groups + g];
-      buffer.off[at] = x.off[row * groups + g];
-      buffer.fine[at] = x.fine[row * groups + g];
-      buffer.any_fine[static_cast<size_t>(g)] = static_cast<uint8_t>(buffer.any_fine[static_cast<size_t>(g)] | buffer.fine[at]);
-    }
-  }
+  const Int8Out pass{buffer.q.data(),    buffer.r.data(),        buffer.d.data(), buffer.off.data(),
+                     buffer.fine.data(), buffer.any_fine.data(), /*row_bytes=*/8, /*octet_bytes=*/8 * mm,
+                     /*row_groups=*/1,   /*group_stride=*/mm};
+  QuantizeRows(x, mm, k, block, /*octet_order=*/true, kInt8ActivationFineRatio, pass);
   return {buffer.q.data(), buffer.r.data(), buffer.d.data(), buffer.off.data(), buffer.fine.data(),
           buffer.any_fine.data()};
 }
@@ -426,7 +522,7 @@ void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t firs
   }
 }
 
-bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, const Int8Prep* prep) {
+bool Int8Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   switch (w.layout) {
     case WeightLayout::Fp4: break;
     case WeightLayout::Int4:
@@ -434,8 +530,8 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, c
     case WeightLayout::Int8:
     case WeightLayout::Dense: return false;
   }
+  if (!QuantizableBlock(w.group_size)) return false;
   const int64_t k = w.in_features;
-  const int64_t groups = w.groups();
   const int64_t pass_count = (m + kMaxM - 1) / kMaxM;
   // The calling thread's buffers (inside the parallel loop a thread_local name would be each thread's own).
   thread_local std::vector<PassBuffer> buffers_of_caller;
@@ -444,14 +540,10 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, c
   std::vector<Int8Pass>& passes = passes_of_caller;
   if (static_cast<int64_t>(buffers.size()) < pass_count) buffers.resize(static_cast<size_t>(pass_count));
   passes.resize(static_cast<size_t>(pass_count));
-  const auto interleave = [&](int64_t p) {
-    const int64_t m0 = p * kMaxM, mm = std::min(kMaxM, m - m0);
-    if (prep != nullptr) {
-      quantize_int8_blocks(prep->x + m0 * k, mm, k, prep->block, /*octet_order=*/true, kInt8ActivationFineRatio,
-                           prep->q + m0 * k, prep->r + m0 * k, prep->d + m0 * groups, prep->off + m0 * groups,
-                           prep->fine + m0 * groups);
-    }
-    passes[static_cast<size_t>(p)] = InterleavePass(x, k, groups, m0, mm, buffers[static_cast<size_t>(p)]);
+  const auto quantize = [&](int64_t p) {
+    const int64_t m0 = p * kMaxM;
+    passes[static_cast<size_t>(p)] =
+        QuantizePass(x + m0 * k, k, w.group_size, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
   };
   const Int8Pass* all = passes.data();
   const int64_t full_passes = m / kMaxM;
@@ -470,16 +562,16 @@ bool Int8Impl(const PreparedLinear& w, const Int8Rows& x, int64_t m, float* y, c
     });
   };
   if (m <= kSerialPrepRows) {
-    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+    for (int64_t p = 0; p < pass_count; ++p) quantize(p);
     multiply.template operator()<false>();
     return true;
   }
-  // Quantizing, interleaving and multiplying in one region: one fork and join per call (a decode step of 9–32
-  // streams calls this for every FP4 linear), the passes ready for every thread after the first loop's barrier.
+  // Quantizing and multiplying in one region: one fork and join per call (a decode step of 9–32 streams calls this
+  // for every FP4 linear), the passes ready for every thread after the first loop's barrier.
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < pass_count; ++p) interleave(p);
+    for (int64_t p = 0; p < pass_count; ++p) quantize(p);
     multiply.template operator()<true>();
   }
   return true;
@@ -494,7 +586,7 @@ int64_t Int8OnePassRows() { return kMaxM; }
 
 #else
 
-bool Int8Impl(const PreparedLinear&, const Int8Rows&, int64_t, float*, const Int8Prep*) { return false; }
+bool Int8Impl(const PreparedLinear&, const float*, int64_t, float*) { return false; }
 
 int64_t Int8OnePassRows() { return 0; }
 
@@ -503,78 +595,10 @@ int64_t Int8OnePassRows() { return 0; }
 int64_t Int8TargetId() { return HWY_TARGET; }
 
 #if HWY_TARGET != HWY_SCALAR
-// quantize_int8_blocks (gemm_shared.h) in vectors, the same rule and the same integers as its scalar form:
-// a decode step quantizes every linear input, and the scalar loop (a nearbyint call per element) took ~30% of an
-// int8 GEMV at K = 1536 (bench_gemm_fp4, AVX-512, M = 1). Blocks that are not a multiple of 16 and of the vector
-// length return false (the caller runs the scalar form).
 bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
                       int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Rebind<int8_t, decltype(di)> d8;
-  const hn::FixedTag<uint8_t, 16> d16;
-  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
-  constexpr int64_t kMaxBlock = 256;
-  if (block % 16 != 0 || block % lanes != 0 || block > kMaxBlock) return false;
-  const int64_t groups = k / block;
-  thread_local std::vector<float> amax;
-  amax.resize(static_cast<size_t>(groups));
-  // Octet order within each 16 bytes: [c0 c2 c4 c6 c1 c3 c5 c7] per 8 columns (gemm_int8.cpp's layout note).
-  alignas(16) static constexpr uint8_t kOctetOrder[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
-  const auto order = hn::Load(d16, kOctetOrder);
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xi = x + i * k;
-    int8_t* qi = q + i * k;
-    int8_t* ri = r + i * k;
-    for (int64_t g = 0; g < groups; ++g) {
-      auto va = hn::Zero(df);
-      auto nan = hn::FirstN(df, 0);
-      for (int64_t j = 0; j < block; j += lanes) {
-        const auto v = hn::LoadU(df, xi + g * block + j);
-        va = hn::Max(va, hn::Abs(v));
-        nan = hn::Or(nan, hn::IsNaN(v));
-      }
-      amax[static_cast<size_t>(g)] =
-          hn::AllFalse(df, nan) ? hn::GetLane(hn::MaxOfLanes(df, va)) : std::numeric_limits<float>::quiet_NaN();
-    }
-    const double fine_threshold = int8_fine_threshold(amax, fine_ratio);
-    for (int64_t g = 0; g < groups; ++g) {
-      const float a = amax[static_cast<size_t>(g)];
-      const auto [degenerate, is_fine, top] = int8_group_grid(a, fine_threshold);
-      alignas(64) int8_t hi_bytes[kMaxBlock], lo_bytes[kMaxBlock];
-      auto vsum = hn::Zero(di);
-      if (degenerate) {
-        std::fill(hi_bytes, hi_bytes + block, int8_t{0});
-        std::fill(lo_bytes, lo_bytes + block, int8_t{0});
-      } else {
-        const auto inv = hn::Set(df, top / a), vtop = hn::Set(df, top), vbottom = hn::Set(df, -top);
-        for (int64_t j = 0; j < block; j += lanes) {
-          // Round to nearest even, as nearbyint in the default rounding mode.
-          const auto v = hn::NearestInt(hn::Clamp(hn::Mul(hn::LoadU(df, xi + g * block + j), inv), vbottom, vtop));
-          vsum = hn::Add(vsum, v);
-          // Q = 256·hi + lo with lo ∈ [−128, 127]: hi = ⌊(Q + 128) / 256⌋ (an arithmetic shift).
-          const auto hi = is_fine ? hn::ShiftRight<8>(hn::Add(v, hn::Set(di, 128))) : v;
-          const auto lo = is_fine ? hn::Sub(v, hn::ShiftLeft<8>(hi)) : hn::Zero(di);
-          hn::StoreU(hn::DemoteTo(d8, hi), d8, hi_bytes + j);
-          hn::StoreU(hn::DemoteTo(d8, lo), d8, lo_bytes + j);
-        }
-      }
-      for (int64_t j = 0; j < block; j += 16) {
-        auto hv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(hi_bytes + j));
-        auto lv = hn::LoadU(d16, reinterpret_cast<const uint8_t*>(lo_bytes + j));
-        if (octet_order) {
-          hv = hn::TableLookupBytes(hv, order);
-          lv = hn::TableLookupBytes(lv, order);
-        }
-        hn::StoreU(hv, d16, reinterpret_cast<uint8_t*>(qi + g * block + j));
-        hn::StoreU(lv, d16, reinterpret_cast<uint8_t*>(ri + g * block + j));
-      }
-      d[i * groups + g] = std::isnan(a) ? a : a / top;
-      if (off != nullptr) off[i * groups + g] = 12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
-      if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
-    }
-  }
-  return true;
+  const Int8Out rows{q, r, d, off, fine, nullptr, /*row_bytes=*/k, /*octet_bytes=*/8, /*row_groups=*/k / block, 1};
+  return QuantizeRows(x, m, k, block, octet_order, fine_ratio, rows);
 }
 #else
 bool QuantizeInt8Impl(const float*, int64_t, int64_t, int64_t, bool, float, int8_t*, int8_t*, float*, int32_t*,
@@ -639,7 +663,10 @@ struct Int8Scratch {
 }  // namespace
 
 void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
-  // Reused between calls: the decode step calls this for every layer with the same few sizes.
+  // The SIMD kernel quantizes each pass of rows of x itself, straight into its interleaved layout.
+  if (HWY_DYNAMIC_DISPATCH(Int8Impl)(w, x, m, y)) return;
+  // No SIMD kernel for this target (or block size): every row quantized first, then the scalar loop. The scratch
+  // is reused between calls (the decode step calls this for every layer with the same few sizes).
   thread_local Int8Scratch s;
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
@@ -648,28 +675,19 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   s.d.resize(static_cast<size_t>(m * groups));
   s.off.resize(static_cast<size_t>(m * groups));
   s.fine.resize(static_cast<size_t>(m * groups));
-  // Rows are quantized independently: in parallel for a prefill chunk (serial, it held back two-thread prefill).
-  // The pointers are taken here: inside the loop `s` would name each thread's own scratch.
+  // Rows are quantized independently: in parallel for a prefill chunk. The pointers are taken here: inside the
+  // loop `s` would name each thread's own scratch.
   int8_t* q = s.q.data();
   int8_t* r = s.r.data();
   float* d = s.d.data();
   int32_t* off = s.off.data();
   uint8_t* fine = s.fine.data();
-  const Int8Rows rows{q, r, d, off, fine};
-  if (m <= kSerialPrepRows) {
-    quantize_int8_blocks(x, m, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q, r, d, off, fine);
-    if (!HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y, nullptr)) int8_scalar(w, rows, m, y);
-    return;
-  }
-  // The SIMD kernel quantizes each pass of rows where it interleaves them (Int8Prep); without one, all rows first.
-  const Int8Prep prep{x, w.group_size, q, r, d, off, fine};
-  if (HWY_DYNAMIC_DISPATCH(Int8Impl)(w, rows, m, y, &prep)) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m > kSerialPrepRows)
   for (int64_t i = 0; i < m; ++i) {
     quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
                          r + i * k, d + i * groups, off + i * groups, fine + i * groups);
   }
-  int8_scalar(w, rows, m, y);
+  int8_scalar(w, Int8Rows{q, r, d, off, fine}, m, y);
 }
 
 std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
