@@ -109,20 +109,6 @@ HWY_INLINE void ForEachItem(const prepare::PreparedLinear& w, const Item& item) 
   }
 }
 
-/// ForEachItem for a caller inside a parallel region, every thread of which calls it: the items are shared by an
-/// orphaned worksharing loop without a barrier at its end (the region's end waits), so a kernel can prepare its
-/// input and multiply in one region instead of two.
-template <int64_t kItemRows, class Item>
-HWY_INLINE void ForEachItemInTeam(const prepare::PreparedLinear& w, const Item& item) {
-  constexpr int64_t kTilesPerItem = kItemRows / prepare::kTileRows;
-  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
-#pragma omp for schedule(static) nowait
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t ta = it * kTilesPerItem;
-    item(ta, std::min(ta + kTilesPerItem - 1, w.tiles() - 1));
-  }
-}
-
 /// ForEachItem with the output rows: `tiles(ta, tb, acc)` fills acc [kM][kItemRows] for tiles ta … tb, and every
 /// real row goes through EpilogueRow into y [kM, N]. With two tiles per item an odd last tile comes as ta = tb:
 /// read twice, its second copy lands in acc rows ≥ N − 8·ta that are never written.

@@ -500,25 +500,46 @@ Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, Pass
 // T=1 1229 → 1328 tok/s, T=2 1593 → 2440.
 constexpr int64_t kBlockXBytes = 32 * 1024;
 
-// Passes [first, first + count) of kM rows each (rows first·kMaxM …), one parallel loop over the output rows: its own
-// region, or with kInTeam a worksharing loop of the caller's region (ForEachItemInTeam).
-template <quant::BlockFormat kFormat, int kM, bool kInTeam = false>
-void Int8PassBlock(const PreparedLinear& w, const Int8Pass* passes, int64_t first, int64_t count, float* y) {
+// Passes [first, first + count) of kM rows each (rows first·kMaxM …) on the tile pair from tile ta.
+template <quant::BlockFormat kFormat, int kM>
+HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* passes, int64_t first, int64_t count,
+                         float* y) {
   const int64_t n_total = w.out_features;
-  const auto item = [&](int64_t ta, int64_t) {
-    alignas(64) float acc[kM * kItemRows];
-    const int64_t n0 = ta * kTileRows;
-    const int64_t rows = std::min(kItemRows, n_total - n0);
-    for (int64_t p = first; p < first + count; ++p) {
-      Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
-      float* yp = y + p * kMaxM * n_total + n0;
-      for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
+  alignas(64) float acc[kM * kItemRows];
+  const int64_t n0 = ta * kTileRows;
+  const int64_t rows = std::min(kItemRows, n_total - n0);
+  for (int64_t p = first; p < first + count; ++p) {
+    Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
+    float* yp = y + p * kMaxM * n_total + n0;
+    for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
+  }
+}
+
+// All passes of m rows of x on one thread's share of the tile pairs, called by every thread of a team (the same
+// contiguous shares as a static worksharing loop, no barrier). Full passes go in blocks of block_passes per item
+// (kBlockXBytes), the tail pass of m % kMaxM rows last. Each block of passes streams the thread's whole share of
+// the weights: in chunks of 384 KiB of weights, each chunk running every pass while it stayed in L2, a 512-token
+// prefill at hidden 4096 (weights of 29–58 MB per layer) ran 2–7% slower on Zen 4 (x streamed from L3 per chunk
+// instead, and the weights' item-ahead prefetch ran past each chunk), although bench_gemm_fp4's 4096² at M = 256
+// gained 1–3%.
+template <quant::BlockFormat kFormat>
+HWY_INLINE void Int8TeamShare(const PreparedLinear& w, const Int8Pass* passes, int64_t m, int64_t block_passes,
+                              float* y) {
+  constexpr int64_t kTilesPerItem = kItemRows / kTileRows;
+  const int64_t items = (w.tiles() + kTilesPerItem - 1) / kTilesPerItem;
+  const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+  const int64_t lo = items * t / threads, hi = items * (t + 1) / threads;
+  const int64_t full_passes = m / kMaxM;
+  for (int64_t p = 0; p < full_passes; p += block_passes) {
+    const int64_t count = std::min(block_passes, full_passes - p);
+    for (int64_t it = lo; it < hi; ++it) {
+      Int8Item<kFormat, static_cast<int>(kMaxM)>(w, it * kTilesPerItem, passes, p, count, y);
     }
-  };
-  if constexpr (kInTeam) {
-    ForEachItemInTeam<kItemRows>(w, item);
-  } else {
-    ForEachItem<kItemRows>(w, item);
+  }
+  if (m % kMaxM != 0) {
+    ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR {
+      for (int64_t it = lo; it < hi; ++it) Int8Item<kFormat, kM>(w, it * kTilesPerItem, passes, full_passes, 1, y);
+    });
   }
 }
 
@@ -546,33 +567,23 @@ bool Int8Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
         QuantizePass(x + m0 * k, k, w.group_size, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
   };
   const Int8Pass* all = passes.data();
-  const int64_t full_passes = m / kMaxM;
   const int64_t block_passes = std::max<int64_t>(1, kBlockXBytes / (kMaxM * k));
-  // The blocks of passes write disjoint rows of y, so in one region they need no barrier between them.
-  const auto multiply = [&]<bool kInTeam>() HWY_ATTR {
-    quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
-      for (int64_t p = 0; p < full_passes; p += block_passes) {
-        Int8PassBlock<F, static_cast<int>(kMaxM), kInTeam>(w, all, p, std::min(block_passes, full_passes - p), y);
-      }
-      if (m % kMaxM != 0) {
-        ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR {
-          Int8PassBlock<F, kM, kInTeam>(w, all, full_passes, 1, y);
-        });
-      }
-    });
-  };
-  if (m <= kSerialPrepRows) {
+  // Up to kSerialPrepRows rows are quantized before the region; above, in it: one fork and join per call either
+  // way (a decode step of 9–32 streams calls this for every FP4 linear), the passes ready for every thread after
+  // the quantizing loop's barrier. The threads' shares of y's columns are disjoint, so nothing waits after them.
+  const bool serial_prep = m <= kSerialPrepRows;
+  if (serial_prep) {
     for (int64_t p = 0; p < pass_count; ++p) quantize(p);
-    multiply.template operator()<false>();
-    return true;
   }
-  // Quantizing and multiplying in one region: one fork and join per call (a decode step of 9–32 streams calls this
-  // for every FP4 linear), the passes ready for every thread after the first loop's barrier.
 #pragma omp parallel
   {
+    if (!serial_prep) {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < pass_count; ++p) quantize(p);
-    multiply.template operator()<true>();
+      for (int64_t p = 0; p < pass_count; ++p) quantize(p);
+    }
+    quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+      Int8TeamShare<F>(w, all, m, block_passes, y);
+    });
   }
   return true;
 }

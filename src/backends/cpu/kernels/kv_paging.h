@@ -45,8 +45,9 @@ inline void for_each_kv_run(const KvRows& c, int64_t kv_head, int64_t lo, int64_
 /// come too late for its first rows, so while one run is read the next `ahead` positions' rows are requested.
 /// Into L2 (prefetcht1), not L1: the L1's few miss buffers fill up and each further prefetch then stalls the core,
 /// while L2 holds many more requests in flight (bench_ops BM_DecodeAttentionPaged, 16 sequences × 192 positions,
-/// default model heads, bf16, 2 threads on Zen 4: 250 µs with L1 prefetches, 151–167 µs with L2 ones, 288–340 µs
-/// with a run's own prefetches only; the distance mattered little from 32 to 128 positions of 64 elements).
+/// default model heads, bf16, 2 threads on Zen 4: L1 prefetches took 1.5–1.6× the time of L2 ones; with a run's
+/// own prefetches only, 310–444 µs against 163–171; the distance mattered little from 32 to 128 positions of 64
+/// elements).
 /// `base`: KvRows::keys or ::values; rows of `d` elements. Positions are absolute; each is requested at most once.
 class KvRunPrefetcher {
  public:

@@ -195,14 +195,18 @@ TEST(LinearInt8, Nvfp4MatchesFloat64) {
 }
 
 // At K = 4096 a block of passes holds one (AVX-512) or two (AVX2) passes of x, so 16 and 19 rows run several
-// blocks, then a tail of 3 rows; and from 16 rows the activations are quantized in parallel.
+// blocks, then a tail of 3 rows; and from 16 rows the activations are quantized in parallel. K = 14336 is a
+// down projection's at hidden 4096: 115 KB of x per pass.
 TEST(LinearInt8, SeveralBlocksOfPassesAtLargeK) {
   std::mt19937 rng(203);
-  const Layer l = testing::make_nvfp4(rng, 21, 4096, true);
-  PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
-                                            prepare::GlobalScaleConvention::Divisor, "t");
-  constexpr int64_t kBlockMs[] = {16, 19};
-  check_int8(w, l, 16, rng, kBlockMs);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{21, 4096}, {203, 14336}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k);
+    const Layer l = testing::make_nvfp4(rng, n, k, true);
+    PreparedLinear w = prepare::prepare_nvfp4(l.weight.view(), l.scale.view(), l.global_scale,
+                                              prepare::GlobalScaleConvention::Divisor, "t");
+    constexpr int64_t kBlockMs[] = {16, 19};
+    check_int8(w, l, 16, rng, kBlockMs);
+  }
 }
 
 TEST(LinearInt8, Mxfp4MatchesFloat64) {
