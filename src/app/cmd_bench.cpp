@@ -111,6 +111,7 @@ void run_bench_model(const ModelBenchOptions& opts) {
   nlohmann::json out = {{"prompt_tokens", opts.bench.prompt_tokens},
                         {"gen_tokens", opts.bench.gen_tokens},
                         {"repetitions", opts.bench.repetitions},
+                        {"warmup", opts.bench.warmup},
                         {"threads", opts.load.threads},
                         {"tensor_parallel_size", opts.load.parallel.tensor_parallel_size},
                         {"models", nlohmann::json::array()}};
@@ -161,6 +162,8 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("-r,--repetitions", opts->bench.repetitions, "rounds over all models")->capture_default_str()
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--seed", opts->bench.seed, "prompt token-id seed")->capture_default_str();
+  cmd->add_flag("!--no-warmup", opts->bench.warmup,
+                "skip the untimed warmup (a prompt of up to 32 tokens and one output token) before each sample");
   cmd->add_flag("--json", opts->json, "print JSON (with every repetition's seconds)");
   cmd->callback([opts] {
     run_bench_model(*opts);

@@ -58,6 +58,13 @@ std::vector<std::vector<ModelBenchSample>> run_model_bench(
       const ModelBenchTarget& t = targets[i];
       const BenchModel bench = loader ? loader(i, t) : BenchModel{model::load_model(t.dir, t.load), nullptr};
       const text::Tokenizer tokenizer = load_tokenizer(bench.loaded.checkpoint);
+      if (config.warmup) {
+        GenerationRequest warm = request;
+        warm.prompt.resize(static_cast<size_t>(std::min(config.prompt_tokens, kWarmupPromptTokens)));
+        warm.max_new_tokens = 1;
+        model::KvCache warm_cache = bench.model().make_cache(static_cast<int64_t>(warm.prompt.size()) + 1, 1);
+        generate(bench.model(), warm_cache, tokenizer, warm, [](std::string_view) { return true; });
+      }
       model::KvCache cache = bench.model().make_cache(config.prompt_tokens + config.gen_tokens, 1);
       const GenerationResult result = generate(bench.model(), cache, tokenizer, request, [](std::string_view) { return true; });
       if (static_cast<int64_t>(result.tokens.size()) != config.gen_tokens) {
@@ -111,9 +118,9 @@ std::vector<ModelBenchSummary> summarize_model_bench(std::span<const std::string
 
 std::string format_model_bench(std::span<const ModelBenchSummary> rows, const ModelBenchConfig& config) {
   std::string out = fmt::format(
-      "prompt {} tokens, decode {} tokens, {} repetitions (models interleaved); medians, [min–max]; ratios are "
+      "prompt {} tokens, decode {} tokens, {} repetitions (models interleaved{}); medians, [min–max]; ratios are "
       "per-repetition medians vs the first model\n\n",
-      config.prompt_tokens, config.gen_tokens, config.repetitions);
+      config.prompt_tokens, config.gen_tokens, config.repetitions, config.warmup ? ", each after a warmup" : "");
   out += "| model | prefill tok/s | decode tok/s | TPOT ms | prefill vs first | decode vs first |\n";
   out += "|---|---|---|---|---|---|\n";
   for (const ModelBenchSummary& r : rows) {

@@ -25,7 +25,16 @@ struct ModelBenchConfig {
   int64_t gen_tokens = 64;      ///< decode steps after the prompt (greedy, EOS ignored)
   int repetitions = 5;          ///< rounds over all models
   uint64_t seed = 0;            ///< token-id RNG seed
+  /// Before each timed sample, an untimed generation of min(prompt_tokens, kWarmupPromptTokens) prompt tokens
+  /// and one output token, as llama-bench's default warmup: every weight is touched once, so pages of a mapped
+  /// checkpoint or weight cache that the page cache lost are read before the clock starts, for both tools alike
+  /// (without it, `bench-scale`'s one-sample runs measured a 512-token prefill at hidden 4096 at 96 instead of 139
+  /// tokens/s after llama.cpp's files had pushed fp4serve's out of the page cache).
+  bool warmup = true;
 };
+
+/// Prompt tokens of ModelBenchConfig::warmup's generation (llama-bench's warmup prompt is at most 32 tokens too).
+inline constexpr int64_t kWarmupPromptTokens = 32;
 
 /// One model under test: a checkpoint folder and how to load it.
 struct ModelBenchTarget {
@@ -60,8 +69,9 @@ struct BenchModel {
 /// Loads targets[index] for one sample; the default is model::load_model(target.dir, target.load).
 using ModelBenchLoader = std::function<BenchModel(size_t index, const ModelBenchTarget& target)>;
 
-/// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) is loaded, prefills the same prompt,
-/// decodes gen_tokens greedily from an empty KV cache, and is freed (load time is not counted). `progress` (may
+/// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) is loaded, warms up (config.warmup),
+/// prefills the same prompt, decodes gen_tokens greedily from an empty KV cache, and is freed (load time and the
+/// warmup are not counted). `progress` (may
 /// be empty) is told each finished sample. Returns samples[model][repetition]. Throws UsageError when a count is
 /// out of range, there is no target, or prompt + generated tokens exceed a model's context
 /// (max_position_embeddings); what load_model and the model throw.

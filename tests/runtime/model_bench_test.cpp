@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
+#include <vector>
 
 #include "fp4serve/error.h"
 #include "backends/load_model.h"
@@ -73,6 +75,47 @@ TEST(ModelBench, RunsEveryModelEveryRepetitionOnATinyFixture) {
   config.prompt_tokens = model::parse_model_config(checkpoint::Checkpoint::open(dir).config()).max_position_embeddings;
   EXPECT_THROW(run_model_bench(targets, config), UsageError);
   EXPECT_THROW(run_model_bench({}, config), UsageError);
+}
+
+// Records the token count of every chunk that reaches the model.
+class ChunkRecorder final : public model::ForwardModel {
+ public:
+  ChunkRecorder(const model::ForwardModel& inner, std::vector<int64_t>& chunks) : inner_(inner), chunks_(chunks) {}
+  const model::ModelConfig& config() const override { return inner_.config(); }
+  model::KvCache make_cache(const model::KvCacheSpec& spec) const override { return inner_.make_cache(spec); }
+  std::vector<float> forward(std::span<const model::SequenceChunk> batch, model::KvCache& cache) const override {
+    for (const model::SequenceChunk& c : batch) chunks_.push_back(static_cast<int64_t>(c.tokens.size()));
+    return inner_.forward(batch, cache);
+  }
+
+ private:
+  const model::ForwardModel& inner_;
+  std::vector<int64_t>& chunks_;
+};
+
+// The warmup (llama-bench's default) runs untimed before each sample: a prompt of at most 32 tokens, one output
+// token; --no-warmup leaves only the timed prompt and decode steps.
+TEST(ModelBench, WarmsUpBeforeEachSampleUnlessTurnedOff) {
+  const std::filesystem::path dir = std::filesystem::path(FP4SERVE_TEST_DATA) / "ref" / "llama-nvfp4a16";
+  const std::vector<ModelBenchTarget> targets = {{"x", dir, model::LoadOptions{}}};
+  std::vector<int64_t> chunks;
+  const ModelBenchLoader recording = [&](size_t, const ModelBenchTarget& t) {
+    BenchModel bench{model::load_model(t.dir, t.load), nullptr};
+    bench.wrapper = std::make_unique<ChunkRecorder>(*bench.loaded.decoder, chunks);
+    return bench;
+  };
+  ModelBenchConfig config;
+  config.prompt_tokens = 40;
+  config.gen_tokens = 3;
+  config.repetitions = 2;
+  run_model_bench(targets, config, {}, recording);
+  // Per sample: the warmup's 32-token prompt, the 40-token prompt, two decode steps.
+  EXPECT_EQ(chunks, (std::vector<int64_t>{32, 40, 1, 1, 32, 40, 1, 1}));
+  chunks.clear();
+  config.warmup = false;
+  config.prompt_tokens = 5;
+  run_model_bench(targets, config, {}, recording);
+  EXPECT_EQ(chunks, (std::vector<int64_t>{5, 1, 1, 5, 1, 1}));
 }
 
 }  // namespace
