@@ -262,7 +262,8 @@ void BM_DecodeAttentionPaged(benchmark::State& state) {
   const auto aligned_kv = [&](uint64_t seed) {
     const std::vector<uint16_t> src = random_kv(pool * block_elems, element, seed);
     const size_t bytes = (src.size() * sizeof(uint16_t) + 63) / 64 * 64;
-    std::unique_ptr<uint16_t[], decltype(&std::free)> out(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)), &std::free);
+    const auto release = [](uint16_t* p) { std::free(p); };
+    std::unique_ptr<uint16_t[], decltype(release)> out(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)), release);
     std::memcpy(out.get(), src.data(), src.size() * sizeof(uint16_t));
     return out;
   };

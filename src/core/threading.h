@@ -21,7 +21,7 @@ void adopt_engine_threads();
 /// than there are CPUs; the loading thread's idle team would otherwise push a 2-CPU server past that, and every
 /// parallel region of every step would then pay a futex sleep and wake-up (docs/performance.md "Threads").
 /// Call it outside any parallel region; the caller's next parallel region starts a new team. Returns false where
-/// the runtime declined.
+/// the runtime declined. (libgomp ends the threads; LLVM's libomp would only put them to sleep.)
 bool release_idle_threads();
 
 }  // namespace fp4serve::core

@@ -71,10 +71,9 @@ using ModelBenchLoader = std::function<BenchModel(size_t index, const ModelBench
 
 /// Runs the benchmark: for r in 0…repetitions−1, each model (rotated start) is loaded, warms up (config.warmup),
 /// prefills the same prompt, decodes gen_tokens greedily from an empty KV cache, and is freed (load time and the
-/// warmup are not counted). `progress` (may
-/// be empty) is told each finished sample. Returns samples[model][repetition]. Throws UsageError when a count is
-/// out of range, there is no target, or prompt + generated tokens exceed a model's context
-/// (max_position_embeddings); what load_model and the model throw.
+/// warmup are not counted). `progress` (may be empty) is told each finished sample. Returns
+/// samples[model][repetition]. Throws UsageError when a count is out of range, there is no target, or prompt +
+/// generated tokens exceed a model's context (max_position_embeddings); what load_model and the model throw.
 std::vector<std::vector<ModelBenchSample>> run_model_bench(
     std::span<const ModelBenchTarget> targets, const ModelBenchConfig& config,
     const std::function<void(size_t model, int repetition, const ModelBenchSample&)>& progress = {},

@@ -7,7 +7,9 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 namespace fp4serve::core {
 namespace {
@@ -16,6 +18,18 @@ namespace {
 int process_threads() {
   int n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// process_threads() once it equals `want`, or its last value after 2 s: a joined thread leaves /proc/self/task a
+// little after pthread_join returns.
+int process_threads_settled(int want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int n = process_threads();
+  while (n != want && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    n = process_threads();
+  }
   return n;
 }
 
@@ -33,10 +47,10 @@ TEST(Threading, ReleaseIdleThreadsEndsTheCallersIdleWorkers) {
   ASSERT_EQ(run_region(3), 3);
   ASSERT_EQ(process_threads(), before + 2) << "the region's two workers stay, idle, after it";
   EXPECT_TRUE(release_idle_threads());
-  EXPECT_EQ(process_threads(), before) << "the idle workers were not ended";
+  EXPECT_EQ(process_threads_settled(before), before) << "the idle workers were not ended";
   EXPECT_EQ(run_region(3), 3) << "a later region must get a new team";
   EXPECT_TRUE(release_idle_threads());
-  EXPECT_EQ(process_threads(), before);
+  EXPECT_EQ(process_threads_settled(before), before);
 }
 
 TEST(Threading, ReleaseIdleThreadsWithoutATeamIsHarmless) {

@@ -17,13 +17,15 @@
 // weight with outlier channels) carried most of the int8 path's KLD. Those groups get a 16-bit grid
 // Q = round(x·32512/amax) split into two int8, hi and lo, both dotted with the same decoded weight bytes and
 // combined as 256·Σu·hi + Σu·lo in int32; the other groups keep the single int8 dot. Which groups are fine is
-// decided per row by quantize_int8_blocks (kInt8ActivationFineRatio).
+// decided per row by quantize_int8_blocks' rule (kInt8ActivationFineRatio), which the GEMM applies as it quantizes
+// each pass (QuantizeRows).
 //
 // Layout: the row-word layout of prepared_linear.h, unchanged. Byte b of lane r holds columns 2b (low nibble)
 // and 2b + 1 (high nibble) of row r, so the low nibbles of a lane are columns 0, 2, 4, 6 of its octet and the
 // high ones 1, 3, 5, 7; the quantized activations are stored per octet as [q0 q2 q4 q6 | q1 q3 q5 q7], so a
 // 32-bit broadcast of either half lines up with every lane. Threads split N as in gemm_gemv.cpp; larger m runs
-// in passes of kMaxM rows (x interleaved per pass, Int8Pass), blocks of passes sharing one loop over N.
+// in passes of kMaxM rows (x interleaved per pass, Int8Pass), each thread running blocks of passes over its share
+// of N.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/kernels/gemm_int8.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -53,7 +55,7 @@ struct Int8Rows {
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
 
-// Up to this many rows of x (a decode step, a small batch) are quantized and interleaved without opening a parallel
+// Up to this many rows of x (a decode step, a small batch) are quantized by the calling thread before the parallel
 // region: per row it is a few KiB of work, and the decode step calls this for every linear.
 inline constexpr int64_t kSerialPrepRows = 8;
 
@@ -277,7 +279,6 @@ HWY_INLINE bool QuantizeRows(const float* x, int64_t m, int64_t k, int64_t block
 }
 #endif
 
-
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2)
 
 // Highway 1.0's AVX3_DL target string names avxvnni (the VEX form) but not avx512vnni, which vpdpbusd on zmm
@@ -489,9 +490,10 @@ Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, Pass
           buffer.any_fine.data()};
 }
 
-// Quantized bytes of x (its q bytes) per parallel loop over the output rows: a block of passes that shares one loop,
-// so a work item runs all of them while its weights are in L1 (x itself comes from L1 or L2). One pass per loop cost
-// a fork and join per kMaxM rows; all rows in one loop streamed the whole of x per item from L2 or beyond (int8
+// Quantized bytes of x (its q bytes) per block of passes that a thread runs item by item over its share of the
+// output rows, so a work item runs all of them while its weights are in L1 (x itself comes from L1 or L2). When
+// each block was its own parallel loop, one pass per loop cost a fork and join per kMaxM rows (since then all blocks
+// share one region); all rows in one block streamed the whole of x per item from L2 or beyond (int8
 // perplexity over 512-token windows 15% slower than one pass per loop); a pass count chosen inside the item loop
 // (ForRowCount per pass) compiled the kernel worse. Measured with the parallel quantization and interleaving of
 // the same commit, against one pass per loop with both serial, alternating: `fp4serve perplexity …
@@ -515,8 +517,8 @@ HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* pa
   }
 }
 
-// All passes of m rows of x on one thread's share of the tile pairs, called by every thread of a team (the same
-// contiguous shares as a static worksharing loop, no barrier). Full passes go in blocks of block_passes per item
+// All passes of m rows of x on one thread's share of the tile pairs, called by every thread of a team (equal
+// contiguous shares, no barrier). Full passes go in blocks of block_passes per item
 // (kBlockXBytes), the tail pass of m % kMaxM rows last. Each block of passes streams the thread's whole share of
 // the weights: in chunks of 384 KiB of weights, each chunk running every pass while it stayed in L2, a 512-token
 // prefill at hidden 4096 (weights of 29–58 MB per layer) ran 2–7% slower on Zen 4 (x streamed from L3 per chunk
