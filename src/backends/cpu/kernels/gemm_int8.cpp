@@ -364,8 +364,8 @@ HWY_INLINE VI DotAddBroadcast(VI acc, VU8 u0, const int8_t* x0, VU8 u1, const in
 // them is contiguous and one base pointer with constant offsets reaches it (eight row pointers and their strides
 // did not fit in the general registers beside the kernel's).
 struct Int8Pass {
-  const int8_t* q;          // [K/8][kM][8]: Int8Rows::q's octets, row after row
-  const int8_t* r;          // [K/8][kM][8]: Int8Rows::r's
+  const int8_t* q;          // [K/8][kM][8]: each row's q octets (octet order), row after row
+  const int8_t* r;          // [K/8][kM][8]: the same for r (lo bytes, 0 outside fine groups)
   const float* d;           // [groups][kM]
   const int32_t* off;       // [groups][kM]
   const uint8_t* fine;      // [groups][kM]
@@ -518,8 +518,8 @@ HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* pa
 }
 
 // All passes of m rows of x on one thread's share of the tile pairs, called by every thread of a team (equal
-// contiguous shares, no barrier). Full passes go in blocks of block_passes per item
-// (kBlockXBytes), the tail pass of m % kMaxM rows last. Each block of passes streams the thread's whole share of
+// contiguous shares, no barrier). Full passes go in blocks of block_passes per item (kBlockXBytes), the tail pass
+// of m % kMaxM rows last. Each block of passes streams the thread's whole share of
 // the weights: in chunks of 384 KiB of weights, each chunk running every pass while it stayed in L2, a 512-token
 // prefill at hidden 4096 (weights of 29–58 MB per layer) ran 2–7% slower on Zen 4 (x streamed from L3 per chunk
 // instead, and the weights' item-ahead prefetch ran past each chunk), although bench_gemm_fp4's 4096² at M = 256
