@@ -9,8 +9,8 @@
 // them with the activation bytes:
 //   Σ_k x[k]·w[n,k] ≈ Σ_g d[g] · s[n,g]/2 · Σ_{k∈g} q[k]·(2·e2m1[n,k])
 // with q = round(x/d), d = amax_g(|x|)/127, s the block scale. The byte multiplies take an unsigned operand, so
-// the codes are looked up as u = 2·e2m1 + 12 ∈ [0, 24] and 12·Σ_{k∈g} q[k] (per row and group, computed with q)
-// is subtracted from each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·128 = 6144, so four of
+// the codes are looked up as u = 2·e2m1 + 12 ∈ [0, 24] and neg_off = −12·Σ_{k∈g} q[k] (per row and group, computed
+// with q) is added to each integer group sum. vpmaddubsw sums of two products are ≤ 2·24·128 = 6144, so four of
 // them add in int16 without saturation before vpmaddwd widens them to int32.
 //
 // Fine groups: the int8 rounding of the few groups whose amax dominates a row (RMSNorm outputs times a norm
@@ -51,7 +51,7 @@ struct Int8Rows {
   const int8_t* q;      // [rows][K], octet order: Q (coarse groups) or hi = ⌊(Q + 128)/256⌋ (fine groups)
   const int8_t* r;      // [rows][K], octet order: lo = Q − 256·hi (fine groups), 0 elsewhere
   const float* d;       // [rows][groups]: x ≈ Q·d
-  const int32_t* off;   // [rows][groups]: 12·Σ Q over the group
+  const int32_t* neg_off;  // [rows][groups]: −12·Σ Q over the group
   const uint8_t* fine;  // [rows][groups]: 1 where Q has 16 bits (hi and lo), 0 where it is one int8
 };
 
@@ -99,7 +99,7 @@ namespace {
 constexpr int kOctetSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 // The rule of quantize_int8_blocks one element at a time: targets without QuantizeInt8Impl, odd block sizes.
 void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order,
-                                 float fine_ratio, int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
+                                 float fine_ratio, int8_t* q, int8_t* r, float* d, int32_t* neg_off, uint8_t* fine) {
   const int64_t groups = k / block;
   thread_local std::vector<float> amax;
   amax.resize(static_cast<size_t>(groups));
@@ -138,7 +138,7 @@ void quantize_int8_blocks_scalar(const float* x, int64_t m, int64_t k, int64_t b
         sum += v;
       }
       d[i * groups + g] = std::isnan(a) ? a : a / top;
-      if (off != nullptr) off[i * groups + g] = 12 * sum;
+      if (neg_off != nullptr) neg_off[i * groups + g] = -12 * sum;
       if (fine != nullptr) fine[i * groups + g] = is_fine ? 1 : 0;
     }
   }
@@ -159,15 +159,15 @@ using prepare::PreparedLinear;
 using prepare::WeightLayout;
 
 #if HWY_TARGET != HWY_SCALAR
-// Where QuantizeRows writes: row i's octet c of q and r at byte i·row_bytes + c·octet_bytes, its group g's d, off
-// and fine at element i·row_groups + g·group_stride; off, fine and any_fine may be null. any_fine[g] |= the rows'
+// Where QuantizeRows writes: row i's octet c of q and r at byte i·row_bytes + c·octet_bytes, its group g's d, neg_off
+// and fine at element i·row_groups + g·group_stride; neg_off, fine and any_fine may be null. any_fine[g] |= the rows'
 // fine flags of group g (the caller zeroes it). Rows one after another (quantize_int8_blocks): row_bytes K,
 // octet_bytes 8, row_groups K/block, group_stride 1; one pass of kM rows interleaved (Int8Pass): 8, 8·kM, 1, kM.
 struct Int8Out {
   int8_t* q;
   int8_t* r;
   float* d;
-  int32_t* off;
+  int32_t* neg_off;
   uint8_t* fine;
   uint8_t* any_fine;
   int64_t row_bytes, octet_bytes, row_groups, group_stride;
@@ -270,7 +270,7 @@ HWY_INLINE bool QuantizeRows(const float* x, int64_t m, int64_t k, int64_t block
       }
       const int64_t at = i * out.row_groups + g * out.group_stride;
       out.d[at] = std::isnan(a) ? a : a / top;
-      if (out.off != nullptr) out.off[at] = 12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+      if (out.neg_off != nullptr) out.neg_off[at] = -12 * static_cast<int32_t>(hn::GetLane(hn::SumOfLanes(di, vsum)));
       if (out.fine != nullptr) out.fine[at] = is_fine ? 1 : 0;
       if (out.any_fine != nullptr) out.any_fine[g] = static_cast<uint8_t>(out.any_fine[g] | (is_fine ? 1 : 0));
     }
@@ -367,7 +367,7 @@ struct Int8Pass {
   const int8_t* q;          // [K/8][kM][8]: each row's q octets (octet order), row after row
   const int8_t* r;          // [K/8][kM][8]: the same for r (lo bytes, 0 outside fine groups)
   const float* d;           // [groups][kM]
-  const int32_t* off;       // [groups][kM]
+  const int32_t* neg_off;   // [groups][kM]
   const uint8_t* fine;      // [groups][kM]
   const uint8_t* any_fine;  // [groups]: 1 where some row's group is fine
 };
@@ -431,36 +431,46 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
     for (VF& v : per_tile) v = hn::Zero(df);
   }
   const ItemAheadPrefetch ahead(w, ta);
+  // total += (Σ u·Q + neg_off) · d · s, where the tile's block scales s hold the table's ½.
+  const auto accumulate = [&](int64_t g, VI (*exact)[kM]) HWY_ATTR {
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      // The second tile's bytes follow the first's.
+      const VF scale = BlockScales<kFormat>(scales + kTileRows * t + g * prepare::kScaleGroupStride, 0.5f);
+      for (int i = 0; i < kM; ++i) {
+        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
+        total[t][i] =
+            hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact[t][i]), hn::Set(df, x.d[g * kM + i])), scale, total[t][i]);
+      }
+    }
+  };
   for (int64_t g = 0; g < groups; ++g) {
     ahead.step(g);
     VI isum[kItemTiles][kM];
-    for (auto& per_tile : isum) {
-      for (VI& v : per_tile) v = hn::Zero(di);
-    }
-    // Most groups are coarse in every row: one dot, and no per-row test or second accumulator (the registers of
-    // eight rows' sums and totals leave none to spare).
-    const bool any_fine = x.any_fine[g] != 0;
-    VI isum2[kItemTiles][kM];
-    if (!any_fine) {
-      GroupDots<kFormat, kM, false>(codes, g, x, lut, low4, isum, nullptr);
-    } else {
-      // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
-      for (auto& per_tile : isum2) {
-        for (VI& v : per_tile) v = hn::Zero(di);
+    if (x.any_fine[g] == 0) {
+      // Most groups are coarse in every row: one dot whose sums start at neg_off (a broadcast load instead of a
+      // zeroed register and a subtraction: the epilogue shares its vector pipes with the dots), and no per-row
+      // test or second accumulator (the registers of eight rows' sums and totals leave none to spare).
+      for (auto& per_tile : isum) {
+        for (int i = 0; i < kM; ++i) per_tile[i] = hn::Set(di, x.neg_off[g * kM + i]);
       }
-      GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
+      GroupDots<kFormat, kM, false>(codes, g, x, lut, low4, isum, nullptr);
+      accumulate(g, isum);
+      continue;
     }
+    // Some row's group is fine: the second dot runs for every row (lo bytes are 0 where the group is coarse).
+    VI isum2[kItemTiles][kM];
     for (int64_t t = 0; t < kItemTiles; ++t) {
-      // The table holds 2·e2m1: the ½ is folded into the scale. The second tile's bytes follow the first's.
-      const VF scale = BlockScales<kFormat>(scales + kTileRows * t + g * prepare::kScaleGroupStride, 0.5f);
+      for (int i = 0; i < kM; ++i) isum[t][i] = isum2[t][i] = hn::Zero(di);
+    }
+    GroupDots<kFormat, kM, true>(codes, g, x, lut, low4, isum, isum2);
+    for (int64_t t = 0; t < kItemTiles; ++t) {
       for (int i = 0; i < kM; ++i) {
         // Σ u·Q = 256·Σ u·hi + Σ u·lo in a fine group (|Σ u·Q| ≤ 32·24·32512 < 2^31).
-        const VI uq = any_fine && x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[t][i]), isum2[t][i]) : isum[t][i];
-        const VI exact = hn::Sub(uq, hn::Set(di, x.off[g * kM + i]));
-        // (sum · d) · s: s · d alone can fall below the fp32 normal range for tiny E8M0 scales.
-        total[t][i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, exact), hn::Set(df, x.d[g * kM + i])), scale, total[t][i]);
+        const VI uq = x.fine[g * kM + i] != 0 ? hn::Add(hn::ShiftLeft<8>(isum[t][i]), isum2[t][i]) : isum[t][i];
+        isum[t][i] = hn::Add(uq, hn::Set(di, x.neg_off[g * kM + i]));
       }
     }
+    accumulate(g, isum);
   }
   for (int64_t t = 0; t < kItemTiles; ++t) {
     for (int i = 0; i < kM; ++i) hn::StoreU(total[t][i], df, acc + i * kItemRows + t * kRows);
@@ -471,7 +481,7 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
 struct PassBuffer {
   std::vector<int8_t> q, r;
   std::vector<float> d;
-  std::vector<int32_t> off;
+  std::vector<int32_t> neg_off;
   std::vector<uint8_t> fine, any_fine;
 };
 Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, PassBuffer& buffer) {
@@ -479,14 +489,14 @@ Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, Pass
   buffer.q.resize(static_cast<size_t>(mm * k));
   buffer.r.resize(static_cast<size_t>(mm * k));
   buffer.d.resize(static_cast<size_t>(mm * groups));
-  buffer.off.resize(static_cast<size_t>(mm * groups));
+  buffer.neg_off.resize(static_cast<size_t>(mm * groups));
   buffer.fine.resize(static_cast<size_t>(mm * groups));
   buffer.any_fine.assign(static_cast<size_t>(groups), 0);
-  const Int8Out pass{buffer.q.data(),    buffer.r.data(),        buffer.d.data(), buffer.off.data(),
+  const Int8Out pass{buffer.q.data(),    buffer.r.data(),        buffer.d.data(), buffer.neg_off.data(),
                      buffer.fine.data(), buffer.any_fine.data(), /*row_bytes=*/8, /*octet_bytes=*/8 * mm,
                      /*row_groups=*/1,   /*group_stride=*/mm};
   QuantizeRows(x, mm, k, block, /*octet_order=*/true, kInt8ActivationFineRatio, pass);
-  return {buffer.q.data(), buffer.r.data(), buffer.d.data(), buffer.off.data(), buffer.fine.data(),
+  return {buffer.q.data(), buffer.r.data(), buffer.d.data(), buffer.neg_off.data(), buffer.fine.data(),
           buffer.any_fine.data()};
 }
 
@@ -609,8 +619,8 @@ int64_t Int8TargetId() { return HWY_TARGET; }
 
 #if HWY_TARGET != HWY_SCALAR
 bool QuantizeInt8Impl(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
-                      int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
-  const Int8Out rows{q, r, d, off, fine, nullptr, /*row_bytes=*/k, /*octet_bytes=*/8, /*row_groups=*/k / block, 1};
+                      int8_t* q, int8_t* r, float* d, int32_t* neg_off, uint8_t* fine) {
+  const Int8Out rows{q, r, d, neg_off, fine, nullptr, /*row_bytes=*/k, /*octet_bytes=*/8, /*row_groups=*/k / block, 1};
   return QuantizeRows(x, m, k, block, octet_order, fine_ratio, rows);
 }
 #else
@@ -632,9 +642,9 @@ HWY_EXPORT(Int8TargetId);
 HWY_EXPORT(QuantizeInt8Impl);
 
 void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
-                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine) {
-  if (HWY_DYNAMIC_DISPATCH(QuantizeInt8Impl)(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine)) return;
-  quantize_int8_blocks_scalar(x, m, k, block, octet_order, fine_ratio, q, r, d, off, fine);
+                          int8_t* q, int8_t* r, float* d, int32_t* neg_off, uint8_t* fine) {
+  if (HWY_DYNAMIC_DISPATCH(QuantizeInt8Impl)(x, m, k, block, octet_order, fine_ratio, q, r, d, neg_off, fine)) return;
+  quantize_int8_blocks_scalar(x, m, k, block, octet_order, fine_ratio, q, r, d, neg_off, fine);
 }
 HWY_EXPORT(Int8OnePassRows);
 
@@ -669,7 +679,7 @@ void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m,
 struct Int8Scratch {
   std::vector<int8_t> q, r;
   std::vector<float> d;
-  std::vector<int32_t> off;
+  std::vector<int32_t> neg_off;
   std::vector<uint8_t> fine;
 };
 
@@ -686,21 +696,21 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   s.q.resize(static_cast<size_t>(m * k));
   s.r.resize(static_cast<size_t>(m * k));
   s.d.resize(static_cast<size_t>(m * groups));
-  s.off.resize(static_cast<size_t>(m * groups));
+  s.neg_off.resize(static_cast<size_t>(m * groups));
   s.fine.resize(static_cast<size_t>(m * groups));
   // Rows are quantized independently: in parallel for a prefill chunk. The pointers are taken here: inside the
   // loop `s` would name each thread's own scratch.
   int8_t* q = s.q.data();
   int8_t* r = s.r.data();
   float* d = s.d.data();
-  int32_t* off = s.off.data();
+  int32_t* neg_off = s.neg_off.data();
   uint8_t* fine = s.fine.data();
 #pragma omp parallel for schedule(static) if (m > kSerialPrepRows)
   for (int64_t i = 0; i < m; ++i) {
     quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
-                         r + i * k, d + i * groups, off + i * groups, fine + i * groups);
+                         r + i * k, d + i * groups, neg_off + i * groups, fine + i * groups);
   }
-  int8_scalar(w, Int8Rows{q, r, d, off, fine}, m, y);
+  int8_scalar(w, Int8Rows{q, r, d, neg_off, fine}, m, y);
 }
 
 std::vector<int64_t> int8_targets() { return hwy::SupportedAndGeneratedTargets(); }
