@@ -65,28 +65,15 @@ HWY_INLINE void EpilogueRow(const prepare::PreparedLinear& w, int64_t n0, int64_
   for (; j < count; ++j) y[j] = apply_epilogue(w, n0 + j, acc[j]);
 }
 
-/// Calls rows.template operator()<kM>() with kM = m for 1 ≤ m ≤ kMaxM (a larger m: kMaxM), so each row count
-/// of a fused GEMV gets its own unrolled kernel.
+/// Calls rows.template operator()<kM>() with kM = m for 1 ≤ m ≤ kMaxM (any other m: kMaxM), so each row count
+/// of a kernel (the fused GEMVs' 4 or 8 rows, the direct bf16 kernel's 16) gets its own unrolled instance.
 template <int kMaxM, class Rows>
 HWY_INLINE void ForRowCount(int64_t m, const Rows& rows) {
-  static_assert(kMaxM == 4 || kMaxM == 8, "the fused GEMVs run up to 4 (AVX2, NEON, SVE) or 8 rows (AVX-512)");
-  switch (m) {
-    case 1: return rows.template operator()<1>();
-    case 2: return rows.template operator()<2>();
-    case 3: return rows.template operator()<3>();
-    default: break;
+  static_assert(kMaxM >= 1, "at least one row");
+  if constexpr (kMaxM > 1) {
+    if (m >= 1 && m < kMaxM) return ForRowCount<kMaxM - 1>(m, rows);
   }
-  if constexpr (kMaxM == 8) {
-    switch (m) {
-      case 4: return rows.template operator()<4>();
-      case 5: return rows.template operator()<5>();
-      case 6: return rows.template operator()<6>();
-      case 7: return rows.template operator()<7>();
-      default: return rows.template operator()<8>();
-    }
-  } else {
-    return rows.template operator()<4>();
-  }
+  return rows.template operator()<kMaxM>();
 }
 
 /// The parallel loop of the fused decode GEMVs: the output rows in work items of kItemRows (whole tiles), and

@@ -101,9 +101,9 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 /// fine: d = amax/32512, Q = RNE(x · 32512/amax) ∈ [−32512, 32512], stored as hi = ⌊(Q + 128)/256⌋ ∈ [−127, 127]
 /// in q and lo = Q − 256·hi ∈ [−128, 127] in r (r = 0 in coarse blocks). Q = 0 in a block whose amax is 0, inf
 /// or NaN, with d = 0, inf, NaN. q, r [m, k] in column order, or per octet of columns as [c0 c2 c4 c6 c1 c3 c5 c7]
-/// with octet_order; d, off (12·Σ Q), fine (0 / 1) [m, k/block]; off and fine may be null.
+/// with octet_order; d, neg_off (−12·Σ Q), fine (0 / 1) [m, k/block]; neg_off and fine may be null.
 void quantize_int8_blocks(const float* x, int64_t m, int64_t k, int64_t block, bool octet_order, float fine_ratio,
-                          int8_t* q, int8_t* r, float* d, int32_t* off, uint8_t* fine);
+                          int8_t* q, int8_t* r, float* d, int32_t* neg_off, uint8_t* fine);
 
 /// Rows of x the SIMD int8 kernel of the best supported target serves in one pass over the weights: 4 (AVX2),
 /// 8 (AVX-512), 0 where it has none (int8_gemm then runs a scalar loop): ActivationPrecision::Int8Decode's bound.

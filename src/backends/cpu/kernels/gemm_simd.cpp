@@ -492,6 +492,93 @@ struct Bf16PanelOps {
   }
 };
 
+// ---- a bf16 Dense layer at a few rows: vdpbf16ps on the stored tiles, no panel -------------------------------
+// The panel GEMM above decodes (copies) every panel of weights before multiplying it, then multiplies: a bf16
+// lm_head at a server's decode step of 16 rows spent as long on that copy, which waits on DRAM, as on the dot
+// products (bench_gemm_fp4 linear_bf16/bf16/49152x576/M:16 took 2.9× the time of M = 1). Here the dot products
+// take the weights as they lie: two tiles (16 rows) per work item, whose 64-byte lines (4 columns of 8 rows each)
+// become two vectors of column pairs by one vpermt2w each, and the stream from DRAM overlaps the dot products.
+// bench_gemm_fp4 linear_bf16/bf16, 2 threads, AMD EPYC Zen 4, panel GEMM → this kernel, same run, µs:
+// 49152×576 M = 8 3723–3762 → 1167–1907 (M = 1 reads the same bytes in 1138–1723), M = 16 4778–4843 → 2123–2185
+// (0.9 of the vdpbf16ps roof), M = 64 (four passes) 12332–13150 → 8845–8858; 4096² M = 64 7567–8253 → 6355–6647;
+// 11008×4096 M = 64 level, M = 256 0.88× (so the panel GEMM keeps m > 64).
+constexpr int64_t kDenseBf16DirectRows = 16;
+// Up to this many rows run here, in passes of kDenseBf16DirectRows; more run on the panel GEMM (and where AMX is
+// usable, amx_bf16_gemm takes every m > 4 before this kernel: not measured on an AMX CPU yet).
+constexpr int64_t kDenseBf16DirectMaxRows = 64;
+// Bytes ahead of each tile's stream that are prefetched, into L2. 49152×576, 3 alternating rounds of builds that
+// differ in this constant only, ms at M = 8 / 16 (M = 1, the GEMV reading the same bytes: 1.1–1.7): 8 KiB into L1
+// (the fused GEMVs' distance) 2.5–2.9 / 3.1–3.4; 32, 64 and 128 KiB into L2 all 1.2–1.8 / 2.2–2.3 (the 2.1 above
+// is another run's).
+constexpr int64_t kDenseBf16DirectAhead = 65536;
+
+// Rows [16·item, 16·item + 16) of y for m = kM rows of x (xt [K/2][kM] bf16 pairs, pair q of every row side by
+// side: one base register reaches them all), Dense bf16 tiles [T][K][8].
+template <int kM>
+HWY_INLINE void DenseBf16DirectItem(const PreparedLinear& w, int64_t item, const uint32_t* HWY_RESTRICT xt,
+                                    float* HWY_RESTRICT y) {
+  const int64_t k2 = w.in_features / 2;
+  const int64_t n_total = w.out_features;
+  const int64_t n0 = 2 * item * kTileRows;
+  const auto* tile_a = w.codes.as<uint16_t>() + 2 * item * w.in_features * kTileRows;
+  // An odd last tile reads its own columns twice; the upper 8 lanes are then past N and never stored.
+  const auto* tile_b = 2 * item + 1 < w.tiles() ? tile_a + w.in_features * kTileRows : tile_a;
+  // A 64-byte line of a tile holds columns 4c … 4c + 3 of its 8 rows (words 8j … 8j + 7 for column 4c + j). Word
+  // 2r + h of pair p's vector is row r's column 4c + 2p + h: rows 0-7 from tile a (the first vpermt2w source),
+  // rows 8-15 from tile b (the second, indices + 32).
+  alignas(64) static constexpr uint16_t kPairOrder[2][32] = {
+      {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 32, 40, 33, 41, 34, 42, 35, 43, 36, 44, 37, 45, 38, 46, 39, 47},
+      {16, 24, 17, 25, 18, 26, 19, 27, 20, 28, 21, 29, 22, 30, 23, 31,
+       48, 56, 49, 57, 50, 58, 51, 59, 52, 60, 53, 61, 54, 62, 55, 63}};
+  const __m512i order0 = _mm512_load_si512(kPairOrder[0]);
+  const __m512i order1 = _mm512_load_si512(kPairOrder[1]);
+  __m512 acc[kM];
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) acc[i] = _mm512_setzero_ps();
+  // Two pairs per line (K is a multiple of 16 here).
+  for (int64_t line = 0; line < k2 / 2; ++line) {
+    const uint16_t* at_a = tile_a + 4 * line * kTileRows;
+    const uint16_t* at_b = tile_b + 4 * line * kTileRows;
+    // The address as an integer: past the weights' end the hint is harmless, and no pointer leaves its array.
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at_a) + kDenseBf16DirectAhead), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at_b) + kDenseBf16DirectAhead), _MM_HINT_T1);
+    const __m512i a = _mm512_loadu_si512(at_a);
+    const __m512i b = _mm512_loadu_si512(at_b);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const auto pairs = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, h == 0 ? order0 : order1, b));
+      const uint32_t* xq = xt + (2 * line + h) * kM;
+#pragma GCC unroll 16
+      for (int i = 0; i < kM; ++i) {
+        acc[i] = _mm512_dpbf16_ps(acc[i], pairs, reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xq[i]))));
+      }
+    }
+  }
+  const int64_t rows = std::min<int64_t>(2 * kTileRows, n_total - n0);
+  alignas(64) float sums[2 * kTileRows];
+  for (int i = 0; i < kM; ++i) {
+    _mm512_store_ps(sums, acc[i]);
+    EpilogueRow(w, n0, rows, sums, y + i * n_total + n0);
+  }
+}
+
+// xp [m][K/2] bf16 pairs, m ≤ kDenseBf16DirectRows.
+void DenseBf16Direct(const PreparedLinear& w, const uint32_t* xp, int64_t m, float* y) {
+  const int64_t k2 = w.in_features / 2;
+  thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> transposed;
+  thread_local size_t capacity = 0;
+  uint32_t* xt = Scratch(transposed, capacity, static_cast<size_t>(m * k2));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t q = 0; q < k2; ++q) xt[q * m + i] = xp[i * k2 + q];
+  }
+  const int64_t items = (w.tiles() + 1) / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < items; ++item) {
+    ForRowCount<static_cast<int>(kDenseBf16DirectRows)>(
+        m, [&]<int kM>() HWY_ATTR { DenseBf16DirectItem<kM>(w, item, xt, y); });
+  }
+}
+
 bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   // Dense: bf16 storage only (an f32 weight would need rounding), K a multiple of RoundToBf16Pairs' 16 columns
   // (Fp4 layouts have K % 16 == 0 by construction).
@@ -502,7 +589,14 @@ bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) 
   thread_local size_t capacity = 0;
   uint32_t* xp = Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 2));
   RoundToBf16Pairs(x, m, w.in_features, xp);
-  PanelGemm(w, m, y, Bf16PanelOps{w, xp});
+  if (dense_bf16 && m <= kDenseBf16DirectMaxRows) {
+    for (int64_t r0 = 0; r0 < m; r0 += kDenseBf16DirectRows) {
+      const int64_t mm = std::min(kDenseBf16DirectRows, m - r0);
+      DenseBf16Direct(w, xp + r0 * (w.in_features / 2), mm, y + r0 * w.out_features);
+    }
+  } else {
+    PanelGemm(w, m, y, Bf16PanelOps{w, xp});
+  }
   return true;
 }
 

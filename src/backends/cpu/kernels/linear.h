@@ -42,7 +42,9 @@ enum class ActivationEmulation : uint8_t {
 /// A bf16 Dense layer (an lm_head, a tied embedding) with Bf16 or Bf16DecodeInt8 (any m) and aq == None, outside
 /// batch-invariant mode: m ≤ 4 runs the fused GEMV on fp32 x as above; larger m, where AVX512-BF16 dot products run
 /// (bf16_dot_active) and K % 16 == 0, multiplies x rounded to bf16 (nearest even) with the exact bf16 weights in
-/// vdpbf16ps (fp32 accumulation), as GPU engines compute a bf16 lm_head; elsewhere fp32 x. Fp32, Int8, Int8Decode:
+/// vdpbf16ps (fp32 accumulation), as GPU engines compute a bf16 lm_head: straight on the stored tiles up to 64 rows
+/// (16 per pass; a server's decode steps), on decoded panels above (on AMX tiles where usable, for every m > 4);
+/// elsewhere fp32 x. Fp32, Int8, Int8Decode:
 /// fp32 x.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs

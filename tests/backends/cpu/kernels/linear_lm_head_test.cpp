@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The in-memory lm_head copies (--lm-head-dtype fp8 | int8: prepare_dense_as_fp8_rows / _int8_rows) against their
-// rules in float64, and linear() on them and on bf16 Dense weights (the fused GEMV for m ≤ 4, the panel path above)
+// rules in float64, and linear() on them and on bf16 Dense weights (the fused GEMV for m ≤ 4, the paths above)
 // on every compiled target against Σ x·ŵ in float64, ŵ the stored weight; bound as in linear_test.cpp:
 // |y − y64| ≤ (K + 4)·2^−24·Σ|x·ŵ|.
 #include <gtest/gtest.h>
@@ -123,7 +123,8 @@ TEST(LmHeadCopies, Bf16DenseGemvMatchesFloat64) {
 // bound) and differ from the exact-x result beyond that bound (the rounding provably happened); everywhere else
 // (m ≤ 4, other targets, dot products switched off, K = 302, Fp32 / Int8 precision) Σ x·w on the exact x. Odd
 // shapes: N not a multiple of the 8-row tile nor of the 32-row AVX-512 panel, K = 16 × odd, one and several
-// 256-column panel chunks; m = 5 and 9 the streaming panel, 13 and 33 the blocked one.
+// 256-column panel chunks; with AVX512-BF16, m = 5 … 64 the kernel on the stored tiles (16 rows per pass: 16, 17
+// and 33 more than one, 64 the last), 65 the blocked panel; N = 37 and 130 end in a lone tile.
 TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
   using prepare::ActivationPrecision;
   std::mt19937 rng(303);
@@ -135,7 +136,7 @@ TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
                                           ActivationPrecision::Fp32, ActivationPrecision::Int8}) {
       w.activation_precision = precision;
       const bool allows = precision == ActivationPrecision::Bf16 || precision == ActivationPrecision::Bf16DecodeInt8;
-      for (int64_t m : {1, 4, 5, 9, 13, 33}) {
+      for (int64_t m : {1, 4, 5, 9, 13, 16, 17, 33, 64, 65}) {
         SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << prepare::activation_precision_name(precision)
                                           << " m " << m);
         std::vector<float> x(static_cast<size_t>(m * k)), rounded(x.size());
