@@ -100,8 +100,12 @@ if [ ! -x "$LBUILD/bin/llama-bench" ] || [ ! -x "$LBUILD/bin/llama-quantize" ]; 
 fi
 
 # ---- GGUFs
+# The F16 GGUF is only the quantizer's input: made when a quantized GGUF is missing, removed once they all exist
+# (2 bytes a weight: 6.4 GB at the Llama-3.2-3B shape, which once filled this VM's disk between two runs).
 F16="$PEER/gguf/$TAG-f16.gguf"
-if [ ! -f "$F16" ]; then
+need_f16=0
+for type in q4_0 q4_k_m nvfp4 mxfp4; do [ -f "$PEER/gguf/$TAG-$type.gguf" ] || need_f16=1; done
+if [ "$need_f16" = 1 ] && [ ! -f "$F16" ]; then
     log "converting $SRC to F16 GGUF"
     "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$SRC" --outtype f16 --outfile "$F16.tmp" > "$PEER/convert.log" 2>&1
     mv "$F16.tmp" "$F16"
@@ -119,6 +123,7 @@ QTYPE=Q4_K_M quantize q4_k_m
 # An F16 base type makes llama-quantize copy every tensor, overrides included: base Q8_0, embedding/output F16.
 QTYPE=Q8_0 quantize nvfp4 --tensor-type 'blk\.=nvfp4' --token-embedding-type f16 --output-tensor-type f16
 QTYPE=Q8_0 quantize mxfp4 --tensor-type 'blk\.=mxfp4' --token-embedding-type f16 --output-tensor-type f16
+rm -f "$F16"
 [ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
 [ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
 if [ ! -f "$MXFP4/config.json" ]; then
