@@ -285,6 +285,8 @@ void register_all() {
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("linear_bf16_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, true)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      }
+      if (f == Format::Nvfp4 || f == Format::Mxfp4 || f == Format::Int4) {
         // ActivationPrecision::Int8: int8 activations and integer dot products.
         benchmark::RegisterBenchmark(("linear_a8/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Int8, true, false)
             ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);

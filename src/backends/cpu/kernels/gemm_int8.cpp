@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// NVFP4 / MXFP4 with ActivationPrecision::Int8: activations quantized once per call to int8 per row and weight
-// group, integer dot products against the E2M1 codes. Compiled once per Highway target (foreach_target.h
+// NVFP4 / MXFP4 (and int4, Int4Tiles) with ActivationPrecision::Int8: activations quantized once per call to int8
+// per row and weight group, integer dot products against the E2M1 codes. Compiled once per Highway target (foreach_target.h
 // re-includes this file); this file alone also builds AVX3_DL (AVX-512 VNNI, HWY_WANT_AVX3_DL in CMake).
 //
 // Why: the fp32 decode GEMV (gemm_gemv.cpp) spends one fp32 FMA per weight and row, plus a shift and a table
@@ -38,9 +38,12 @@
 #include <limits>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backends/cpu/kernels/fp4_scales-inl.h"
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
+#include "fp4serve/error.h"
 #include "quant/formats.h"
 
 // Defined once although foreach_target.h includes this file once per target.
@@ -370,6 +373,7 @@ struct Int8Pass {
   const int32_t* neg_off;   // [groups][kM]
   const uint8_t* fine;      // [groups][kM]
   const uint8_t* any_fine;  // [groups]: 1 where some row's group is fine
+  const float* xsum;        // Int4 weights: [weight groups][kM], Σ Q·d over each weight group; null otherwise
 };
 
 // A work item is a tile pair: one vector of rows on AVX-512; on AVX2 two, the pair's tiles side by side in each
@@ -477,14 +481,93 @@ HWY_INLINE void Int8Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
   }
 }
 
+// Int4 weights (w = nibble·s + o per row and weight group of w.group_size columns, prepared_linear.h) on the same
+// dots: the nibble is the unsigned operand itself (the identity table), the activations keep blocks of
+// kInt4ActivationBlock columns, so a weight group holds several activation blocks:
+//   Σ_k x̂[k]·w[n,k] = Σ_g s[n,g] · Σ_{b∈g} d[b]·Σ_{k∈b} nibble·Q + o[n,g] · Σ_{b∈g} d[b]·Σ_{k∈b} Q
+// The second sum is x̂'s sum over the group (Int8Pass::xsum), one FMA per weight group and row.
+template <int kM>
+HWY_INLINE void Int4Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x, float* HWY_RESTRICT acc) {
+  const DF df;
+  const DI di;
+  const DU8 du8;
+  const int64_t wgroups = w.groups();
+  const int64_t per_group = w.group_size / kInt4ActivationBlock;
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, ta);
+  alignas(16) static constexpr uint8_t kIdentity[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const VU8 lut = hn::LoadDup128(du8, kIdentity);
+  const VU8 low4 = hn::Set(du8, uint8_t{0x0F});
+  // The codes of the tile pair kItemAheadBytes ahead (as ItemAheadPrefetch for FP4), where it exists.
+  const int64_t pair_bytes = prepare::code_tile_offset(w.in_features, prepare::kPairedTiles);
+  const int64_t ahead_pairs = std::max<int64_t>(1, (kItemAheadBytes + pair_bytes - 1) / pair_bytes);
+  const bool prefetch = ta % prepare::kPairedTiles == 0 && ta / prepare::kPairedTiles + ahead_pairs < w.tiles() / prepare::kPairedTiles;
+  // Scales and offsets [T][groups][8] fp32: the item's rows of one group gathered per weight group (a tile past
+  // the last one, in an odd tile count, reads as zeros).
+  const int64_t tiles_here = std::min<int64_t>(kItemRows / kTileRows, w.tiles() - ta);
+  alignas(64) float group_scale[kItemRows] = {}, group_offset[kItemRows] = {};
+  VF total[kItemTiles][kM];
+  for (auto& per_tile : total) {
+    for (VF& v : per_tile) v = hn::Zero(df);
+  }
+  for (int64_t g = 0; g < wgroups; ++g) {
+    for (int64_t t = 0; t < tiles_here; ++t) {
+      const int64_t at = ((ta + t) * wgroups + g) * kTileRows;
+      std::memcpy(group_scale + t * kTileRows, w.scales.as<float>() + at, kTileRows * sizeof(float));
+      std::memcpy(group_offset + t * kTileRows, w.offsets.as<float>() + at, kTileRows * sizeof(float));
+    }
+    VF scale[kItemTiles];
+    for (int64_t t = 0; t < kItemTiles; ++t) scale[t] = hn::Load(df, group_scale + t * kRows);
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      if (prefetch) {
+        const uint8_t* ahead = codes + ahead_pairs * pair_bytes + b * 2 * prepare::kOctetStride;
+        hwy::Prefetch(ahead);
+        hwy::Prefetch(ahead + 64);
+      }
+      VI isum[kItemTiles][kM];
+      for (int64_t t = 0; t < kItemTiles; ++t) {
+        for (int i = 0; i < kM; ++i) isum[t][i] = hn::Zero(di);
+      }
+      if (x.any_fine[b] == 0) {
+        GroupDots<quant::BlockFormat::Nvfp4, kM, false>(codes, b, x, lut, low4, isum, nullptr);
+      } else {
+        VI isum2[kItemTiles][kM];
+        for (int64_t t = 0; t < kItemTiles; ++t) {
+          for (int i = 0; i < kM; ++i) isum2[t][i] = hn::Zero(di);
+        }
+        GroupDots<quant::BlockFormat::Nvfp4, kM, true>(codes, b, x, lut, low4, isum, isum2);
+        for (int64_t t = 0; t < kItemTiles; ++t) {
+          for (int i = 0; i < kM; ++i) {
+            // Σ nibble·Q = 256·Σ nibble·hi + Σ nibble·lo (|Σ| ≤ 16·15·32512 < 2^31).
+            if (x.fine[b * kM + i] != 0) isum[t][i] = hn::Add(hn::ShiftLeft<8>(isum[t][i]), isum2[t][i]);
+          }
+        }
+      }
+      for (int64_t t = 0; t < kItemTiles; ++t) {
+        for (int i = 0; i < kM; ++i) {
+          total[t][i] = hn::MulAdd(hn::Mul(hn::ConvertTo(df, isum[t][i]), hn::Set(df, x.d[b * kM + i])), scale[t], total[t][i]);
+        }
+      }
+    }
+    for (int64_t t = 0; t < kItemTiles; ++t) {
+      const VF offset = hn::Load(df, group_offset + t * kRows);
+      for (int i = 0; i < kM; ++i) total[t][i] = hn::MulAdd(offset, hn::Set(df, x.xsum[g * kM + i]), total[t][i]);
+    }
+  }
+  for (int64_t t = 0; t < kItemTiles; ++t) {
+    for (int i = 0; i < kM; ++i) hn::StoreU(total[t][i], df, acc + i * kItemRows + t * kRows);
+  }
+}
+
 // The mm rows of x at `x` quantized as one pass's Int8Pass, its arrays in `buffer`.
 struct PassBuffer {
   std::vector<int8_t> q, r;
   std::vector<float> d;
   std::vector<int32_t> neg_off;
   std::vector<uint8_t> fine, any_fine;
+  std::vector<float> xsum;
 };
-Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, PassBuffer& buffer) {
+// weight_group > 0 (Int4 weights): also the sums of x̂ over each weight_group columns (a multiple of block).
+Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, int64_t weight_group, PassBuffer& buffer) {
   const int64_t groups = k / block;
   buffer.q.resize(static_cast<size_t>(mm * k));
   buffer.r.resize(static_cast<size_t>(mm * k));
@@ -496,8 +579,21 @@ Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, Pass
                      buffer.fine.data(), buffer.any_fine.data(), /*row_bytes=*/8, /*octet_bytes=*/8 * mm,
                      /*row_groups=*/1,   /*group_stride=*/mm};
   QuantizeRows(x, mm, k, block, /*octet_order=*/true, kInt8ActivationFineRatio, pass);
+  const float* xsum = nullptr;
+  if (weight_group > 0) {
+    const int64_t per_group = weight_group / block;
+    buffer.xsum.assign(static_cast<size_t>(mm * (k / weight_group)), 0.f);
+    for (int64_t b = 0; b < groups; ++b) {
+      for (int64_t i = 0; i < mm; ++i) {
+        // Σ Q = −neg_off / 12 exactly (|Σ Q| ≤ block·32512 ≤ 256·32512 < 2^24).
+        const float sum_q = static_cast<float>(-buffer.neg_off[static_cast<size_t>(b * mm + i)] / 12);
+        buffer.xsum[static_cast<size_t>(b / per_group * mm + i)] += sum_q * buffer.d[static_cast<size_t>(b * mm + i)];
+      }
+    }
+    xsum = buffer.xsum.data();
+  }
   return {buffer.q.data(), buffer.r.data(), buffer.d.data(), buffer.neg_off.data(), buffer.fine.data(),
-          buffer.any_fine.data()};
+          buffer.any_fine.data(), xsum};
 }
 
 // Quantized bytes of x (its q bytes) per block of passes that a thread runs item by item over its share of the
@@ -513,7 +609,7 @@ Int8Pass QuantizePass(const float* x, int64_t k, int64_t block, int64_t mm, Pass
 constexpr int64_t kBlockXBytes = 32 * 1024;
 
 // Passes [first, first + count) of kM rows each (rows first·kMaxM …) on the tile pair from tile ta.
-template <quant::BlockFormat kFormat, int kM>
+template <quant::BlockFormat kFormat, bool kInt4, int kM>
 HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* passes, int64_t first, int64_t count,
                          float* y) {
   const int64_t n_total = w.out_features;
@@ -521,7 +617,11 @@ HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* pa
   const int64_t n0 = ta * kTileRows;
   const int64_t rows = std::min(kItemRows, n_total - n0);
   for (int64_t p = first; p < first + count; ++p) {
-    Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
+    if constexpr (kInt4) {
+      Int4Tiles<kM>(w, ta, passes[p], acc);
+    } else {
+      Int8Tiles<kFormat, kM>(w, ta, passes[p], acc);
+    }
     float* yp = y + p * kMaxM * n_total + n0;
     for (int64_t i = 0; i < kM; ++i) EpilogueRow(w, n0, rows, acc + i * kItemRows, yp + i * n_total);
   }
@@ -534,7 +634,7 @@ HWY_INLINE void Int8Item(const PreparedLinear& w, int64_t ta, const Int8Pass* pa
 // prefill at hidden 4096 (weights of 29–58 MB per layer) ran 2–7% slower on Zen 4 (x streamed from L3 per chunk
 // instead, and the weights' item-ahead prefetch ran past each chunk), although bench_gemm_fp4's 4096² at M = 256
 // gained 1–3%.
-template <quant::BlockFormat kFormat>
+template <quant::BlockFormat kFormat, bool kInt4>
 HWY_INLINE void Int8TeamShare(const PreparedLinear& w, const Int8Pass* passes, int64_t m, int64_t block_passes,
                               float* y) {
   constexpr int64_t kTilesPerItem = kItemRows / kTileRows;
@@ -545,25 +645,28 @@ HWY_INLINE void Int8TeamShare(const PreparedLinear& w, const Int8Pass* passes, i
   for (int64_t p = 0; p < full_passes; p += block_passes) {
     const int64_t count = std::min(block_passes, full_passes - p);
     for (int64_t it = lo; it < hi; ++it) {
-      Int8Item<kFormat, static_cast<int>(kMaxM)>(w, it * kTilesPerItem, passes, p, count, y);
+      Int8Item<kFormat, kInt4, static_cast<int>(kMaxM)>(w, it * kTilesPerItem, passes, p, count, y);
     }
   }
   if (m % kMaxM != 0) {
     ForRowCount<static_cast<int>(kMaxM)>(m % kMaxM, [&]<int kM>() HWY_ATTR {
-      for (int64_t it = lo; it < hi; ++it) Int8Item<kFormat, kM>(w, it * kTilesPerItem, passes, full_passes, 1, y);
+      for (int64_t it = lo; it < hi; ++it) Int8Item<kFormat, kInt4, kM>(w, it * kTilesPerItem, passes, full_passes, 1, y);
     });
   }
 }
 
 bool Int8Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   switch (w.layout) {
-    case WeightLayout::Fp4: break;
-    case WeightLayout::Int4:
+    case WeightLayout::Fp4:
+    case WeightLayout::Int4: break;
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
     case WeightLayout::Dense: return false;
   }
-  if (!QuantizableBlock(w.group_size)) return false;
+  const bool int4 = w.layout == WeightLayout::Int4;
+  if (int4 && !int8_takes_int4(w)) return false;
+  const int64_t block = int8_activation_block(w);
+  if (!QuantizableBlock(block)) return false;
   const int64_t k = w.in_features;
   const int64_t pass_count = (m + kMaxM - 1) / kMaxM;
   // The calling thread's buffers (inside the parallel loop a thread_local name would be each thread's own).
@@ -576,7 +679,7 @@ bool Int8Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   const auto quantize = [&](int64_t p) {
     const int64_t m0 = p * kMaxM;
     passes[static_cast<size_t>(p)] =
-        QuantizePass(x + m0 * k, k, w.group_size, std::min(kMaxM, m - m0), buffers[static_cast<size_t>(p)]);
+        QuantizePass(x + m0 * k, k, block, std::min(kMaxM, m - m0), int4 ? w.group_size : 0, buffers[static_cast<size_t>(p)]);
   };
   const Int8Pass* all = passes.data();
   const int64_t block_passes = std::max<int64_t>(1, kBlockXBytes / (kMaxM * k));
@@ -593,9 +696,13 @@ bool Int8Impl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < pass_count; ++p) quantize(p);
     }
-    quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
-      Int8TeamShare<F>(w, all, m, block_passes, y);
-    });
+    if (int4) {
+      Int8TeamShare<quant::BlockFormat::Nvfp4, true>(w, all, m, block_passes, y);
+    } else {
+      quant::visit_block_format(w.block_format, [&]<quant::BlockFormat F>() HWY_ATTR {
+        Int8TeamShare<F, false>(w, all, m, block_passes, y);
+      });
+    }
   }
   return true;
 }
@@ -656,6 +763,38 @@ void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m,
   const int64_t k = w.in_features;
   const int64_t groups = w.groups();
   static constexpr int32_t kTwiceE2m1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const auto big_q = [&](int64_t i, int64_t col, bool fine) {
+    const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
+    return fine ? 256 * x.q[at] + x.r[at] : int32_t{x.q[at]};
+  };
+  if (w.layout == prepare::WeightLayout::Int4) {
+    // Per weight group: s · Σ_b d[b]·Σ nibble·Q + o · Σ_b d[b]·Σ Q (Int4Tiles' sums).
+    const int64_t blocks = k / kInt4ActivationBlock;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t n = 0; n < w.out_features; ++n) {
+        float total = 0.f;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t at = (n / prepare::kTileRows * groups + g) * prepare::kTileRows + n % prepare::kTileRows;
+          const float s = w.scales.as<float>()[at], o = w.offsets.as<float>()[at];
+          float dots = 0.f, xsum = 0.f;
+          for (int64_t b = g * w.group_size / kInt4ActivationBlock; b < (g + 1) * w.group_size / kInt4ActivationBlock; ++b) {
+            const bool fine = x.fine[i * blocks + b] != 0;
+            int32_t sum = 0, sum_q = 0;
+            for (int64_t col = b * kInt4ActivationBlock; col < (b + 1) * kInt4ActivationBlock; ++col) {
+              const int32_t big = big_q(i, col, fine);
+              sum += static_cast<int32_t>(prepare::prepared_nibble(w, n, col)) * big;
+              sum_q += big;
+            }
+            dots += static_cast<float>(sum) * x.d[i * blocks + b];
+            xsum += static_cast<float>(sum_q) * x.d[i * blocks + b];
+          }
+          total += s * dots + o * xsum;
+        }
+        y[i * w.out_features + n] = apply_epilogue(w, n, total);
+      }
+    }
+    return;
+  }
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.out_features; ++n) {
       float total = 0.f;
@@ -663,10 +802,7 @@ void int8_scalar(const prepare::PreparedLinear& w, const Int8Rows& x, int64_t m,
         const bool fine = x.fine[i * groups + g] != 0;
         int32_t sum = 0;
         for (int64_t col = g * w.group_size; col < (g + 1) * w.group_size; ++col) {
-          const uint8_t code = prepare::prepared_nibble(w, n, col);
-          const int64_t at = i * k + (col & ~int64_t{7}) + (col % 2) * 4 + (col % 8) / 2;
-          const int32_t big_q = fine ? 256 * x.q[at] + x.r[at] : x.q[at];
-          sum += kTwiceE2m1[code] * big_q;
+          sum += kTwiceE2m1[prepare::prepared_nibble(w, n, col)] * big_q(i, col, fine);
         }
         const float s = quant::decode_block_scale(w.block_format, prepare::prepared_scale_byte(w, n, g));
         total += static_cast<float>(sum) * x.d[i * groups + g] * (0.5f * s);
@@ -686,13 +822,20 @@ struct Int8Scratch {
 }  // namespace
 
 void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+  if (w.layout != prepare::WeightLayout::Fp4 && !int8_takes_int4(w)) {
+    throw UsageError(fmt::format("int8_gemm: {} layer [{}, {}] with group size {}: int8 activations take FP4 layers and "
+                                 "Int4 layers whose K and group size are multiples of {}",
+                                 prepare::format_label(w), w.out_features, w.in_features, w.group_size,
+                                 kInt4ActivationBlock));
+  }
   // The SIMD kernel quantizes each pass of rows of x itself, straight into its interleaved layout.
   if (HWY_DYNAMIC_DISPATCH(Int8Impl)(w, x, m, y)) return;
   // No SIMD kernel for this target (or block size): every row quantized first, then the scalar loop. The scratch
   // is reused between calls (the decode step calls this for every layer with the same few sizes).
   thread_local Int8Scratch s;
   const int64_t k = w.in_features;
-  const int64_t groups = w.groups();
+  const int64_t block = int8_activation_block(w);
+  const int64_t groups = k / block;
   s.q.resize(static_cast<size_t>(m * k));
   s.r.resize(static_cast<size_t>(m * k));
   s.d.resize(static_cast<size_t>(m * groups));
@@ -707,7 +850,7 @@ void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   uint8_t* fine = s.fine.data();
 #pragma omp parallel for schedule(static) if (m > kSerialPrepRows)
   for (int64_t i = 0; i < m; ++i) {
-    quantize_int8_blocks(x + i * k, 1, k, w.group_size, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
+    quantize_int8_blocks(x + i * k, 1, k, block, /*octet_order=*/true, kInt8ActivationFineRatio, q + i * k,
                          r + i * k, d + i * groups, neg_off + i * groups, fine + i * groups);
   }
   int8_scalar(w, Int8Rows{q, r, d, neg_off, fine}, m, y);

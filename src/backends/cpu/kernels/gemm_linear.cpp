@@ -39,13 +39,15 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   const bool invariant = batch_invariant();
   const prepare::ActivationPrecision precision = precision_for_rows(w.activation_precision, invariant ? 1 : m);
   const bool int8 = precision == prepare::ActivationPrecision::Int8;
-  if (aq == ActivationEmulation::None && fp4 && int8) return int8_gemm(w, x, m, y);
+  // Int4 layers too (int8_takes_int4), on x in prepared column order (below where an act-order g_idx permutes it).
+  const bool int8_kernel = aq == ActivationEmulation::None && int8 && (fp4 || int8_takes_int4(w));
+  if (int8_kernel && w.k_perm.empty()) return int8_gemm(w, x, m, y);
   const auto fp32_gemm = invariant ? invariant_gemm : gemm_dispatch;
   const auto bf16_kernel = invariant ? invariant_bf16_gemm : bf16_gemm;
   const bool bf16 = precision == prepare::ActivationPrecision::Bf16;
   if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_kernel(w, x, m, y);
   // A bf16 lm_head / tied embedding: GPU engines multiply it with bf16 activations, so x in bf16 is the norm when
-  // the precision asked for bf16 (for Bf16DecodeInt8 at every m: its int8 half applies to FP4 layers only). Not in
+  // the precision asked for bf16 (for Bf16DecodeInt8 at every m: its int8 half applies to FP4 and Int4 layers only). Not in
   // batch-invariant mode, whose Dense GEMV serves every m on fp32 x.
   const bool bf16_allowed = w.activation_precision == prepare::ActivationPrecision::Bf16 ||
                             w.activation_precision == prepare::ActivationPrecision::Bf16DecodeInt8;
@@ -67,6 +69,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   }
   if (emulate) emulate_nvfp4_activations(xp.data(), m, k, w.input_global_scale);
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
+  if (int8_kernel) return int8_gemm(w, xp.data(), m, y);
   if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_kernel(w, xp.data(), m, y);
   fp32_gemm(w, xp.data(), m, y);
 }

@@ -91,9 +91,26 @@ bool amx_tile_step_check_emulated();
 /// Largest m the fused GEMV serves on the current target: 4 (AVX2, NEON, SVE), 8 (AVX-512), 0 (EMU128).
 int64_t gemv_max_rows();
 
-/// ActivationPrecision::Int8 for Fp4 layouts (gemm_int8.cpp), any m ≥ 1: quantizes x, then the integer-dot
-/// kernel of the best supported target (a scalar loop of the same math on targets without one).
+/// ActivationPrecision::Int8 for Fp4 layouts and the Int4 layouts int8_takes_int4 accepts (gemm_int8.cpp), any
+/// m ≥ 1, x in prepared column order: quantizes x in blocks of int8_activation_block(w) columns, then the
+/// integer-dot kernel of the best supported target (a scalar loop of the same math on targets without one).
 void int8_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
+/// Columns per int8 activation block of Int4 weights: NVFP4's 16, whatever the weight group (a block of 32 doubled
+/// the int8 path's mean KLD on the default model, 64 tripled it: performance.md "Why NVFP4 stops near 0.6").
+inline constexpr int64_t kInt4ActivationBlock = 16;
+
+/// The int8 activation block of w: its weight group for Fp4 (16 NVFP4, 32 MXFP4), kInt4ActivationBlock for Int4.
+inline int64_t int8_activation_block(const prepare::PreparedLinear& w) {
+  return w.layout == prepare::WeightLayout::Int4 ? kInt4ActivationBlock : w.group_size;
+}
+
+/// Whether int8_gemm serves an Int4 layer: K and the weight group multiples of kInt4ActivationBlock (an
+/// activation block never straddles two weight groups). Others (a channel-wise group of odd K) keep fp32 x.
+inline bool int8_takes_int4(const prepare::PreparedLinear& w) {
+  return w.layout == prepare::WeightLayout::Int4 && w.in_features % kInt4ActivationBlock == 0 &&
+         w.group_size % kInt4ActivationBlock == 0;
+}
 
 /// Per row of x [m, k] and block of `block` columns (k a multiple of block), amax = max |x| of the block:
 /// a block is fine when (amax/127)² ≥ fine_ratio² · the mean of (amax/127)² over the row's blocks with a finite

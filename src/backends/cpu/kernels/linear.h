@@ -31,12 +31,15 @@ enum class ActivationEmulation : uint8_t {
 /// the streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
 /// register-blocked fp32 micro-kernel over it.
-/// With w.activation_precision == Int8 (Fp4 (block-format) layers; other layouts ignore it) and aq == None, each row
+/// With w.activation_precision == Int8 (Fp4 (block-format) and Int4 layers; other layouts ignore it) and aq == None, each row
 /// of x is quantized per weight group (16 / 32 columns) by quantize_activations_int8 with
 /// kInt8ActivationFineRatio and the products are integer dot products: y[m, n] = Σ_g d[m, g] · s[n, g] ·
 /// Σ_{k∈g} (256·q + r)[m, k] · e2m1[n, k], fp32 per group (the error against the fp32 path is bounded by
 /// Σ_k |W[n, k]| · the half step of x's block, see quantize_activations_int8); any m, in chunks of 4 (AVX2) /
-/// 8 (AVX-512) rows. Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
+/// 8 (AVX-512) rows. Int4 layers whose K and weight group are multiples of 16 (int8_takes_int4) take Int8 too, x
+/// in blocks of 16 columns inside each weight group: y[m, n] = Σ_g (s[n, g] · Σ_{b∈g} d[m, b] · Σ_{k∈b} Q·nibble
+/// + o[n, g] · Σ_{k∈g} x̂[m, k]), w = nibble·s + o (prepared_linear.h); other Int4 layers keep fp32 x.
+/// Int8Decode: the same for m ≤ the rows the SIMD int8 kernel serves in one pass over the
 /// weights (4 on AVX2, 8 on AVX-512: decode steps), the fp32 path above it and on targets without that kernel.
 /// Bf16DecodeInt8: bf16 for those decode rows and int8 above (precision_for_rows).
 /// A bf16 Dense layer (an lm_head, a tied embedding) with Bf16 or Bf16DecodeInt8 (any m) and aq == None, outside

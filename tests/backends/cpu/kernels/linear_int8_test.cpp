@@ -139,12 +139,19 @@ TEST(QuantizeActivationsInt8, FollowsTheRuleInFloat64) {
 
 // linear() with Int8 against Σ x̂·w (tight) and Σ x·w (quantization bound), x̂ = Q·d from quantize_activations_int8
 // with the ratio linear() uses.
+// An act-order Int4 layer (w.k_perm) quantizes x in its prepared column order: x_p[j] = x[k_perm[j]], against
+// column k_perm[j] of the weights.
 void check_int8(PreparedLinear& w, const Layer& l, int64_t group, std::mt19937& rng,
                 std::span<const int64_t> ms = kInt8Ms) {
   w.activation_precision = ActivationPrecision::Int8;
   const int64_t groups = l.k / group;
+  const auto column = [&](int64_t j) { return w.k_perm.empty() ? j : int64_t{w.k_perm[static_cast<size_t>(j)]}; };
   for (int64_t m : ms) {
-    const auto x = random_x_with_outliers(rng, m, l.k);
+    const auto x_in = random_x_with_outliers(rng, m, l.k);
+    std::vector<float> x(x_in.size());  // prepared column order
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < l.k; ++j) x[static_cast<size_t>(i * l.k + j)] = x_in[static_cast<size_t>(i * l.k + column(j))];
+    }
     std::vector<int8_t> q(static_cast<size_t>(m * l.k)), r(static_cast<size_t>(m * l.k));
     std::vector<float> d(static_cast<size_t>(m * groups));
     std::vector<uint8_t> fine(static_cast<size_t>(m * groups));
@@ -153,13 +160,13 @@ void check_int8(PreparedLinear& w, const Layer& l, int64_t group, std::mt19937& 
     std::vector<float> y(static_cast<size_t>(m * l.n));
     for_each_int8_target([&] {
       std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
-      linear(w, x.data(), m, y.data());
+      linear(w, x_in.data(), m, y.data());
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t n = 0; n < l.n; ++n) {
           double ref_q = 0, mag_q = 0, ref_x = 0, quant_bound = 0;
           for (int64_t k = 0; k < l.k; ++k) {
             const size_t xi = static_cast<size_t>(i * l.k + k);
-            const double wv = l.w[static_cast<size_t>(n * l.k + k)];
+            const double wv = l.w[static_cast<size_t>(n * l.k + column(k))];
             const double dg = d[static_cast<size_t>(i * groups + k / group)];
             const double xhat = big_q(q, r, xi) * dg;
             ref_q += xhat * wv;
@@ -207,6 +214,46 @@ TEST(LinearInt8, SeveralBlocksOfPassesAtLargeK) {
     constexpr int64_t kBlockMs[] = {16, 19};
     check_int8(w, l, 16, rng, kBlockMs);
   }
+}
+
+// Int4 (GPTQ / AWQ W4A16: symmetric and with zero points, groups of 16 … 128 and channel-wise, act-order) on
+// activation blocks of 16 columns, several per weight group. K = 40 channel-wise (not a multiple of 16) keeps
+// fp32 x, within fp32 rounding of Σ x·w.
+TEST(LinearInt8, Int4MatchesFloat64) {
+  std::mt19937 rng(206);
+  struct Case { int64_t n, k, group; bool asym, actorder; };
+  for (const Case c : {Case{1, 32, 32, false, false}, Case{13, 64, 16, true, false}, Case{29, 384, 128, true, false},
+                       Case{37, 512, 128, false, true}, Case{21, 96, -1, true, false}, Case{203, 4096, 128, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
+                                      << " actorder " << c.actorder);
+    const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
+    const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
+    PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), c.asym ? &zp : nullptr,
+                                             c.actorder ? &gi : nullptr, c.k, c.group, "t");
+    ASSERT_TRUE(int8_takes_int4(w));
+    constexpr int64_t kLargeMs[] = {3, 16, 19};
+    check_int8(w, l, kInt4ActivationBlock, rng, c.k >= 4096 ? std::span<const int64_t>(kLargeMs) : kInt8Ms);
+  }
+  const Layer l = testing::make_int4(rng, 11, 40, -1, false, false);
+  PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, l.k, -1, "t");
+  ASSERT_FALSE(int8_takes_int4(w));
+  w.activation_precision = ActivationPrecision::Int8;
+  const int64_t m = 5;
+  const auto x = random_x_with_outliers(rng, m, l.k);
+  std::vector<float> y(static_cast<size_t>(m * l.n));
+  linear(w, x.data(), m, y.data());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < l.n; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < l.k; ++k) {
+        const double p = double{x[static_cast<size_t>(i * l.k + k)]} * l.w[static_cast<size_t>(n * l.k + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_LE(std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref), (l.k + 4) * 0x1p-24 * mag) << "fp32 x, row " << i;
+    }
+  }
+  EXPECT_THROW(int8_gemm(w, x.data(), m, y.data()), UsageError);
 }
 
 TEST(LinearInt8, Mxfp4MatchesFloat64) {
