@@ -3,6 +3,7 @@
 // from the config files and safetensors headers alone, asked of the same kernel catalogue the loader uses.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -114,11 +115,19 @@ void run_explain(const ExplainOptions& opts) {
   // is printed, and the memory plan says why it is missing (and the activation precision line is left out).
   std::optional<MemoryPlanText> memory;
   std::optional<model::ActivationPrecisionChoice> precision;
+  std::optional<model::ActivationPrecisionChoice> int4_precision;  // where the model has int4 (W4A16) layers
   if (layer_plan.complete()) {
     try {
       const model::ModelConfig config = model::parse_model_config(ckpt.config());
       memory = memory_plan(opts, config, layer_plan);
       precision = cpu_activation_precision(opts, device, config);
+      const bool has_int4 = std::any_of(layer_plan.modules.begin(), layer_plan.modules.end(), [](const plan::ModulePlan& m) {
+        return m.scheme == plan::SchemeId::W4A16Int4;
+      });
+      if (precision && has_int4) {
+        int4_precision = model::choose_int4_activation_precision(
+            opts.activation_precision, device.kind, precision->precision, opts.activation_quant == plan::ActivationQuant::Emulate);
+      }
     } catch (const Error& e) {
       memory = MemoryPlanText{fmt::format("memory plan: not available ({})\n", e.what()),
                               nlohmann::json{{"error", e.what()}}};
@@ -134,6 +143,10 @@ void run_explain(const ExplainOptions& opts) {
                                    {"amx", kernels::amx_active()},
                                    {"amx_status", kernels::amx_status().reason}};
     }
+    if (int4_precision) {
+      j["int4_activation_precision"] = {{"precision", prepare::activation_precision_name(int4_precision->precision)},
+                                        {"reason", int4_precision->reason}};
+    }
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
@@ -141,6 +154,10 @@ void run_explain(const ExplainOptions& opts) {
     if (precision) {
       fmt::print("\nCPU activation precision of the FP4 linears (and a bf16 lm_head): {}. Why: {}.\n",
                  prepare::activation_precision_name(precision->precision), precision->reason);
+      if (int4_precision) {
+        fmt::print("CPU activation precision of the int4 linears: {}. Why: {}.\n",
+                   prepare::activation_precision_name(int4_precision->precision), int4_precision->reason);
+      }
       // The bf16 GEMMs' matrix unit (kernels/linear.h AmxUse): said whatever the precision, as --version does.
       fmt::print("Bf16 GEMMs above the decode GEMV's rows on AMX tiles: {} (AMX {}).\n",
                  kernels::amx_active() ? "yes" : "no", kernels::amx_status().reason);

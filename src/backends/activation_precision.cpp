@@ -216,6 +216,21 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<ActivationPr
                                    : "")};
 }
 
+ActivationPrecisionChoice choose_int4_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
+                                                           ActivationPrecision fp4, bool emulating) {
+  if (choice) {
+    const bool bf16 = *choice == ActivationPrecision::Bf16 || *choice == ActivationPrecision::Bf16DecodeInt8;
+    return {*choice, bf16 ? "set by --activation-precision (int4 has no bf16 kernel: its bf16 rows multiply fp32 x)"
+                          : "set by --activation-precision"};
+  }
+  if (device != plan::DeviceKind::Cpu) return {fp4, "auto: as the FP4 linears (the GPU)"};
+  if (emulating) return {fp4, "auto: as the FP4 linears (--activation-quant emulate runs the numerical reference)"};
+  if (!kernels::int8_kernel_active()) return {fp4, "auto: as the FP4 linears (this CPU has no SIMD int8 kernel)"};
+  return {ActivationPrecision::Int8,
+          "auto: int4 has no bf16 kernel, and int8 activations run it 3-4x faster than fp32 ones within the 1e-3 "
+          "mean-KLD bar (docs/performance.md)"};
+}
+
 ActivationPrecision resolve_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,
                                                  const std::string& model_dtype, std::array<int64_t, 2> probe_shape,
                                                  bool emulating) {

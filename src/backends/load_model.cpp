@@ -204,6 +204,10 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     options.comm->broadcast(&code, 1, 0);
     loaded.activation_precision = static_cast<prepare::ActivationPrecision>(code);
   }
+  loaded.int4_activation_precision =
+      choose_int4_activation_precision(options.activation_precision, device.kind, loaded.activation_precision,
+                                       options.activation_quant == plan::ActivationQuant::Emulate)
+          .precision;
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
   plan::check_scale_values(layer_plan, loaded.checkpoint);
@@ -228,7 +232,8 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
   std::shared_ptr<prepare::WeightCache> weight_cache;
   if (backend == nullptr) {
     weight_cache = open_weight_cache(dir, options, weight_cache_key_now, bytes);
-    backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision, weight_cache);
+    backend = backends::make_cpu_backend(loaded.kv_element, loaded.activation_precision, weight_cache,
+                                         loaded.int4_activation_precision);
   }
   // Every rank plans the same split from the same headers (the app gives rank 0 alone a progress callback).
   const plan::TensorParallelPlan tp = plan::plan_tensor_parallel(layer_plan, parallel.tensor_parallel_size, parallel.expert_parallel);

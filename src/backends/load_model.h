@@ -86,6 +86,8 @@ struct LoadedModel {
   KvCacheDtype kv_element = KvCacheDtype::F32;  ///< what the decoder's KV caches store
   /// How the FP4 linears take their activations (LoadOptions::activation_precision resolved).
   prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
+  /// How the int4 linears take theirs (choose_int4_activation_precision).
+  prepare::ActivationPrecision int4_activation_precision = prepare::ActivationPrecision::Fp32;
   /// What the weight cache did, when one was used (LoadOptions::weight_cache).
   std::optional<prepare::WeightCacheReport> weight_cache = std::nullopt;
 };

@@ -20,8 +20,10 @@ constexpr bool kCudaBuilt = false;
 
 std::unique_ptr<model::Backend> make_cpu_backend(model::KvCacheDtype kv_cache_dtype,
                                                  prepare::ActivationPrecision activation_precision,
-                                                 std::shared_ptr<prepare::WeightCache> weight_cache) {
-  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype, activation_precision, std::move(weight_cache));
+                                                 std::shared_ptr<prepare::WeightCache> weight_cache,
+                                                 std::optional<prepare::ActivationPrecision> int4_activation_precision) {
+  return std::make_unique<cpu::CpuBackend>(kv_cache_dtype, activation_precision, std::move(weight_cache),
+                                           int4_activation_precision);
 }
 
 #if FP4SERVE_HAVE_CUDA

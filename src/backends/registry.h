@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "backends/cpu/prepare/prepared_linear.h"
 #include "backends/cpu/prepare/weight_cache.h"
@@ -17,12 +18,14 @@
 namespace fp4serve::backends {
 
 /// The CPU backend (backends/cpu/cpu_backend.h); its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype),
-/// its FP4 layers multiply with `activation_precision` (--activation-precision).
+/// its FP4 layers multiply with `activation_precision` (--activation-precision), its int4 layers with
+/// `int4_activation_precision` (model::choose_int4_activation_precision; absent: `activation_precision`).
 /// With a `weight_cache` (prepare/weight_cache.h), its layers are mapped instead of repacked and the others stored.
 std::unique_ptr<model::Backend> make_cpu_backend(
     model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::F32,
     prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32,
-    std::shared_ptr<prepare::WeightCache> weight_cache = nullptr);
+    std::shared_ptr<prepare::WeightCache> weight_cache = nullptr,
+    std::optional<prepare::ActivationPrecision> int4_activation_precision = std::nullopt);
 
 /// The CUDA backend on GPU `ordinal` (backends/cuda/cuda_backend.h). Throws UnsupportedError when this build has no
 /// CUDA backend, UsageError (the no-GPU message) when no usable GPU is found.

@@ -3,7 +3,8 @@
 // kv_cache_dtype = bf16 | fp16 | auto) on the reference fixtures: logits of both prompts against transformers'
 // fp32 golden within a bound that covers the approximation, and different from the exact path's logits (the
 // option must reach the kernels). Bounds, relative to max|golden logit|: the weight-only path is within 1.2e-3 on these fixtures (docs/quality.md); int8 activations add an
-// error per linear of ≤ Σ|w|·d/2 (backends/cpu/kernels/linear.h): measured 1.9–2.7e-3 in all, bound 5e-3; the per-row
+// error per linear of ≤ Σ|w|·d/2 (backends/cpu/kernels/linear.h): measured 1.9–2.7e-3 in all (FP4 and int4, whose
+// auto is int8 too: 1.8–2.7e-3), bound 5e-3; the per-row
 // lm_head copies move each logit by ≤ Σ_k |x_k|·s/2 (int8: measured 7.1–8.4e-3, bound 1.2e-2) or ≈ 2^−4·Σ|x·w| (fp8:
 // measured 2.9–3.0e-2, bound 4e-2). A 16-bit KV cache rounds each key and value by ≤ 2^−8 (bf16) or 2^−11 (fp16)
 // of itself: measured 4.2–11e-4 (bf16, fp16, auto = bf16 on these bfloat16 fixtures), bound 3e-3. bf16
@@ -112,6 +113,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PrecisionCase{"llama-nvfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
                       PrecisionCase{"llama-mxfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
                       PrecisionCase{"qwen3-nvfp4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"llama-w4a16", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"llama-w4a16-asym", kInt8, LmHeadDtype::Bf16, 5e-3},
+                      PrecisionCase{"llama-w4a16-asym", kAutoPrecision, LmHeadDtype::Bf16, 5e-3},
                       PrecisionCase{"llama-bf16", kFp32, LmHeadDtype::Int8, 1.2e-2},
                       PrecisionCase{"llama-bf16", kFp32, LmHeadDtype::Fp8, 4e-2},
                       PrecisionCase{"llama-nvfp4a16", kInt8, LmHeadDtype::Int8, 1.2e-2},
@@ -256,6 +260,27 @@ TEST(RunPrecision, ActivationPrecisionChoices) {
   LoadOptions fp32;
   fp32.activation_precision = kFp32;
   EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", fp32).activation_precision, ActivationPrecision::Fp32);
+}
+
+// Int4 (W4A16) linears: a given choice is theirs too; auto is int8 on a CPU with the SIMD int8 kernel (fp32 x, the
+// only other path int4 has, is 3-4x slower), the FP4 linears' choice elsewhere, under emulation and on the GPU.
+TEST(RunPrecision, Int4ActivationPrecisionChoices) {
+  using plan::DeviceKind;
+  for (ActivationPrecision given : {kFp32, kBf16, kInt8, ActivationPrecision::Bf16DecodeInt8}) {
+    EXPECT_EQ(choose_int4_activation_precision(given, DeviceKind::Cpu, ActivationPrecision::Bf16).precision, given);
+  }
+  EXPECT_NE(choose_int4_activation_precision(kBf16, DeviceKind::Cpu, kBf16).reason.find("fp32 x"), std::string::npos);
+  const ActivationPrecisionChoice cpu = choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cpu, kBf16);
+  EXPECT_EQ(cpu.precision, kernels::int8_kernel_active() ? kInt8 : kBf16) << cpu.reason;
+  EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cpu, kFp32, /*emulating=*/true).precision, kFp32);
+  EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cuda, kFp32).precision, kFp32);
+  // The loaded model carries it, and its int4 layers run it: under auto the logits differ from fp32 x's
+  // (RunPrecision above bounds them against the golden).
+  const LoadedModel loaded = load_model(kRef / "llama-w4a16", LoadOptions{});
+  EXPECT_EQ(loaded.int4_activation_precision, kernels::int8_kernel_active() ? kInt8 : loaded.activation_precision);
+  LoadOptions bf16;
+  bf16.activation_precision = kBf16;
+  EXPECT_EQ(load_model(kRef / "llama-w4a16", bf16).int4_activation_precision, kBf16);
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ std::unique_ptr<BackendLinear> CpuBackend::upload_linear(LinearGroup group) {
   w->out_features = group.out_features();
   // The CPU's repack of the checkpoint-order weights; the bytes every decode step streams go on huge pages.
   w->group = prepare_linear_group(std::move(group), transforms_, activation_precision_, &weights_arena_,
-                                  weight_cache_.get());
+                                  weight_cache_.get(), int4_activation_precision_);
   return w;
 }
 

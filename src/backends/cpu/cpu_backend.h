@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backends/cpu/cpu_kv_storage.h"
@@ -36,13 +37,18 @@ using model::RouterSettings;
 class CpuBackend final : public Backend {
  public:
   /// Its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype; kv_element_of); its FP4 layers without an
-  /// activation emulation multiply with `activation_precision` (--activation-precision).
+  /// activation emulation multiply with `activation_precision` (--activation-precision), its int4 layers with
+  /// `int4_activation_precision` (absent: `activation_precision`).
   /// With a `weight_cache`, uploaded linears are taken from it where it holds them and stored in it otherwise
   /// (prepare/weight_cache.h); the caller finishes it once the model is built.
   explicit CpuBackend(model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::F32,
                       prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32,
-                      std::shared_ptr<prepare::WeightCache> weight_cache = nullptr)
-      : kv_dtype_(kv_cache_dtype), activation_precision_(activation_precision), weight_cache_(std::move(weight_cache)) {}
+                      std::shared_ptr<prepare::WeightCache> weight_cache = nullptr,
+                      std::optional<prepare::ActivationPrecision> int4_activation_precision = std::nullopt)
+      : kv_dtype_(kv_cache_dtype),
+        activation_precision_(activation_precision),
+        int4_activation_precision_(int4_activation_precision.value_or(activation_precision)),
+        weight_cache_(std::move(weight_cache)) {}
   bool host_memory() const override { return true; }
   MemoryUse memory_use() const override;
   std::string name() const override { return "cpu"; }
@@ -98,6 +104,7 @@ class CpuBackend final : public Backend {
   CpuKvStorage* kv_ = nullptr;  // cache_'s storage during a step
   model::KvCacheDtype kv_dtype_;
   prepare::ActivationPrecision activation_precision_;
+  prepare::ActivationPrecision int4_activation_precision_;
   prepare::HugePageArena weights_arena_;  // every uploaded linear's weights (but those mapped from weight_cache_)
   std::shared_ptr<prepare::WeightCache> weight_cache_;
   CpuTransforms transforms_;              // the CPU form of each online transform, made once

@@ -84,7 +84,8 @@ void apply_output_transforms(const CpuLinearPart& p, float* y, int64_t m, int64_
 
 CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& transforms,
                                     prepare::ActivationPrecision precision, prepare::HugePageArena* arena,
-                                    prepare::WeightCache* cache) {
+                                    prepare::WeightCache* cache,
+                                    std::optional<prepare::ActivationPrecision> int4_precision) {
   CpuLinearGroup out;
   out.in_features = group.in_features();
   out.out_features = group.out_features();
@@ -107,7 +108,11 @@ CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& tra
     // docs/performance.md (mean KLD on the default model).
     const bool dense_fp32_x = p.weight.encoding == quant::WeightEncoding::Dense && !p.lm_head;
     p.weight = quant::LinearWeights();
-    if (p.activation_quant == model::ActivationEmulation::None && !dense_fp32_x) part.weight.activation_precision = precision;
+    // Int4 layers may take another precision (model::choose_int4_activation_precision: int8 under auto).
+    const bool int4 = part.weight.layout == prepare::WeightLayout::Int4;
+    if (p.activation_quant == model::ActivationEmulation::None && !dense_fp32_x) {
+      part.weight.activation_precision = int4 ? int4_precision.value_or(precision) : precision;
+    }
     part.activation = activation_emulation_of(p.activation_quant);
     part.input_transform = transforms.get(p.input_transform);
     for (const OutputTransform& t : p.output_transforms) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -69,13 +70,15 @@ struct CpuLinearGroup {
 };
 
 /// The CPU's repack of a group (prepare::prepare_linear per part, checkpoint order → tile pairs). Parts without an
-/// activation emulation run with `precision` (--activation-precision; ignored by layouts other than Fp4). With an
+/// activation emulation run with `precision` (--activation-precision; ignored by layouts other than Fp4 and Int4),
+/// Int4 parts with `int4_precision` where given. With an
 /// `arena`, the weight bytes a decode step streams are moved into it (huge pages). Throws what prepare_linear and
 /// make_cpu_transform throw. With a `cache`, a part the cache holds (by prepare::weight_fingerprint) is taken from
 /// it instead of being repacked, and a part repacked here is stored in it.
 CpuLinearGroup prepare_linear_group(model::LinearGroup group, CpuTransforms& transforms,
                                     prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32,
-                                    prepare::HugePageArena* arena = nullptr, prepare::WeightCache* cache = nullptr);
+                                    prepare::HugePageArena* arena = nullptr, prepare::WeightCache* cache = nullptr,
+                                    std::optional<prepare::ActivationPrecision> int4_precision = std::nullopt);
 /// The same with transforms of its own (tests, tools).
 CpuLinearGroup prepare_linear_group(model::LinearGroup group,
                                     prepare::ActivationPrecision precision = prepare::ActivationPrecision::Fp32);

@@ -126,6 +126,8 @@ bool bf16_dot_usable() {
 
 std::vector<int64_t> int8_gemm_targets() { return int8_targets(); }
 
+bool int8_kernel_active() { return int8_one_pass_rows() > 0; }
+
 const char* int8_gemm_target_name() { return int8_target_name(); }
 
 }  // namespace fp4serve::kernels

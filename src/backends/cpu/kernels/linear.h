@@ -126,6 +126,10 @@ void quantize_activations_int8(const float* x, int64_t m, int64_t k, int64_t blo
 /// 3: 6.6e-4, 2: 5.1e-4, 1.5: 3.9e-4, 1: 2.7e-4; decode speed fell with lower ratios (more second dots), so 2.
 inline constexpr float kInt8ActivationFineRatio = 2.f;
 
+/// Whether the best supported target has the SIMD int8-activation kernel (AVX2 or AVX-512): elsewhere Int8 runs a
+/// scalar loop.
+bool int8_kernel_active();
+
 /// Highway targets the int8-activation kernels are compiled for (also AVX3_DL, i.e. AVX-512 VNNI) and this CPU
 /// supports, best first, and the one they dispatch to now.
 std::vector<int64_t> int8_gemm_targets();
