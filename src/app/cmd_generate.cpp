@@ -136,6 +136,7 @@ void run_generate(const GenerateOptions& opts) {
                                 {"device", gpu ? "cuda" : "cpu"},
                                 {"kv_cache_dtype", model::kv_cache_dtype_name(loaded.kv_element)},
                                 {"activation_precision", prepare::activation_precision_name(loaded.activation_precision)},
+                                {"int4_activation_precision", prepare::activation_precision_name(loaded.int4_activation_precision)},
                                 {"threads", core::num_threads()},
                                 {"threads_note", device}};
     fmt::print("{}\n", out.dump(2));
@@ -147,7 +148,7 @@ void run_generate(const GenerateOptions& opts) {
            "finish: {} | {} | KV cache {} | activations {}\n",
            loaded.load_seconds, result.prompt_tokens, prefill_tps, result.prefill_seconds, result.tokens.size(),
            decode_tps, result.finish_reason, device, model::kv_cache_dtype_name(loaded.kv_element),
-           prepare::activation_precision_name(loaded.activation_precision));
+           model::activation_precision_summary(loaded));
 }
 
 }  // namespace

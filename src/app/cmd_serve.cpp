@@ -253,7 +253,7 @@ void run_serve(ServeOptions opts) {
            static_cast<double>(budget_bytes) / (int64_t{1} << 30), budget_source,
            model::kv_cache_dtype_name(loaded.kv_element), opts.prefix_caching ? "on" : "off",
            opts.scheduler.max_num_seqs,
-           prepare::activation_precision_name(loaded.activation_precision), opts.scheduler.max_num_batched_tokens,
+           model::activation_precision_summary(loaded), opts.scheduler.max_num_batched_tokens,
            opts.scheduler.max_queue, thread_summary());
   log_info("{}\n", memory_summary("memory after start-up"));
 

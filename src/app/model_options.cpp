@@ -145,9 +145,10 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                     std::string(plan::activation_quant_name(load.activation_quant)));
   add_parsed_option(cmd, "--activation-precision", load.activation_precision, parse_activation_precision,
                     "auto (for a bfloat16 checkpoint on a CPU with AVX512-BF16: bf16, or bf16-decode-int8 where a "
-                    "short probe at load measures int8 clearly faster for prefill; else fp32); fp32; bf16: "
+                    "short probe at load measures int8 clearly faster for prefill; else fp32; int4 linears: int8 on "
+                    "x86 with AVX2 or AVX-512); fp32; bf16: "
                     "NVFP4/MXFP4 linears round their input to bf16 (bf16 dot products where the CPU has them); int8: "
-                    "they quantize it to int8 per weight group and use integer dot products; int8-decode: int8 for "
+                    "they and int4 linears quantize it to int8 per block and use integer dot products; int8-decode: int8 for "
                     "decode steps, fp32 for prefill; bf16-decode-int8: bf16 for decode steps, int8 for prefill",
                     activation_precision_text(load.activation_precision));
   add_parsed_option(cmd, "--lm-head-dtype", load.lm_head_dtype, parse_lm_head_dtype,

@@ -138,6 +138,14 @@ std::string_view weight_cache_mode_name(WeightCacheMode mode) {
   return "?";
 }
 
+std::string activation_precision_summary(const LoadedModel& loaded) {
+  std::string text(prepare::activation_precision_name(loaded.activation_precision));
+  if (loaded.int4_activation_precision != loaded.activation_precision) {
+    text += fmt::format(", int4 layers {}", prepare::activation_precision_name(loaded.int4_activation_precision));
+  }
+  return text;
+}
+
 KvCacheDtype resolve_kv_cache_dtype(std::optional<KvCacheDtype> choice, plan::DeviceKind device,
                                     const std::string& model_dtype) {
   const bool gpu = device == plan::DeviceKind::Cuda;
@@ -204,12 +212,15 @@ LoadedModel load_model(const std::filesystem::path& dir, const LoadOptions& opti
     options.comm->broadcast(&code, 1, 0);
     loaded.activation_precision = static_cast<prepare::ActivationPrecision>(code);
   }
-  loaded.int4_activation_precision =
-      choose_int4_activation_precision(options.activation_precision, device.kind, loaded.activation_precision,
-                                       options.activation_quant == plan::ActivationQuant::Emulate)
-          .precision;
   const plan::LayerPlan layer_plan = plan::build_plan(loaded.checkpoint, plan_options);
   require_complete(layer_plan, dir);
+  const bool has_int4 = std::any_of(layer_plan.modules.begin(), layer_plan.modules.end(),
+                                    [](const plan::ModulePlan& m) { return m.scheme == plan::SchemeId::W4A16Int4; });
+  loaded.int4_activation_precision =
+      has_int4 ? choose_int4_activation_precision(options.activation_precision, device.kind, loaded.activation_precision,
+                                                  options.activation_quant == plan::ActivationQuant::Emulate)
+                     .precision
+               : loaded.activation_precision;
   plan::check_scale_values(layer_plan, loaded.checkpoint);
   for (const plan::Notice& notice : layer_plan.notices) {
     if (notice.severity != plan::Severity::Warning) continue;

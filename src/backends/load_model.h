@@ -86,11 +86,15 @@ struct LoadedModel {
   KvCacheDtype kv_element = KvCacheDtype::F32;  ///< what the decoder's KV caches store
   /// How the FP4 linears take their activations (LoadOptions::activation_precision resolved).
   prepare::ActivationPrecision activation_precision = prepare::ActivationPrecision::Fp32;
-  /// How the int4 linears take theirs (choose_int4_activation_precision).
+  /// How the int4 linears take theirs (choose_int4_activation_precision; activation_precision when it has none).
   prepare::ActivationPrecision int4_activation_precision = prepare::ActivationPrecision::Fp32;
   /// What the weight cache did, when one was used (LoadOptions::weight_cache).
   std::optional<prepare::WeightCacheReport> weight_cache = std::nullopt;
 };
+
+/// The activation precisions of `loaded` for start-up lines: "bf16", or "bf16-decode-int8, int4 layers int8" where
+/// its int4 layers take another.
+std::string activation_precision_summary(const LoadedModel& loaded);
 
 /// The KV cache element `choice` means on `device`. Auto (std::nullopt) follows the checkpoint's `model_dtype` as
 /// vLLM's `auto` does: bfloat16 → Bf16, float16 → F16, anything else (float32, absent) → F32; the GPU backend's

@@ -64,7 +64,9 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   const PrecisionCase& c = GetParam();
   const fs::path dir = kRef / c.fixture;
   if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " is not present";
-  if (!c.activation_precision && !kernels::bf16_dot_active()) {
+  // auto gives int4 (W4A16) layers int8 wherever the SIMD int8 kernel runs, AVX512-BF16 or not.
+  const bool int4_fixture = c.fixture == "llama-w4a16" || c.fixture == "llama-w4a16-asym";
+  if (!c.activation_precision && !kernels::bf16_dot_active() && !(int4_fixture && kernels::int8_kernel_active())) {
     GTEST_SKIP() << "auto is fp32 on this CPU (no AVX512-BF16): nothing differs from the exact path";
   }
   // An unquantized checkpoint's only bf16 layer is its lm_head, which keeps fp32 x where there are no bf16 dot
@@ -274,13 +276,33 @@ TEST(RunPrecision, Int4ActivationPrecisionChoices) {
   EXPECT_EQ(cpu.precision, kernels::int8_kernel_active() ? kInt8 : kBf16) << cpu.reason;
   EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cpu, kFp32, /*emulating=*/true).precision, kFp32);
   EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cuda, kFp32).precision, kFp32);
-  // The loaded model carries it, and its int4 layers run it: under auto the logits differ from fp32 x's
-  // (RunPrecision above bounds them against the golden).
+  // The loaded model carries it, and its int4 layers run it. Against a given bf16 (the lm_head's precision at a
+  // prompt's rows under auto too, while int4 layers multiply fp32 x), auto's logits differ exactly where auto gave the
+  // int4 layers int8; RunPrecision above bounds them against the golden.
   const LoadedModel loaded = load_model(kRef / "llama-w4a16", LoadOptions{});
   EXPECT_EQ(loaded.int4_activation_precision, kernels::int8_kernel_active() ? kInt8 : loaded.activation_precision);
   LoadOptions bf16;
   bf16.activation_precision = kBf16;
-  EXPECT_EQ(load_model(kRef / "llama-w4a16", bf16).int4_activation_precision, kBf16);
+  const LoadedModel given = load_model(kRef / "llama-w4a16", bf16);
+  EXPECT_EQ(given.int4_activation_precision, kBf16);
+  if (kernels::int8_kernel_active() && kernels::bf16_dot_active()) {
+    const std::vector<int32_t> ids{1, 17, 42, 99, 5, 250, 7, 64};
+    const std::vector<float> a = prompt_logits(loaded, ids), b = prompt_logits(given, ids);
+    double max_diff = 0, max_logit = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(b[i])));
+    }
+    EXPECT_GT(max_diff, 1e-6 * max_logit) << "the int4 layers did not take auto's int8";
+  }
+  // A checkpoint without int4 layers reports its FP4 precision for them (the start-up line names only that).
+  EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", LoadOptions{}).int4_activation_precision,
+            load_model(kRef / "llama-nvfp4a16", LoadOptions{}).activation_precision);
+  EXPECT_EQ(activation_precision_summary(given), "bf16");
+  if (kernels::int8_kernel_active()) {
+    EXPECT_EQ(activation_precision_summary(loaded),
+              std::string(prepare::activation_precision_name(loaded.activation_precision)) + ", int4 layers int8");
+  }
 }
 
 }  // namespace

@@ -15,7 +15,8 @@ namespace fp4serve::kernels {
 ///   partial sum, the panel GEMM multiplies decoded, scaled weights). Invariant: a layout with a fused GEMV runs
 ///   it for every m, its rows in chunks of one fixed size (4 or 8) inside each work item of output rows, so the
 ///   weights are still read once per call from memory, with one chain count for every chunk; ActivationPrecision::
-///   Int8Decode is Int8 for every m (Fp32 where no SIMD int8 kernel exists); the other layouts run the panel GEMM
+///   Int8Decode is Int8 for every m (Fp32 where no SIMD int8 kernel exists), and Int8 (an FP4 or Int4 layer, the
+///   latter also under auto) runs the int8 kernel, whose per-row sums do not depend on m; the other layouts run the panel GEMM
 ///   for every m (a sequential FMA chain over K per output element, blocks of K continuing the same chain).
 /// - attention() (attention.h): the default splits a row's keys across threads when there are few (row, KV head)
 ///   items (flash-decoding: the split depends on the thread count and the rows of the call) and runs calls of two

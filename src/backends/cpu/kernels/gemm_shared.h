@@ -105,11 +105,12 @@ inline int64_t int8_activation_block(const prepare::PreparedLinear& w) {
   return w.layout == prepare::WeightLayout::Int4 ? kInt4ActivationBlock : w.group_size;
 }
 
-/// Whether int8_gemm serves an Int4 layer: K and the weight group multiples of kInt4ActivationBlock (an
-/// activation block never straddles two weight groups). Others (a channel-wise group of odd K) keep fp32 x.
+/// Whether int8_gemm serves an Int4 layer: the weight group a multiple of kInt4ActivationBlock (an activation
+/// block never straddles two weight groups) and K a multiple of the group (no partial last group, which
+/// prepare_int4 accepts). Others (a channel-wise group of odd K) keep fp32 x.
 inline bool int8_takes_int4(const prepare::PreparedLinear& w) {
-  return w.layout == prepare::WeightLayout::Int4 && w.in_features % kInt4ActivationBlock == 0 &&
-         w.group_size % kInt4ActivationBlock == 0;
+  return w.layout == prepare::WeightLayout::Int4 && w.group_size > 0 && w.group_size % kInt4ActivationBlock == 0 &&
+         w.in_features % w.group_size == 0;
 }
 
 /// Per row of x [m, k] and block of `block` columns (k a multiple of block), amax = max |x| of the block:

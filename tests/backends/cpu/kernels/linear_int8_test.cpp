@@ -218,7 +218,7 @@ TEST(LinearInt8, SeveralBlocksOfPassesAtLargeK) {
 
 // Int4 (GPTQ / AWQ W4A16: symmetric and with zero points, groups of 16 … 128 and channel-wise, act-order) on
 // activation blocks of 16 columns, several per weight group. K = 40 channel-wise (not a multiple of 16) keeps
-// fp32 x, within fp32 rounding of Σ x·w.
+// fp32 x, within fp32 rounding of Σ x·w; so does a partial last group.
 TEST(LinearInt8, Int4MatchesFloat64) {
   std::mt19937 rng(206);
   struct Case { int64_t n, k, group; bool asym, actorder; };
@@ -234,6 +234,11 @@ TEST(LinearInt8, Int4MatchesFloat64) {
     constexpr int64_t kLargeMs[] = {3, 16, 19};
     check_int8(w, l, kInt4ActivationBlock, rng, c.k >= 4096 ? std::span<const int64_t>(kLargeMs) : kInt8Ms);
   }
+  // A partial last group (K = 48, group 32) is not taken either.
+  const Layer partial = testing::make_int4(rng, 5, 48, 32, true, false);
+  const core::TensorView partial_zp = partial.zero_point.view();
+  EXPECT_FALSE(int8_takes_int4(
+      prepare::prepare_int4(partial.weight.view(), partial.scale.view(), &partial_zp, nullptr, partial.k, 32, "t")));
   const Layer l = testing::make_int4(rng, 11, 40, -1, false, false);
   PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, l.k, -1, "t");
   ASSERT_FALSE(int8_takes_int4(w));
