@@ -227,7 +227,7 @@ ActivationPrecisionChoice choose_int4_activation_precision(std::optional<Activat
   if (emulating) return {fp4, "auto: as the FP4 linears (--activation-quant emulate runs the numerical reference)"};
   if (!kernels::int8_kernel_active()) return {fp4, "auto: as the FP4 linears (this CPU has no SIMD int8 kernel)"};
   return {ActivationPrecision::Int8,
-          "auto: int4 has no bf16 kernel, and int8 activations run it 3-4x faster than fp32 ones within the 1e-3 "
+          "auto: int4 has no bf16 kernel, and int8 activations run it about 3x faster than fp32 ones within the 1e-3 "
           "mean-KLD bar (docs/performance.md)"};
 }
 
