@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The float64 check shared by the linear() tests (linear_test.cpp, linear_amx_test.cpp).
+// The float64 check and layer setup shared by the linear() tests (linear_test.cpp, linear_amx_test.cpp,
+// linear_int8_test.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/prepare/repack.h"
 #include "quant/checkpoint_tensors.h"
 
 namespace fp4serve::kernels::testing_util {
@@ -35,6 +37,14 @@ inline void check_against_float64(const testing::Layer& l, const std::vector<flo
           << "y[" << i << ", " << n << "] m=" << m << " N=" << l.n << " K=" << l.k;
     }
   }
+}
+
+// An int4 layer of testing::make_int4 (group -1: channel-wise) prepared as load_model would: zero points when
+// asymmetric, the g_idx permutation when act-ordered.
+inline prepare::PreparedLinear prepare_int4_layer(const testing::Layer& l, int64_t group, bool asym, bool actorder) {
+  const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
+  return prepare::prepare_int4(l.weight.view(), l.scale.view(), asym ? &zp : nullptr, actorder ? &gi : nullptr, l.k,
+                               group, "t");
 }
 
 }  // namespace fp4serve::kernels::testing_util

@@ -16,6 +16,7 @@
 
 #include "backends/cpu/kernels/gemm_shared.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/linear_check.h"
 #include "fp4serve/error.h"
 #include "quant/checkpoint_tensors.h"
 #include "backends/cpu/prepare/repack.h"
@@ -227,37 +228,23 @@ TEST(LinearInt8, Int4MatchesFloat64) {
     SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
                                       << " actorder " << c.actorder);
     const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
-    const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
-    PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), c.asym ? &zp : nullptr,
-                                             c.actorder ? &gi : nullptr, c.k, c.group, "t");
+    PreparedLinear w = testing_util::prepare_int4_layer(l, c.group, c.asym, c.actorder);
     ASSERT_TRUE(int8_takes_int4(w));
     constexpr int64_t kLargeMs[] = {3, 16, 19};
     check_int8(w, l, kInt4ActivationBlock, rng, c.k >= 4096 ? std::span<const int64_t>(kLargeMs) : kInt8Ms);
   }
   // A partial last group (K = 48, group 32) is not taken either.
   const Layer partial = testing::make_int4(rng, 5, 48, 32, true, false);
-  const core::TensorView partial_zp = partial.zero_point.view();
-  EXPECT_FALSE(int8_takes_int4(
-      prepare::prepare_int4(partial.weight.view(), partial.scale.view(), &partial_zp, nullptr, partial.k, 32, "t")));
+  EXPECT_FALSE(int8_takes_int4(testing_util::prepare_int4_layer(partial, 32, true, false)));
   const Layer l = testing::make_int4(rng, 11, 40, -1, false, false);
-  PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), nullptr, nullptr, l.k, -1, "t");
+  PreparedLinear w = testing_util::prepare_int4_layer(l, -1, false, false);
   ASSERT_FALSE(int8_takes_int4(w));
   w.activation_precision = ActivationPrecision::Int8;
   const int64_t m = 5;
   const auto x = random_x_with_outliers(rng, m, l.k);
   std::vector<float> y(static_cast<size_t>(m * l.n));
   linear(w, x.data(), m, y.data());
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < l.n; ++n) {
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < l.k; ++k) {
-        const double p = double{x[static_cast<size_t>(i * l.k + k)]} * l.w[static_cast<size_t>(n * l.k + k)];
-        ref += p;
-        mag += std::fabs(p);
-      }
-      ASSERT_LE(std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref), (l.k + 4) * 0x1p-24 * mag) << "fp32 x, row " << i;
-    }
-  }
+  testing_util::check_against_float64(l, {}, x, m, y);  // fp32 x
   EXPECT_THROW(int8_gemm(w, x.data(), m, y.data()), UsageError);
 }
 

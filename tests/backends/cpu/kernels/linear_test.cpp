@@ -133,9 +133,7 @@ TEST(LinearInt4, AllTargetsMatchFloat64) {
     SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
                                       << " actorder " << c.actorder);
     const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
-    const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
-    PreparedLinear w = prepare::prepare_int4(l.weight.view(), l.scale.view(), c.asym ? &zp : nullptr,
-                                             c.actorder ? &gi : nullptr, c.k, c.group, "t");
+    PreparedLinear w = testing_util::prepare_int4_layer(l, c.group, c.asym, c.actorder);
     check_layer(w, l, rng);
   }
 }
