@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128) and bf16 on the
+// Weight-only GEMM speed: y[M, N] = x[M, K]·W[N, K]ᵀ for NVFP4, MXFP4, int4 (group 128), FP8 (per row, 128 × 128 blocks) and bf16 on the
 // SmolLM2 (576×1536) and Llama-7B (4096, 11008) shapes. Weights rotate through copies totalling > LLC so M = 1 reads
 // them from DRAM. Counters: weight GB/s, GFLOP/s; on M ≤ 8 rows bw_ratio, against a streaming read of the same
 // bytes interleaved with the calls (BM_Linear), and bw_ratio_1g, against the 1 GiB read probe of start-up; on
@@ -44,8 +44,8 @@ namespace {
 
 using prepare::PreparedLinear;
 
-enum class Format { Nvfp4, Mxfp4, Int4, Bf16, Fp8Row };
-constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16", "fp8row"};
+enum class Format { Nvfp4, Mxfp4, Int4, Bf16, Fp8Row, Fp8Block };
+constexpr const char* kFormatNames[] = {"nvfp4", "mxfp4", "int4g128", "bf16", "fp8row", "fp8b128"};
 // Weights rotate through copies totalling this much: > the 480 MiB LLC this VM reports. Profiling runs
 // (callgrind) may shrink it with FP4SERVE_BENCH_COLD_MB and skip the roofs with FP4SERVE_BENCH_NO_ROOFS=1.
 size_t cold_bytes() {
@@ -109,6 +109,18 @@ PreparedLinear make_weights(Format f, int64_t n, int64_t k) {
       for (int64_t r = 0; r < n; ++r) std::memcpy(scales.data() + 4 * r, &one, 4);
       return prepare::prepare_fp8(view(core::DType::F8_E4M3, {n, k}, codes), view(core::DType::F32, {n, 1}, scales), {0, 0},
                                   "bench");
+    }
+    case Format::Fp8Block: {  // E4M3 with a scale per 128 × 128 block: an FP8_BLOCK (DeepSeek-style) checkpoint
+      const auto codes = random_bytes(rng, static_cast<size_t>(n * k), 0, 0x7E);
+      const int64_t br = (n + 127) / 128, bc = (k + 127) / 128;
+      std::vector<uint8_t> scales(static_cast<size_t>(br * bc * 4));
+      std::uniform_real_distribution<float> sd(0.005f, 0.02f);
+      for (int64_t i = 0; i < br * bc; ++i) {
+        const float v = sd(rng);
+        std::memcpy(scales.data() + 4 * i, &v, 4);
+      }
+      return prepare::prepare_fp8(view(core::DType::F8_E4M3, {n, k}, codes), view(core::DType::F32, {br, bc}, scales),
+                                  {128, 128}, "bench");
     }
   }
   return {};
@@ -253,7 +265,7 @@ void register_all() {
   const std::pair<int64_t, int64_t> shapes[] = {{576, 1536}, {1536, 576}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
   const std::pair<int64_t, int64_t> lm_head{49152, 576};  // the default model's tied embedding as lm_head
   using prepare::ActivationPrecision;
-  for (Format f : {Format::Nvfp4, Format::Mxfp4, Format::Int4, Format::Bf16, Format::Fp8Row}) {
+  for (Format f : {Format::Nvfp4, Format::Mxfp4, Format::Int4, Format::Bf16, Format::Fp8Row, Format::Fp8Block}) {
     std::vector<std::pair<int64_t, int64_t>> list(std::begin(shapes), std::end(shapes));
     if (f == Format::Bf16 || f == Format::Fp8Row) list.push_back(lm_head);
     for (auto [n, k] : list) {
@@ -262,9 +274,10 @@ void register_all() {
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("linear_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true, true)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
-      if (f == Format::Bf16) {
-        // A bf16 lm_head under ActivationPrecision::Bf16: M > 4 takes bf16 dot products on x rounded to bf16 where
-        // the CPU has them (linear.h); linear/ above (fp32 x, the widened fp32 panel) is the same run's baseline.
+      if (f == Format::Bf16 || f == Format::Fp8Row || f == Format::Fp8Block) {
+        // A bf16 lm_head, an FP8 layer or lm_head copy under ActivationPrecision::Bf16: bf16 dot products on x rounded
+        // to bf16 where the CPU has them (linear.h; M > 4); linear/ above (fp32 x, the
+        // widened fp32 panel) is the same run's baseline.
         benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, false)
             ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       }

@@ -405,13 +405,16 @@ void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { GemvLayer<kFormat, kM>(w, x, y); });
 }
 
-// ---- bf16 Dense and per-row FP8 / Int8 (an lm_head's in-memory copies): [T][K][8] elements, 8 rows per column ----
+// ---- bf16 Dense, FP8 (per tensor, row or block) and Int8 (an lm_head's copy): [T][K][8] elements, 8 rows a column ----
 // The panel path widens these into an fp32 panel and reads it back (two extra passes over L1 per weight); here
 // each load is multiplied straight from registers. bf16: one vector load brings kRows/4 columns of the tile's 8
 // rows; interleaving zeros below each 16-bit element (vpunpcklwd / vpunpckhwd, per 128-bit block) makes rows
-// 0–3 and 4–7 of those columns fp32 with no shift, against x replicated 4× per column. FP8 (one fp32 scale per
-// row: group = K): a sign-extending byte load, a shift and a mask per column (value · 2^−120, folded into the
-// stored scale); Int8 the same load and an int → fp32 conversion. Both stream the weights once, as the DRAM roof needs.
+// 0–3 and 4–7 of those columns fp32 with no shift, against x replicated 4× per column. FP8: a sign-extending byte
+// load, a shift and a mask per column (value · 2^−120, folded into the stored scale), the sums of each scale group
+// (K for tensor and row scales, the block width for 128 × 128 blocks) times its scales; Int8 the same load and an
+// int → fp32 conversion. Both stream the weights once, as the DRAM roof needs. Block-scaled FP8 took the panel
+// path before, which decoded every column into L1 and read it back: bench_gemm_fp4 fp8b128 4096² M = 1 read 0.17
+// of the bandwidth there.
 
 // xr[i][4k + c] = x[i][k]: one load then gives each 128-bit block its column's activation.
 HWY_INLINE void Replicate4(const float* x, int64_t m, int64_t k, float* xr) {
@@ -489,24 +492,33 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
       return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
     }
   };
-  // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
-  hn::Vec<decltype(d8)> a0[kM], a1[kM];
-  for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
-  int64_t k = 0;
-  for (; k + 2 <= k_total; k += 2) {
-    if (k % 8 == 0) prefetch_ahead(src + k * kTileRows);
-    const auto f0 = column(k), f1 = column(k + 1);
-    for (int i = 0; i < kM; ++i) {
-      a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-      a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
+  // Per scale group (one for per-row scales, K / block width for FP8 blocks): the raw sums, then times the group's
+  // scales. With one group the result is Σ·scale, the same bits as before block scales came here.
+  const int64_t groups = w.groups();
+  hn::Vec<decltype(d8)> total[kM];
+  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(d8);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k_end = std::min(k_total, (g + 1) * w.group_size);
+    // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
+    hn::Vec<decltype(d8)> a0[kM], a1[kM];
+    for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
+    int64_t k = g * w.group_size;
+    for (; k + 2 <= k_end; k += 2) {
+      if (k % 8 == 0) prefetch_ahead(src + k * kTileRows);
+      const auto f0 = column(k), f1 = column(k + 1);
+      for (int i = 0; i < kM; ++i) {
+        a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
+        a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
+      }
     }
+    if (k < k_end) {
+      const auto f0 = column(k);
+      for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
+    }
+    const auto scale = hn::Load(d8, w.scales.as<float>() + (tile * groups + g) * kTileRows);
+    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(a0[i], a1[i]), scale, total[i]);
   }
-  if (k < k_total) {
-    const auto f0 = column(k);
-    for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-  }
-  const auto scale = hn::Load(d8, w.scales.as<float>() + tile * kTileRows);
-  for (int i = 0; i < kM; ++i) hn::StoreU(hn::Mul(hn::Add(a0[i], a1[i]), scale), d8, acc + i * kTileRows);
+  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], d8, acc + i * kTileRows);
 }
 
 // Any m ≥ 1: the rows of x in chunks of 4 inside each tile (a decode step's m ≤ 4 is one chunk; batch-invariant
@@ -568,7 +580,7 @@ bool GemvInvariantImpl(const PreparedLinear& w, const float* x, int64_t m, float
     case WeightLayout::Int4: return false;
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
-      if (bf16_input || w.group_size < w.in_features) return false;
+      if (bf16_input) return false;
       DenseRows(w, x, m, y);
       return true;
     case WeightLayout::Dense:
@@ -617,8 +629,7 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
     case WeightLayout::Int4: return false;
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
-      // Per-row scales only (the lm_head copies); block-scaled FP8 checkpoints keep the panel path.
-      if (m > 4 || w.group_size < w.in_features) return false;
+      if (m > 4) return false;
       DenseRows(w, x, m, y);
       return true;
     case WeightLayout::Dense:

@@ -46,13 +46,16 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   const auto bf16_kernel = invariant ? invariant_bf16_gemm : bf16_gemm;
   const bool bf16 = precision == prepare::ActivationPrecision::Bf16;
   if (aq == ActivationEmulation::None && fp4 && bf16 && w.k_perm.empty()) return bf16_kernel(w, x, m, y);
-  // A bf16 lm_head / tied embedding: GPU engines multiply it with bf16 activations, so x in bf16 is the norm when
-  // the precision asked for bf16 (for Bf16DecodeInt8 at every m: its int8 half applies to FP4 and Int4 layers only). Not in
-  // batch-invariant mode, whose Dense GEMV serves every m on fp32 x.
+  // A bf16 lm_head / tied embedding, an FP8 layer, an FP8 / int8 lm_head copy: GPU engines multiply them with bf16
+  // activations (an FP8 layer where the GPU has no FP8 units: on weights dequantized to bf16), so x in bf16 is the
+  // norm when the precision asked for bf16 (for Bf16DecodeInt8 at every m: its int8 half applies to FP4 and Int4
+  // layers only). Not in batch-invariant mode, whose GEMV serves every m on fp32 x.
   const bool bf16_allowed = w.activation_precision == prepare::ActivationPrecision::Bf16 ||
                             w.activation_precision == prepare::ActivationPrecision::Bf16DecodeInt8;
-  if (aq == ActivationEmulation::None && !invariant && bf16_allowed && w.layout == prepare::WeightLayout::Dense &&
-      w.k_perm.empty() && dense_bf16_gemm(w, x, m, y)) {
+  const bool bf16_panel_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
+                                 w.layout == prepare::WeightLayout::Int8;
+  if (aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_panel_layout && w.k_perm.empty() &&
+      bf16_panel_gemm(w, x, m, y)) {
     return;
   }
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return fp32_gemm(w, x, m, y);

@@ -64,17 +64,20 @@ bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_
 /// rounded to bf16 and the fp32 kernels.
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// A bf16 Dense layer (an lm_head, a tied embedding) whose ActivationPrecision allows x in bf16 (Bf16,
-/// Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on fp32 x where it serves m (m ≤ 4; it streams the
-/// weights, so bf16 dot products would not make it faster), else the bf16-pair panel GEMM (x rounded to bf16,
-/// vdpbf16ps; the weights are exact in the panel). Returns false (and writes nothing) where neither runs (no
-/// AVX512-BF16 or switched off, K % 16 != 0, f32 storage): the caller then keeps fp32 x.
-bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+/// A bf16 Dense layer (an lm_head, a tied embedding), an FP8 layer or an FP8 / Int8 lm_head copy whose
+/// ActivationPrecision allows x in bf16 (Bf16, Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on fp32
+/// x where it serves m (m ≤ 4; it streams the weights, so bf16 dot
+/// products would not make it faster), else the bf16-pair panel GEMM on AMX tiles or vdpbf16ps (x rounded to bf16;
+/// bf16 weights exact in the panel, FP8 / Int8 ones as code · scale rounded to bf16, the bf16 weights that
+/// compressed-tensors and ModelOpt dequantize FP8 to). Returns false (and writes nothing) where neither runs (no
+/// AVX512-BF16 or switched off, K % 16 != 0, f32 storage, an odd scale group): the caller then keeps fp32 x.
+bool bf16_panel_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
 /// The bf16-pair panel of the bf16 panel GEMM (gemm_simd.cpp), for the dispatched Highway target: columns
-/// [k0, k0 + kc) of panel p of w (Fp4, or Dense with bf16 storage and K % 16 == 0) as panel[(kk/2)·R + r] =
-/// bf16(W[p·R + r, k0 + kk]) | bf16(W[p·R + r, k0 + kk + 1]) << 16 for even kk < kc, R the returned panel width
-/// (32 on AVX-512: the weights exact, block scales applied, the NVFP4 global scale left out; rows past N zero).
+/// [k0, k0 + kc) of panel p of w (Fp4; Dense with bf16 storage, FP8 and Int8 with an even scale group, these three
+/// with K % 16 == 0) as panel[(kk/2)·R + r] = bf16(W[p·R + r, k0 + kk]) | bf16(W[p·R + r, k0 + kk + 1]) << 16 for
+/// even kk < kc, R the returned panel width (32 on AVX-512: Fp4 and Dense weights exact, block scales applied, the
+/// NVFP4 global scale left out; FP8 / Int8 code · scale rounded to nearest even; rows past N zero).
 /// k0 a multiple of 8, kc even, the panel kc/2 · R words. Returns 0 (and writes nothing) where the target or the
 /// layout has no such panel.
 int64_t decode_bf16_panel(const prepare::PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel);
@@ -137,7 +140,7 @@ void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, 
 /// Batch-invariant mode (batch_invariant.h): the fused GEMV of the best supported target for any m ≥ 1, rows in
 /// chunks of one fixed size inside each work item, one arithmetic per row for every m (gemm_gemv.cpp). bf16_input:
 /// ActivationPrecision::Bf16 of an Fp4 layout. Returns false (and writes nothing) where that target has no such
-/// GEMV for the layout (Int4, block-scaled FP8, f32 Dense, EMU128; bf16_input without AVX512-BF16 pairs).
+/// GEMV for the layout (Int4, f32 Dense, EMU128; bf16_input without AVX512-BF16 pairs).
 bool gemv_invariant_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y, bool bf16_input);
 
 /// gemm_dispatch in batch-invariant mode: gemv_invariant_dispatch, else the panel GEMM for every m (a sequential

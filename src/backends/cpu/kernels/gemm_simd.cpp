@@ -404,13 +404,82 @@ void DecodeDenseTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int6
   }
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+// From here on AVX512-BF16 instructions: everything below runs only where bf16_dot_usable() (Bf16GemmImpl checks
+// it, and so does amx_bf16_gemm before it asks DecodeBf16PanelImpl for panels).
+
+// Columns [k0, k0 + kc) of the FP8 or Int8 tile `tile` as bf16 pairs, panel already offset to the tile: each
+// weight code · scale (the stored scale, one per row and group; FP8's holds s·2^120, see DecodeFp8) rounded to the
+// nearest even bf16 (vcvtne2ps2bf16). That is the bf16 weight compressed-tensors and ModelOpt dequantize FP8 to
+// (e4m3 · s in the scale's bf16), bit for bit where the checkpoint's scale is bf16: the fp32 product of 4 and 8
+// significant bits is exact. kc even; a column pair never straddles a scale group (HasBf16Panel: even groups).
+// The bytes of a column pair are interleaved before they are widened, so each 16-lane vector is already in pair
+// order (row r's column k in lane 2r, column k + 1 in lane 2r + 1) and one conversion packs two pairs of columns.
+template <WeightLayout kLayout>
+void DecodeRowScaledTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, uint32_t* panel) {
+  static_assert(kLayout == WeightLayout::Fp8 || kLayout == WeightLayout::Int8);
+  const int8_t* codes = w.codes.as<int8_t>() + (tile * w.in_features + k0) * kTileRows;
+  const float* scales = w.scales.as<float>() + tile * w.groups() * kTileRows;
+  const __m512i e4m3_keep = _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u));
+  const __m512i each_twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  int64_t group = -1;
+  __m512 scale{};
+  // Columns kk, kk + 1 (16 bytes: column kk's 8 rows, then column kk + 1's) as 16 fp32 in pair order, scaled.
+  const auto pair_values = [&](int64_t kk) HWY_ATTR {
+    if ((k0 + kk) / w.group_size != group) {
+      group = (k0 + kk) / w.group_size;
+      scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
+    }
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kk * kTileRows));
+    const __m512i wide = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_si128(bytes, 8)));
+    __m512 value;
+    if constexpr (kLayout == WeightLayout::Fp8) {
+      // Sign-extended byte << 20: the sign at bit 31, the magnitude at bits 26..20 (value · 2^−120).
+      value = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(wide, 20), e4m3_keep));
+    } else {
+      value = _mm512_cvtepi32_ps(wide);
+    }
+    return _mm512_mul_ps(value, scale);
+  };
+  int64_t kk = 0;
+  for (; kk + 4 <= kc; kk += 4) {
+    if (kk % 8 == 0) prefetch_ahead(codes + kk * kTileRows);  // one 64-byte line per 8 columns of the tile
+    const __m512 first = pair_values(kk);
+    const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair_values(kk + 2), first));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk / 2) * kNR), _mm512_castsi512_si256(both));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk / 2 + 1) * kNR), _mm512_extracti64x4_epi64(both, 1));
+  }
+  if (kk < kc) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk / 2) * kNR),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(pair_values(kk))));
+  }
+}
+
+// Whether DecodePanelBf16 has a panel for the layer: Fp4, bf16 Dense, FP8 and Int8 rows, K a multiple of 16 (the
+// bf16 pairs of x come 16 columns at a time; Fp4 has it by construction).
+bool HasBf16Panel(const PreparedLinear& w) {
+  switch (w.layout) {
+    case WeightLayout::Fp4: return true;
+    case WeightLayout::Dense: return w.dense_storage == prepare::DenseStorage::Bf16 && w.in_features % 16 == 0;
+    case WeightLayout::Fp8:
+    case WeightLayout::Int8: return w.in_features % 16 == 0 && w.group_size % 2 == 0;
+    case WeightLayout::Int4: return false;
+  }
+  return false;
+}
+
 // Columns [k0, k0 + kc) of panel p as bf16 pairs; tiles past the end become zeros.
 void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
-  if (w.layout == WeightLayout::Dense) {
+  if (w.layout != WeightLayout::Fp4) {  // tile by tile
     for (int64_t s = 0; s < kPanelTiles; ++s) {
       const int64_t tile = p * kPanelTiles + s;
       uint32_t* out = panel + s * kTileRows;
-      if (tile < w.tiles()) {
+      if (tile < w.tiles() && w.layout == WeightLayout::Fp8) {
+        DecodeRowScaledTileBf16<WeightLayout::Fp8>(w, tile, k0, kc, out);
+      } else if (tile < w.tiles() && w.layout == WeightLayout::Int8) {
+        DecodeRowScaledTileBf16<WeightLayout::Int8>(w, tile, k0, kc, out);
+      } else if (tile < w.tiles()) {
         DecodeDenseTileBf16(w, tile, k0, kc, out);
       } else {
         for (int64_t kk = 0; kk < kc / 2; ++kk) std::memset(out + kk * kNR, 0, kTileRows * sizeof(uint32_t));
@@ -430,9 +499,6 @@ void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc,
     });
   }
 }
-
-#pragma GCC push_options
-#pragma GCC target("avx512bf16")
 
 // x [m][K] fp32 → [m][K/2] bf16 pairs (x[2q] in the low half), rounded to nearest even; K a multiple of 16.
 HWY_INLINE void RoundToBf16Pairs(const float* HWY_RESTRICT x, int64_t m, int64_t k, uint32_t* HWY_RESTRICT xp) {
@@ -580,11 +646,8 @@ void DenseBf16Direct(const PreparedLinear& w, const uint32_t* xp, int64_t m, flo
 }
 
 bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  // Dense: bf16 storage only (an f32 weight would need rounding), K a multiple of RoundToBf16Pairs' 16 columns
-  // (Fp4 layouts have K % 16 == 0 by construction).
-  const bool dense_bf16 = w.layout == WeightLayout::Dense && w.dense_storage == prepare::DenseStorage::Bf16 &&
-                          w.in_features % 16 == 0;
-  if (!bf16_dot_usable() || (w.layout != WeightLayout::Fp4 && !dense_bf16) || m < 1) return false;
+  if (!bf16_dot_usable() || !HasBf16Panel(w) || m < 1) return false;
+  const bool dense_bf16 = w.layout == WeightLayout::Dense;
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
   uint32_t* xp = Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 2));
@@ -605,9 +668,7 @@ bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) 
 // decode_bf16_panel (gemm_shared.h): the panel decoder above for the AMX kernel (gemm_amx.cpp), which multiplies
 // the same panels on tiles.
 int64_t DecodeBf16PanelImpl(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel) {
-  const bool dense_bf16 = w.layout == WeightLayout::Dense && w.dense_storage == prepare::DenseStorage::Bf16 &&
-                          w.in_features % 16 == 0;
-  if (w.layout != WeightLayout::Fp4 && !dense_bf16) return 0;
+  if (!HasBf16Panel(w)) return 0;
   DecodePanelBf16(w, p, k0, kc, panel);
   return kNR;
 }
@@ -658,7 +719,7 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   gemm_dispatch(w, rounded_to_bf16(w, x, m), m, y);
 }
 
-bool dense_bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+bool bf16_panel_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   return gemv_dispatch(w, x, m, y) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
 }
 

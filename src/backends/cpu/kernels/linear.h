@@ -26,7 +26,7 @@ enum class ActivationEmulation : uint8_t {
 /// Block scales are applied per weight group, the NVFP4 global scale once per output element (divided for the
 /// Divisor convention, multiplied for Multiplier). NVFP4/MXFP4 with m ≤ 4 (AVX2, NEON, SVE) / 8 (AVX-512) run a fused
 /// GEMV that decodes E2M1 codes in registers and applies each block scale once per 16/32-column partial sum,
-/// threads splitting N; bf16 Dense and per-row-scaled FP8 layers with m ≤ 4 run a GEMV that multiplies the
+/// threads splitting N; bf16 Dense, FP8 and Int8 layers with m ≤ 4 run a GEMV that multiplies the
 /// loaded weights in registers (backends/cpu/kernels/gemm_gemv.cpp); other cases with m ≤ 6 (AVX2) / 12 (AVX-512) run
 /// the streaming decode path (weights
 /// decoded in L1-sized chunks, each used by all m rows); larger m decodes a whole row panel once and runs a
@@ -47,8 +47,10 @@ enum class ActivationEmulation : uint8_t {
 /// (bf16_dot_active) and K % 16 == 0, multiplies x rounded to bf16 (nearest even) with the exact bf16 weights in
 /// vdpbf16ps (fp32 accumulation), as GPU engines compute a bf16 lm_head: straight on the stored tiles up to 64 rows
 /// (16 per pass; a server's decode steps), on decoded panels above (on AMX tiles where usable, for every m > 4);
-/// elsewhere fp32 x. Fp32, Int8, Int8Decode:
-/// fp32 x.
+/// elsewhere fp32 x. An Fp8 layer (an FP8 checkpoint's, or a `--lm-head-dtype fp8` copy) or an Int8 lm_head copy
+/// under the same conditions (and an even scale group) does the same on panels of code · scale rounded to bf16
+/// (nearest even: the bf16 weights compressed-tensors and ModelOpt dequantize FP8 to), as engines run FP8 weights
+/// on GPUs without FP8 units (m ≤ 4 keeps the fp32-x GEMV, whatever the scales). Fp32, Int8, Int8Decode: fp32 x.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
@@ -163,9 +165,10 @@ void set_bf16_dot_allowed(bool allowed);
 /// switch on (and a GCC build).
 bool bf16_dot_active();
 
-/// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense layers where the precision allows bf16 x)
-/// at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense): the bf16 panel GEMM's decoded weight
-/// panels (exact in bf16) multiplied with x rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per
+/// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense, FP8 and Int8 layers where the precision
+/// allows bf16 x) at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense, FP8 and Int8): the bf16
+/// panel GEMM's decoded weight
+/// panels (exact in bf16; FP8 / Int8: code · scale rounded to bf16) multiplied with x rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per
 /// instruction, fp32 sums), so the numbers are those of the vdpbf16ps panel up to summation order.
 /// - Hardware (default): where amx_status().usable.
 /// - Off: never (the vdpbf16ps panel GEMM serves those rows).

@@ -7,6 +7,7 @@
 // usable (amx_status) and is skipped, with the reason, elsewhere.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -40,7 +41,7 @@ std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
 }
 
 struct Case {
-  enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16 } kind;
+  enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16, kFp8Channel, kFp8Block, kInt8Rows } kind;
   int64_t n, k;
 };
 
@@ -51,7 +52,8 @@ void for_each_case(Body&& body) {
   const Case cases[] = {{Case::kNvfp4Divisor, 13, 48},    {Case::kNvfp4Divisor, 72, 544},
                         {Case::kNvfp4Multiplier, 40, 1040}, {Case::kMxfp4, 37, 96},
                         {Case::kMxfp4, 64, 800},           {Case::kDenseBf16, 45, 272},
-                        {Case::kDenseBf16, 96, 80}};
+                        {Case::kDenseBf16, 96, 80},        {Case::kFp8Channel, 45, 272},
+                        {Case::kFp8Block, 70, 400},         {Case::kInt8Rows, 33, 528}};
   int index = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "case " << index << " N " << c.n << " K " << c.k);
@@ -75,10 +77,29 @@ void for_each_case(Body&& body) {
         l = testing::make_dense(rng, c.n, c.k, core::DType::BF16);
         w = prepare::prepare_dense(l.weight.view(), "lm_head");
         break;
+      case Case::kFp8Channel:
+      case Case::kFp8Block: {
+        const bool block = c.kind == Case::kFp8Block;
+        l = block ? testing::make_fp8(rng, c.n, c.k, 2, 128, 128) : testing::make_fp8(rng, c.n, c.k, 1);
+        w = prepare::prepare_fp8(l.weight.view(), l.scale.view(),
+                                 block ? std::array<int64_t, 2>{128, 128} : std::array<int64_t, 2>{0, 0}, "t");
+        // The panel holds e4m3 · scale rounded to bf16 (exact in float64 before the rounding).
+        for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+        break;
+      }
+      case Case::kInt8Rows: {
+        l = testing::make_dense(rng, c.n, c.k, core::DType::BF16);
+        w = prepare::prepare_dense_as_int8_rows(l.weight.view(), "lm_head");
+        // code · scale (the copy's rule is checked in float64 by linear_lm_head_test), rounded to bf16.
+        std::vector<float> stored(l.w.size());
+        dequantize(w, stored.data());
+        for (size_t i = 0; i < stored.size(); ++i) l.w[i] = quant::bf16_to_float(quant::float_to_bf16(stored[i]));
+        break;
+      }
     }
     w.activation_precision = prepare::ActivationPrecision::Bf16;
     std::vector<float> bias;
-    if (index % 3 != 0) {  // bias on both NVFP4 conventions, MXFP4 and Dense; none on cases 0, 3, 6
+    if (index % 3 != 0) {  // bias on both NVFP4 conventions, MXFP4, Dense and FP8; none on cases 0, 3, 6, 9
       std::vector<uint16_t> bits(static_cast<size_t>(l.n));
       std::normal_distribution<float> dist(0.f, 0.5f);
       for (auto& b : bits) b = testing::bf16_rne(dist(rng));
@@ -147,7 +168,8 @@ TEST(LinearAmx, OneAndTwoThreadsGiveIdenticalResults) {
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << i;
 }
 
-// Off, and the layouts without a bf16 panel (int4, FP8, f32 Dense), are declined: the caller keeps its kernels.
+// Off, and the layers without a bf16 panel (int4, f32 Dense, FP8 with K not a multiple of 16), are declined: the
+// caller keeps its kernels.
 TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
   std::mt19937 rng(403);
   const Layer l = testing::make_nvfp4(rng, 16, 64, true);
@@ -163,8 +185,8 @@ TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
   const Layer f32 = testing::make_dense(rng, 16, 64, core::DType::F32);
   const PreparedLinear dense = prepare::prepare_dense(f32.weight.view(), "t");
   EXPECT_FALSE(amx_bf16_gemm(dense, x.data(), 16, y.data()));
-  const Layer f8 = testing::make_fp8(rng, 16, 64, 2, 16, 128);
-  const PreparedLinear fp8 = prepare::prepare_fp8(f8.weight.view(), f8.scale.view(), {16, 128}, "t");
+  const Layer f8 = testing::make_fp8(rng, 16, 40, 1);
+  const PreparedLinear fp8 = prepare::prepare_fp8(f8.weight.view(), f8.scale.view(), {0, 0}, "t");
   EXPECT_FALSE(amx_bf16_gemm(fp8, x.data(), 16, y.data()));
   const Layer i4 = testing::make_int4(rng, 16, 64, 32, false, false);
   const PreparedLinear int4 = prepare::prepare_int4(i4.weight.view(), i4.scale.view(), nullptr, nullptr, 64, 32, "t");

@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The in-memory lm_head copies (--lm-head-dtype fp8 | int8: prepare_dense_as_fp8_rows / _int8_rows) against their
-// rules in float64, and linear() on them and on bf16 Dense weights (the fused GEMV for m ≤ 4, the paths above)
-// on every compiled target against Σ x·ŵ in float64, ŵ the stored weight; bound as in linear_test.cpp:
-// |y − y64| ≤ (K + 4)·2^−24·Σ|x·ŵ|.
+// rules in float64, and linear() on them, on bf16 Dense weights and on FP8 checkpoint layers (the fused GEMV for
+// m ≤ 4, the paths above; fp32 or bf16 x by the activation precision) on every compiled target against Σ x·ŵ in
+// float64, ŵ the stored weight; bound as in linear_test.cpp: |y − y64| ≤ (K + 4)·2^−24·Σ|x·ŵ|.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/kernels/linear.h"
@@ -118,69 +120,115 @@ TEST(LmHeadCopies, Bf16DenseGemvMatchesFloat64) {
   }
 }
 
-// A bf16 lm_head under ActivationPrecision Bf16 / Bf16DecodeInt8 (linear.h): above the fused GEMV's 4 rows, with
-// AVX512-BF16 dot products active and K % 16 == 0, y must be Σ bf16(x)·w (float64 on the rounded x, the fp32
-// bound) and differ from the exact-x result beyond that bound (the rounding provably happened); everywhere else
-// (m ≤ 4, other targets, dot products switched off, K = 302, Fp32 / Int8 precision) Σ x·w on the exact x. Odd
-// shapes: N not a multiple of the 8-row tile nor of the 32-row AVX-512 panel, K = 16 × odd, one and several
-// 256-column panel chunks; with AVX512-BF16, m = 5 … 64 the kernel on the stored tiles (16 rows per pass: 16, 17
-// and 33 more than one, 64 the last), 65 the blocked panel; N = 37 and 130 end in a lone tile.
-TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
+// y = linear(w, x) under each ActivationPrecision where the bf16 rule (linear.h) says x is rounded to bf16
+// (bf16_x(m): Bf16 / Bf16DecodeInt8 only, AVX512-BF16 active, plus the layer's own conditions) must be Σ bf16(x)·w_bf16
+// (float64, the fp32 bound), and differ from the exact-x result beyond that bound (the rounding provably
+// happened); everywhere else (other targets, dot products switched off, Fp32 / Int8 precision) Σ x·w_exact on the
+// exact x. w_bf16: the weights the bf16 panel holds (bf16 Dense: w itself; FP8 / Int8: w rounded to bf16).
+template <class Bf16Rows>
+void check_bf16_rule(PreparedLinear& w, int64_t n, int64_t k, const std::vector<double>& w_exact,
+                     const std::vector<double>& w_bf16, const std::vector<int64_t>& ms, Bf16Rows&& bf16_rows,
+                     std::mt19937& rng) {
   using prepare::ActivationPrecision;
-  std::mt19937 rng(303);
   std::normal_distribution<float> dist(0.f, 1.f);
+  for (ActivationPrecision precision : {ActivationPrecision::Bf16, ActivationPrecision::Bf16DecodeInt8,
+                                        ActivationPrecision::Fp32, ActivationPrecision::Int8}) {
+    w.activation_precision = precision;
+    const bool allows = precision == ActivationPrecision::Bf16 || precision == ActivationPrecision::Bf16DecodeInt8;
+    for (int64_t m : ms) {
+      SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << prepare::activation_precision_name(precision)
+                                        << " m " << m);
+      std::vector<float> x(static_cast<size_t>(m * k)), rounded(x.size());
+      for (auto& v : x) v = dist(rng) + 1e-3f;
+      for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      std::vector<float> y(static_cast<size_t>(m * n));
+      auto check = [&] {
+        const bool bf16_x = allows && bf16_rows(m) && bf16_dot_active();
+        std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+        linear(w, x.data(), m, y.data());
+        const std::vector<float>& xin = bf16_x ? rounded : x;
+        const std::vector<double>& win = bf16_x ? w_bf16 : w_exact;
+        double worst_exact = 0;  // against Σ x·w on the exact x and weights, relative to Σ |x·w|
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t r = 0; r < n; ++r) {
+            double ref = 0, mag = 0, exact = 0;
+            for (int64_t c = 0; c < k; ++c) {
+              const auto at = static_cast<size_t>(r * k + c);
+              ref += static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * win[at];
+              exact += static_cast<double>(x[static_cast<size_t>(i * k + c)]) * w_exact[at];
+              mag += std::fabs(static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * win[at]);
+            }
+            const double got = y[static_cast<size_t>(i * n + r)];
+            ASSERT_LE(std::fabs(got - ref), static_cast<double>(k + 4) * 0x1p-24 * mag + 1e-30)
+                << "y[" << i << ", " << r << "] bf16 x: " << bf16_x;
+            worst_exact = std::max(worst_exact, std::fabs(got - exact) / mag);
+          }
+        }
+        if (bf16_x) {
+          EXPECT_GT(worst_exact, static_cast<double>(k + 4) * 0x1p-24) << "x was not rounded";
+        }
+      };
+      for (int64_t t : gemm_targets()) {
+        hwy::SetSupportedTargetsForTest(t);
+        SCOPED_TRACE(hwy::TargetName(t));
+        check();
+        if (bf16_dot_active()) {
+          set_bf16_dot_allowed(false);
+          SCOPED_TRACE("bf16 dot products off");
+          check();
+          set_bf16_dot_allowed(true);
+        }
+      }
+      hwy::SetSupportedTargetsForTest(0);
+    }
+  }
+}
+
+std::vector<double> rounded_to_bf16(const std::vector<double>& w) {
+  std::vector<double> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(w[i])));
+  return out;
+}
+
+// A bf16 lm_head under ActivationPrecision Bf16 / Bf16DecodeInt8 (linear.h): above the fused GEMV's 4 rows, with
+// AVX512-BF16 dot products active and K % 16 == 0, bf16 x on the exact bf16 weights. Odd shapes: N not a multiple
+// of the 8-row tile nor of the 32-row AVX-512 panel, K = 16 × odd, one and several 256-column panel chunks; with
+// AVX512-BF16, m = 5 … 64 the kernel on the stored tiles (16 rows per pass: 16, 17 and 33 more than one, 64 the
+// last), 65 the blocked panel; N = 37 and 130 end in a lone tile. K = 302 keeps fp32 x.
+TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
+  std::mt19937 rng(303);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{37, 48}, {77, 336}, {130, 560}, {19, 302}}) {
     const Layer l = testing::make_dense(rng, n, k, core::DType::BF16);
     PreparedLinear w = prepare::prepare_dense(l.weight.view(), "lm_head");
-    for (ActivationPrecision precision : {ActivationPrecision::Bf16, ActivationPrecision::Bf16DecodeInt8,
-                                          ActivationPrecision::Fp32, ActivationPrecision::Int8}) {
-      w.activation_precision = precision;
-      const bool allows = precision == ActivationPrecision::Bf16 || precision == ActivationPrecision::Bf16DecodeInt8;
-      for (int64_t m : {1, 4, 5, 9, 13, 16, 17, 33, 64, 65}) {
-        SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << prepare::activation_precision_name(precision)
-                                          << " m " << m);
-        std::vector<float> x(static_cast<size_t>(m * k)), rounded(x.size());
-        for (auto& v : x) v = dist(rng) + 1e-3f;
-        for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
-        std::vector<float> y(static_cast<size_t>(m * n));
-        auto check = [&] {
-          const bool bf16_x = allows && m > 4 && k % 16 == 0 && bf16_dot_active();
-          std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
-          linear(w, x.data(), m, y.data());
-          const std::vector<float>& xin = bf16_x ? rounded : x;
-          double worst_exact = 0;  // against Σ x·w on the exact x, relative to Σ |x·w|
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t r = 0; r < n; ++r) {
-              double ref = 0, mag = 0, exact = 0;
-              for (int64_t c = 0; c < k; ++c) {
-                const double wv = l.w[static_cast<size_t>(r * k + c)];
-                ref += static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * wv;
-                exact += static_cast<double>(x[static_cast<size_t>(i * k + c)]) * wv;
-                mag += std::fabs(static_cast<double>(xin[static_cast<size_t>(i * k + c)]) * wv);
-              }
-              const double got = y[static_cast<size_t>(i * n + r)];
-              ASSERT_LE(std::fabs(got - ref), static_cast<double>(k + 4) * 0x1p-24 * mag + 1e-30)
-                  << "y[" << i << ", " << r << "] bf16 x: " << bf16_x;
-              worst_exact = std::max(worst_exact, std::fabs(got - exact) / mag);
-            }
-          }
-          if (bf16_x) {
-            EXPECT_GT(worst_exact, static_cast<double>(k + 4) * 0x1p-24) << "x was not rounded";
-          }
-        };
-        for (int64_t t : gemm_targets()) {
-          hwy::SetSupportedTargetsForTest(t);
-          SCOPED_TRACE(hwy::TargetName(t));
-          check();
-          if (bf16_dot_active()) {
-            set_bf16_dot_allowed(false);
-            SCOPED_TRACE("bf16 dot products off");
-            check();
-            set_bf16_dot_allowed(true);
-          }
-        }
-        hwy::SetSupportedTargetsForTest(0);
-      }
+    check_bf16_rule(w, n, k, l.w, l.w, {1, 4, 5, 9, 13, 16, 17, 33, 64, 65},
+                    [k = k](int64_t m) { return m > 4 && k % 16 == 0; }, rng);
+  }
+}
+
+// FP8 checkpoint layers (tensor, channel and 128 × 128 block scales, bf16 in the checkpoint as llm-compressor writes
+// them) and the --lm-head-dtype fp8 / int8 copies under the same rule: bf16 x on panels of code · scale rounded to
+// bf16, the bf16 weights compressed-tensors dequantizes to (here from float64: e4m3 · scale is exact there).
+// m ≤ 4 keeps the fp32-x GEMV (block scales too); K = 40 (not a multiple of 16) keeps fp32 x. N = 45 and 130 end
+// in a lone tile, K = 400 ends in a partial 128-column block.
+TEST(LmHeadCopies, Fp8AndInt8TakeBf16DotsWhereThePrecisionAllows) {
+  std::mt19937 rng(304);
+  const std::vector<int64_t> ms = {1, 3, 4, 5, 9, 16, 33, 65};
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{45, 272}, {130, 400}, {24, 40}}) {
+    for (int kind : {0, 1, 2}) {  // make_fp8: tensor, channel, 128 × 128 blocks
+      SCOPED_TRACE(::testing::Message() << "fp8 scale kind " << kind);
+      const Layer l = kind == 2 ? testing::make_fp8(rng, n, k, 2, 128, 128) : testing::make_fp8(rng, n, k, kind);
+      PreparedLinear w = prepare::prepare_fp8(l.weight.view(), l.scale.view(), kind == 2 ? std::array<int64_t, 2>{128, 128}
+                                                                                        : std::array<int64_t, 2>{0, 0}, "fp8");
+      check_bf16_rule(w, n, k, l.w, rounded_to_bf16(l.w), ms,
+                      [k = k](int64_t m) { return k % 16 == 0 && m > 4; }, rng);
+    }
+    const Layer dense = testing::make_dense(rng, n, k, core::DType::BF16);
+    for (bool int8 : {false, true}) {
+      SCOPED_TRACE(int8 ? "int8 rows" : "fp8 rows");
+      PreparedLinear w = int8 ? prepare::prepare_dense_as_int8_rows(dense.weight.view(), "lm_head")
+                              : prepare::prepare_dense_as_fp8_rows(dense.weight.view(), "lm_head");
+      const std::vector<double> copy = expected_copy(dense, int8);
+      check_bf16_rule(w, n, k, copy, rounded_to_bf16(copy), ms, [k = k](int64_t m) { return k % 16 == 0 && m > 4; }, rng);
     }
   }
 }
