@@ -152,7 +152,8 @@ void run_explain(const ExplainOptions& opts) {
     fmt::print("{}", plan::render_explain_text(layer_plan, opts.model, opts.verbose));
     if (memory) fmt::print("\n{}", memory->text);
     if (precision) {
-      fmt::print("\nCPU activation precision of the FP4 linears (and a bf16 lm_head): {}. Why: {}.\n",
+      fmt::print("\nCPU activation precision of the FP4 linears (FP8 linears and the lm_head take bf16 under bf16 and "
+                 "bf16-decode-int8, else fp32): {}. Why: {}.\n",
                  prepare::activation_precision_name(precision->precision), precision->reason);
       if (int4_precision) {
         fmt::print("CPU activation precision of the int4 linears: {}. Why: {}.\n",
