@@ -73,6 +73,18 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 /// AVX512-BF16 or switched off, K % 16 != 0, f32 storage, an odd scale group): the caller then keeps fp32 x.
 bool bf16_panel_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// Rows of x up to which bf16_direct_gemm serves a call (in passes of 16); more take the panel GEMM. 11008×4096 at
+/// M = 64 ran level with the panel, at M = 256 0.88× its speed (bf16 Dense, Zen 4).
+inline constexpr int64_t kBf16DirectMaxRows = 64;
+
+/// ActivationPrecision::Bf16 on the stored tiles of a bf16 Dense, FP8 or Int8 layer (gemm_bf16_direct.cpp): y [m, N]
+/// from xp [m][K/2], x already rounded to bf16 pairs (x[2q] in the low half), vdpbf16ps on the weights as they lie
+/// (FP8 / Int8: code · scale rounded to bf16, as decode_bf16_panel gives them), the epilogue (bias) applied.
+/// Returns false (and writes nothing) where the target has no such kernel (not AVX-512 with GCC; the caller checks
+/// bf16_dot_usable) or the layer does not fit: another layout, f32 storage, K % 16 != 0, an odd scale group,
+/// m < 1 or m > kBf16DirectMaxRows (FP8 / Int8: m > 16, where the panel GEMM's single decode wins).
+bool bf16_direct_gemm(const prepare::PreparedLinear& w, const uint32_t* xp, int64_t m, float* y);
+
 /// The bf16-pair panel of the bf16 panel GEMM (gemm_simd.cpp), for the dispatched Highway target: columns
 /// [k0, k0 + kc) of panel p of w (Fp4; Dense with bf16 storage, FP8 and Int8 with an even scale group, these three
 /// with K % 16 == 0) as panel[(kk/2)·R + r] = bf16(W[p·R + r, k0 + kk]) | bf16(W[p·R + r, k0 + kk + 1]) << 16 for

@@ -423,12 +423,14 @@ void DecodeRowScaledTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, 
   const float* scales = w.scales.as<float>() + tile * w.groups() * kTileRows;
   const __m512i e4m3_keep = _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u));
   const __m512i each_twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  int64_t group = -1;
-  __m512 scale{};
+  // The group of column k0 and where the next one starts (no division per pair).
+  int64_t group = k0 / w.group_size, next_group_at = (group + 1) * w.group_size;
+  __m512 scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
   // Columns kk, kk + 1 (16 bytes: column kk's 8 rows, then column kk + 1's) as 16 fp32 in pair order, scaled.
   const auto pair_values = [&](int64_t kk) HWY_ATTR {
-    if ((k0 + kk) / w.group_size != group) {
-      group = (k0 + kk) / w.group_size;
+    if (k0 + kk == next_group_at) {
+      ++group;
+      next_group_at += w.group_size;
       scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
     }
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + kk * kTileRows));
@@ -558,108 +560,14 @@ struct Bf16PanelOps {
   }
 };
 
-// ---- a bf16 Dense layer at a few rows: vdpbf16ps on the stored tiles, no panel -------------------------------
-// The panel GEMM above decodes (copies) every panel of weights before multiplying it, then multiplies: a bf16
-// lm_head at a server's decode step of 16 rows spent as long on that copy, which waits on DRAM, as on the dot
-// products (bench_gemm_fp4 linear_bf16/bf16/49152x576/M:16 took 2.9× the time of M = 1). Here the dot products
-// take the weights as they lie: two tiles (16 rows) per work item, whose 64-byte lines (4 columns of 8 rows each)
-// become two vectors of column pairs by one vpermt2w each, and the stream from DRAM overlaps the dot products.
-// bench_gemm_fp4 linear_bf16/bf16, 2 threads, AMD EPYC Zen 4, panel GEMM → this kernel, same run, µs:
-// 49152×576 M = 8 3723–3762 → 1167–1907 (M = 1 reads the same bytes in 1138–1723), M = 16 4778–4843 → 2123–2185
-// (0.9 of the vdpbf16ps roof), M = 64 (four passes) 12332–13150 → 8845–8858; 4096² M = 64 7567–8253 → 6355–6647;
-// 11008×4096 M = 64 level, M = 256 0.88× (so the panel GEMM keeps m > 64).
-constexpr int64_t kDenseBf16DirectRows = 16;
-// Up to this many rows run here, in passes of kDenseBf16DirectRows; more run on the panel GEMM (and where AMX is
-// usable, amx_bf16_gemm takes every m > 4 before this kernel: not measured on an AMX CPU yet).
-constexpr int64_t kDenseBf16DirectMaxRows = 64;
-// Bytes ahead of each tile's stream that are prefetched, into L2. 49152×576, 3 alternating rounds of builds that
-// differ in this constant only, ms at M = 8 / 16 (M = 1, the GEMV reading the same bytes: 1.1–1.7): 8 KiB into L1
-// (the fused GEMVs' distance) 2.5–2.9 / 3.1–3.4; 32, 64 and 128 KiB into L2 all 1.2–1.8 / 2.2–2.3 (the 2.1 above
-// is another run's).
-constexpr int64_t kDenseBf16DirectAhead = 65536;
-
-// Rows [16·item, 16·item + 16) of y for m = kM rows of x (xt [K/2][kM] bf16 pairs, pair q of every row side by
-// side: one base register reaches them all), Dense bf16 tiles [T][K][8].
-template <int kM>
-HWY_INLINE void DenseBf16DirectItem(const PreparedLinear& w, int64_t item, const uint32_t* HWY_RESTRICT xt,
-                                    float* HWY_RESTRICT y) {
-  const int64_t k2 = w.in_features / 2;
-  const int64_t n_total = w.out_features;
-  const int64_t n0 = 2 * item * kTileRows;
-  const auto* tile_a = w.codes.as<uint16_t>() + 2 * item * w.in_features * kTileRows;
-  // An odd last tile reads its own columns twice; the upper 8 lanes are then past N and never stored.
-  const auto* tile_b = 2 * item + 1 < w.tiles() ? tile_a + w.in_features * kTileRows : tile_a;
-  // A 64-byte line of a tile holds columns 4c … 4c + 3 of its 8 rows (words 8j … 8j + 7 for column 4c + j). Word
-  // 2r + h of pair p's vector is row r's column 4c + 2p + h: rows 0-7 from tile a (the first vpermt2w source),
-  // rows 8-15 from tile b (the second, indices + 32).
-  alignas(64) static constexpr uint16_t kPairOrder[2][32] = {
-      {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 32, 40, 33, 41, 34, 42, 35, 43, 36, 44, 37, 45, 38, 46, 39, 47},
-      {16, 24, 17, 25, 18, 26, 19, 27, 20, 28, 21, 29, 22, 30, 23, 31,
-       48, 56, 49, 57, 50, 58, 51, 59, 52, 60, 53, 61, 54, 62, 55, 63}};
-  const __m512i order0 = _mm512_load_si512(kPairOrder[0]);
-  const __m512i order1 = _mm512_load_si512(kPairOrder[1]);
-  __m512 acc[kM];
-#pragma GCC unroll 16
-  for (int i = 0; i < kM; ++i) acc[i] = _mm512_setzero_ps();
-  // Two pairs per line (K is a multiple of 16 here).
-  for (int64_t line = 0; line < k2 / 2; ++line) {
-    const uint16_t* at_a = tile_a + 4 * line * kTileRows;
-    const uint16_t* at_b = tile_b + 4 * line * kTileRows;
-    // The address as an integer: past the weights' end the hint is harmless, and no pointer leaves its array.
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at_a) + kDenseBf16DirectAhead), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at_b) + kDenseBf16DirectAhead), _MM_HINT_T1);
-    const __m512i a = _mm512_loadu_si512(at_a);
-    const __m512i b = _mm512_loadu_si512(at_b);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const auto pairs = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, h == 0 ? order0 : order1, b));
-      const uint32_t* xq = xt + (2 * line + h) * kM;
-#pragma GCC unroll 16
-      for (int i = 0; i < kM; ++i) {
-        acc[i] = _mm512_dpbf16_ps(acc[i], pairs, reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(xq[i]))));
-      }
-    }
-  }
-  const int64_t rows = std::min<int64_t>(2 * kTileRows, n_total - n0);
-  alignas(64) float sums[2 * kTileRows];
-  for (int i = 0; i < kM; ++i) {
-    _mm512_store_ps(sums, acc[i]);
-    EpilogueRow(w, n0, rows, sums, y + i * n_total + n0);
-  }
-}
-
-// xp [m][K/2] bf16 pairs, m ≤ kDenseBf16DirectRows.
-void DenseBf16Direct(const PreparedLinear& w, const uint32_t* xp, int64_t m, float* y) {
-  const int64_t k2 = w.in_features / 2;
-  thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> transposed;
-  thread_local size_t capacity = 0;
-  uint32_t* xt = Scratch(transposed, capacity, static_cast<size_t>(m * k2));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t q = 0; q < k2; ++q) xt[q * m + i] = xp[i * k2 + q];
-  }
-  const int64_t items = (w.tiles() + 1) / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < items; ++item) {
-    ForRowCount<static_cast<int>(kDenseBf16DirectRows)>(
-        m, [&]<int kM>() HWY_ATTR { DenseBf16DirectItem<kM>(w, item, xt, y); });
-  }
-}
-
 bool Bf16GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   if (!bf16_dot_usable() || !HasBf16Panel(w) || m < 1) return false;
-  const bool dense_bf16 = w.layout == WeightLayout::Dense;
   thread_local hwy::AlignedFreeUniquePtr<uint32_t[]> pairs;
   thread_local size_t capacity = 0;
   uint32_t* xp = Scratch(pairs, capacity, static_cast<size_t>(m * w.in_features / 2));
   RoundToBf16Pairs(x, m, w.in_features, xp);
-  if (dense_bf16 && m <= kDenseBf16DirectMaxRows) {
-    for (int64_t r0 = 0; r0 < m; r0 += kDenseBf16DirectRows) {
-      const int64_t mm = std::min(kDenseBf16DirectRows, m - r0);
-      DenseBf16Direct(w, xp + r0 * (w.in_features / 2), mm, y + r0 * w.out_features);
-    }
-  } else {
-    PanelGemm(w, m, y, Bf16PanelOps{w, xp});
-  }
+  // A few rows (a server's decode steps) multiply the stored tiles directly (gemm_bf16_direct.cpp).
+  if (m > kBf16DirectMaxRows || !bf16_direct_gemm(w, xp, m, y)) PanelGemm(w, m, y, Bf16PanelOps{w, xp});
   return true;
 }
 
