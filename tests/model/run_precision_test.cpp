@@ -75,11 +75,12 @@ TEST_P(RunPrecision, LogitsStayNearTheGoldenAndDifferFromTheExactPath) {
   if (!c.activation_precision && !kernels::bf16_dot_active() && !(int4_fixture && kernels::int8_kernel_active())) {
     GTEST_SKIP() << "auto is fp32 on this CPU (no AVX512-BF16): nothing differs from the exact path";
   }
-  // An unquantized checkpoint's only bf16 layer is its lm_head, which keeps fp32 x where there are no bf16 dot
-  // products (kernels/linear.h): then nothing differs either.
-  const bool unquantized = c.fixture.find("-bf16") != std::string::npos;
-  if (unquantized && c.activation_precision == ActivationPrecision::Bf16 && !kernels::bf16_dot_active()) {
-    GTEST_SKIP() << "bf16 on an unquantized checkpoint reaches only its lm_head, fp32 x on this CPU (no AVX512-BF16)";
+  // An unquantized checkpoint's only bf16 layer is its lm_head, and an FP8 one's other layers are FP8: both keep
+  // fp32 x where there are no bf16 dot products (kernels/linear.h), so then nothing differs either.
+  const bool no_fp4 = c.fixture.find("-bf16") != std::string::npos || c.fixture.find("-fp8") != std::string::npos;
+  if (no_fp4 && c.activation_precision == ActivationPrecision::Bf16 && !kernels::bf16_dot_active()) {
+    GTEST_SKIP() << "bf16 on a checkpoint without FP4 layers (unquantized or FP8) keeps fp32 x on this CPU (no "
+                    "AVX512-BF16)";
   }
   LoadOptions exact_options;
   exact_options.activation_precision = ActivationPrecision::Fp32;

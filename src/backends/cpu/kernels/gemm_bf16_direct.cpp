@@ -165,7 +165,8 @@ HWY_INLINE void ByteItem(const PreparedLinear& w, int64_t item, const uint32_t* 
 // xp [m][K/2] bf16 pairs (x rounded to bf16), m ≤ kBf16DirectMaxRows, in passes of kDirectRows.
 bool Bf16DirectImpl(const PreparedLinear& w, const uint32_t* xp, int64_t m, float* y) {
   const bool dense = w.layout == WeightLayout::Dense && w.dense_storage == prepare::DenseStorage::Bf16;
-  const bool bytes = (w.layout == WeightLayout::Fp8 || w.layout == WeightLayout::Int8) && w.group_size % 2 == 0;
+  const bool bytes =
+      (w.layout == WeightLayout::Fp8 || w.layout == WeightLayout::Int8) && w.group_size > 0 && w.group_size % 2 == 0;
   // FP8 / Int8 decode their bytes once per pass: above one pass the panel GEMM, which decodes once, was as fast or
   // faster (bench_gemm_fp4 linear_bf16/fp8row M = 64, one thread: 0.25–0.30 of the roof here, 0.31 on the panel).
   const int64_t max_rows = bytes ? kDirectRows : kBf16DirectMaxRows;

@@ -410,11 +410,11 @@ void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // each load is multiplied straight from registers. bf16: one vector load brings kRows/4 columns of the tile's 8
 // rows; interleaving zeros below each 16-bit element (vpunpcklwd / vpunpckhwd, per 128-bit block) makes rows
 // 0–3 and 4–7 of those columns fp32 with no shift, against x replicated 4× per column. FP8: a sign-extending byte
-// load, a shift and a mask per column (value · 2^−120, folded into the stored scale), the sums of each scale group
-// (K for tensor and row scales, the block width for 128 × 128 blocks) times its scales; Int8 the same load and an
-// int → fp32 conversion. Both stream the weights once, as the DRAM roof needs. Block-scaled FP8 took the panel
-// path before, which decoded every column into L1 and read it back: bench_gemm_fp4 fp8b128 4096² M = 1 read 0.17
-// of the bandwidth there.
+// load, a shift and a mask per column (value · 2^−120, folded into the stored scale), each scale group's sums
+// (K for tensor and row scales, the block width for blocks) times its scales (block scales took the panel path
+// before: 0.17 of the bandwidth at M = 1); Int8 the same load and an int → fp32 conversion. Both stream the weights
+// once. Two columns per 512-bit vector against x pairs replicated 8× each read 0.46–0.59 of the bandwidth at
+// 4096², M = 1, against 0.58–0.87 here (the replicated x is 4 bytes per weight), so it was not kept.
 
 // xr[i][4k + c] = x[i][k]: one load then gives each 128-bit block its column's activation.
 HWY_INLINE void Replicate4(const float* x, int64_t m, int64_t k, float* xr) {
@@ -475,7 +475,7 @@ HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY
   }
 }
 
-// kInt8: the Int8 layout (code · scale); else E4M3 (value · 2^−120, the 2^120 folded into the stored scale).
+// kInt8: the Int8 layout (code · scale); else E4M3 (value · 2^−120, the 2^120 in the stored scale).
 template <bool kInt8, int kM>
 HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT x, float* HWY_RESTRICT acc) {
   const hn::FixedTag<float, 8> d8;
@@ -485,15 +485,11 @@ HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY
   const auto keep = hn::Set(di8, static_cast<int32_t>(0x87F00000u));
   const auto column = [&](int64_t k) HWY_ATTR {
     const auto b = hn::PromoteTo(di8, hn::LoadU(hn::FixedTag<int8_t, 8>(), src + k * kTileRows));
-    if constexpr (kInt8) {
-      return hn::ConvertTo(d8, b);
-    } else {
-      // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
-      return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
-    }
+    if constexpr (kInt8) return hn::ConvertTo(d8, b);
+    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
+    return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
   };
-  // Per scale group (one for per-row scales, K / block width for FP8 blocks): the raw sums, then times the group's
-  // scales. With one group the result is Σ·scale, the same bits as before block scales came here.
+  // Per scale group: the raw sums, then times the group's scales (one group: Σ·scale, as before blocks came here).
   const int64_t groups = w.groups();
   hn::Vec<decltype(d8)> total[kM];
   for (int i = 0; i < kM; ++i) total[i] = hn::Zero(d8);

@@ -55,7 +55,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   const bool bf16_panel_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
                                  w.layout == prepare::WeightLayout::Int8;
   if (aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_panel_layout && w.k_perm.empty() &&
-      bf16_panel_gemm(w, x, m, y)) {
+      bf16_dot_gemm(w, x, m, y)) {
     return;
   }
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return fp32_gemm(w, x, m, y);

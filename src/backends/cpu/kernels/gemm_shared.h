@@ -66,12 +66,12 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 
 /// A bf16 Dense layer (an lm_head, a tied embedding), an FP8 layer or an FP8 / Int8 lm_head copy whose
 /// ActivationPrecision allows x in bf16 (Bf16, Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on fp32
-/// x where it serves m (m ≤ 4; it streams the weights, so bf16 dot
-/// products would not make it faster), else the bf16-pair panel GEMM on AMX tiles or vdpbf16ps (x rounded to bf16;
-/// bf16 weights exact in the panel, FP8 / Int8 ones as code · scale rounded to bf16, the bf16 weights that
-/// compressed-tensors and ModelOpt dequantize FP8 to). Returns false (and writes nothing) where neither runs (no
+/// x where it serves m (m ≤ 4; it streams the weights, so bf16 dot products would not make it faster), else x
+/// rounded to bf16 on AMX tiles, or vdpbf16ps on the stored tiles (bf16_direct_gemm's rows), or the bf16-pair panel
+/// GEMM. bf16 weights are exact there; FP8 / Int8 ones are code · scale rounded to bf16, the bf16 weights that
+/// compressed-tensors and ModelOpt dequantize FP8 to. Returns false (and writes nothing) where none runs (no
 /// AVX512-BF16 or switched off, K % 16 != 0, f32 storage, an odd scale group): the caller then keeps fp32 x.
-bool bf16_panel_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+bool bf16_dot_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
 /// Rows of x up to which bf16_direct_gemm serves a call (in passes of 16); more take the panel GEMM. 11008×4096 at
 /// M = 64 ran level with the panel, at M = 256 0.88× its speed (bf16 Dense, Zen 4).

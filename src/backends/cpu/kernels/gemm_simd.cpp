@@ -367,10 +367,11 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // Highway 1.0 has no AVX512-BF16 target: this section adds the instructions (as gemm_gemv.cpp's pair GEMV does),
 // and Bf16GemmImpl runs only where bf16_dot_usable(). A panel row is a pair of columns k, k + 1 of the 32 output
 // rows: lane r of a 32-bit word holds W[r, k] in its low half and W[r, k + 1] in its high one, and x arrives as the
-// same pairs, so one vdpbf16ps does what two FMAs do in the fp32 micro-kernel. The decoded weights are the fp32
-// panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8, and the same exponent
-// range, so ±inf and NaN carry over too), except that vdpbf16ps reads a subnormal as 0: MXFP4 blocks with E8M0
-// bytes 0 and 1, whose weights are below 2^−125 (≈ 2.4e-38), count as zero.
+// same pairs, so one vdpbf16ps does what two FMAs do in the fp32 micro-kernel. Decoded FP4 and bf16 Dense weights
+// are the fp32 panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8, and the same
+// exponent range, so ±inf and NaN carry over too), except that vdpbf16ps reads a subnormal as 0: MXFP4 blocks with
+// E8M0 bytes 0 and 1, whose weights are below 2^−125 (≈ 2.4e-38), count as zero. FP8 and Int8 weights are
+// code · scale rounded to bf16 (DecodeRowScaledTileBf16).
 
 // Columns [k0, k0 + kc) of the FP4 tile pair that starts at `tile` as bf16 pairs: panel[(kk/2) · kNR + r] for kk
 // even, panel already offset to the tile pair. No bf16 instruction here.
@@ -465,7 +466,7 @@ bool HasBf16Panel(const PreparedLinear& w) {
     case WeightLayout::Fp4: return true;
     case WeightLayout::Dense: return w.dense_storage == prepare::DenseStorage::Bf16 && w.in_features % 16 == 0;
     case WeightLayout::Fp8:
-    case WeightLayout::Int8: return w.in_features % 16 == 0 && w.group_size % 2 == 0;
+    case WeightLayout::Int8: return w.in_features % 16 == 0 && w.group_size > 0 && w.group_size % 2 == 0;
     case WeightLayout::Int4: return false;
   }
   return false;
@@ -627,7 +628,7 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
   gemm_dispatch(w, rounded_to_bf16(w, x, m), m, y);
 }
 
-bool bf16_panel_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
+bool bf16_dot_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
   return gemv_dispatch(w, x, m, y) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
 }
 

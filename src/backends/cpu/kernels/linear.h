@@ -48,9 +48,10 @@ enum class ActivationEmulation : uint8_t {
 /// vdpbf16ps (fp32 accumulation), as GPU engines compute a bf16 lm_head: straight on the stored tiles up to 64 rows
 /// (16 per pass; a server's decode steps), on decoded panels above (on AMX tiles where usable, for every m > 4);
 /// elsewhere fp32 x. An Fp8 layer (an FP8 checkpoint's, or a `--lm-head-dtype fp8` copy) or an Int8 lm_head copy
-/// under the same conditions (and an even scale group) does the same on panels of code · scale rounded to bf16
+/// under the same conditions (and an even scale group) multiplies x in bf16 with code · scale rounded to bf16
 /// (nearest even: the bf16 weights compressed-tensors and ModelOpt dequantize FP8 to), as engines run FP8 weights
-/// on GPUs without FP8 units (m ≤ 4 keeps the fp32-x GEMV, whatever the scales). Fp32, Int8, Int8Decode: fp32 x.
+/// on GPUs without FP8 units: m ≤ 4 keeps the fp32-x GEMV (whatever the scales), 5–16 rows run on the stored
+/// bytes, more on decoded panels (AMX tiles where usable, for every m > 4). Fp32, Int8, Int8Decode: fp32 x.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.

@@ -205,7 +205,7 @@ TEST(LmHeadCopies, Bf16DenseTakesBf16DotsWhereThePrecisionAllows) {
   }
 }
 
-// FP8 checkpoint layers (tensor, channel and 128 × 128 block scales, bf16 in the checkpoint as llm-compressor writes
+// FP8 checkpoint layers (tensor, channel and block scales, bf16 in the checkpoint as llm-compressor writes
 // them) and the --lm-head-dtype fp8 / int8 copies under the same rule: bf16 x on panels of code · scale rounded to
 // bf16, the bf16 weights compressed-tensors dequantizes to (here from float64: e4m3 · scale is exact there).
 // m ≤ 4 keeps the fp32-x GEMV (block scales too); K = 40 (not a multiple of 16) keeps fp32 x. N = 45 and 130 end
@@ -214,11 +214,15 @@ TEST(LmHeadCopies, Fp8AndInt8TakeBf16DotsWhereThePrecisionAllows) {
   std::mt19937 rng(304);
   const std::vector<int64_t> ms = {1, 3, 4, 5, 9, 16, 33, 65};
   for (auto [n, k] : {std::pair<int64_t, int64_t>{45, 272}, {130, 400}, {24, 40}}) {
-    for (int kind : {0, 1, 2}) {  // make_fp8: tensor, channel, 128 × 128 blocks
+    // make_fp8 kinds: tensor, channel, 128 × 128 blocks, and 16 × 34 blocks (34 ≡ 2 mod 4: a group boundary falls
+    // between the two column pairs that the panel decoder packs together).
+    for (int kind : {0, 1, 2, 3}) {
       SCOPED_TRACE(::testing::Message() << "fp8 scale kind " << kind);
-      const Layer l = kind == 2 ? testing::make_fp8(rng, n, k, 2, 128, 128) : testing::make_fp8(rng, n, k, kind);
-      PreparedLinear w = prepare::prepare_fp8(l.weight.view(), l.scale.view(), kind == 2 ? std::array<int64_t, 2>{128, 128}
-                                                                                        : std::array<int64_t, 2>{0, 0}, "fp8");
+      const std::array<int64_t, 2> block = kind == 2 ? std::array<int64_t, 2>{128, 128}
+                                           : kind == 3 ? std::array<int64_t, 2>{16, 34}
+                                                       : std::array<int64_t, 2>{0, 0};
+      const Layer l = kind >= 2 ? testing::make_fp8(rng, n, k, 2, block[0], block[1]) : testing::make_fp8(rng, n, k, kind);
+      PreparedLinear w = prepare::prepare_fp8(l.weight.view(), l.scale.view(), block, "fp8");
       check_bf16_rule(w, n, k, l.w, rounded_to_bf16(l.w), ms,
                       [k = k](int64_t m) { return k % 16 == 0 && m > 4; }, rng);
     }
