@@ -52,9 +52,9 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   // layers only). Not in batch-invariant mode, whose GEMV serves every m on fp32 x.
   const bool bf16_allowed = w.activation_precision == prepare::ActivationPrecision::Bf16 ||
                             w.activation_precision == prepare::ActivationPrecision::Bf16DecodeInt8;
-  const bool bf16_panel_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
+  const bool bf16_dot_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
                                  w.layout == prepare::WeightLayout::Int8;
-  if (aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_panel_layout && w.k_perm.empty() &&
+  if (aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_dot_layout && w.k_perm.empty() &&
       bf16_dot_gemm(w, x, m, y)) {
     return;
   }
