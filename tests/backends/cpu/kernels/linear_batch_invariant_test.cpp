@@ -16,6 +16,7 @@
 
 #include "backends/cpu/kernels/batch_invariant.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/linear_check.h"
 #include "core/threading.h"
 #include "quant/checkpoint_tensors.h"
 #include "backends/cpu/prepare/repack.h"
@@ -43,21 +44,7 @@ class ThreadsScope {
   int was_;
 };
 
-// Each supported SIMD target, and on one with AVX512-BF16 pairs once more with them off (the FMA GEMV).
-void for_each_target(const std::function<void()>& body) {
-  for (int64_t t : gemm_targets()) {
-    hwy::SetSupportedTargetsForTest(t);
-    SCOPED_TRACE(hwy::TargetName(t));
-    body();
-    if (bf16_dot_active()) {
-      set_bf16_dot_allowed(false);
-      SCOPED_TRACE("bf16 pairs off");
-      body();
-      set_bf16_dot_allowed(true);
-    }
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using testing_util::for_each_target;
 
 std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
   std::normal_distribution<float> dist(0.f, 1.f);

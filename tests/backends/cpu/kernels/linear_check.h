@@ -1,18 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
-// The float64 check and layer setup shared by the linear() tests (linear_test.cpp, linear_amx_test.cpp,
-// linear_int8_test.cpp).
+// The float64 check, layer setup and target loop shared by the linear() tests (linear_test.cpp, linear_amx_test.cpp,
+// linear_int8_test.cpp, linear_lm_head_test.cpp, linear_batch_invariant_test.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/prepare/repack.h"
 #include "quant/checkpoint_tensors.h"
 
 namespace fp4serve::kernels::testing_util {
+
+// Runs body on each supported SIMD target (the dispatch pinned to it), and on one with AVX512-BF16 dot products
+// once more with them switched off (the FMA kernels); leaves the dispatch unpinned.
+inline void for_each_target(const std::function<void()>& body) {
+  for (int64_t t : gemm_targets()) {
+    hwy::SetSupportedTargetsForTest(t);
+    SCOPED_TRACE(hwy::TargetName(t));
+    body();
+    if (bf16_dot_active()) {
+      set_bf16_dot_allowed(false);
+      SCOPED_TRACE("bf16 dot products off");
+      body();
+      set_bf16_dot_allowed(true);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 // Checks y [m, N] (from linear with x [m, K]) against Σ x·w (+ bias) in float64: every prepared weight decodes to
 // its exact value in fp32, so the only error is fp32 accumulation over K plus the global-scale and bias roundings,

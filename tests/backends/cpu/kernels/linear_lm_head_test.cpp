@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/linear_check.h"
 #include "quant/checkpoint_tensors.h"
 #include "backends/cpu/prepare/repack.h"
 #include "quant/formats.h"
@@ -168,18 +169,7 @@ void check_bf16_rule(PreparedLinear& w, int64_t n, int64_t k, const std::vector<
           EXPECT_GT(worst_exact, static_cast<double>(k + 4) * 0x1p-24) << "x was not rounded";
         }
       };
-      for (int64_t t : gemm_targets()) {
-        hwy::SetSupportedTargetsForTest(t);
-        SCOPED_TRACE(hwy::TargetName(t));
-        check();
-        if (bf16_dot_active()) {
-          set_bf16_dot_allowed(false);
-          SCOPED_TRACE("bf16 dot products off");
-          check();
-          set_bf16_dot_allowed(true);
-        }
-      }
-      hwy::SetSupportedTargetsForTest(0);
+      testing_util::for_each_target(check);
     }
   }
 }
