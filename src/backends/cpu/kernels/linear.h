@@ -168,9 +168,9 @@ bool bf16_dot_active();
 
 /// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense, FP8 and Int8 layers where the precision
 /// allows bf16 x) at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense, FP8 and Int8): the bf16
-/// panel GEMM's decoded weight
-/// panels (exact in bf16; FP8 / Int8: code · scale rounded to bf16) multiplied with x rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per
-/// instruction, fp32 sums), so the numbers are those of the vdpbf16ps panel up to summation order.
+/// panel GEMM's decoded weight panels (exact in bf16; FP8 / Int8: code · scale rounded to bf16) multiplied with x
+/// rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per instruction, fp32 sums), so the numbers are
+/// those of the vdpbf16ps panel up to summation order.
 /// - Hardware (default): where amx_status().usable.
 /// - Off: never (the vdpbf16ps panel GEMM serves those rows).
 /// - Emulated: the same driver with each tile instruction replaced by C++ that follows the Intel SDM's pseudo-code
