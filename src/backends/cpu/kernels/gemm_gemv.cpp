@@ -405,143 +405,6 @@ void GemvRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   ForRowCount<static_cast<int>(kMaxM)>(m, [&]<int kM>() { GemvLayer<kFormat, kM>(w, x, y); });
 }
 
-// ---- bf16 Dense, FP8 (per tensor, row or block) and Int8 (an lm_head's copy): [T][K][8] elements, 8 rows a column ----
-// The panel path widens these into an fp32 panel and reads it back (two extra passes over L1 per weight); here
-// each load is multiplied straight from registers. bf16: one vector load brings kRows/4 columns of the tile's 8
-// rows; interleaving zeros below each 16-bit element (vpunpcklwd / vpunpckhwd, per 128-bit block) makes rows
-// 0–3 and 4–7 of those columns fp32 with no shift, against x replicated 4× per column. FP8: a sign-extending byte
-// load, a shift and a mask per column (value · 2^−120, folded into the stored scale), each scale group's sums
-// (K for tensor and row scales, the block width for blocks) times its scales (block scales took the panel path
-// before: 0.17 of the bandwidth at M = 1); Int8 the same load and an int → fp32 conversion. Both stream the weights
-// once. Two columns per 512-bit vector against x pairs replicated 8× each read 0.46–0.59 of the bandwidth at
-// 4096², M = 1, against 0.58–0.87 here (the replicated x is 4 bytes per weight), so it was not kept.
-
-// xr[i][4k + c] = x[i][k]: one load then gives each 128-bit block its column's activation.
-HWY_INLINE void Replicate4(const float* x, int64_t m, int64_t k, float* xr) {
-  for (int64_t j = 0; j < m * k; ++j) {
-    xr[4 * j] = xr[4 * j + 1] = xr[4 * j + 2] = xr[4 * j + 3] = x[j];
-  }
-}
-
-template <int kM>
-HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT xr, float* HWY_RESTRICT acc) {
-  const DF df;
-  const hn::FixedTag<uint16_t, 2 * kRows> du16;
-  const hn::FixedTag<uint32_t, kRows> du32;
-  constexpr int64_t kCols = kRows / 4;  // columns per load
-  const int64_t k_total = w.in_features;
-  const uint16_t* src = w.codes.as<uint16_t>() + tile * k_total * kTileRows;
-  const auto zero = hn::Zero(du16);
-  VF lo[kM][2], hi[kM][2];  // [row of x][column parity]: two chains per output half
-  for (int i = 0; i < kM; ++i) lo[i][0] = lo[i][1] = hi[i][0] = hi[i][1] = hn::Zero(df);
-  int64_t kk = 0;
-  for (; kk + 2 * kCols <= k_total; kk += 2 * kCols) {
-    // This step reads 2·kCols·8 bf16: one 64-byte line (32 bf16) on AVX2, two on AVX-512.
-    for (int64_t line = 0; line < 2 * kCols * kTileRows; line += 32) prefetch_ahead(src + kk * kTileRows + line);
-    for (int u = 0; u < 2; ++u) {
-      const auto v = hn::Load(du16, src + (kk + u * kCols) * kTileRows);
-      const VF a = hn::BitCast(df, hn::ZipLower(du32, zero, v));
-      const VF b = hn::BitCast(df, hn::ZipUpper(du32, zero, v));
-      for (int i = 0; i < kM; ++i) {
-        const VF xv = hn::Load(df, xr + (i * k_total + kk + u * kCols) * 4);
-        lo[i][u] = hn::MulAdd(a, xv, lo[i][u]);
-        hi[i][u] = hn::MulAdd(b, xv, hi[i][u]);
-      }
-    }
-  }
-  for (; kk < k_total; kk += kCols) {
-    const auto v = hn::Load(du16, src + kk * kTileRows);
-    const VF a = hn::BitCast(df, hn::ZipLower(du32, zero, v));
-    const VF b = hn::BitCast(df, hn::ZipUpper(du32, zero, v));
-    for (int i = 0; i < kM; ++i) {
-      const VF xv = hn::Load(df, xr + (i * k_total + kk) * 4);
-      lo[i][0] = hn::MulAdd(a, xv, lo[i][0]);
-      hi[i][0] = hn::MulAdd(b, xv, hi[i][0]);
-    }
-  }
-  for (int i = 0; i < kM; ++i) {
-    alignas(64) float l[kRows], h[kRows];
-    hn::Store(hn::Add(lo[i][0], lo[i][1]), df, l);
-    hn::Store(hn::Add(hi[i][0], hi[i][1]), df, h);
-    for (int r = 0; r < 4; ++r) {
-      float sl = 0.f, sh = 0.f;
-      for (int64_t c = 0; c < kCols; ++c) {
-        sl += l[4 * c + r];
-        sh += h[4 * c + r];
-      }
-      acc[i * kTileRows + r] = sl;
-      acc[i * kTileRows + 4 + r] = sh;
-    }
-  }
-}
-
-// kInt8: the Int8 layout (code · scale); else E4M3 (value · 2^−120, the 2^120 in the stored scale).
-template <bool kInt8, int kM>
-HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT x, float* HWY_RESTRICT acc) {
-  const hn::FixedTag<float, 8> d8;
-  const hn::FixedTag<int32_t, 8> di8;
-  const int64_t k_total = w.in_features;
-  const int8_t* src = w.codes.as<int8_t>() + tile * k_total * kTileRows;
-  const auto keep = hn::Set(di8, static_cast<int32_t>(0x87F00000u));
-  const auto column = [&](int64_t k) HWY_ATTR {
-    const auto b = hn::PromoteTo(di8, hn::LoadU(hn::FixedTag<int8_t, 8>(), src + k * kTileRows));
-    if constexpr (kInt8) return hn::ConvertTo(d8, b);
-    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
-    return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
-  };
-  // Per scale group: the raw sums, then times the group's scales (one group: Σ·scale, as before blocks came here).
-  const int64_t groups = w.groups();
-  hn::Vec<decltype(d8)> total[kM];
-  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(d8);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t k_end = std::min(k_total, (g + 1) * w.group_size);
-    // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
-    hn::Vec<decltype(d8)> a0[kM], a1[kM];
-    for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
-    int64_t k = g * w.group_size;
-    for (; k + 2 <= k_end; k += 2) {
-      if (k % 8 == 0) prefetch_ahead(src + k * kTileRows);
-      const auto f0 = column(k), f1 = column(k + 1);
-      for (int i = 0; i < kM; ++i) {
-        a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-        a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
-      }
-    }
-    if (k < k_end) {
-      const auto f0 = column(k);
-      for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-    }
-    const auto scale = hn::Load(d8, w.scales.as<float>() + (tile * groups + g) * kTileRows);
-    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(a0[i], a1[i]), scale, total[i]);
-  }
-  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], d8, acc + i * kTileRows);
-}
-
-// Any m ≥ 1: the rows of x in chunks of 4 inside each tile (a decode step's m ≤ 4 is one chunk; batch-invariant
-// mode sends every m here: a row's sums do not depend on the chunk).
-void DenseRows(const PreparedLinear& w, const float* x, int64_t m, float* y) {
-  constexpr int kChunk = 4;
-  const int64_t k = w.in_features;
-  const bool bf16 = w.layout == WeightLayout::Dense;
-  const float* xin = x;
-  if (bf16) {
-    thread_local hwy::AlignedFreeUniquePtr<float[]> xr;
-    thread_local size_t cap = 0;
-    float* replicated = micro::Scratch(xr, cap, static_cast<size_t>(4 * m * k));
-    Replicate4(x, m, k, replicated);
-    xin = replicated;
-  }
-  ForEachRowItemChunked<kChunk, kTileRows>(w, m, y, [&]<int kM>(int64_t t, int64_t, int64_t r0, float* acc) HWY_ATTR {
-    if (bf16) {
-      Bf16Tile<kM>(w, t, xin + 4 * r0 * k, acc);
-    } else if (w.layout == WeightLayout::Int8) {
-      ByteTile<true, kM>(w, t, xin + r0 * k, acc);
-    } else {
-      ByteTile<false, kM>(w, t, xin + r0 * k, acc);
-    }
-  });
-}
-
 // ---- batch-invariant forms (batch_invariant.h): the kernels above for any m, rows in chunks inside each item ----
 
 // The fp32 FP4 GEMV in chunks of kMaxM rows (its per-row sums do not depend on kM).
@@ -577,12 +440,10 @@ bool GemvInvariantImpl(const PreparedLinear& w, const float* x, int64_t m, float
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
       if (bf16_input) return false;
-      DenseRows(w, x, m, y);
-      return true;
+      return dense_rows_gemv(w, x, m, y);
     case WeightLayout::Dense:
       if (bf16_input || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
-      DenseRows(w, x, m, y);
-      return true;
+      return dense_rows_gemv(w, x, m, y);
   }
   return false;
 }
@@ -626,12 +487,10 @@ bool GemvImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
     case WeightLayout::Fp8:
     case WeightLayout::Int8:
       if (m > 4) return false;
-      DenseRows(w, x, m, y);
-      return true;
+      return dense_rows_gemv(w, x, m, y);
     case WeightLayout::Dense:
       if (m > 4 || w.dense_storage != prepare::DenseStorage::Bf16 || w.in_features % (kRows / 4) != 0) return false;
-      DenseRows(w, x, m, y);
-      return true;
+      return dense_rows_gemv(w, x, m, y);
   }
   return false;
 }

@@ -149,6 +149,13 @@ const char* int8_target_name();
 /// The SIMD GEMM for the best supported target, x in prepared column order (defined in gemm_simd.cpp).
 void gemm_dispatch(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
+/// The GEMV of bf16 Dense, FP8 and Int8 layers (gemm_gemv_dense.cpp) for any m ≥ 1, rows in chunks of 4 with one
+/// arithmetic per row (the decode rows, and every m in batch-invariant mode): y [m, N] from fp32 x [m, K], the
+/// epilogue applied. The caller checks the layout's conditions (bf16 storage with K a multiple of the vector's
+/// columns for Dense). Returns false (and writes nothing) where the target has no such kernel (not x86 AVX2 /
+/// AVX-512).
+bool dense_rows_gemv(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
+
 /// Batch-invariant mode (batch_invariant.h): the fused GEMV of the best supported target for any m ≥ 1, rows in
 /// chunks of one fixed size inside each work item, one arithmetic per row for every m (gemm_gemv.cpp). bf16_input:
 /// ActivationPrecision::Bf16 of an Fp4 layout. Returns false (and writes nothing) where that target has no such
