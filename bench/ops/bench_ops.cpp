@@ -178,14 +178,15 @@ std::vector<uint16_t> random_kv(int64_t n, KvElement element, uint64_t seed) {
 
 // Attention over a KV cache laid out as model::KvCache ([KVH][positions][D]). args: t, context length before the call, query heads, KV heads, head_dim, element
 // (0 fp32, 1 bf16, 2 fp16) (Llama-3-8B: 32, 8, 128; the default model SmolLM2-135M: 9, 3, 64).
-void BM_Attention(benchmark::State& state) {
+void AttentionBench(benchmark::State& state, bool bf16_products) {
   const int64_t t = state.range(0), start = state.range(1), H = state.range(2), KVH = state.range(3), D = state.range(4);
   const auto element = static_cast<KvElement>(state.range(5));
   const int64_t rows = start + t;
   std::vector<float> q = random_vec(t * H * D, 1);
   std::vector<uint16_t> k = random_kv(rows * KVH * D, element, 2), v = random_kv(rows * KVH * D, element, 3);
   std::vector<float> out(t * H * D);
-  const AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  AttentionParams p{H, KVH, D, 1.0f / std::sqrt(float(D))};
+  p.bf16_dot_products = bf16_products;
   for (auto _ : state) {
     attention(q.data(), t, start, KvRows{k.data(), v.data(), D, rows * D, element}, p, out.data());
     benchmark::DoNotOptimize(out.data());
@@ -197,6 +198,25 @@ void BM_Attention(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(H * D * 4) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_Attention(benchmark::State& state) { AttentionBench(state, false); }
+// BM_Attention with AttentionParams::bf16_dot_products, what a prefill runs under the bf16 activation precisions:
+// the blocked prefill of a bf16 cache on bf16 dot products where the CPU has them (the label says which ran).
+void BM_AttentionBf16Products(benchmark::State& state) {
+  AttentionParams p{state.range(2), state.range(3), state.range(4), 1.0f};
+  p.bf16_dot_products = true;
+  state.SetLabel(prefill_attention_uses_bf16(static_cast<KvElement>(state.range(5)), p) ? "bf16 products" : "fp32 products");
+  AttentionBench(state, true);
+}
+BENCHMARK(BM_AttentionBf16Products)
+    ->Args({128, 0, 9, 3, 64, 1})
+    ->Args({512, 0, 9, 3, 64, 1})
+    ->Args({2048, 0, 9, 3, 64, 1})
+    ->Args({8192, 0, 9, 3, 64, 1})
+    ->Args({256, 7936, 9, 3, 64, 1})
+    ->Args({512, 0, 32, 8, 128, 1})
+    ->Args({512, 0, 24, 8, 128, 1})
+    ->Unit(benchmark::kMicrosecond);
+
 // BM_Attention in batch-invariant mode (backends/cpu/kernels/batch_invariant.h: no key split, one row blocked too),
 // against BM_Attention's same arguments in the same run.
 void BM_AttentionInvariant(benchmark::State& state) {
@@ -328,6 +348,7 @@ BENCHMARK(BM_Attention)
     ->Args({8192, 0, 9, 3, 64, 1})
     // A 256-row chunk of a long prompt (serve's --max-num-batched-tokens) after 7936 cached positions.
     ->Args({256, 7936, 9, 3, 64, 1})
+    ->Args({512, 0, 24, 8, 128, 1})  // Llama-3.2-3B's heads
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -190,11 +190,24 @@ void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const
   }
 }
 
+bool CpuBackend::bf16_attention_products() const {
+  switch (activation_precision_) {
+    case prepare::ActivationPrecision::Bf16:
+    case prepare::ActivationPrecision::Bf16DecodeInt8: return true;
+    case prepare::ActivationPrecision::Fp32:
+    case prepare::ActivationPrecision::Int8:
+    case prepare::ActivationPrecision::Int8Decode: return false;
+  }
+  return false;
+}
+
 void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, int64_t start_pos, const AttentionOp& op,
                            float* out) {
   (void)step();
-  const kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
-                                        op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
+  kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
+                                  op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
+  // A prefill's products on bf16 dot products where the linears round x to bf16 as well (attention.h).
+  params.bf16_dot_products = bf16_attention_products();
   kernels::attention(q, t, start_pos, layer_rows(slot, layer), params, out);
 }
 

@@ -228,6 +228,10 @@ void decode_attention(std::span<const DecodeQuery> rows, const AttentionParams& 
       max_len, p);
 }
 
+bool prefill_attention_uses_bf16(KvElement element, const AttentionParams& params) {
+  return !batch_invariant() && cpu::prefill_attention_bf16(element, params);
+}
+
 int64_t attention_key_splits(int64_t t, int64_t kv_heads, int64_t keys, int64_t threads) {
   const int64_t items = t * kv_heads;
   if (threads <= 1 || items >= 2 * threads) return 1;

@@ -59,6 +59,12 @@ struct AttentionParams {
   /// nullptr, or [H] GPT-OSS attention sinks: one extra logit per head that joins the softmax max and
   /// denominator but contributes no value (HF GptOss eager_attention_forward).
   const float* sinks = nullptr;
+  /// Allows a blocked prefill (below) to run both products on bf16 dot products, as GPU flash attention runs a bf16
+  /// model: q and the softmax weights P rounded to bf16 (nearest even) at the products' inputs, the cache's keys
+  /// and values as stored, each pair of products summed in fp32 (vdpbf16ps); scores, softmax and output stay
+  /// fp32. Taken only where prefill_attention_uses_bf16() says so. The CPU backend sets it under the bf16
+  /// activation precisions (prepare::ActivationPrecision Bf16, Bf16DecodeInt8), whose linears round x to bf16 too.
+  bool bf16_dot_products = false;
 };
 
 /// out[i, h, :] = Σ_p softmax_p(scale · q[i, h, :] · k[p, kvh, :]) · v[p, kvh, :] over the causal (and
@@ -84,6 +90,13 @@ void attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache
 /// The same over an fp32 cache of [position][KVH · D] rows, cache_row_stride floats apart.
 void attention(const float* q, int64_t t, int64_t start_pos, const float* k_cache, const float* v_cache,
                int64_t cache_row_stride, const AttentionParams& params, float* out);
+
+/// Whether attention() runs a blocked prefill (t ≥ kMinBlockedPrefillRows, keys not split) over a cache of
+/// `element` with `params` on bf16 dot products here: params.bf16_dot_products, a bf16 cache (fp32 and fp16 rows
+/// would be rounded), head_dim a multiple of the panel width (32 floats on AVX-512), the dispatched target has the
+/// bf16 micro-kernel (AVX-512, GCC), the CPU has AVX512-BF16 and bf16 dot products are allowed
+/// (set_bf16_dot_allowed, linear.h), and not batch-invariant mode. Decode rows and other calls run fp32 products.
+bool prefill_attention_uses_bf16(KvElement element, const AttentionParams& params);
 
 /// One row of a batched decode step: a sequence's query at position `pos` over that sequence's own keys.
 struct DecodeQuery {

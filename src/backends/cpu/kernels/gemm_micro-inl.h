@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The register-blocked fp32 micro-kernel shared by the panel GEMM (gemm_simd.cpp) and the blocked prefill
 // attention (attention_prefill.cpp): C[kM × kNR] (+)= X[kM × kc] · P[kc × kNR] with X rows broadcast one element
-// at a time and P rows loaded as two vectors (the GotoBLAS / BLIS outer-product order). Defined on the SIMD
+// at a time and P rows loaded as two vectors (the GotoBLAS / BLIS outer-product order); on AVX-512 with GCC also
+// its bf16-pair twin (MicroBf16) for both. Defined on the SIMD
 // targets only (FP4SERVE_PANEL_TARGET); EMU128 runs scalar code instead. Re-included once per Highway target
 // by foreach_target.h through the including file, hence the toggle guard instead of #pragma once.
 #if defined(FP4SERVE_KERNELS_CPU_GEMM_MICRO_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -21,6 +22,13 @@
 #ifndef FP4SERVE_PANEL_TARGET
 #define FP4SERVE_PANEL_TARGET \
   (HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4)
+#endif
+
+// True on the targets that also have the bf16-pair micro-kernel (MicroBf16: AVX-512 with GCC, which accepts the
+// AVX512-BF16 intrinsics inside a function-level target pragma).
+#ifndef FP4SERVE_BF16_MICRO_TARGET
+#define FP4SERVE_BF16_MICRO_TARGET \
+  ((HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && HWY_COMPILER_GCC_ACTUAL)
 #endif
 
 HWY_BEFORE_NAMESPACE();
@@ -113,6 +121,52 @@ HWY_NOINLINE void Micro(const float* HWY_RESTRICT x, int64_t ldx, const float* H
   }
 }
 #endif
+
+#if FP4SERVE_BF16_MICRO_TARGET
+// Highway 1.0 has no AVX512-BF16 target, so these add the instructions; callers run them only where
+// bf16_dot_usable() (gemm_shared.h) says the CPU has them.
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+// The micro-kernel on bf16 pairs: c[i · ldc + 0..kNR) (+)= Σ_q x[i · ldx + q] · p[q · ldp + 0..kNR) over kc2 pairs q,
+// where a 32-bit word holds two bf16 (the even index in its low half) and one vdpbf16ps adds both products of a
+// pair into an fp32 lane: the work of two FMAs in Micro.
+template <int kM>
+HWY_NOINLINE void MicroBf16(const uint32_t* HWY_RESTRICT x, int64_t ldx, const uint32_t* HWY_RESTRICT p, int64_t ldp,
+                            int64_t kc2, float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
+  __m512 a0[kM], a1[kM];
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    a0[i] = load_c ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+    a1[i] = load_c ? _mm512_loadu_ps(c + i * ldc + kLanes) : _mm512_setzero_ps();
+  }
+  for (int64_t q = 0; q < kc2; ++q) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * ldp));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * ldp + kLanes));
+#pragma GCC unroll 16
+    for (int i = 0; i < kM; ++i) {
+      const __m512bh xi = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(x[i * ldx + q])));
+      a0[i] = _mm512_dpbf16_ps(a0[i], b0, xi);
+      a1[i] = _mm512_dpbf16_ps(a1[i], b1, xi);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kM; ++i) {
+    _mm512_storeu_ps(c + i * ldc, a0[i]);
+    _mm512_storeu_ps(c + i * ldc + kLanes, a1[i]);
+  }
+}
+
+// MicroBf16<m> for a run-time m in [1, kMR].
+template <int kM = kMR>
+HWY_INLINE void MicroBf16Dispatch(int m, const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t ldp, int64_t kc2,
+                                  float* c, int64_t ldc, bool load_c) {
+  if constexpr (kM > 0) {
+    if (m == kM) return MicroBf16<kM>(x, ldx, p, ldp, kc2, c, ldc, load_c);
+    return MicroBf16Dispatch<kM - 1>(m, x, ldx, p, ldp, kc2, c, ldc, load_c);
+  }
+}
+#pragma GCC pop_options
+#endif  // FP4SERVE_BF16_MICRO_TARGET
 
 // Grows buf to at least `need` elements and returns it: per-thread scratch that persists between calls (OpenMP
 // threads persist), for the panels, tiles and converted activations of the GEMM and GEMV kernels.

@@ -362,7 +362,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
   PanelGemm(w, m, y, Fp32PanelOps{w, x});
 }
 
-#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && HWY_COMPILER_GCC_ACTUAL
+#if FP4SERVE_BF16_MICRO_TARGET
 // ---- ActivationPrecision::Bf16 with AVX512-BF16: the panel holds bf16 pairs, the micro-kernel runs vdpbf16ps ---
 // Highway 1.0 has no AVX512-BF16 target: this section adds the instructions (as gemm_gemv.cpp's pair GEMV does),
 // and Bf16GemmImpl runs only where bf16_dot_usable(). A panel row is a pair of columns k, k + 1 of the 32 output
@@ -513,41 +513,7 @@ HWY_INLINE void RoundToBf16Pairs(const float* HWY_RESTRICT x, int64_t m, int64_t
   }
 }
 
-// c[i · ldc + 0..kNR) (+)= Σ_q x[i · ldx + q] · p[q · kNR + 0..kNR) over kc2 column pairs q, as bf16 dot products.
-template <int kM>
-HWY_NOINLINE void MicroBf16(const uint32_t* HWY_RESTRICT x, int64_t ldx, const uint32_t* HWY_RESTRICT p, int64_t kc2,
-                            float* HWY_RESTRICT c, int64_t ldc, bool load_c) {
-  __m512 a0[kM], a1[kM];
-#pragma GCC unroll 16
-  for (int i = 0; i < kM; ++i) {
-    a0[i] = load_c ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
-    a1[i] = load_c ? _mm512_loadu_ps(c + i * ldc + kLanes) : _mm512_setzero_ps();
-  }
-  for (int64_t q = 0; q < kc2; ++q) {
-    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * kNR));
-    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p + q * kNR + kLanes));
-#pragma GCC unroll 16
-    for (int i = 0; i < kM; ++i) {
-      const __m512bh xi = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(x[i * ldx + q])));
-      a0[i] = _mm512_dpbf16_ps(a0[i], b0, xi);
-      a1[i] = _mm512_dpbf16_ps(a1[i], b1, xi);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < kM; ++i) {
-    _mm512_storeu_ps(c + i * ldc, a0[i]);
-    _mm512_storeu_ps(c + i * ldc + kLanes, a1[i]);
-  }
-}
-
-template <int kM = kMR>
-HWY_INLINE void MicroBf16Dispatch(int m, const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t kc2, float* c,
-                                  int64_t ldc, bool load_c) {
-  if constexpr (kM > 0) {
-    if (m == kM) return MicroBf16<kM>(x, ldx, p, kc2, c, ldc, load_c);
-    return MicroBf16Dispatch<kM - 1>(m, x, ldx, p, kc2, c, ldc, load_c);
-  }
-}
+using micro::MicroBf16Dispatch;
 
 struct Bf16PanelOps {
   const PreparedLinear& w;
@@ -557,7 +523,8 @@ struct Bf16PanelOps {
   }
   void micro(int mm, int64_t m0, int64_t k0, int64_t kc, const float* panel, float* c, int64_t ldc, bool load_c) const {
     const int64_t ldx = w.in_features / 2;
-    MicroBf16Dispatch(mm, xp + m0 * ldx + k0 / 2, ldx, reinterpret_cast<const uint32_t*>(panel), kc / 2, c, ldc, load_c);
+    MicroBf16Dispatch(mm, xp + m0 * ldx + k0 / 2, ldx, reinterpret_cast<const uint32_t*>(panel), kNR, kc / 2, c, ldc,
+                      load_c);
   }
 };
 

@@ -64,4 +64,8 @@ void attend_group(const float* q, int64_t group, int64_t d, const KvRows& cache,
 bool prefill_attention(const float* q, int64_t t, int64_t start_pos, const KvRows& cache, const AttentionParams& params,
                        float* out);
 
+/// Whether prefill_attention runs its products on bf16 dot products for a cache of `element` with `params` on the
+/// dispatched target (attention_prefill.cpp UsesBf16).
+bool prefill_attention_bf16(KvElement element, const AttentionParams& params);
+
 }  // namespace fp4serve::kernels::cpu
