@@ -10,6 +10,8 @@
 #include "app/commands.h"
 #include "app/model_options.h"
 #include "app/option_values.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/load_model.h"
 #include "backends/registry.h"
@@ -46,6 +48,25 @@ std::optional<model::ActivationPrecisionChoice> cpu_activation_precision(const E
   return model::choose_activation_precision(opts.activation_precision, device.kind, config.dtype,
                                             model::activation_probe_shape(config),
                                             opts.activation_quant == plan::ActivationQuant::Emulate);
+}
+
+// Whether a prefill's attention runs on bf16 dot products under `precision` (the CPU backend's rule and the
+// kernel's conditions, as loading would meet them), and if not, why not.
+std::string bf16_attention_text(const ExplainOptions& opts, const plan::DeviceCaps& device,
+                                const model::ModelConfig& config, prepare::ActivationPrecision precision) {
+  if (!backends::cpu::bf16_attention_products(precision)) {
+    return fmt::format("no: under {} the linears keep fp32 or int8 activations (bf16 and bf16-decode-int8 take it)",
+                       prepare::activation_precision_name(precision));
+  }
+  const model::KvCacheDtype kv = model::resolve_kv_cache_dtype(opts.kv_cache_dtype, device.kind, config.dtype);
+  if (kv != model::KvCacheDtype::Bf16) {
+    return fmt::format("no: the KV cache holds {} (its keys and values would be rounded)", model::kv_cache_dtype_name(kv));
+  }
+  kernels::AttentionParams params{config.num_heads, config.num_kv_heads, config.head_dim, 1.0f};
+  params.bf16_dot_products = true;
+  if (kernels::prefill_attention_uses_bf16(kernels::KvElement::Bf16, params)) return "yes (bf16 KV cache, AVX512-BF16)";
+  return fmt::format("no: needs the AVX-512 kernels with AVX512-BF16 and a head dim that is a multiple of 32 (it is {})",
+                     config.head_dim);
 }
 
 // The memory plan: the weights as loaded (the plan's resident bytes) and how the KV budget divides into blocks of
@@ -116,11 +137,13 @@ void run_explain(const ExplainOptions& opts) {
   std::optional<MemoryPlanText> memory;
   std::optional<model::ActivationPrecisionChoice> precision;
   std::optional<model::ActivationPrecisionChoice> int4_precision;  // where the model has int4 (W4A16) layers
+  std::string attention_bf16;  // bf16_attention_text, with `precision`
   if (layer_plan.complete()) {
     try {
       const model::ModelConfig config = model::parse_model_config(ckpt.config());
       memory = memory_plan(opts, config, layer_plan);
       precision = cpu_activation_precision(opts, device, config);
+      if (precision) attention_bf16 = bf16_attention_text(opts, device, config, precision->precision);
       const bool has_int4 = std::any_of(layer_plan.modules.begin(), layer_plan.modules.end(), [](const plan::ModulePlan& m) {
         return m.scheme == plan::SchemeId::W4A16Int4;
       });
@@ -141,7 +164,8 @@ void run_explain(const ExplainOptions& opts) {
       j["activation_precision"] = {{"precision", prepare::activation_precision_name(precision->precision)},
                                    {"reason", precision->reason},
                                    {"amx", kernels::amx_active()},
-                                   {"amx_status", kernels::amx_status().reason}};
+                                   {"amx_status", kernels::amx_status().reason},
+                                   {"prefill_attention_bf16", attention_bf16}};
     }
     if (int4_precision) {
       j["int4_activation_precision"] = {{"precision", prepare::activation_precision_name(int4_precision->precision)},
@@ -162,6 +186,8 @@ void run_explain(const ExplainOptions& opts) {
       // The bf16 GEMMs' matrix unit (kernels/linear.h AmxUse): said whatever the precision, as --version does.
       fmt::print("Bf16 GEMMs above the decode GEMV's rows on AMX tiles: {} (AMX {}).\n",
                  kernels::amx_active() ? "yes" : "no", kernels::amx_status().reason);
+      fmt::print("Prefill attention on bf16 dot products (q and the softmax weights rounded to bf16): {}.\n",
+                 attention_bf16);
     }
     if (!tp_text.empty()) fmt::print("\n{}", tp_text);
   }

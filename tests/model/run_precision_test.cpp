@@ -138,6 +138,10 @@ INSTANTIATE_TEST_SUITE_P(
                       PrecisionCase{"llama-mxfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
                       PrecisionCase{"qwen3-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
                       PrecisionCase{"mixtral-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3},
+                      // A bf16 cache under bf16: the prefill's attention on bf16 dot products too.
+                      PrecisionCase{"llama-bf16", kBf16, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::Bf16},
+                      PrecisionCase{"llama-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::Bf16},
+                      PrecisionCase{"qwen3-nvfp4a16", kBf16, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::Bf16},
                       PrecisionCase{"llama-fp8-block", kBf16, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::F32, true},
                       PrecisionCase{"llama-fp8-dynamic", kBf16, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::F32, true},
                       PrecisionCase{"llama-fp8-block", kAutoPrecision, LmHeadDtype::Bf16, 3e-3, KvCacheDtype::F32, true},

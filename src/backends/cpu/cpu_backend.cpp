@@ -190,8 +190,8 @@ void CpuBackend::write_kv(int64_t layer, const float* k, int64_t k_stride, const
   }
 }
 
-bool CpuBackend::bf16_attention_products() const {
-  switch (activation_precision_) {
+bool bf16_attention_products(prepare::ActivationPrecision precision) {
+  switch (precision) {
     case prepare::ActivationPrecision::Bf16:
     case prepare::ActivationPrecision::Bf16DecodeInt8: return true;
     case prepare::ActivationPrecision::Fp32:
@@ -207,7 +207,7 @@ void CpuBackend::attention(int64_t layer, int slot, const float* q, int64_t t, i
   kernels::AttentionParams params{op.num_heads, op.num_kv_heads, op.head_dim, op.scale, op.sliding_window,
                                   op.sinks == nullptr ? nullptr : as<CpuVector>(*op.sinks, "sinks").values.data()};
   // A prefill's products on bf16 dot products where the linears round x to bf16 as well (attention.h).
-  params.bf16_dot_products = bf16_attention_products();
+  params.bf16_dot_products = bf16_attention_products(activation_precision_);
   kernels::attention(q, t, start_pos, layer_rows(slot, layer), params, out);
 }
 

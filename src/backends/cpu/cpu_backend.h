@@ -34,6 +34,11 @@ using model::OnlineTransform;
 using model::RopeCache;
 using model::RouterSettings;
 
+/// Whether a CpuBackend running `precision` lets a prefill's attention take bf16 dot products
+/// (kernels::AttentionParams::bf16_dot_products; the kernel decides where they run): under the precisions whose
+/// linears round x to bf16 as well, Bf16 and Bf16DecodeInt8.
+bool bf16_attention_products(prepare::ActivationPrecision precision);
+
 class CpuBackend final : public Backend {
  public:
   /// Its KV caches store `kv_cache_dtype` elements (--kv-cache-dtype; kv_element_of); its FP4 layers without an
@@ -96,9 +101,6 @@ class CpuBackend final : public Backend {
  private:
   // `layer`'s keys and values of `slot` as the attention kernels read them: its group's table, its row in the blocks.
   kernels::KvRows layer_rows(int slot, int64_t layer) const;
-  // kernels::AttentionParams::bf16_dot_products for a prefill: under the activation precisions whose linears round
-  // x to bf16 (Bf16, Bf16DecodeInt8).
-  bool bf16_attention_products() const;
   std::vector<std::vector<float>> workspace_;
   std::vector<float> linear_scratch_;  // linear_forward's part buffer
   std::vector<kernels::DecodeQuery> decode_rows_;  // decode_attention's rows, kept to reuse the allocation
