@@ -81,7 +81,8 @@ struct AttentionParams {
 /// In batch-invariant mode (batch_invariant.h) every call runs row by row with no key split, so a row's output does
 /// not depend on the call's other rows or the threads.
 /// 16-bit rows are widened a few keys at a time into an fp32 scratch that stays in L1 (decode), or once per call
-/// per KV head (blocked prefill), so every path runs the fp32 arithmetic on the rounded values.
+/// per KV head (blocked prefill), so every path runs the fp32 arithmetic on the rounded values; the one exception is
+/// a blocked prefill with bf16_dot_products where prefill_attention_uses_bf16() (below).
 /// A paged cache is read run by run (the positions of one block), as the same arithmetic in the same order per run.
 /// Throws UsageError on null pointers or inconsistent sizes (a block table that does not cover the positions read,
 /// or names a negative block among them).
