@@ -39,11 +39,11 @@ using VF = hn::Vec<DF>;
 // load, a shift and a mask per column (value · 2^−120, folded into the stored scale), each scale group's sums
 // (K for tensor and row scales, the block width for blocks) times its scales (block scales took the panel path
 // before: 0.17 of the bandwidth at M = 1); Int8 the same load and an int → fp32 conversion. Both stream the weights
-// once. On AVX-512 the bytes run two tiles per vector (ByteTilePair): bench_gemm_fp4 fp8row, 2 threads, weight GB/s
-// against 8 rows per 256-bit vector (ByteTile), two alternating rounds: 4096² M = 1 19.8 / 21.9 vs 17.2 / 18.0, M = 4
+// once. On AVX-512 the bytes run two tiles per vector (ByteTiles): bench_gemm_fp4 fp8row, 2 threads, weight GB/s
+// against 8 rows per 256-bit vector, two alternating rounds: 4096² M = 1 19.8 / 21.9 vs 17.2 / 18.0, M = 4
 // 16.6 / 19.5 vs 12.8 / 12.9, 49152×576 M = 4 16.6 / 19.8 vs 12.1 / 13.0; the default model's 576×1536 at M = 1
 // 0.92–0.95× (half as many work items). Two columns of one tile per vector against x pairs replicated 8× in memory
-// read 0.46–0.59 of the bandwidth at 4096², M = 1, against ByteTile's 0.58–0.87 (the replicated x is 4 bytes per
+// read 0.46–0.59 of the bandwidth at 4096², M = 1, against one tile per vector's 0.58–0.87 (the replicated x is 4 bytes per
 // weight), so that was not kept.
 
 // xr[i][4k + c] = x[i][k]: one load then gives each 128-bit block its column's activation.
@@ -105,96 +105,74 @@ HWY_INLINE void Bf16Tile(const PreparedLinear& w, int64_t tile, const float* HWY
   }
 }
 
-// kInt8: the Int8 layout (code · scale); else E4M3 (value · 2^−120, the 2^120 in the stored scale).
-template <bool kInt8, int kM>
-HWY_INLINE void ByteTile(const PreparedLinear& w, int64_t tile, const float* HWY_RESTRICT x, float* HWY_RESTRICT acc) {
-  const hn::FixedTag<float, 8> d8;
-  const hn::FixedTag<int32_t, 8> di8;
-  const int64_t k_total = w.in_features;
-  const int8_t* src = w.codes.as<int8_t>() + tile * k_total * kTileRows;
-  const auto keep = hn::Set(di8, static_cast<int32_t>(0x87F00000u));
-  const auto column = [&](int64_t k) HWY_ATTR {
-    const auto b = hn::PromoteTo(di8, hn::LoadU(hn::FixedTag<int8_t, 8>(), src + k * kTileRows));
-    if constexpr (kInt8) return hn::ConvertTo(d8, b);
-    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
-    return hn::BitCast(d8, hn::And(hn::ShiftLeft<20>(b), keep));
-  };
-  // Per scale group: the raw sums, then times the group's scales (one group: Σ·scale, as before blocks came here).
-  const int64_t groups = w.groups();
-  hn::Vec<decltype(d8)> total[kM];
-  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(d8);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t k_end = std::min(k_total, (g + 1) * w.group_size);
-    // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
-    hn::Vec<decltype(d8)> a0[kM], a1[kM];
-    for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(d8);
-    int64_t k = g * w.group_size;
-    for (; k + 2 <= k_end; k += 2) {
-      if (k % 8 == 0) prefetch_ahead(src + k * kTileRows);
-      const auto f0 = column(k), f1 = column(k + 1);
-      for (int i = 0; i < kM; ++i) {
-        a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-        a1[i] = hn::MulAdd(f1, hn::Set(d8, x[i * k_total + k + 1]), a1[i]);
-      }
-    }
-    if (k < k_end) {
-      const auto f0 = column(k);
-      for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(d8, x[i * k_total + k]), a0[i]);
-    }
-    const auto scale = hn::Load(d8, w.scales.as<float>() + (tile * groups + g) * kTileRows);
-    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(a0[i], a1[i]), scale, total[i]);
-  }
-  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], d8, acc + i * kTileRows);
-}
-
-#if HWY_TARGET != HWY_AVX2
-// AVX-512: ByteTile for two tiles (16 rows) per 512-bit vector: each column's 8 bytes of both tiles widened together,
-// one broadcast of x[k] for 16 rows (as the FP4 GEMV does), half ByteTile's instructions per weight. tb = ta for an
-// odd last tile (its second copy lands in rows past N). The same sums per row and group as ByteTile.
-template <bool kInt8, int kM>
-HWY_INLINE void ByteTilePair(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
-                             float* HWY_RESTRICT acc) {
+// The bytes of kRows / 8 tiles per vector: tile ta alone (AVX2), or ta and tb side by side (AVX-512: each column's
+// 8 bytes of both widened together, one broadcast of x[k] for 16 rows as the FP4 GEMV does, half the instructions
+// per weight; tb = ta for an odd last tile, its copy landing in rows past N). kInt8: the Int8 layout (code ·
+// scale); else E4M3 (value · 2^−120, the 2^120 in the stored scale). acc gets kM rows of kRows sums.
+// (kTiles is a template parameter so that the branch for the other width is discarded.)
+template <bool kInt8, int kM, int64_t kTiles = kRows / kTileRows>
+HWY_INLINE void ByteTiles(const PreparedLinear& w, int64_t ta, int64_t tb, const float* HWY_RESTRICT x,
+                          float* HWY_RESTRICT acc) {
+  constexpr bool kPair = kTiles == 2;
+  static_assert(kTiles * kTileRows == kRows, "a vector holds whole tiles");
+  const hn::FixedTag<float, kTiles * kTileRows> df;  // = DF, spelled through kTiles
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> db;
+  const hn::FixedTag<int8_t, kTileRows> d_tile_bytes;
+  const hn::FixedTag<float, kTileRows> d_tile_floats;
   const int64_t k_total = w.in_features, groups = w.groups();
   const int8_t* src_a = w.codes.as<int8_t>() + ta * k_total * kTileRows;
   const int8_t* src_b = w.codes.as<int8_t>() + tb * k_total * kTileRows;
-  const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u));
+  const float* scales = w.scales.as<float>();
+  const auto keep = hn::Set(di, static_cast<int32_t>(0x87F00000u));
   const auto column = [&](int64_t k) HWY_ATTR {
-    const __m128i bytes = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src_a + k * kTileRows)),
-                                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src_b + k * kTileRows)));
-    const __m512i wide = _mm512_cvtepi8_epi32(bytes);
-    if constexpr (kInt8) return _mm512_cvtepi32_ps(wide);
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(wide, 20), keep));
+    const auto a = hn::LoadU(d_tile_bytes, src_a + k * kTileRows);
+    hn::Vec<decltype(db)> bytes;
+    if constexpr (kPair) {
+      bytes = hn::Combine(db, hn::LoadU(d_tile_bytes, src_b + k * kTileRows), a);
+    } else {
+      bytes = a;
+    }
+    const auto wide = hn::PromoteTo(di, bytes);
+    if constexpr (kInt8) return hn::ConvertTo(df, wide);
+    // Sign-extended byte << 20 puts the sign at bit 31 and the magnitude at bits 26..20 (value · 2^−120).
+    return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(wide), keep));
   };
-  __m512 total[kM];
-  for (int i = 0; i < kM; ++i) total[i] = _mm512_setzero_ps();
+  // Per scale group: the raw sums, then times the group's scales (one group for tensor and row scales).
+  hn::Vec<decltype(df)> total[kM];
+  for (int i = 0; i < kM; ++i) total[i] = hn::Zero(df);
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k_end = std::min(k_total, (g + 1) * w.group_size);
-    __m512 a0[kM], a1[kM];
-    for (int i = 0; i < kM; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+    // Two chains per row, unrolled by hand: an accumulator indexed by k & 1 would live in memory.
+    hn::Vec<decltype(df)> a0[kM], a1[kM];
+    for (int i = 0; i < kM; ++i) a0[i] = a1[i] = hn::Zero(df);
     int64_t k = g * w.group_size;
     for (; k + 2 <= k_end; k += 2) {
       if (k % 8 == 0) {
         prefetch_ahead(src_a + k * kTileRows);
-        prefetch_ahead(src_b + k * kTileRows);
+        if constexpr (kPair) prefetch_ahead(src_b + k * kTileRows);
       }
-      const __m512 f0 = column(k), f1 = column(k + 1);
+      const auto f0 = column(k), f1 = column(k + 1);
       for (int i = 0; i < kM; ++i) {
-        a0[i] = _mm512_fmadd_ps(f0, _mm512_set1_ps(x[i * k_total + k]), a0[i]);
-        a1[i] = _mm512_fmadd_ps(f1, _mm512_set1_ps(x[i * k_total + k + 1]), a1[i]);
+        a0[i] = hn::MulAdd(f0, hn::Set(df, x[i * k_total + k]), a0[i]);
+        a1[i] = hn::MulAdd(f1, hn::Set(df, x[i * k_total + k + 1]), a1[i]);
       }
     }
     if (k < k_end) {
-      const __m512 f0 = column(k);
-      for (int i = 0; i < kM; ++i) a0[i] = _mm512_fmadd_ps(f0, _mm512_set1_ps(x[i * k_total + k]), a0[i]);
+      const auto f0 = column(k);
+      for (int i = 0; i < kM; ++i) a0[i] = hn::MulAdd(f0, hn::Set(df, x[i * k_total + k]), a0[i]);
     }
-    const float* scales = w.scales.as<float>();
-    const __m512 scale = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(scales + (ta * groups + g) * kTileRows)),
-                                            _mm256_loadu_ps(scales + (tb * groups + g) * kTileRows), 1);
-    for (int i = 0; i < kM; ++i) total[i] = _mm512_fmadd_ps(_mm512_add_ps(a0[i], a1[i]), scale, total[i]);
+    const auto scale_a = hn::LoadU(d_tile_floats, scales + (ta * groups + g) * kTileRows);
+    hn::Vec<decltype(df)> scale;
+    if constexpr (kPair) {
+      scale = hn::Combine(df, hn::LoadU(d_tile_floats, scales + (tb * groups + g) * kTileRows), scale_a);
+    } else {
+      scale = scale_a;
+    }
+    for (int i = 0; i < kM; ++i) total[i] = hn::MulAdd(hn::Add(a0[i], a1[i]), scale, total[i]);
   }
-  for (int i = 0; i < kM; ++i) _mm512_storeu_ps(acc + i * 2 * kTileRows, total[i]);
+  for (int i = 0; i < kM; ++i) hn::StoreU(total[i], df, acc + i * kRows);
 }
-#endif
 
 // Any m ≥ 1: the rows of x in chunks of 4 inside each item (a decode step's m ≤ 4 is one chunk; batch-invariant
 // mode sends every m here: a row's sums do not depend on the chunk).
@@ -210,26 +188,18 @@ bool DenseRowsImpl(const PreparedLinear& w, const float* x, int64_t m, float* y)
     Replicate4(x, m, k, replicated);
     xin = replicated;
   }
-#if HWY_TARGET != HWY_AVX2
   if (!bf16) {
-    ForEachRowItemChunked<kChunk, 2 * kTileRows>(w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
+    ForEachRowItemChunked<kChunk, kRows>(w, m, y, [&]<int kM>(int64_t ta, int64_t tb, int64_t r0, float* acc) HWY_ATTR {
       if (w.layout == WeightLayout::Int8) {
-        ByteTilePair<true, kM>(w, ta, tb, x + r0 * k, acc);
+        ByteTiles<true, kM>(w, ta, tb, x + r0 * k, acc);
       } else {
-        ByteTilePair<false, kM>(w, ta, tb, x + r0 * k, acc);
+        ByteTiles<false, kM>(w, ta, tb, x + r0 * k, acc);
       }
     });
     return true;
   }
-#endif
   ForEachRowItemChunked<kChunk, kTileRows>(w, m, y, [&]<int kM>(int64_t t, int64_t, int64_t r0, float* acc) HWY_ATTR {
-    if (bf16) {
-      Bf16Tile<kM>(w, t, xin + 4 * r0 * k, acc);
-    } else if (w.layout == WeightLayout::Int8) {
-      ByteTile<true, kM>(w, t, xin + r0 * k, acc);
-    } else {
-      ByteTile<false, kM>(w, t, xin + r0 * k, acc);
-    }
+    Bf16Tile<kM>(w, t, xin + 4 * r0 * k, acc);
   });
   return true;
 }
