@@ -65,8 +65,10 @@ std::string bf16_attention_text(const ExplainOptions& opts, const plan::DeviceCa
   kernels::AttentionParams params{config.num_heads, config.num_kv_heads, config.head_dim, 1.0f};
   params.bf16_dot_products = true;
   if (kernels::prefill_attention_uses_bf16(kernels::KvElement::Bf16, params)) return "yes (bf16 KV cache, AVX512-BF16)";
-  return fmt::format("no: needs the AVX-512 kernels with AVX512-BF16 and a head dim that is a multiple of 32 (it is {})",
-                     config.head_dim);
+  if (config.head_dim % 32 != 0) {
+    return fmt::format("no: the head dim ({}) is not a multiple of 32, the AVX-512 kernel's panel width", config.head_dim);
+  }
+  return "no: needs the AVX-512 kernels (GCC build) on a CPU with AVX512-BF16";
 }
 
 // The memory plan: the weights as loaded (the plan's resident bytes) and how the KV budget divides into blocks of

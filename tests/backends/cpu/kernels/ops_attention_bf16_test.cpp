@@ -228,6 +228,33 @@ TEST(AttentionBf16Products, BlockedPrefillMatchesFloat64OnBf16RoundedQ) {
   EXPECT_GT(took, 0);
 }
 
+// A NaN key makes the output of every row that reads it NaN with bf16 products as with fp32 ones (the shorter e^x
+// must not clamp a NaN score to a zero weight); rows before it, and the heads of the other KV head, stay finite.
+TEST(AttentionBf16Products, NanKeyPropagates) {
+  if (!bf16_products_here()) GTEST_SKIP() << "no target here runs bf16 products (needs AVX-512 with AVX512-BF16, GCC)";
+  const Case c{8, 2, 64, 40, 0, 0};
+  const int64_t H = 8, KVH = 2, D = 64, t = 40, nan_pos = 20;
+  const std::vector<float> q = random_nonzero(t * H * D, 5, 0.05f, 1.5f);
+  std::vector<float> k = random_nonzero(t * KVH * D, 6, 0.05f, 1.5f), v = random_nonzero(t * KVH * D, 7);
+  k[(nan_pos * KVH + 0) * D + 5] = std::nanf("");  // KV head 0, position 20
+  const Cache cache = make_cache(c, k, v, 8);
+  AttentionParams params{H, KVH, D, 0.125f};
+  params.bf16_dot_products = true;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::vector<float> out(static_cast<size_t>(t * H * D));
+  attention(q.data(), t, 0, cache.rows, params, out.data());
+  omp_set_num_threads(saved);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      const bool reads_nan = h / (H / KVH) == 0 && i >= nan_pos;
+      for (int64_t e = 0; e < D; ++e) {
+        ASSERT_EQ(std::isnan(out[(i * H + h) * D + e]), reads_nan) << "row " << i << ", head " << h << ", element " << e;
+      }
+    }
+  }
+}
+
 // Where the call does not allow bf16 products they are not taken, and the result is the exact attention's: an fp32
 // or fp16 cache (its keys would be rounded), a head dim that is not whole panels, bf16 dot products switched off,
 // batch-invariant mode, and bf16_dot_products unset.
