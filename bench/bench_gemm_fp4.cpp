@@ -274,10 +274,10 @@ void register_all() {
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("linear_invariant/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Fp32, true, true)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
-      if (f == Format::Bf16 || f == Format::Fp8Row || f == Format::Fp8Block) {
-        // A bf16 lm_head, an FP8 layer or lm_head copy under ActivationPrecision::Bf16: bf16 dot products on x rounded
-        // to bf16 where the CPU has them (linear.h; M > 4); linear/ above (fp32 x, the
-        // widened fp32 panel) is the same run's baseline.
+      if (f == Format::Bf16 || f == Format::Fp8Row || f == Format::Fp8Block || f == Format::Int4) {
+        // A bf16 lm_head, an FP8 layer or lm_head copy, an int4 layer under ActivationPrecision::Bf16: bf16 dot
+        // products on x rounded to bf16 where the CPU has them (linear.h; M > 4, int4 at every M); linear/ above
+        // (fp32 x, the widened fp32 panel) is the same run's baseline.
         benchmark::RegisterBenchmark(("linear_bf16/" + shape).c_str(), BM_Linear, f, n, k, ActivationPrecision::Bf16, true, false)
             ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
       }

@@ -40,12 +40,14 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::Act
                                                       std::array<int64_t, 2> probe_shape, bool emulating = false);
 
 /// The activation precision of the int4 (W4A16: GPTQ, AWQ) linears, given `fp4`, choose_activation_precision's
-/// precision for the same choice. A given choice is itself, as for the FP4 linears (int4 has no bf16 kernel: bf16
-/// and the bf16 half of bf16-decode-int8 multiply fp32 x). Auto, on a CPU with the SIMD int8 kernel
-/// (kernels::int8_kernel_active) outside emulation: Int8 at every row count, since the alternative is fp32 x, which
-/// runs the int4 GEMV at 0.30 of the bandwidth and the GEMM at 0.15–0.19 of the compute roof against int8's
-/// 0.87 and 0.50–0.55 on Zen 4 (docs/performance.md "Int4 (W4A16) layers on the int8 kernel"), and int8 stays within the
-/// 1e-3 mean-KLD bar (6.3e-4 on the default model quantized to int4). Otherwise `fp4`.
+/// precision for the same choice. A given choice is itself, as for the FP4 linears (bf16 and the bf16 half of
+/// bf16-decode-int8 run bf16 dot products on (q − z)·s rounded to bf16 where the CPU has AVX512-BF16, AMX tiles where
+/// usable, and fp32 x elsewhere). Auto, on a CPU with the SIMD int8 kernel (kernels::int8_kernel_active) outside
+/// emulation: Int8 at every row count, since the alternatives are slower on the CPUs measured: fp32 x runs the int4
+/// GEMV at 0.30 of the bandwidth and the GEMM at 0.15–0.19 of the compute roof, bf16 dot products the GEMM at
+/// 0.21–0.32, against int8's 0.87 and 0.50–0.55 on Zen 4 (docs/performance.md "Int4 (W4A16) layers on the int8
+/// kernel"), and int8 stays within the 1e-3 mean-KLD bar (6.3e-4 on the default model quantized to int4). AMX tiles
+/// (bf16) are not weighed against it: no AMX CPU has measured them. Otherwise `fp4`.
 ActivationPrecisionChoice choose_int4_activation_precision(std::optional<prepare::ActivationPrecision> choice,
                                                            plan::DeviceKind device, prepare::ActivationPrecision fp4,
                                                            bool emulating = false);

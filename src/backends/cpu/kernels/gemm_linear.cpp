@@ -52,12 +52,12 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   // layers only). Not in batch-invariant mode, whose GEMV serves every m on fp32 x.
   const bool bf16_allowed = w.activation_precision == prepare::ActivationPrecision::Bf16 ||
                             w.activation_precision == prepare::ActivationPrecision::Bf16DecodeInt8;
+  // Int4 the same way (its decode rows too, where the bf16 precision covers them: it has no bf16 GEMV, so they run
+  // the panel GEMM either way), on weights (q − z)·s rounded to bf16 as a bf16 dequantization gives them.
   const bool bf16_dot_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
-                                 w.layout == prepare::WeightLayout::Int8;
-  if (aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_dot_layout && w.k_perm.empty() &&
-      bf16_dot_gemm(w, x, m, y)) {
-    return;
-  }
+                               w.layout == prepare::WeightLayout::Int8 || w.layout == prepare::WeightLayout::Int4;
+  const bool bf16_dots = aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_dot_layout;
+  if (bf16_dots && w.k_perm.empty() && bf16_dot_gemm(w, x, m, y)) return;
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return fp32_gemm(w, x, m, y);
 
   std::vector<float> xp(static_cast<size_t>(m * k));
@@ -74,6 +74,7 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   if (emulate_mx) emulate_mxfp4_activations(xp.data(), m, k);
   if (int8_kernel) return int8_gemm(w, xp.data(), m, y);
   if (aq == ActivationEmulation::None && fp4 && bf16) return bf16_kernel(w, xp.data(), m, y);
+  if (bf16_dots && bf16_dot_gemm(w, xp.data(), m, y)) return;  // an act-order int4 layer, x in prepared order
   fp32_gemm(w, xp.data(), m, y);
 }
 

@@ -64,13 +64,14 @@ bool gemv_bf16_dispatch(const prepare::PreparedLinear& w, const float* x, int64_
 /// rounded to bf16 and the fp32 kernels.
 void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
-/// A bf16 Dense layer (an lm_head, a tied embedding), an FP8 layer or an FP8 / Int8 lm_head copy whose
-/// ActivationPrecision allows x in bf16 (Bf16, Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on fp32
-/// x where it serves m (m ≤ 4; it streams the weights, so bf16 dot products would not make it faster), else x
-/// rounded to bf16 on AMX tiles, or vdpbf16ps on the stored tiles (bf16_direct_gemm's rows), or the bf16-pair panel
-/// GEMM. bf16 weights are exact there; FP8 / Int8 ones are code · scale rounded to bf16, the bf16 weights that
-/// compressed-tensors and ModelOpt dequantize FP8 to. Returns false (and writes nothing) where none runs (no
-/// AVX512-BF16 or switched off, K % 16 != 0, f32 storage, an odd scale group): the caller then keeps fp32 x.
+/// A bf16 Dense layer (an lm_head, a tied embedding), an FP8 layer, an FP8 / Int8 lm_head copy or an Int4 layer
+/// whose ActivationPrecision allows x in bf16 (Bf16, Bf16DecodeInt8; not in batch-invariant mode): the fused GEMV on
+/// fp32 x where it serves m (m ≤ 4, not Int4; it streams the weights, so bf16 dot products would not make it
+/// faster), else x rounded to bf16 on AMX tiles, or vdpbf16ps on the stored tiles (bf16_direct_gemm's rows), or the
+/// bf16-pair panel GEMM. bf16 weights are exact there; FP8 / Int8 ones are code · scale and Int4 ones (q − z)·s
+/// rounded to bf16, the bf16 weights a bf16 dequantization gives. Returns false (and writes nothing) where none runs
+/// (no AVX512-BF16 or switched off, K % 16 != 0, f32 storage, an odd scale group, an Int4 group of part of an
+/// octet): the caller then keeps fp32 x.
 bool bf16_dot_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y);
 
 /// Rows of x up to which bf16_direct_gemm serves a call (in passes of 16); more take the panel GEMM. 11008×4096 at
@@ -86,11 +87,12 @@ inline constexpr int64_t kBf16DirectMaxRows = 64;
 bool bf16_direct_gemm(const prepare::PreparedLinear& w, const uint32_t* xp, int64_t m, float* y);
 
 /// The bf16-pair panel of the bf16 panel GEMM (gemm_simd.cpp), for the dispatched Highway target: columns
-/// [k0, k0 + kc) of panel p of w (Fp4; Dense with bf16 storage, FP8 and Int8 with an even scale group, these three
-/// with K % 16 == 0) as panel[(kk/2)·R + r] = bf16(W[p·R + r, k0 + kk]) | bf16(W[p·R + r, k0 + kk + 1]) << 16 for
-/// even kk < kc, R the returned panel width (32 on AVX-512: Fp4 and Dense weights exact, block scales applied, the
-/// NVFP4 global scale left out; FP8 / Int8 code · scale rounded to nearest even; rows past N zero).
-/// k0 a multiple of 8, kc even, the panel kc/2 · R words. Returns 0 (and writes nothing) where the target or the
+/// [k0, k0 + kc) of panel p of w (Fp4; Dense with bf16 storage, FP8 and Int8 with an even scale group, Int4 with
+/// groups of whole octets, these four with K % 16 == 0) as panel[(kk/2)·R + r] = bf16(W[p·R + r, k0 + kk]) |
+/// bf16(W[p·R + r, k0 + kk + 1]) << 16 for even kk < kc, R the returned panel width (32 on AVX-512: Fp4 and Dense
+/// weights exact, block scales applied, the NVFP4 global scale left out; FP8 / Int8 code · scale and Int4 (q − z)·s
+/// rounded to nearest even; rows past N zero). k0 a multiple of 8, kc even (Int4: a multiple of 8), the panel
+/// kc/2 · R words. Returns 0 (and writes nothing) where the target or the
 /// layout has no such panel.
 int64_t decode_bf16_panel(const prepare::PreparedLinear& w, int64_t p, int64_t k0, int64_t kc, uint32_t* panel);
 

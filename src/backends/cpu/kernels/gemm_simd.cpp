@@ -459,15 +459,60 @@ void DecodeRowScaledTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, 
   }
 }
 
-// Whether DecodePanelBf16 has a panel for the layer: Fp4, bf16 Dense, FP8 and Int8 rows, K a multiple of 16 (the
-// bf16 pairs of x come 16 columns at a time; Fp4 has it by construction).
+// Columns [k0, k0 + kc) of the Int4 tile `tile` as bf16 pairs, panel already offset to the tile: each weight
+// nibble · scale + offset = (q − z) · s (one FMA, exact in fp32: at most 13 significant bits) rounded to the nearest
+// even bf16. That is the bf16 weight a bf16 dequantization of GPTQ / AWQ int4 gives where the scale is bf16, as
+// compressed-tensors stores it: (q − z) is exact in bf16 and the product rounds once. k0 and kc multiples of 8 and
+// the group size too (HasBf16Panel), so an octet of columns never straddles a group. Each row's word of an octet
+// (8 nibbles) is read twice, into lanes 2r and 2r + 1, so that one variable shift per column pair puts the vector in
+// pair order (row r's column k in lane 2r, column k + 1 in lane 2r + 1), as DecodeRowScaledTileBf16's bytes.
+void DecodeInt4TileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64_t kc, uint32_t* panel) {
+  const uint8_t* codes = w.codes.as<uint8_t>() + prepare::code_tile_offset(w.in_features, tile);
+  const int64_t groups = w.groups();
+  const float* scales = w.scales.as<float>() + tile * groups * kTileRows;
+  const float* offsets = w.offsets.as<float>() + tile * groups * kTileRows;
+  const __m512i each_twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  // Shifts of column pair p (columns 2p, 2p + 1 of the octet): 8p in even lanes, 8p + 4 in odd ones.
+  const __m512i pair_shift[4] = {_mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0),
+                                 _mm512_set_epi32(12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8),
+                                 _mm512_set_epi32(20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16),
+                                 _mm512_set_epi32(28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24)};
+  int64_t group = -1;
+  __m512 scale = _mm512_setzero_ps(), offset = _mm512_setzero_ps();
+  for (int64_t c = k0 / 8; c < (k0 + kc) / 8; ++c) {
+    if (8 * c / w.group_size != group) {
+      group = 8 * c / w.group_size;
+      scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
+      offset = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(offsets + group * kTileRows)));
+    }
+    const uint8_t* octet = codes + c * prepare::kOctetStride;
+    prefetch_ahead(octet);
+    const __m512i words = _mm512_permutexvar_epi32(
+        each_twice, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(octet))));
+    const auto pair_values = [&](int p) HWY_ATTR {
+      const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(words, pair_shift[p]), nibble);
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), scale, offset);
+    };
+    uint32_t* out = panel + (8 * c - k0) / 2 * kNR;
+    const __m512i lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair_values(1), pair_values(0)));
+    const __m512i hi = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair_values(3), pair_values(2)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_castsi512_si256(lo));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kNR), _mm512_extracti64x4_epi64(lo, 1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * kNR), _mm512_castsi512_si256(hi));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 3 * kNR), _mm512_extracti64x4_epi64(hi, 1));
+  }
+}
+
+// Whether DecodePanelBf16 has a panel for the layer: Fp4, bf16 Dense, FP8 and Int8 rows, Int4 with groups of whole
+// octets, K a multiple of 16 (the bf16 pairs of x come 16 columns at a time; Fp4 has it by construction).
 bool HasBf16Panel(const PreparedLinear& w) {
   switch (w.layout) {
     case WeightLayout::Fp4: return true;
     case WeightLayout::Dense: return w.dense_storage == prepare::DenseStorage::Bf16 && w.in_features % 16 == 0;
     case WeightLayout::Fp8:
     case WeightLayout::Int8: return w.in_features % 16 == 0 && w.group_size > 0 && w.group_size % 2 == 0;
-    case WeightLayout::Int4: return false;
+    case WeightLayout::Int4: return w.in_features % 16 == 0 && w.group_size > 0 && w.group_size % 8 == 0;
   }
   return false;
 }
@@ -482,6 +527,8 @@ void DecodePanelBf16(const PreparedLinear& w, int64_t p, int64_t k0, int64_t kc,
         DecodeRowScaledTileBf16<WeightLayout::Fp8>(w, tile, k0, kc, out);
       } else if (tile < w.tiles() && w.layout == WeightLayout::Int8) {
         DecodeRowScaledTileBf16<WeightLayout::Int8>(w, tile, k0, kc, out);
+      } else if (tile < w.tiles() && w.layout == WeightLayout::Int4) {
+        DecodeInt4TileBf16(w, tile, k0, kc, out);
       } else if (tile < w.tiles()) {
         DecodeDenseTileBf16(w, tile, k0, kc, out);
       } else {

@@ -51,7 +51,10 @@ enum class ActivationEmulation : uint8_t {
 /// under the same conditions (and an even scale group) multiplies x in bf16 with code · scale rounded to bf16
 /// (nearest even: the bf16 weights compressed-tensors and ModelOpt dequantize FP8 to), as engines run FP8 weights
 /// on GPUs without FP8 units: m ≤ 4 keeps the fp32-x GEMV (whatever the scales), 5–16 rows run on the stored
-/// bytes, more on decoded panels (AMX tiles where usable, for every m > 4). Fp32, Int8, Int8Decode: fp32 x.
+/// bytes, more on decoded panels (AMX tiles where usable, for every m > 4). An Int4 layer under the same
+/// conditions (K % 16 == 0, groups of whole octets) multiplies x in bf16 with (q − z)·s rounded to bf16 on decoded
+/// panels at every m (AMX tiles where usable; int4 has no GEMV), its act-order x permuted first; Int4 rows that
+/// Bf16DecodeInt8 gives to int8 take the int8 kernel above. Fp32, Int8, Int8Decode: fp32 x.
 /// EmulateNvfp4 (W4A4, docs/FORMATS.md §2.1): per row and 16-column group,
 /// s_a = E4M3(clamp(igs·amax/6, ±448)) (0 → 0.125), x_q = E2M1(clamp(x / (s_a/igs), ±6)), and the GEMM runs
 /// on x_q·s_a/igs; igs = w.input_global_scale.
@@ -166,9 +169,10 @@ void set_bf16_dot_allowed(bool allowed);
 /// switch on (and a GCC build).
 bool bf16_dot_active();
 
-/// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense, FP8 and Int8 layers where the precision
-/// allows bf16 x) at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense, FP8 and Int8): the bf16
-/// panel GEMM's decoded weight panels (exact in bf16; FP8 / Int8: code · scale rounded to bf16) multiplied with x
+/// Intel AMX for ActivationPrecision::Bf16 (FP4 layers, and bf16 Dense, FP8, Int8 and Int4 layers where the
+/// precision allows bf16 x) at more rows than the fused GEMVs serve (m > 8 for FP4, m > 4 for Dense, FP8 and Int8,
+/// every m for Int4): the bf16 panel GEMM's decoded weight panels (exact in bf16; FP8 / Int8: code · scale, Int4:
+/// (q − z)·s, rounded to bf16) multiplied with x
 /// rounded to bf16 on TDPBF16PS tiles (16 rows × 32 columns of K per instruction, fp32 sums), so the numbers are
 /// those of the vdpbf16ps panel up to summation order.
 /// - Hardware (default): where amx_status().usable.

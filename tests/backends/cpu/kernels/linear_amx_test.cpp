@@ -41,7 +41,7 @@ std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
 }
 
 struct Case {
-  enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16, kFp8Channel, kFp8Block, kInt8Rows } kind;
+  enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16, kFp8Channel, kFp8Block, kInt8Rows, kInt4 } kind;
   int64_t n, k;
 };
 
@@ -53,7 +53,8 @@ void for_each_case(Body&& body) {
                         {Case::kNvfp4Multiplier, 40, 1040}, {Case::kMxfp4, 37, 96},
                         {Case::kMxfp4, 64, 800},           {Case::kDenseBf16, 45, 272},
                         {Case::kDenseBf16, 96, 80},        {Case::kFp8Channel, 45, 272},
-                        {Case::kFp8Block, 70, 400},         {Case::kInt8Rows, 33, 528}};
+                        {Case::kFp8Block, 70, 400},         {Case::kInt8Rows, 33, 528},
+                        {Case::kInt4, 45, 544},            {Case::kInt4, 24, 96}};
   int index = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "case " << index << " N " << c.n << " K " << c.k);
@@ -96,10 +97,18 @@ void for_each_case(Body&& body) {
         for (size_t i = 0; i < stored.size(); ++i) l.w[i] = quant::bf16_to_float(quant::float_to_bf16(stored[i]));
         break;
       }
+      case Case::kInt4: {
+        // Asymmetric with groups of 32, then channel-wise: the panel holds (q − z)·s rounded to bf16.
+        const int64_t group = c.n == 45 ? 32 : -1;
+        l = testing::make_int4(rng, c.n, c.k, group, true, false);
+        w = testing_util::prepare_int4_layer(l, group, true, false);
+        for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+        break;
+      }
     }
     w.activation_precision = prepare::ActivationPrecision::Bf16;
     std::vector<float> bias;
-    if (index % 3 != 0) {  // bias on both NVFP4 conventions, MXFP4, Dense and FP8; none on cases 0, 3, 6, 9
+    if (index % 3 != 0) {  // bias on both NVFP4 conventions, MXFP4, Dense, FP8 and int4; none on cases 0, 3, 6, 9
       std::vector<uint16_t> bits(static_cast<size_t>(l.n));
       std::normal_distribution<float> dist(0.f, 0.5f);
       for (auto& b : bits) b = testing::bf16_rne(dist(rng));
@@ -168,7 +177,7 @@ TEST(LinearAmx, OneAndTwoThreadsGiveIdenticalResults) {
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << i;
 }
 
-// Off, and the layers without a bf16 panel (int4, f32 Dense, FP8 with K not a multiple of 16), are declined: the
+// Off, and the layers without a bf16 panel (f32 Dense, FP8 and int4 with K not a multiple of 16), are declined: the
 // caller keeps its kernels.
 TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
   std::mt19937 rng(403);
@@ -188,8 +197,8 @@ TEST(LinearAmx, DeclinesWhenOffOrWithoutABf16Panel) {
   const Layer f8 = testing::make_fp8(rng, 16, 40, 1);
   const PreparedLinear fp8 = prepare::prepare_fp8(f8.weight.view(), f8.scale.view(), {0, 0}, "t");
   EXPECT_FALSE(amx_bf16_gemm(fp8, x.data(), 16, y.data()));
-  const Layer i4 = testing::make_int4(rng, 16, 64, 32, false, false);
-  const PreparedLinear int4 = prepare::prepare_int4(i4.weight.view(), i4.scale.view(), nullptr, nullptr, 64, 32, "t");
+  const Layer i4 = testing::make_int4(rng, 16, 40, -1, false, false);
+  const PreparedLinear int4 = testing_util::prepare_int4_layer(i4, -1, false, false);
   EXPECT_FALSE(amx_bf16_gemm(int4, x.data(), 16, y.data()));
   for (float v : y) ASSERT_EQ(v, -1.f) << "a declined call wrote y";
 }

@@ -138,6 +138,57 @@ TEST(LinearInt4, AllTargetsMatchFloat64) {
   }
 }
 
+// ActivationPrecision::Bf16 on int4 layers: where AVX512-BF16 dot products run (the AVX-512 target), x rounded to
+// bf16 times the weights (q − z)·s rounded to bf16, as a bf16 dequantization gives them, at every m (int4 has no
+// GEMV of its own: the bf16 panel GEMM serves decode rows too); elsewhere fp32 x on the exact weights. Groups of
+// 32 and 128 and channel-wise, symmetric and asymmetric, act order (x permuted before the panel), N ending in a
+// lone tile, K past one 256-column panel chunk, and K = 40 (not a multiple of 16: fp32 x everywhere). The result
+// must also differ from the exact one where bf16 ran, so the roundings provably happened.
+TEST(LinearInt4, Bf16PrecisionTakesBf16DotsOnBf16Weights) {
+  std::mt19937 rng(107);
+  struct Case { int64_t n, k, group; bool asym, actorder; };
+  for (const Case c : {Case{13, 64, 32, true, false}, Case{37, 544, 32, false, false}, Case{45, 512, 128, true, true},
+                       Case{9, 80, -1, true, false}, Case{11, 40, -1, false, false}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
+                                      << " actorder " << c.actorder);
+    const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
+    PreparedLinear w = testing_util::prepare_int4_layer(l, c.group, c.asym, c.actorder);
+    w.activation_precision = prepare::ActivationPrecision::Bf16;
+    Layer rounded_w;  // check_against_float64 reads n, k and w
+    rounded_w.n = l.n;
+    rounded_w.k = l.k;
+    rounded_w.w = l.w;
+    for (double& v : rounded_w.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+    for (int64_t m : {1, 3, 5, 9, 33}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m);
+      const auto x = random_x(rng, m, l.k);
+      std::vector<float> rounded_x(x.size());
+      for (size_t i = 0; i < x.size(); ++i) rounded_x[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      std::vector<float> y(static_cast<size_t>(m * l.n));
+      testing_util::for_each_target([&] {
+        const bool bf16 = bf16_dot_active() && c.k % 16 == 0;
+        std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+        linear(w, x.data(), m, y.data());
+        testing_util::check_against_float64(bf16 ? rounded_w : l, {}, bf16 ? rounded_x : x, m, y);
+        if (!bf16) return;
+        double worst = 0;  // against Σ x·w on the exact x and weights, relative to Σ |x·w|
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t n = 0; n < l.n; ++n) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < l.k; ++k) {
+              const double p = x[static_cast<size_t>(i * l.k + k)] * l.w[static_cast<size_t>(n * l.k + k)];
+              ref += p;
+              mag += std::fabs(p);
+            }
+            worst = std::max(worst, std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref) / mag);
+          }
+        }
+        EXPECT_GT(worst, static_cast<double>(l.k + 4) * 0x1p-24) << "x and the weights were not rounded";
+      });
+    }
+  }
+}
+
 TEST(LinearFp8, AllTargetsMatchFloat64) {
   std::mt19937 rng(104);
   struct Case { int64_t n, k; int kind; int64_t bh, bw; };
