@@ -147,7 +147,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& opts, bool context_option) {
                     "auto (for a bfloat16 checkpoint on a CPU with AVX512-BF16: bf16, or bf16-decode-int8 where a "
                     "short probe at load measures int8 clearly faster for prefill; else fp32; int4 linears: int8 on "
                     "x86 with AVX2 or AVX-512); fp32; bf16: "
-                    "NVFP4/MXFP4 linears (and FP8 ones and the lm_head above 4 rows) round their input to bf16 (bf16 "
+                    "NVFP4/MXFP4 and int4 linears (and FP8 ones and the lm_head above 4 rows) round their input to bf16 (bf16 "
                     "dot products where the CPU has them, also in a prefill's attention over a bf16 KV cache); int8: "
                     "they and int4 linears quantize it to int8 per block and use integer dot products; int8-decode: int8 for "
                     "decode steps, fp32 for prefill; bf16-decode-int8: bf16 for decode steps, int8 for prefill",

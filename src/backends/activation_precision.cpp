@@ -221,15 +221,15 @@ ActivationPrecisionChoice choose_int4_activation_precision(std::optional<Activat
   if (choice) {
     const bool bf16 = *choice == ActivationPrecision::Bf16 || *choice == ActivationPrecision::Bf16DecodeInt8;
     return {*choice, bf16 ? "set by --activation-precision (int4's bf16 rows: bf16 dot products on (q - z)*s rounded "
-                            "to bf16 where the CPU has AVX512-BF16, fp32 x elsewhere)"
+                            "to bf16 where the CPU has AVX512-BF16 and K is a multiple of 16, else fp32 x)"
                           : "set by --activation-precision"};
   }
   if (device != plan::DeviceKind::Cpu) return {fp4, "auto: as the FP4 linears (the GPU)"};
   if (emulating) return {fp4, "auto: as the FP4 linears (--activation-quant emulate runs the numerical reference)"};
   if (!kernels::int8_kernel_active()) return {fp4, "auto: as the FP4 linears (this CPU has no SIMD int8 kernel)"};
   return {ActivationPrecision::Int8,
-          "auto: int8 activations run it about 3x faster than fp32 ones and 1.7-2x faster than bf16 dot products "
-          "(Zen 4), within the 1e-3 mean-KLD bar (docs/performance.md)"};
+          "auto: int8 activations run it about 3x faster than fp32 ones and faster than bf16 dot products (Zen 4: "
+          "about 2x per GEMM, prefill 1.1x, decode 1.9x), within the 1e-3 mean-KLD bar (docs/performance.md)"};
 }
 
 ActivationPrecision resolve_activation_precision(std::optional<ActivationPrecision> choice, plan::DeviceKind device,

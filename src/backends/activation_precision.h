@@ -45,7 +45,7 @@ ActivationPrecisionChoice choose_activation_precision(std::optional<prepare::Act
 /// usable, and fp32 x elsewhere). Auto, on a CPU with the SIMD int8 kernel (kernels::int8_kernel_active) outside
 /// emulation: Int8 at every row count, since the alternatives are slower on the CPUs measured: fp32 x runs the int4
 /// GEMV at 0.30 of the bandwidth and the GEMM at 0.15–0.19 of the compute roof, bf16 dot products the GEMM at
-/// 0.21–0.32, against int8's 0.87 and 0.50–0.55 on Zen 4 (docs/performance.md "Int4 (W4A16) layers on the int8
+/// 0.16–0.40, against int8's 0.87 and 0.50–0.55 on Zen 4 (docs/performance.md "Int4 (W4A16) layers on the int8
 /// kernel"), and int8 stays within the 1e-3 mean-KLD bar (6.3e-4 on the default model quantized to int4). AMX tiles
 /// (bf16) are not weighed against it: no AMX CPU has measured them. Otherwise `fp4`.
 ActivationPrecisionChoice choose_int4_activation_precision(std::optional<prepare::ActivationPrecision> choice,

@@ -280,8 +280,8 @@ TEST(RunPrecision, ActivationPrecisionChoices) {
   EXPECT_EQ(load_model(kRef / "llama-nvfp4a16", fp32).activation_precision, ActivationPrecision::Fp32);
 }
 
-// Int4 (W4A16) linears: a given choice is theirs too; auto is int8 on a CPU with the SIMD int8 kernel (fp32 x, the
-// only other path int4 has, is 3-4x slower), the FP4 linears' choice elsewhere, under emulation and on the GPU.
+// Int4 (W4A16) linears: a given choice is theirs too; auto is int8 on a CPU with the SIMD int8 kernel (fp32 x is
+// 3-4x slower, bf16 dot products about 2x per GEMM), the FP4 linears' choice elsewhere, under emulation and on the GPU.
 TEST(RunPrecision, Int4ActivationPrecisionChoices) {
   using plan::DeviceKind;
   for (ActivationPrecision given : {kFp32, kBf16, kInt8, ActivationPrecision::Bf16DecodeInt8}) {
@@ -293,8 +293,8 @@ TEST(RunPrecision, Int4ActivationPrecisionChoices) {
   EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cpu, kFp32, /*emulating=*/true).precision, kFp32);
   EXPECT_EQ(choose_int4_activation_precision(kAutoPrecision, DeviceKind::Cuda, kFp32).precision, kFp32);
   // The loaded model carries it, and its int4 layers run it. Against a given bf16 (the lm_head's precision at a
-  // prompt's rows under auto too, while int4 layers multiply fp32 x), auto's logits differ exactly where auto gave the
-  // int4 layers int8; RunPrecision above bounds them against the golden.
+  // prompt's rows under auto too, while int4 layers take bf16 dot products), auto's logits differ exactly where auto
+  // gave the int4 layers int8; RunPrecision above bounds them against the golden.
   const LoadedModel loaded = load_model(kRef / "llama-w4a16", LoadOptions{});
   EXPECT_EQ(loaded.int4_activation_precision, kernels::int8_kernel_active() ? kInt8 : loaded.activation_precision);
   LoadOptions bf16;

@@ -2,7 +2,7 @@
 // ActivationPrecision::Bf16 GEMMs on Intel AMX tiles (linear.h: AmxUse, amx_status).
 //
 // The weights come from the bf16 panel GEMM's decoder (decode_bf16_panel): 32 output rows × pairs of K columns,
-// exact in bf16 (FP4, bf16 Dense; FP8 / Int8: code · scale rounded to bf16). That is already the layout TDPBF16PS takes as its B operand (16 rows of K pairs × 16 output
+// exact in bf16 (FP4, bf16 Dense; FP8 / Int8: code · scale, Int4: (q − z)·s, rounded to bf16). That is already the layout TDPBF16PS takes as its B operand (16 rows of K pairs × 16 output
 // columns, 4 bytes each): a B tile is one half of a panel's width at a row stride of 128 bytes. x is rounded to
 // bf16 pairs once per call and is the A operand (16 rows × 32 columns of K, at x's row stride). Per thread,
 // groups of panels are swept in the bf16 panel GEMM's order: for each block of 256 columns of K, every panel of

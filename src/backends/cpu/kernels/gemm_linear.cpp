@@ -52,10 +52,12 @@ void linear(const prepare::PreparedLinear& w, const float* x, int64_t m, float* 
   // layers only). Not in batch-invariant mode, whose GEMV serves every m on fp32 x.
   const bool bf16_allowed = w.activation_precision == prepare::ActivationPrecision::Bf16 ||
                             w.activation_precision == prepare::ActivationPrecision::Bf16DecodeInt8;
-  // Int4 the same way (its decode rows too, where the bf16 precision covers them: it has no bf16 GEMV, so they run
-  // the panel GEMM either way), on weights (q − z)·s rounded to bf16 as a bf16 dequantization gives them.
+  // Int4 the same way on the rows whose precision is Bf16 (every row under Bf16, the decode rows under
+  // Bf16DecodeInt8: its int8 rows keep fp32 x where the int8 kernel cannot take the layer), on weights (q − z)·s
+  // rounded to bf16 as a bf16 dequantization gives them, at every m (int4 has no GEMV).
   const bool bf16_dot_layout = w.layout == prepare::WeightLayout::Dense || w.layout == prepare::WeightLayout::Fp8 ||
-                               w.layout == prepare::WeightLayout::Int8 || w.layout == prepare::WeightLayout::Int4;
+                               w.layout == prepare::WeightLayout::Int8 ||
+                               (w.layout == prepare::WeightLayout::Int4 && bf16);
   const bool bf16_dots = aq == ActivationEmulation::None && !invariant && bf16_allowed && bf16_dot_layout;
   if (bf16_dots && w.k_perm.empty() && bf16_dot_gemm(w, x, m, y)) return;
   if (aq == ActivationEmulation::None && w.k_perm.empty()) return fp32_gemm(w, x, m, y);

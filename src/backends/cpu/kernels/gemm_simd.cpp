@@ -371,7 +371,7 @@ void GemmImpl(const PreparedLinear& w, const float* x, int64_t m, float* y) {
 // are the fp32 panel's values exactly (E2M1 · E4M3 needs 6 significant bits, E2M1 · 2^e 2; bf16 has 8, and the same
 // exponent range, so ±inf and NaN carry over too), except that vdpbf16ps reads a subnormal as 0: MXFP4 blocks with
 // E8M0 bytes 0 and 1, whose weights are below 2^−125 (≈ 2.4e-38), count as zero. FP8 and Int8 weights are
-// code · scale rounded to bf16 (DecodeRowScaledTileBf16).
+// code · scale rounded to bf16 (DecodeRowScaledTileBf16), Int4 ones (q − z)·s (DecodeInt4TileBf16).
 
 // Columns [k0, k0 + kc) of the FP4 tile pair that starts at `tile` as bf16 pairs: panel[(kk/2) · kNR + r] for kk
 // even, panel already offset to the tile pair. No bf16 instruction here.
@@ -460,8 +460,8 @@ void DecodeRowScaledTileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, 
 }
 
 // Columns [k0, k0 + kc) of the Int4 tile `tile` as bf16 pairs, panel already offset to the tile: each weight
-// nibble · scale + offset = (q − z) · s (one FMA, exact in fp32: at most 13 significant bits) rounded to the nearest
-// even bf16. That is the bf16 weight a bf16 dequantization of GPTQ / AWQ int4 gives where the scale is bf16, as
+// nibble · scale + offset = (q − z) · s (one FMA, exact in fp32 with bf16 or f16 scales: at most 15 significant
+// bits) rounded to the nearest even bf16. That is the bf16 weight a bf16 dequantization of GPTQ / AWQ int4 gives where the scale is bf16, as
 // compressed-tensors stores it: (q − z) is exact in bf16 and the product rounds once. k0 and kc multiples of 8 and
 // the group size too (HasBf16Panel), so an octet of columns never straddles a group. Each row's word of an octet
 // (8 nibbles) is read twice, into lanes 2r and 2r + 1, so that one variable shift per column pair puts the vector in
@@ -478,13 +478,19 @@ void DecodeInt4TileBf16(const PreparedLinear& w, int64_t tile, int64_t k0, int64
                                  _mm512_set_epi32(12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8, 12, 8),
                                  _mm512_set_epi32(20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16, 20, 16),
                                  _mm512_set_epi32(28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24)};
-  int64_t group = -1;
-  __m512 scale = _mm512_setzero_ps(), offset = _mm512_setzero_ps();
+  // The group of column k0 and where the next one starts (no division per octet).
+  int64_t group = k0 / w.group_size, next_group_at = (group + 1) * w.group_size;
+  const auto load_group = [&](__m512& scale, __m512& offset) HWY_ATTR {
+    scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
+    offset = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(offsets + group * kTileRows)));
+  };
+  __m512 scale, offset;
+  load_group(scale, offset);
   for (int64_t c = k0 / 8; c < (k0 + kc) / 8; ++c) {
-    if (8 * c / w.group_size != group) {
-      group = 8 * c / w.group_size;
-      scale = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(scales + group * kTileRows)));
-      offset = _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(_mm256_loadu_ps(offsets + group * kTileRows)));
+    if (8 * c == next_group_at) {
+      ++group;
+      next_group_at += w.group_size;
+      load_group(scale, offset);
     }
     const uint8_t* octet = codes + c * prepare::kOctetStride;
     prefetch_ahead(octet);
@@ -643,7 +649,8 @@ void bf16_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, floa
 }
 
 bool bf16_dot_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {
-  return gemv_dispatch(w, x, m, y) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
+  // Int4 has no GEMV today; should it gain an fp32-x one, its decode rows under bf16 must still not take it.
+  return (w.layout != prepare::WeightLayout::Int4 && gemv_dispatch(w, x, m, y)) || amx_bf16_gemm(w, x, m, y) || HWY_DYNAMIC_DISPATCH(Bf16GemmImpl)(w, x, m, y);
 }
 
 void invariant_gemm(const prepare::PreparedLinear& w, const float* x, int64_t m, float* y) {

@@ -142,18 +142,27 @@ TEST(LinearInt4, AllTargetsMatchFloat64) {
 // bf16 times the weights (q − z)·s rounded to bf16, as a bf16 dequantization gives them, at every m (int4 has no
 // GEMV of its own: the bf16 panel GEMM serves decode rows too); elsewhere fp32 x on the exact weights. Groups of
 // 32 and 128 and channel-wise, symmetric and asymmetric, act order (x permuted before the panel), N ending in a
-// lone tile, K past one 256-column panel chunk, and K = 40 (not a multiple of 16: fp32 x everywhere). The result
-// must also differ from the exact one where bf16 ran, so the roundings provably happened.
+// lone tile, K past one 256-column panel chunk, a partial last group (544 = 4·128 + 32), and K = 40 (not a multiple
+// of 16: fp32 x everywhere). Under Bf16DecodeInt8 a layer the int8 kernel cannot take (groups of 24) runs bf16 on
+// the decode rows and keeps fp32 x above them. The result must also differ from the exact one where bf16 ran, so
+// the roundings provably happened.
 TEST(LinearInt4, Bf16PrecisionTakesBf16DotsOnBf16Weights) {
   std::mt19937 rng(107);
-  struct Case { int64_t n, k, group; bool asym, actorder; };
+  struct Case {
+    int64_t n, k, group;
+    bool asym, actorder;
+    prepare::ActivationPrecision precision = prepare::ActivationPrecision::Bf16;
+  };
   for (const Case c : {Case{13, 64, 32, true, false}, Case{37, 544, 32, false, false}, Case{45, 512, 128, true, true},
-                       Case{9, 80, -1, true, false}, Case{11, 40, -1, false, false}}) {
+                       Case{21, 544, 128, true, false}, Case{9, 80, -1, true, false}, Case{7, 528, -1, false, false},
+                       Case{11, 40, -1, false, false},
+                       Case{19, 96, 24, true, false, prepare::ActivationPrecision::Bf16DecodeInt8}}) {
     SCOPED_TRACE(::testing::Message() << "N " << c.n << " K " << c.k << " group " << c.group << " asym " << c.asym
-                                      << " actorder " << c.actorder);
+                                      << " actorder " << c.actorder << " "
+                                      << prepare::activation_precision_name(c.precision));
     const Layer l = testing::make_int4(rng, c.n, c.k, c.group, c.asym, c.actorder);
     PreparedLinear w = testing_util::prepare_int4_layer(l, c.group, c.asym, c.actorder);
-    w.activation_precision = prepare::ActivationPrecision::Bf16;
+    w.activation_precision = c.precision;
     Layer rounded_w;  // check_against_float64 reads n, k and w
     rounded_w.n = l.n;
     rounded_w.k = l.k;
@@ -166,7 +175,8 @@ TEST(LinearInt4, Bf16PrecisionTakesBf16DotsOnBf16Weights) {
       for (size_t i = 0; i < x.size(); ++i) rounded_x[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
       std::vector<float> y(static_cast<size_t>(m * l.n));
       testing_util::for_each_target([&] {
-        const bool bf16 = bf16_dot_active() && c.k % 16 == 0;
+        const bool bf16 = bf16_dot_active() && c.k % 16 == 0 &&
+                          precision_for_rows(c.precision, m) == prepare::ActivationPrecision::Bf16;
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
         linear(w, x.data(), m, y.data());
         testing_util::check_against_float64(bf16 ? rounded_w : l, {}, bf16 ? rounded_x : x, m, y);
