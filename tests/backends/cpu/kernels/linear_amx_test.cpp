@@ -143,6 +143,34 @@ void check_amx(AmxUse use) {
 
 bool bf16_panel_here() { return bf16_dot_active(); }  // the AVX-512 target with AVX512-BF16 (the x rounding)
 
+// Int4 has no GEMV, so linear() sends its decode rows under bf16 to the AMX driver too, act-ordered layers with x
+// permuted first: the same bits as the driver on the permuted x, and the float64 bound on the original x.
+TEST(LinearAmx, Int4DecodeRowsAndActOrderTakeTheTiles) {
+  if (!bf16_panel_here()) GTEST_SKIP() << "needs the AVX-512 target and AVX512-BF16 (the AMX driver's x rounding)";
+  const AmxUseScope scope(AmxUse::Emulated);
+  std::mt19937 rng(404);
+  Layer l = testing::make_int4(rng, 29, 256, 32, true, true);
+  PreparedLinear w = testing_util::prepare_int4_layer(l, 32, true, true);
+  w.activation_precision = prepare::ActivationPrecision::Bf16;
+  for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t m : {1, 3, 12}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    std::vector<float> x(static_cast<size_t>(m * l.k)), permuted(x.size());
+    for (auto& v : x) v = dist(rng) + 1e-3f;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < l.k; ++j) {
+        permuted[static_cast<size_t>(i * l.k + j)] = x[static_cast<size_t>(i * l.k + w.k_perm[static_cast<size_t>(j)])];
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(m * l.n), std::numeric_limits<float>::quiet_NaN()), direct(y);
+    linear(w, x.data(), m, y.data());
+    testing_util::check_against_float64(l, {}, rounded_to_bf16(x), m, y);
+    ASSERT_TRUE(amx_bf16_gemm(w, permuted.data(), m, direct.data()));
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], direct[i]) << "linear() did not run the AMX driver";
+  }
+}
+
 TEST(LinearAmx, EmulatedTilesMatchFloat64OnBf16RoundedX) {
   if (!bf16_panel_here()) GTEST_SKIP() << "needs the AVX-512 target and AVX512-BF16 (the AMX driver's x rounding)";
   check_amx(AmxUse::Emulated);
