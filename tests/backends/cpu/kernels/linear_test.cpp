@@ -74,6 +74,24 @@ std::vector<float> random_x(std::mt19937& rng, int64_t m, int64_t k) {
   return x;
 }
 
+// max over y [m, N] of |y − Σ x·w| / Σ |x·w| on the exact x and the layer's exact weights: above the fp32 bound
+// wherever the kernel provably rounded x (or the weights) to bf16.
+double worst_vs_exact(const Layer& l, const std::vector<float>& x, int64_t m, const std::vector<float>& y) {
+  double worst = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < l.n; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < l.k; ++k) {
+        const double p = x[static_cast<size_t>(i * l.k + k)] * l.w[static_cast<size_t>(n * l.k + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref) / mag);
+    }
+  }
+  return worst;
+}
+
 using testing_util::check_against_float64;
 
 // Runs linear (all targets, every m) and linear_reference on `w` and checks both.
@@ -181,19 +199,8 @@ TEST(LinearInt4, Bf16PrecisionTakesBf16DotsOnBf16Weights) {
         linear(w, x.data(), m, y.data());
         testing_util::check_against_float64(bf16 ? rounded_w : l, {}, bf16 ? rounded_x : x, m, y);
         if (!bf16) return;
-        double worst = 0;  // against Σ x·w on the exact x and weights, relative to Σ |x·w|
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t n = 0; n < l.n; ++n) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < l.k; ++k) {
-              const double p = x[static_cast<size_t>(i * l.k + k)] * l.w[static_cast<size_t>(n * l.k + k)];
-              ref += p;
-              mag += std::fabs(p);
-            }
-            worst = std::max(worst, std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref) / mag);
-          }
-        }
-        EXPECT_GT(worst, static_cast<double>(l.k + 4) * 0x1p-24) << "x and the weights were not rounded";
+        EXPECT_GT(worst_vs_exact(l, x, m, y), static_cast<double>(l.k + 4) * 0x1p-24)
+            << "x and the weights were not rounded";
       });
     }
   }
@@ -319,19 +326,7 @@ TEST(LinearBf16, MatchesFloat64OnBf16RoundedX) {
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
         linear(w, x.data(), m, y.data());
         check_against_float64(l, {}, rounded, m, y);
-        double worst = 0;  // against Σ x·w on the exact x, relative to Σ |x·w|
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t n = 0; n < l.n; ++n) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < l.k; ++k) {
-              const double p = x[static_cast<size_t>(i * l.k + k)] * l.w[static_cast<size_t>(n * l.k + k)];
-              ref += p;
-              mag += std::fabs(p);
-            }
-            worst = std::max(worst, std::fabs(y[static_cast<size_t>(i * l.n + n)] - ref) / mag);
-          }
-        }
-        EXPECT_GT(worst, static_cast<double>(l.k + 4) * 0x1p-24) << "m " << m << ": x was not rounded";
+        EXPECT_GT(worst_vs_exact(l, x, m, y), static_cast<double>(l.k + 4) * 0x1p-24) << "m " << m << ": x was not rounded";
       });
     }
   }

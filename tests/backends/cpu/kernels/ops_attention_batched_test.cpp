@@ -40,10 +40,6 @@ struct RefCase {
   bool sinks;
 };
 
-float round_to(KvElement element, float x) {
-  return element == KvElement::Bf16 ? quant::bf16_to_float(quant::float_to_bf16(x)) : x;
-}
-
 // Sequences of the given positions in one pool: keys/values contiguous per sequence for the reference, and the
 // paged rows each sequence's DecodeQuery reads.
 struct Batch {
@@ -84,8 +80,8 @@ struct Batch {
       for (int64_t b = 0; b < first_read / bs; ++b) table[static_cast<size_t>(b)] = -1;  // released
       std::vector<float> kr = random_nonzero(filled * KVH * D, seed + 10 * uint32_t(r) + 1, 0.05f, 1.5f);
       std::vector<float> vr = random_nonzero(filled * KVH * D, seed + 10 * uint32_t(r) + 2);
-      for (float& x : kr) x = round_to(s.element, x);
-      for (float& x : vr) x = round_to(s.element, x);
+      for (float& x : kr) x = testing::kv_rounded(s.element, x);
+      for (float& x : vr) x = testing::kv_rounded(s.element, x);
       for (int64_t p = 0; p < filled; ++p) {
         const int32_t block = table[static_cast<size_t>(p / bs)];
         if (block < 0) continue;
@@ -105,13 +101,7 @@ struct Batch {
     sinks = random_nonzero(s.heads, seed + 8, 0.1f, 3.0f);
   }
 
-  void store(std::vector<uint16_t>& pool, int64_t at, float x) const {
-    if (s.element == KvElement::F32) {
-      std::memcpy(reinterpret_cast<float*>(pool.data()) + at, &x, sizeof(float));
-    } else {
-      pool[static_cast<size_t>(at)] = quant::float_to_bf16(x);
-    }
-  }
+  void store(std::vector<uint16_t>& pool, int64_t at, float x) const { testing::kv_store(pool, s.element, at, x); }
   int64_t width() const { return s.heads * s.head_dim; }
   float scale() const { return 1.0f / std::sqrt(float(s.head_dim)); }
   AttentionParams params() const {

@@ -38,23 +38,6 @@ struct Case {
   bool head_major = false;  // contiguous [KVH][positions][D]
 };
 
-float round_to(KvElement element, float x) {
-  switch (element) {
-    case KvElement::F32: return x;
-    case KvElement::Bf16: return quant::bf16_to_float(quant::float_to_bf16(x));
-    case KvElement::F16: return quant::f16_to_float(quant::float_to_f16(x));
-  }
-  return x;
-}
-
-void store(std::vector<uint16_t>& pool, KvElement element, int64_t at, float x) {
-  switch (element) {
-    case KvElement::F32: reinterpret_cast<float*>(pool.data())[at] = x; return;
-    case KvElement::Bf16: pool[static_cast<size_t>(at)] = quant::float_to_bf16(x); return;
-    case KvElement::F16: pool[static_cast<size_t>(at)] = quant::float_to_f16(x); return;
-  }
-}
-
 // Float64 attention of q [t][H][D] over k, v [positions][KVH][D]: out[i, h, e] = Σ_j w_j · v_j[e] and
 // spread[i, h, e] = Σ_j w_j · |v_j[e]| (the weights' share of each output's rounding bound).
 struct Reference {
@@ -124,8 +107,8 @@ Cache make_cache(const Case& c, const std::vector<float>& k, const std::vector<f
   out.keys.resize(words);
   out.values.resize(words);
   for (int64_t i = 0; i < elements; ++i) {
-    store(out.keys, c.element, i, std::nanf(""));
-    store(out.values, c.element, i, std::nanf(""));
+    testing::kv_store(out.keys, c.element, i, std::nanf(""));
+    testing::kv_store(out.values, c.element, i, std::nanf(""));
   }
   for (int64_t p = 0; p < filled; ++p) {
     int64_t base = p * row_stride;
@@ -136,8 +119,8 @@ Cache make_cache(const Case& c, const std::vector<float>& k, const std::vector<f
     }
     for (int64_t h = 0; h < KVH; ++h) {
       for (int64_t e = 0; e < D; ++e) {
-        store(out.keys, c.element, base + h * head_stride + e, k[(p * KVH + h) * D + e]);
-        store(out.values, c.element, base + h * head_stride + e, v[(p * KVH + h) * D + e]);
+        testing::kv_store(out.keys, c.element, base + h * head_stride + e, k[(p * KVH + h) * D + e]);
+        testing::kv_store(out.values, c.element, base + h * head_stride + e, v[(p * KVH + h) * D + e]);
       }
     }
   }
@@ -163,10 +146,10 @@ int run_case(const Case& c) {
   const std::vector<float> q = random_nonzero(c.t * H * D, seed, 0.05f, 1.5f);
   std::vector<float> k = random_nonzero(filled * KVH * D, seed + 1, 0.05f, 1.5f);
   std::vector<float> v = random_nonzero(filled * KVH * D, seed + 2);
-  for (float& x : k) x = round_to(c.element, x);
-  for (float& x : v) x = round_to(c.element, x);
+  for (float& x : k) x = testing::kv_rounded(c.element, x);
+  for (float& x : v) x = testing::kv_rounded(c.element, x);
   std::vector<float> q_bf16 = q;
-  for (float& x : q_bf16) x = round_to(KvElement::Bf16, x);
+  for (float& x : q_bf16) x = testing::kv_rounded(KvElement::Bf16, x);
   const Cache cache = make_cache(c, k, v, seed);
   const std::vector<float> sinks = random_nonzero(H, seed + 3, 0.1f, 3.0f);
   const float scale = 1.0f / std::sqrt(float(D));

@@ -33,23 +33,6 @@ struct PagedCase {
   KvElement element = KvElement::F32;
 };
 
-float round_to(KvElement element, float x) {
-  switch (element) {
-    case KvElement::F32: return x;
-    case KvElement::Bf16: return quant::bf16_to_float(quant::float_to_bf16(x));
-    case KvElement::F16: return quant::f16_to_float(quant::float_to_f16(x));
-  }
-  return x;
-}
-
-void store(std::vector<uint16_t>& pool, KvElement element, int64_t at, float x) {
-  switch (element) {
-    case KvElement::F32: reinterpret_cast<float*>(pool.data())[at] = x; return;
-    case KvElement::Bf16: pool[static_cast<size_t>(at)] = quant::float_to_bf16(x); return;
-    case KvElement::F16: pool[static_cast<size_t>(at)] = quant::float_to_f16(x); return;
-  }
-}
-
 void run_paged(const PagedCase& c) {
   SCOPED_TRACE(::testing::Message() << "H " << c.heads << " KVH " << c.kv_heads << " D " << c.head_dim << " t " << c.t
                                     << " start " << c.start_pos << " window " << c.window << " block " << c.block_size
@@ -73,14 +56,14 @@ void run_paged(const PagedCase& c) {
   const std::vector<float> q = random_nonzero(c.t * H * D, seed, 0.05f, 1.5f);
   std::vector<float> k = random_nonzero(filled * KVH * D, seed + 1, 0.05f, 1.5f);
   std::vector<float> v = random_nonzero(filled * KVH * D, seed + 2);
-  for (float& x : k) x = round_to(c.element, x);
-  for (float& x : v) x = round_to(c.element, x);
+  for (float& x : k) x = testing::kv_rounded(c.element, x);
+  for (float& x : v) x = testing::kv_rounded(c.element, x);
   const int64_t elements = num_blocks * block_stride;
   const size_t words = static_cast<size_t>(elements * kv_element_bytes(c.element) / 2);
   std::vector<uint16_t> k_pool(words), v_pool(words);
   for (int64_t i = 0; i < elements; ++i) {
-    store(k_pool, c.element, i, std::nanf(""));
-    store(v_pool, c.element, i, std::nanf(""));
+    testing::kv_store(k_pool, c.element, i, std::nanf(""));
+    testing::kv_store(v_pool, c.element, i, std::nanf(""));
   }
   for (int64_t p = 0; p < filled; ++p) {
     const int32_t block = table[static_cast<size_t>(p / bs)];
@@ -88,8 +71,8 @@ void run_paged(const PagedCase& c) {
     for (int64_t h = 0; h < KVH; ++h) {
       for (int64_t e = 0; e < D; ++e) {
         const int64_t at = block * block_stride + h * head_stride + (p % bs) * row_stride + e;
-        store(k_pool, c.element, at, k[(p * KVH + h) * D + e]);
-        store(v_pool, c.element, at, v[(p * KVH + h) * D + e]);
+        testing::kv_store(k_pool, c.element, at, k[(p * KVH + h) * D + e]);
+        testing::kv_store(v_pool, c.element, at, v[(p * KVH + h) * D + e]);
       }
     }
   }

@@ -36,27 +36,10 @@ struct Case {
   bool head_major = false;  // [KVH][positions][D] (model::KvCache) instead of [positions][KVH · D]
 };
 
-// x as the cache element's value (quant::'s scalar rounding, independent of the kernels' vector code).
-float rounded_to(KvElement element, float x) {
-  switch (element) {
-    case KvElement::F32: return x;
-    case KvElement::Bf16: return quant::bf16_to_float(quant::float_to_bf16(x));
-    case KvElement::F16: return quant::f16_to_float(quant::float_to_f16(x));
-  }
-  return x;
-}
-
 // The cache rows in `element` bits (NaN stays NaN: the poison).
 std::vector<uint16_t> as_cache(const std::vector<float>& x, KvElement element) {
   std::vector<uint16_t> out(x.size() * static_cast<size_t>(kv_element_bytes(element)) / 2);
-  auto* f32 = reinterpret_cast<float*>(out.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    switch (element) {
-      case KvElement::F32: f32[i] = x[i]; break;
-      case KvElement::Bf16: out[i] = quant::float_to_bf16(x[i]); break;
-      case KvElement::F16: out[i] = quant::float_to_f16(x[i]); break;
-    }
-  }
+  for (size_t i = 0; i < x.size(); ++i) testing::kv_store(out, element, static_cast<int64_t>(i), x[i]);
   return out;
 }
 
@@ -81,8 +64,8 @@ void run_case(const Case& c) {
     for (int64_t h = 0; h < KVH; ++h) {
       for (int64_t e = 0; e < D; ++e) {
         const int64_t at = p * row_stride + h * head_stride + e, from = (p * KVH + h) * D + e;
-        k[at] = rounded_to(c.element, kr[from]);
-        v[at] = rounded_to(c.element, vr[from]);
+        k[at] = testing::kv_rounded(c.element, kr[from]);
+        v[at] = testing::kv_rounded(c.element, vr[from]);
       }
     }
   }

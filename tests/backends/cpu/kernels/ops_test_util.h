@@ -15,6 +15,9 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include "backends/cpu/kernels/attention.h"
+#include "quant/formats.h"
+
 namespace fp4serve::kernels::testing {
 
 /// Uniform values in ±[lo, hi] with a random sign, so no element is zero.
@@ -28,6 +31,26 @@ inline std::vector<float> random_nonzero(size_t n, uint32_t seed, float lo = 0.0
 }
 
 inline std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
+/// x as a KV cache of `element`s holds it (quant::'s scalar rounding, independent of the kernels' vector code).
+inline float kv_rounded(KvElement element, float x) {
+  switch (element) {
+    case KvElement::F32: return x;
+    case KvElement::Bf16: return quant::bf16_to_float(quant::float_to_bf16(x));
+    case KvElement::F16: return quant::f16_to_float(quant::float_to_f16(x));
+  }
+  return x;
+}
+
+/// Element `at` of a cache buffer of `element`s = x (an fp32 element takes two of the buffer's 16-bit words; NaN
+/// stays NaN: the poison).
+inline void kv_store(std::vector<uint16_t>& buffer, KvElement element, int64_t at, float x) {
+  switch (element) {
+    case KvElement::F32: reinterpret_cast<float*>(buffer.data())[at] = x; return;
+    case KvElement::Bf16: buffer[static_cast<size_t>(at)] = quant::float_to_bf16(x); return;
+    case KvElement::F16: buffer[static_cast<size_t>(at)] = quant::float_to_f16(x); return;
+  }
+}
 
 /// Runs `fn(target_name)` once with dispatch forced to each compiled target the CPU supports, then restores
 /// normal dispatch.
