@@ -34,11 +34,7 @@ struct AmxUseScope {
   ~AmxUseScope() { set_amx_use(AmxUse::Hardware); }
 };
 
-std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
-  std::vector<float> r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) r[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
-  return r;
-}
+using testing_util::rounded_to_bf16;
 
 struct Case {
   enum Kind { kNvfp4Divisor, kNvfp4Multiplier, kMxfp4, kDenseBf16, kFp8Channel, kFp8Block, kInt8Rows, kInt4 } kind;
@@ -85,7 +81,7 @@ void for_each_case(Body&& body) {
         w = prepare::prepare_fp8(l.weight.view(), l.scale.view(),
                                  block ? std::array<int64_t, 2>{128, 128} : std::array<int64_t, 2>{0, 0}, "t");
         // The panel holds e4m3 · scale rounded to bf16 (exact in float64 before the rounding).
-        for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+        l.w = rounded_to_bf16(l.w);
         break;
       }
       case Case::kInt8Rows: {
@@ -94,7 +90,7 @@ void for_each_case(Body&& body) {
         // code · scale (the copy's rule is checked in float64 by linear_lm_head_test), rounded to bf16.
         std::vector<float> stored(l.w.size());
         dequantize(w, stored.data());
-        for (size_t i = 0; i < stored.size(); ++i) l.w[i] = quant::bf16_to_float(quant::float_to_bf16(stored[i]));
+        l.w = rounded_to_bf16(std::vector<double>(stored.begin(), stored.end()));
         break;
       }
       case Case::kInt4: {
@@ -102,7 +98,7 @@ void for_each_case(Body&& body) {
         const int64_t group = c.n == 45 ? 32 : -1;
         l = testing::make_int4(rng, c.n, c.k, group, true, false);
         w = testing_util::prepare_int4_layer(l, group, true, false);
-        for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+        l.w = rounded_to_bf16(l.w);
         break;
       }
     }
@@ -152,7 +148,7 @@ TEST(LinearAmx, Int4DecodeRowsAndActOrderTakeTheTiles) {
   Layer l = testing::make_int4(rng, 29, 256, 32, true, true);
   PreparedLinear w = testing_util::prepare_int4_layer(l, 32, true, true);
   w.activation_precision = prepare::ActivationPrecision::Bf16;
-  for (double& v : l.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+  l.w = rounded_to_bf16(l.w);
   std::normal_distribution<float> dist(0.f, 1.f);
   for (int64_t m : {1, 3, 12}) {
     SCOPED_TRACE(::testing::Message() << "m " << m);

@@ -14,6 +14,7 @@
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/prepare/repack.h"
 #include "quant/checkpoint_tensors.h"
+#include "quant/formats.h"
 
 namespace fp4serve::kernels::testing_util {
 
@@ -65,6 +66,22 @@ inline prepare::PreparedLinear prepare_int4_layer(const testing::Layer& l, int64
   const core::TensorView zp = l.zero_point.view(), gi = l.g_idx.view();
   return prepare::prepare_int4(l.weight.view(), l.scale.view(), asym ? &zp : nullptr, actorder ? &gi : nullptr, l.k,
                                group, "t");
+}
+
+// x rounded to bf16 (nearest even, quant::'s scalar rounding) and widened back: the activations the bf16 kernels
+// multiply.
+inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+  return out;
+}
+
+// Float64 weights rounded through fp32 to bf16: the weights the bf16 panels hold for FP8, Int8 and Int4 layers
+// (exact in fp32 before the one rounding).
+inline std::vector<double> rounded_to_bf16(const std::vector<double>& w) {
+  std::vector<double> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(w[i])));
+  return out;
 }
 
 }  // namespace fp4serve::kernels::testing_util

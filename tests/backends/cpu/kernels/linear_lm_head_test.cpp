@@ -23,6 +23,8 @@
 namespace fp4serve::kernels {
 namespace {
 
+using testing_util::rounded_to_bf16;
+
 using prepare::PreparedLinear;
 using testing::Layer;
 
@@ -139,9 +141,9 @@ void check_bf16_rule(PreparedLinear& w, int64_t n, int64_t k, const std::vector<
     for (int64_t m : ms) {
       SCOPED_TRACE(::testing::Message() << "N " << n << " K " << k << " " << prepare::activation_precision_name(precision)
                                         << " m " << m);
-      std::vector<float> x(static_cast<size_t>(m * k)), rounded(x.size());
+      std::vector<float> x(static_cast<size_t>(m * k));
       for (auto& v : x) v = dist(rng) + 1e-3f;
-      for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      const std::vector<float> rounded = rounded_to_bf16(x);
       std::vector<float> y(static_cast<size_t>(m * n));
       auto check = [&] {
         const bool bf16_x = allows && bf16_rows(m) && bf16_dot_active();
@@ -174,11 +176,6 @@ void check_bf16_rule(PreparedLinear& w, int64_t n, int64_t k, const std::vector<
   }
 }
 
-std::vector<double> rounded_to_bf16(const std::vector<double>& w) {
-  std::vector<double> out(w.size());
-  for (size_t i = 0; i < w.size(); ++i) out[i] = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(w[i])));
-  return out;
-}
 
 // A bf16 lm_head under ActivationPrecision Bf16 / Bf16DecodeInt8 (linear.h): above the fused GEMV's 4 rows, with
 // AVX512-BF16 dot products active and K % 16 == 0, bf16 x on the exact bf16 weights. Odd shapes: N not a multiple

@@ -184,13 +184,11 @@ TEST(LinearInt4, Bf16PrecisionTakesBf16DotsOnBf16Weights) {
     Layer rounded_w;  // check_against_float64 reads n, k and w
     rounded_w.n = l.n;
     rounded_w.k = l.k;
-    rounded_w.w = l.w;
-    for (double& v : rounded_w.w) v = quant::bf16_to_float(quant::float_to_bf16(static_cast<float>(v)));
+    rounded_w.w = testing_util::rounded_to_bf16(l.w);
     for (int64_t m : {1, 3, 5, 9, 33}) {
       SCOPED_TRACE(::testing::Message() << "m " << m);
       const auto x = random_x(rng, m, l.k);
-      std::vector<float> rounded_x(x.size());
-      for (size_t i = 0; i < x.size(); ++i) rounded_x[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      const std::vector<float> rounded_x = testing_util::rounded_to_bf16(x);
       std::vector<float> y(static_cast<size_t>(m * l.n));
       testing_util::for_each_target([&] {
         const bool bf16 = bf16_dot_active() && c.k % 16 == 0 &&
@@ -319,8 +317,7 @@ TEST(LinearBf16, MatchesFloat64OnBf16RoundedX) {
     w.activation_precision = prepare::ActivationPrecision::Bf16;
     for (int64_t m : {1, 2, 5, 8, 9, 13, 33}) {
       const auto x = random_x(rng, m, l.k);
-      std::vector<float> rounded(x.size());
-      for (size_t i = 0; i < x.size(); ++i) rounded[i] = quant::bf16_to_float(quant::float_to_bf16(x[i]));
+      const std::vector<float> rounded = testing_util::rounded_to_bf16(x);
       std::vector<float> y(static_cast<size_t>(m * l.n));
       for_each_target([&] {
         std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
