@@ -80,7 +80,7 @@ check-structured: build-cli
 	./scripts/check-structured-outputs.sh $(FP4SERVE) models/default-nvfp4
 
 # fp4serve vs llama.cpp (built from the llama-cpp-python sdist) on the default model; downloads and builds, so it
-# is not part of `make test`. Table in build/peer/results/table.md.
+# is not part of `make test`. Table in build/peer/results/default-table.md.
 bench-peer: build-cli
 	./scripts/get-default-model.sh
 	./bench/peer/llamacpp.sh

@@ -7,7 +7,8 @@
 # work folder, the Python venv and the build parallelism; PEER_OMP_WAIT_POLICY=passive|active sets OpenMP's wait
 # policy for both tools, which otherwise wait as they do by default. PEER_SRC, PEER_NVFP4, PEER_MXFP4 and PEER_TAG
 # replace the default model's three folders and the GGUF names' prefix: scripts/bench-scale.sh runs it so on
-# full-size random models.)
+# full-size random models. PEER_NATIVE, a checkpoint published in native MXFP4 such as gpt-oss's, replaces all three:
+# see "Native MXFP4" below.)
 #
 # 1. llama.cpp is built from the llama-cpp-python 0.3.36 sdist on PyPI (it vendors llama.cpp), CPU only,
 #    with the x86 extensions /proc/cpuinfo lists except AMX (some VMs list AMX and fault on its instructions).
@@ -23,6 +24,12 @@
 #    A B A B … over --reps rounds, one llama-bench -p P -n N -d 0,P -r 1 per llama.cpp sample and one
 #    `fp4serve bench model -r 1` per fp4serve sample.
 #    Decode is measured after the prompt in both (llama-bench -d P; its depth-0 decode is printed for reference).
+# Native MXFP4 (PEER_NATIVE=DIR, a GptOssForCausalLM checkpoint with quantization_config mxfp4): no requantizing on
+#    either side, both tools run the file as it is published. llama.cpp's converter keeps the experts' MXFP4 blocks
+#    (GGUF type MXFP4, repacked, not requantized) and writes the other tensors as bf16, the bytes the checkpoint
+#    keeps; fp4serve loads DIR itself with `auto` and `int8` activations. The baseline of the ratios is
+#    that GGUF (`llama:native`) instead of Q4_0. fp4serve runs with --weight-cache off (the cache of a 20B
+#    checkpoint is another 12 GiB on disk; only loading differs).
 # 4. It prints medians per model and thread count, the ratios fp4serve / llama.cpp Q4_0 and / each other
 #    llama.cpp type, and the bytes of weights each model reads per generated token (every tensor once: the
 #    models are tied, so the embedding is read as the output matrix).
@@ -37,6 +44,10 @@ SRC="${PEER_SRC:-$ROOT/models/default-src}"
 NVFP4="${PEER_NVFP4:-$ROOT/models/default-nvfp4}"
 MXFP4="${PEER_MXFP4:-$ROOT/models/default-mxfp4a16}"
 TAG="${PEER_TAG:-default}"
+NATIVE="${PEER_NATIVE:-}"
+if [ -n "$NATIVE" ]; then
+    SRC="$NATIVE"
+fi
 VERSION=0.3.36
 THREADS="1 2"
 REPS=5
@@ -50,7 +61,7 @@ while [ $# -gt 0 ]; do
         --prompt) PROMPT="$2"; shift 2 ;;
         --gen) GEN="$2"; shift 2 ;;
         --prepare-only) PREPARE_ONLY=1; shift ;;
-        -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,37p "$0"; exit 0 ;;
         *) echo "llamacpp.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -58,6 +69,9 @@ log() { echo "peer: $*" >&2; }
 die() { echo "peer: error: $*" >&2; exit 1; }
 
 [ -f "$SRC/config.json" ] || die "$SRC has no config.json: run scripts/get-default-model.sh first"
+if [ -n "$NATIVE" ] && [ "$(jq -r '.quantization_config.quant_method // empty' "$NATIVE/config.json")" != mxfp4 ]; then
+    die "PEER_NATIVE=$NATIVE: expected a checkpoint whose config.json has quantization_config.quant_method \"mxfp4\""
+fi
 mkdir -p "$PEER/gguf" "$PEER/results"
 
 # ---- the Python side: a venv for pip download (scikit-build-core reads the sdist's metadata) and the converter
@@ -100,35 +114,48 @@ if [ ! -x "$LBUILD/bin/llama-bench" ] || [ ! -x "$LBUILD/bin/llama-quantize" ]; 
 fi
 
 # ---- GGUFs
-# The F16 GGUF is only the quantizer's input: made when a quantized GGUF is missing, removed once they all exist
-# (2 bytes a weight: 6.4 GB at the Llama-3.2-3B shape, which once filled this VM's disk between two runs).
-F16="$PEER/gguf/$TAG-f16.gguf"
-need_f16=0
-for type in q4_0 q4_k_m nvfp4 mxfp4; do [ -f "$PEER/gguf/$TAG-$type.gguf" ] || need_f16=1; done
-if [ "$need_f16" = 1 ] && [ ! -f "$F16" ]; then
-    log "converting $SRC to F16 GGUF"
-    "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$SRC" --outtype f16 --outfile "$F16.tmp" > "$PEER/convert.log" 2>&1
-    mv "$F16.tmp" "$F16"
-fi
-quantize() {  # name, then llama-quantize arguments after the input/output pair
-    local out="$PEER/gguf/$TAG-$1.gguf"
-    shift
+native_gguf() {  # the native checkpoint as llama.cpp's converter writes it (no llama-quantize)
+    local out="$PEER/gguf/$TAG-native.gguf"
     if [ ! -f "$out" ]; then
-        "$LBUILD/bin/llama-quantize" "$@" "$F16" "$out.tmp" "${QTYPE}" > "$PEER/quantize-$(basename "$out").log" 2>&1
+        log "converting $NATIVE to GGUF (MXFP4 experts as they are, the rest bf16)"
+        "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$NATIVE" --outtype bf16 --outfile "$out.tmp" \
+            > "$PEER/convert-$TAG.log" 2>&1 || die "conversion failed: see $PEER/convert-$TAG.log"
         mv "$out.tmp" "$out"
     fi
 }
-QTYPE=Q4_0 quantize q4_0
-QTYPE=Q4_K_M quantize q4_k_m
-# An F16 base type makes llama-quantize copy every tensor, overrides included: base Q8_0, embedding/output F16.
-QTYPE=Q8_0 quantize nvfp4 --tensor-type 'blk\.=nvfp4' --token-embedding-type f16 --output-tensor-type f16
-QTYPE=Q8_0 quantize mxfp4 --tensor-type 'blk\.=mxfp4' --token-embedding-type f16 --output-tensor-type f16
-rm -f "$F16"
+dense_ggufs() {  # Q4_0, Q4_K_M, NVFP4 and MXFP4 quantized by llama-quantize from an F16 conversion
+    # The F16 GGUF is only the quantizer's input: made when a quantized GGUF is missing, removed once they all
+    # exist (2 bytes a weight: 6.4 GB at the Llama-3.2-3B shape, which once filled this VM's disk between two runs).
+    local f16="$PEER/gguf/$TAG-f16.gguf" need_f16=0 type
+    for type in q4_0 q4_k_m nvfp4 mxfp4; do [ -f "$PEER/gguf/$TAG-$type.gguf" ] || need_f16=1; done
+    if [ "$need_f16" = 1 ] && [ ! -f "$f16" ]; then
+        log "converting $SRC to F16 GGUF"
+        "$VENV/bin/python" "$LLAMA/convert_hf_to_gguf.py" "$SRC" --outtype f16 --outfile "$f16.tmp" > "$PEER/convert.log" 2>&1
+        mv "$f16.tmp" "$f16"
+    fi
+    quantize() {  # name, llama-quantize's type, then its arguments before the input/output pair
+        local out="$PEER/gguf/$TAG-$1.gguf" qtype="$2"
+        shift 2
+        if [ ! -f "$out" ]; then
+            "$LBUILD/bin/llama-quantize" "$@" "$f16" "$out.tmp" "$qtype" > "$PEER/quantize-$(basename "$out").log" 2>&1
+            mv "$out.tmp" "$out"
+        fi
+    }
+    quantize q4_0 Q4_0
+    quantize q4_k_m Q4_K_M
+    # An F16 base type makes llama-quantize copy every tensor, overrides included: base Q8_0, embedding/output F16.
+    quantize nvfp4 Q8_0 --tensor-type 'blk\.=nvfp4' --token-embedding-type f16 --output-tensor-type f16
+    quantize mxfp4 Q8_0 --tensor-type 'blk\.=mxfp4' --token-embedding-type f16 --output-tensor-type f16
+    rm -f "$f16"
+}
+if [ -n "$NATIVE" ]; then native_gguf; else dense_ggufs; fi
 [ -x "$FP4SERVE" ] || die "$FP4SERVE is missing: build it first (cmake --build --preset release --target fp4serve)"
-[ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
-if [ ! -f "$MXFP4/config.json" ]; then
-    log "quantizing $SRC to MXFP4A16 with fp4serve"
-    "$FP4SERVE" quantize -m "$SRC" -o "$MXFP4" --scheme mxfp4a16
+if [ -z "$NATIVE" ]; then
+    [ -f "$NVFP4/config.json" ] || die "$NVFP4 is missing: run scripts/get-default-model.sh"
+    if [ ! -f "$MXFP4/config.json" ]; then
+        log "quantizing $SRC to MXFP4A16 with fp4serve"
+        "$FP4SERVE" quantize -m "$SRC" -o "$MXFP4" --scheme mxfp4a16
+    fi
 fi
 
 if [ "$PREPARE_ONLY" = 1 ]; then
@@ -156,8 +183,18 @@ st_bytes() {  # safetensors: file sizes minus headers
 }
 
 # ---- samples, interleaved: (model × threads) in rotating order, one process each
-MODELS=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4 fp4serve:nvfp4:auto fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8
-        fp4serve:mxfp4a16:auto fp4serve:mxfp4a16:int8)
+# LLAMA: llama.cpp's models, the first the baseline of the ratios; FP4: fp4serve's (folder:activations).
+if [ -n "$NATIVE" ]; then
+    LLAMA=(llama:native)
+    FP4=(fp4serve:native:auto fp4serve:native:int8)
+    FP4SERVE_LOAD=(--weight-cache off)
+else
+    LLAMA=(llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4)
+    FP4=(fp4serve:nvfp4:auto fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8 fp4serve:mxfp4a16:auto fp4serve:mxfp4a16:int8)
+    FP4SERVE_LOAD=()
+fi
+BASE="${LLAMA[0]}"
+MODELS=("${LLAMA[@]}" "${FP4[@]}")
 # Each tool waits as it does by default (fp4serve: a short spin on an idle machine; ggml: its own spinning
 # barriers) unless PEER_OMP_WAIT_POLICY sets OMP_WAIT_POLICY for both.
 if [ -n "${PEER_OMP_WAIT_POLICY:-}" ]; then
@@ -167,7 +204,14 @@ else
     WAIT_ENV=(-u GOMP_SPINCOUNT -u OMP_WAIT_POLICY)
     WAIT_NOTE="each tool's default wait policy"
 fi
-RES="$PEER/results/samples.tsv"
+fp4serve_dir() {
+    case "$1" in
+        nvfp4) echo "$NVFP4" ;;
+        mxfp4a16) echo "$MXFP4" ;;
+        native) echo "$NATIVE" ;;
+    esac
+}
+RES="$PEER/results/$TAG-samples.tsv"
 : > "$RES"
 run_sample() {  # model spec, threads → "prefill_tps decode_tps [decode_tps_from_empty]"
     local spec="$1" t="$2"
@@ -182,10 +226,8 @@ run_sample() {  # model spec, threads → "prefill_tps decode_tps [decode_tps_fr
                 (.[] | select(.n_prompt == 0 and .n_depth == $p) | .avg_ts),
                 (.[] | select(.n_prompt == 0 and .n_depth == 0) | .avg_ts)] | @tsv'
     else
-        local dir="$NVFP4"
-        [ "$name" = mxfp4a16 ] && dir="$MXFP4"
-        env "${WAIT_ENV[@]}" "$FP4SERVE" bench model -m "$dir" -p "$PROMPT" -n "$GEN" -r 1 --threads "$t" \
-            --activation-precision "$precision" --json 2> /dev/null |
+        env "${WAIT_ENV[@]}" "$FP4SERVE" bench model -m "$(fp4serve_dir "$name")" -p "$PROMPT" -n "$GEN" -r 1 \
+            --threads "$t" --activation-precision "$precision" "${FP4SERVE_LOAD[@]}" --json 2> /dev/null |
             jq -r '.models[0] | [.prefill_tokens_per_s, .decode_tokens_per_s] | @tsv'
     fi
 }
@@ -207,25 +249,31 @@ for spec in "${MODELS[@]}"; do
     IFS=: read -r kind name _ <<< "$spec"
     if [ "$kind" = llama ]; then
         BYTES[$spec]=$(gguf_bytes "$PEER/gguf/$TAG-$name.gguf")
-    elif [ "$name" = nvfp4 ]; then
-        BYTES[$spec]=$(st_bytes "$NVFP4")
     else
-        BYTES[$spec]=$(st_bytes "$MXFP4")
+        BYTES[$spec]=$(st_bytes "$(fp4serve_dir "$name")")
     fi
 done
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 {
     echo "llama.cpp $VERSION (llama-cpp-python sdist) vs fp4serve, p$PROMPT/n$GEN, $REPS interleaved rounds, medians; $WAIT_NOTE"
     echo "decode: $GEN tokens after the $PROMPT-token prompt for both tools (llama-bench -d $PROMPT)"
-    printf '| model | T | MB/token | prefill tok/s | decode tok/s | decode vs Q4_0 | prefill vs Q4_0 | decode·MB vs Q4_0 |\n'
+    base_name="${BASE#llama:}"
+    if [ -n "$NATIVE" ]; then
+        echo "a MoE token reads its experts' share of the weights: MB is the whole checkpoint, decode·MB compares files"
+        bytes_head="weights MB"
+    else
+        bytes_head="MB/token"
+    fi
+    printf '| model | T | %s | prefill tok/s | decode tok/s | decode vs %s | prefill vs %s | decode·MB vs %s |\n' \
+        "$bytes_head" "$base_name" "$base_name" "$base_name"
     printf '|---|---|---|---|---|---|---|---|\n'
     for t in $THREADS; do
-        q_pp=$(awk -F'\t' -v t="$t" '$1 == "llama:q4_0" && $2 == t {print $4}' "$RES" | median)
-        q_tg=$(awk -F'\t' -v t="$t" '$1 == "llama:q4_0" && $2 == t {print $5}' "$RES" | median)
+        q_pp=$(awk -F'\t' -v s="$BASE" -v t="$t" '$1 == s && $2 == t {print $4}' "$RES" | median)
+        q_tg=$(awk -F'\t' -v s="$BASE" -v t="$t" '$1 == s && $2 == t {print $5}' "$RES" | median)
         for spec in "${MODELS[@]}"; do
             pp=$(awk -F'\t' -v s="$spec" -v t="$t" '$1 == s && $2 == t {print $4}' "$RES" | median)
             tg=$(awk -F'\t' -v s="$spec" -v t="$t" '$1 == s && $2 == t {print $5}' "$RES" | median)
-            awk -v s="$spec" -v t="$t" -v b="${BYTES[$spec]}" -v bq="${BYTES[llama:q4_0]}" -v pp="$pp" -v tg="$tg" \
+            awk -v s="$spec" -v t="$t" -v b="${BYTES[$spec]}" -v bq="${BYTES[$BASE]}" -v pp="$pp" -v tg="$tg" \
                 -v qpp="$q_pp" -v qtg="$q_tg" 'BEGIN {
                 printf "| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", s, t, b / 1e6, pp, tg, tg / qtg, pp / qpp,
                        (tg * b) / (qtg * bq) }'
@@ -234,10 +282,9 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
     echo
     echo "fp4serve / llama.cpp per type (decode, prefill):"
     for t in $THREADS; do
-        for f in fp4serve:nvfp4:auto fp4serve:nvfp4:fp32 fp4serve:nvfp4:int8 fp4serve:mxfp4a16:auto \
-            fp4serve:mxfp4a16:int8; do
+        for f in "${FP4[@]}"; do
             line="T=$t $f:"
-            for l in llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4; do
+            for l in "${LLAMA[@]}"; do
                 r=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4, $5}' "$RES" |
                     awk -v f="$f" '{ if ($1 == f) { fp[$2] = $3; ft[$2] = $4 } else { lp[$2] = $3; lt[$2] = $4 } }
                         END { for (r in fp) if (r in lp) { print ft[r] / lt[r], fp[r] / lp[r] } }' |
@@ -256,10 +303,10 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
     echo "llama.cpp decode from an empty context (llama-bench tg at depth 0), medians, for reference:"
     for t in $THREADS; do
         line="  T=$t:"
-        for l in llama:q4_0 llama:q4_k_m llama:nvfp4 llama:mxfp4; do
+        for l in "${LLAMA[@]}"; do
             line="$line ${l#llama:} $(awk -F'\t' -v s="$l" -v t="$t" '$1 == s && $2 == t {print $6}' "$RES" | median |
                 awk '{printf "%.1f", $1}')"
         done
         echo "$line"
     done
-} | tee "$PEER/results/table.md"
+} | tee "$PEER/results/$TAG-table.md"
