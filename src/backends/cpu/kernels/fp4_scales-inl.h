@@ -171,13 +171,13 @@ class ItemAheadPrefetch {
   HWY_INLINE void step(int64_t g) const {
     if (codes_ == nullptr) return;
     const uint8_t* codes = codes_ + g * group_code_bytes_;
-    hwy::Prefetch(codes);
-    hwy::Prefetch(codes + 64);
+    prefetch_weights(codes);
+    prefetch_weights(codes + 64);
     if (group_code_bytes_ > 128) {
-      hwy::Prefetch(codes + 128);
-      hwy::Prefetch(codes + 192);
+      prefetch_weights(codes + 128);
+      prefetch_weights(codes + 192);
     }
-    if ((g * prepare::kScaleGroupStride) % 64 == 0) hwy::Prefetch(scales_ + g * prepare::kScaleGroupStride);
+    if ((g * prepare::kScaleGroupStride) % 64 == 0) prefetch_weights(scales_ + g * prepare::kScaleGroupStride);
   }
 
  private:
