@@ -85,7 +85,8 @@ bench-peer: build-cli
 	./scripts/get-default-model.sh
 	./bench/peer/llamacpp.sh
 
-# The same comparison at real size on random weights (scripts/bench-scale.sh; SHAPE=llama-3.2-3b | llama-3.1-8b).
+# The same comparison at real size on random weights (scripts/bench-scale.sh; SHAPE=llama-3.2-3b | llama-3.1-8b |
+# gpt-oss-20b, the last on its native MXFP4 checkpoint).
 SHAPE ?= llama-3.2-3b
 bench-scale: build-cli
 	./scripts/bench-scale.sh --shape $(SHAPE)

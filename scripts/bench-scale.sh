@@ -12,7 +12,7 @@
 # gpt-oss-20b is written as its checkpoint is published, experts in native MXFP4: step 2 is skipped, and step 3
 # compares the checkpoint as each tool runs it (llamacpp.sh's PEER_NATIVE: llama.cpp's converter keeps the
 # MXFP4 experts, fp4serve loads the folder). Disk: the bf16 source of llama-3.2-3b is 6.4 GB (+ 2 × 2.4 GB
-# quantized + the GGUFs), llama-3.1-8b 16 GB; gpt-oss-20b 13 GB + a 13 GB GGUF. qwen3-30b-a3b is for
+# quantized + the GGUFs), llama-3.1-8b 16 GB; gpt-oss-20b 13.8 GB + a 13.8 GB GGUF. qwen3-30b-a3b is for
 # `fp4serve bench model` and memory runs (its bf16 source is 61 GB). Not part of `make test`.
 # SCALE_DIR overrides build/scale; other options are passed to llamacpp.sh (--threads, --reps, --prompt, --gen).
 set -euo pipefail

@@ -26,13 +26,14 @@
 #    Decode is measured after the prompt in both (llama-bench -d P; its depth-0 decode is printed for reference).
 # Native MXFP4 (PEER_NATIVE=DIR, a GptOssForCausalLM checkpoint with quantization_config mxfp4): no requantizing on
 #    either side, both tools run the file as it is published. llama.cpp's converter keeps the experts' MXFP4 blocks
-#    (GGUF type MXFP4, repacked, not requantized) and writes the other tensors as bf16, the bytes the checkpoint
-#    keeps; fp4serve loads DIR itself with `auto` and `int8` activations. The baseline of the ratios is
-#    that GGUF (`llama:native`) instead of Q4_0. fp4serve runs with --weight-cache off (the cache of a 20B
-#    checkpoint is another 12 GiB on disk; only loading differs).
+#    (GGUF type MXFP4, repacked, not requantized) and writes the other matrices as bf16, the bytes the checkpoint
+#    keeps (1-D tensors as F32); fp4serve loads DIR itself with `auto` and `int8` activations. The baseline of the
+#    ratios is that GGUF (`llama:native`) instead of Q4_0. fp4serve runs with --weight-cache off (the cache of a 20B
+#    checkpoint is another 12.8 GiB on disk; only loading differs). PEER_TAG defaults to the folder's name.
 # 4. It prints medians per model and thread count, the ratios fp4serve / llama.cpp Q4_0 and / each other
-#    llama.cpp type, and the bytes of weights each model reads per generated token (every tensor once: the
-#    models are tied, so the embedding is read as the output matrix).
+#    llama.cpp type, and the bytes of each model's weights, every tensor once: what a decode token reads when the
+#    model is tied (its embedding is the output matrix), as the default model is; an untied model's embedding and a
+#    MoE's idle experts are counted too.
 # Not part of `make test`: it downloads (PyPI: the sdist, torch + transformers for the converter) and builds.
 # Everything lands in build/peer/ (PEER_DIR); a second run reuses the build and the GGUFs.
 set -euo pipefail
@@ -43,10 +44,12 @@ FP4SERVE="$ROOT/build/release/fp4serve"
 SRC="${PEER_SRC:-$ROOT/models/default-src}"
 NVFP4="${PEER_NVFP4:-$ROOT/models/default-nvfp4}"
 MXFP4="${PEER_MXFP4:-$ROOT/models/default-mxfp4a16}"
-TAG="${PEER_TAG:-default}"
 NATIVE="${PEER_NATIVE:-}"
 if [ -n "$NATIVE" ]; then
     SRC="$NATIVE"
+    TAG="${PEER_TAG:-$(basename "$NATIVE")}"  # results and GGUF named after the checkpoint
+else
+    TAG="${PEER_TAG:-default}"
 fi
 VERSION=0.3.36
 THREADS="1 2"
@@ -68,7 +71,11 @@ done
 log() { echo "peer: $*" >&2; }
 die() { echo "peer: error: $*" >&2; exit 1; }
 
-[ -f "$SRC/config.json" ] || die "$SRC has no config.json: run scripts/get-default-model.sh first"
+if [ -n "$NATIVE" ]; then
+    [ -f "$NATIVE/config.json" ] || die "PEER_NATIVE=$NATIVE has no config.json"
+else
+    [ -f "$SRC/config.json" ] || die "$SRC has no config.json: run scripts/get-default-model.sh first"
+fi
 if [ -n "$NATIVE" ] && [ "$(jq -r '.quantization_config.quant_method // empty' "$NATIVE/config.json")" != mxfp4 ]; then
     die "PEER_NATIVE=$NATIVE: expected a checkpoint whose config.json has quantization_config.quant_method \"mxfp4\""
 fi
@@ -288,11 +295,11 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
                 r=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4, $5}' "$RES" |
                     awk -v f="$f" '{ if ($1 == f) { fp[$2] = $3; ft[$2] = $4 } else { lp[$2] = $3; lt[$2] = $4 } }
                         END { for (r in fp) if (r in lp) { print ft[r] / lt[r], fp[r] / lp[r] } }' |
-                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", d[int((NR + 1) / 2)]}')
+                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", (NR % 2) ? d[(NR + 1) / 2] : (d[NR / 2] + d[NR / 2 + 1]) / 2}')
                 rp=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4}' "$RES" |
                     awk -v f="$f" '{ if ($1 == f) fp[$2] = $3; else lp[$2] = $3 }
                         END { for (r in fp) if (r in lp) print fp[r] / lp[r] }' |
-                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", d[int((NR + 1) / 2)]}')
+                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", (NR % 2) ? d[(NR + 1) / 2] : (d[NR / 2] + d[NR / 2 + 1]) / 2}')
                 line="$line ${l#llama:} ${r}/${rp}"
             done
             echo "  $line"

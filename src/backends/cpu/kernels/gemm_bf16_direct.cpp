@@ -39,7 +39,8 @@ using micro::Scratch;
 constexpr int64_t kDirectRows = 16;
 // Bytes ahead of each tile's stream that are prefetched, into L2. bf16 49152×576, 3 alternating rounds of builds that
 // differ in this constant only, ms at M = 8 / 16 (M = 1, the GEMV reading the same bytes: 1.1–1.7): 8 KiB into L1
-// (the fused GEMVs' distance) 2.5–2.9 / 3.1–3.4; 32, 64 and 128 KiB into L2 all 1.2–1.8 / 2.2–2.3.
+// (the fused GEMVs' distance then; they prefetch into L2 too now) 2.5–2.9 / 3.1–3.4; 32, 64 and 128 KiB into L2
+// all 1.2–1.8 / 2.2–2.3.
 constexpr int64_t kDirectAhead = 65536;
 
 HWY_INLINE void PrefetchL2(const void* p) {

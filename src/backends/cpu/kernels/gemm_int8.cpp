@@ -415,8 +415,8 @@ HWY_INLINE void Int4Tiles(const PreparedLinear& w, int64_t ta, const Int8Pass& x
     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
       if (prefetch) {
         const uint8_t* ahead = codes + ahead_pairs * pair_bytes + b * 2 * prepare::kOctetStride;
-        hwy::Prefetch(ahead);
-        hwy::Prefetch(ahead + 64);
+        prefetch_weights(ahead);
+        prefetch_weights(ahead + 64);
       }
       VI isum[kItemTiles][kM];
       for (int64_t t = 0; t < kItemTiles; ++t) {

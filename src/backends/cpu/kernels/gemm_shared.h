@@ -26,16 +26,17 @@ inline constexpr uintptr_t kPrefetchAhead = 8192;
 /// fp4_scales-inl.h; their measurements are there).
 inline constexpr int64_t kItemAheadBytes = 8192;
 
-/// The software prefetch of the decode GEMVs' weight streams: the line at p into L2 (prefetcht1 on x86), not L1.
-/// A prefetcht0 holds one of the L1's few miss buffers until its line arrives from DRAM; with a line requested per
-/// line read the buffers stay full and the core's own loads queue behind them (the KV cache's prefetches found the
-/// same: kv_rows-inl.h). bench_gemm_fp4 M = 1 on the Zen 4 VM, cold weights, weight GB/s, prefetcht0 against
-/// prefetcht1 alternating over 3 rounds in one session: one thread bf16 4096×11008 13.1–16.4 → 20.1–21.6, NVFP4
-/// 4096² (bf16 x) 16.2–16.8 → 16.5–23.9, MXFP4 5760×2880 14.4–16.9 → 22.2–23.9, int8 x 17.1–20.1 → 18.3–23.5;
-/// two threads 22.7–30.1 → 27.1–42.0 over the same kernels (the last round level, the VM's bandwidth then the
-/// limit). Distances of 4–32 KiB with prefetcht1 measured within the noise of 8 KiB. Always inline: as a plain
-/// inline function GCC 12 left the prefetch out of line for the per-target kernels, found it free of side effects
-/// and deleted every call.
+/// The software prefetch of the weight streams (the decode GEMVs, and the panel decoders and int8 tiles of the
+/// batched GEMMs): the line at p into L2 (prefetcht1 on x86, PLDL2KEEP on Arm), not L1. A prefetcht0 holds one of
+/// the L1's few miss buffers until its line arrives from DRAM; with a line requested per line read the buffers stay
+/// full and the core's own loads queue behind them (the KV cache's prefetches found the same: kv_rows-inl.h).
+/// bench_gemm_fp4 M = 1 on the Zen 4 VM, cold weights, weight GB/s, prefetcht0 against prefetcht1 alternating over 3
+/// rounds in one session, one thread: bf16 4096×11008 (fp32 x) 15.4–16.9 → 20.2–22.1, NVFP4 4096² (bf16 x) 16.2–16.8
+/// → 16.5–23.9, MXFP4 5760×2880 (bf16 x) 14.4–16.9 → 22.2–23.9, (int8 x) 17.6–20.1 → 18.3–23.5; two threads mostly
+/// 1.2–1.5× where the VM's bandwidth allowed (docs/performance.md, "Prefetching the weights into L2"); gpt-oss-20b's
+/// prefill tokens/s were level in bench-scale rounds before and after. Distances of 4–32 KiB with prefetcht1
+/// measured within the noise of 8 KiB. Arm was not measured. Always inline: as a plain inline function GCC 12 left
+/// the prefetch out of line for the per-target kernels, found it free of side effects and deleted every call.
 HWY_INLINE void prefetch_weights(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 /// prefetch_weights of the line kPrefetchAhead bytes after p (a hint: past the end of the weights it is harmless,
