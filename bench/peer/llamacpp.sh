@@ -71,12 +71,10 @@ done
 log() { echo "peer: $*" >&2; }
 die() { echo "peer: error: $*" >&2; exit 1; }
 
-if [ -n "$NATIVE" ]; then
-    [ -f "$NATIVE/config.json" ] || die "PEER_NATIVE=$NATIVE has no config.json"
-else
+if [ -z "$NATIVE" ]; then
     [ -f "$SRC/config.json" ] || die "$SRC has no config.json: run scripts/get-default-model.sh first"
-fi
-if [ -n "$NATIVE" ] && [ "$(jq -r '.quantization_config.quant_method // empty' "$NATIVE/config.json")" != mxfp4 ]; then
+elif [ ! -f "$NATIVE/config.json" ] ||
+    [ "$(jq -r '.quantization_config.quant_method // empty' "$NATIVE/config.json")" != mxfp4 ]; then
     die "PEER_NATIVE=$NATIVE: expected a checkpoint whose config.json has quantization_config.quant_method \"mxfp4\""
 fi
 mkdir -p "$PEER/gguf" "$PEER/results"
@@ -295,11 +293,11 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
                 r=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4, $5}' "$RES" |
                     awk -v f="$f" '{ if ($1 == f) { fp[$2] = $3; ft[$2] = $4 } else { lp[$2] = $3; lt[$2] = $4 } }
                         END { for (r in fp) if (r in lp) { print ft[r] / lt[r], fp[r] / lp[r] } }' |
-                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", (NR % 2) ? d[(NR + 1) / 2] : (d[NR / 2] + d[NR / 2 + 1]) / 2}')
+                    median | awk '{printf "%.2f", $1}')
                 rp=$(awk -F'\t' -v f="$f" -v l="$l" -v t="$t" '$2 == t && ($1 == f || $1 == l) {print $1, $3, $4}' "$RES" |
                     awk -v f="$f" '{ if ($1 == f) fp[$2] = $3; else lp[$2] = $3 }
                         END { for (r in fp) if (r in lp) print fp[r] / lp[r] }' |
-                    sort -g | awk '{d[NR] = $1} END {printf "%.2f", (NR % 2) ? d[(NR + 1) / 2] : (d[NR / 2] + d[NR / 2 + 1]) / 2}')
+                    median | awk '{printf "%.2f", $1}')
                 line="$line ${l#llama:} ${r}/${rp}"
             done
             echo "  $line"
